@@ -1,0 +1,48 @@
+"""Collector protocols: the only interfaces through which gpuledger touches hardware.
+
+A collector keeps its own cursors (sample-buffer timestamps, last energy counter, last CPU
+times) and each ``read`` returns what happened since the previous ``read``. The recorder merges
+these ticks into intervals; it never sees a raw counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuledger.core.model import Event, GpuIdentity, GpuTick, HostTick
+
+
+class CollectorUnavailable(Exception):
+    """The collector cannot run on this machine; ``str(exc)`` says why and what to do."""
+
+
+@dataclass
+class GpuRead:
+    ticks: list[GpuTick] = field(default_factory=list)
+    # GPU lost, driver reloaded, NVML errors ... (kind "sampler_error" / "gpu_lost" / "gpu_recovered")
+    events: list[Event] = field(default_factory=list)
+
+
+class GpuCollector(Protocol):
+    def devices(self) -> list[GpuIdentity]:
+        """The GPUs the wrapped command can see, in the order it sees them."""
+
+    def read(self, pids: set[int], now: float) -> GpuRead:
+        """Usage since the previous read (the first read primes cursors and may return no ticks).
+
+        ``pids`` are the run's processes, used for per-process memory and SM utilisation.
+        Must not raise: errors become events.
+        """
+
+    def close(self) -> None: ...
+
+
+class HostCollector(Protocol):
+    def read(self, now: float) -> HostTick | None:
+        """Usage of the process tree and the host since the previous read (None on the first)."""
+
+    def pids(self) -> set[int]:
+        """The live processes of the run's tree as of the last read."""
+
+    def close(self) -> None: ...
