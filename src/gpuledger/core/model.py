@@ -180,3 +180,5 @@ class RunRecord:
     log_path: str | None = None  # the on-disk log written by the output relay
     status_reason: str | None = None  # one line saying why it failed / was lost
     gpu_note: str | None = None  # why there are no GPU figures, when there are none
+    # What ran, beyond the command: hyper-parameters, model, dataset, weights ... (integrations fill it)
+    meta: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,221 @@
+"""One SQLAlchemy Engine per ledger, set up per backend, and the transaction helpers.
+
+SQLite: WAL (readers never wait for the writer), ``synchronous=NORMAL`` (no fsync per commit; a
+power cut may lose the last commits but never corrupts), foreign keys on, and a busy timeout.
+Write transactions start with ``BEGIN IMMEDIATE`` so a writer takes the lock up front and waits for
+it in SQLite's busy handler, instead of failing half-way when upgrading a read lock.
+Driver errors are translated here into the ledger's own exceptions (errors.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.pool import StaticPool
+
+from gpuledger.store.errors import LedgerError, LedgerLocked, LedgerUnavailable
+from gpuledger.store.url import display_url, parse, sqlite_path
+
+T = TypeVar("T")
+
+SUPPORTED = ("sqlite", "postgresql")
+# PostgreSQL: serialization failure, deadlock. Safe to retry: our transactions are idempotent.
+_PG_RETRY = frozenset({"40001", "40P01"})
+_BEGIN_OPTION = "gpuledger_begin"
+# PostgreSQL: the server shut down or is starting (class 08, connection exceptions, is checked too).
+_PG_GONE = frozenset({"57P01", "57P02", "57P03"})
+_SQLITE_UNAVAILABLE = ("unable to open", "readonly", "disk i/o", "not a database", "disk is full")
+
+
+def dumps(obj: Any) -> str:
+    """JSON for the database: non-finite floats become "NaN"/"Infinity" strings (jsonb and strict
+    JSON reject the bare tokens), anything else unknown becomes its ``str`` so that an odd event
+    payload can never make a write fail."""
+    try:
+        return json.dumps(obj, allow_nan=False, default=str)
+    except ValueError:
+        return json.dumps(_finite(obj), allow_nan=False, default=str)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+class Database:
+    """The engine of one ledger plus retrying, error-translating transaction helpers."""
+
+    def __init__(self, url: str, *, busy_timeout_s: float = 30.0, retries: int = 4) -> None:
+        try:
+            self.url: URL = parse(url)
+        except sa.exc.ArgumentError as exc:
+            raise LedgerUnavailable(
+                f"{url!r} is not a database URL or path: give a file path, sqlite:///PATH or postgresql://USER@HOST/DB"
+            ) from exc
+        self.display = display_url(self.url)
+        self.dialect = self.url.get_backend_name()
+        if self.dialect not in SUPPORTED:
+            raise LedgerError(f"unsupported database {self.display}: use SQLite or PostgreSQL")
+        self.busy_timeout_s = busy_timeout_s
+        self.retries = retries
+        self.engine = self._create_engine()
+        # Writes go through an engine view whose transactions begin IMMEDIATE on SQLite.
+        self._writer = self.engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+
+    def _create_engine(self) -> sa.Engine:
+        try:
+            if self.dialect == "sqlite":
+                return self._sqlite_engine()
+            return self._postgres_engine()
+        except ImportError as exc:
+            raise LedgerUnavailable(
+                f"cannot open {self.display}: the database driver is not installed ({exc}); "
+                "for PostgreSQL run: pip install 'gpuledger[postgres]'"
+            ) from exc
+
+    def _sqlite_engine(self) -> sa.Engine:
+        path = sqlite_path(self.url)
+        kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
+        if path is None:  # in memory: one shared connection, or every checkout sees an empty DB
+            kwargs["poolclass"] = StaticPool
+        else:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise LedgerUnavailable(
+                    f"cannot create the folder of the ledger {path}: {exc}; "
+                    "set GPULEDGER_DB or GPULEDGER_HOME to a writable place"
+                ) from exc
+        engine = sa.create_engine(self.url, json_serializer=dumps, **kwargs)
+        busy_ms = int(self.busy_timeout_s * 1000)
+        wal = path is not None
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Take transaction control from the sqlite3 module: we send BEGIN ourselves.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            try:
+                cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                cur.execute("PRAGMA foreign_keys = ON")
+                if wal and cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    cur.execute("PRAGMA journal_mode = WAL")  # persistent: done once per file
+                cur.execute("PRAGMA synchronous = NORMAL")
+            finally:
+                cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            mode = conn.get_execution_options().get(_BEGIN_OPTION, "DEFERRED")
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+        return engine
+
+    def _postgres_engine(self) -> sa.Engine:
+        query = self.url.query
+        connect_args: dict[str, Any] = {}
+        if "connect_timeout" not in query:
+            connect_args["connect_timeout"] = 10  # fail fast on a black-holed host
+        if "application_name" not in query:
+            connect_args["application_name"] = "gpuledger"
+        return sa.create_engine(
+            self.url,
+            json_serializer=dumps,
+            pool_pre_ping=True,
+            pool_size=4,
+            max_overflow=4,
+            connect_args=connect_args,
+        )
+
+    def insert(self, table: sa.Table) -> Any:
+        """An INSERT that supports ON CONFLICT for this backend."""
+        return (sqlite.insert if self.dialect == "sqlite" else postgresql.insert)(table)
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` on a connection (SQLite: in a deferred read transaction, one snapshot)."""
+        return self._retrying(self.engine, fn)
+
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in one short write transaction (committed when it returns)."""
+        return self._retrying(self._writer, fn)
+
+    def _retrying(self, engine: sa.Engine, fn: Callable[[Connection], T]) -> T:
+        """Retry with backoff while the database is locked (SQLite, after its busy timeout) or on a
+        deadlock / serialisation failure (PostgreSQL); then LedgerLocked. ``fn`` must be safe to
+        rerun: a failed attempt was rolled back."""
+        delay = 0.05
+        for attempt in range(self.retries + 1):
+            try:
+                with self._connect(engine) as conn, conn.begin():
+                    return fn(conn)
+            except sa.exc.DBAPIError as exc:
+                if not self._retryable(exc):
+                    raise self._translate(exc) from exc
+                if attempt == self.retries:
+                    waited = f"{self.busy_timeout_s:g} s wait, " if self.dialect == "sqlite" else ""
+                    raise LedgerLocked(
+                        f"the ledger {self.display} stayed locked by other writers ({waited}{self.retries} "
+                        "retries); nothing was written. Keep the data and retry later; if this persists, "
+                        "look for a process holding a long transaction on it"
+                    ) from exc
+                time.sleep(delay * (1 + random.random()))  # jitter: waiting writers do not collide
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _connect(self, engine: sa.Engine) -> Connection:
+        """A connection; any failure to get one (other than a lock to wait out) is LedgerUnavailable."""
+        try:
+            return engine.connect()
+        except sa.exc.DBAPIError as exc:
+            if self._retryable(exc):
+                raise
+            raise LedgerUnavailable(self._unavailable_message(exc)) from exc
+
+    def _retryable(self, exc: sa.exc.DBAPIError) -> bool:
+        if self.dialect == "sqlite":
+            msg = str(exc.orig).lower()
+            return isinstance(exc, sa.exc.OperationalError) and ("locked" in msg or "busy" in msg)
+        return getattr(exc.orig, "sqlstate", None) in _PG_RETRY
+
+    def _translate(self, exc: sa.exc.DBAPIError) -> Exception:
+        """LedgerUnavailable for a database that cannot be reached or opened; else the error as is."""
+        if self.dialect == "sqlite":
+            msg = str(exc.orig).lower()
+            if any(s in msg for s in _SQLITE_UNAVAILABLE):
+                return LedgerUnavailable(self._unavailable_message(exc))
+            return exc
+        sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+        if exc.connection_invalidated or sqlstate.startswith("08") or sqlstate in _PG_GONE:
+            return LedgerUnavailable(self._unavailable_message(exc))
+        return exc
+
+    def _unavailable_message(self, exc: sa.exc.DBAPIError) -> str:
+        text = str(exc.orig).strip()
+        first = text.splitlines()[0] if text else type(exc.orig).__name__
+        if self.dialect == "sqlite":
+            return (
+                f"cannot open the ledger {self.display}: {first}; check the file and folder permissions "
+                "and free space, or set GPULEDGER_DB to another path"
+            )
+        return (
+            f"cannot reach the ledger database {self.display}: {first}. Check that the server is "
+            "running and reachable from here and that the URL and credentials are right "
+            "(GPULEDGER_DB or --db)"
+        )
+
+    def close(self) -> None:
+        self.engine.dispose()

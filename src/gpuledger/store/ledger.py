@@ -1,0 +1,262 @@
+"""The ledger: the one place gpuledger's records are written to and read from SQL.
+
+``Ledger(url)`` works on SQLite (a local file, zero set-up, several writers at once) and PostgreSQL
+(a team server). It takes and returns the dataclasses of ``core/model.py``; times are epoch seconds.
+Every write is one short transaction, idempotent where a record has a natural key, so callers may
+simply resend a batch after an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
+from gpuledger.store import codec, migrations, queries, schema, writes
+from gpuledger.store.engine import Database
+from gpuledger.store.errors import AmbiguousRun, RunNotFound
+from gpuledger.store.url import default_url
+
+MIN_PREFIX = 4
+_MAX_CANDIDATES = 10
+
+
+class Ledger:
+    """Runs, their devices, intervals, events, metrics and logs in one SQL database.
+
+    ``url``: any SQLAlchemy URL or a bare file path (SQLite); None means ``default_url()``.
+    ``migrate``: apply pending schema migrations on open; with False, an outdated schema raises
+    SchemaOutdated (servers that must not migrate implicitly).
+    ``busy_timeout_s``: how long a SQLite writer waits for the lock before retrying; after the
+    retries a write raises LedgerLocked and the caller keeps its data for later.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str] | None = None,
+        *,
+        migrate: bool = True,
+        busy_timeout_s: float = 30.0,
+        retries: int = 4,
+    ) -> None:
+        self._db = Database(
+            default_url() if url is None else os.fspath(url), busy_timeout_s=busy_timeout_s, retries=retries
+        )
+        try:
+            version = self._db.read(migrations.current_version)
+            migrations.check(self._db, version, migrate=migrate)
+            if version < migrations.LATEST:
+                migrations.upgrade(self._db)
+        except BaseException:
+            self._db.close()
+            raise
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The database URL with its password masked."""
+        return self._db.display
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._db.dialect
+
+    def schema_version(self) -> int:
+        return self._db.read(migrations.current_version)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def create_run(self, run: RunRecord) -> bool:
+        """Store a new run; False (and nothing changed) if a run with this id already exists,
+        so a replayed creation is harmless. Change an existing run with ``update_run``."""
+        return self._db.write(lambda conn: writes.insert_run(self._db, conn, run))
+
+    def add_devices(self, run_id: str, devices: Sequence[GpuIdentity]) -> None:
+        """Insert or update (by uuid) the run's GPUs."""
+        self._db.write(lambda conn: writes.upsert_devices(self._db, conn, run_id, devices))
+
+    def append(
+        self,
+        run_id: str,
+        gpu: Sequence[GpuInterval] = (),
+        host: Sequence[HostInterval] = (),
+        events: Sequence[Event] = (),
+        metrics: Sequence[Metric] = (),
+        *,
+        event_seq: int | None = None,
+        metric_seq: int | None = None,
+    ) -> None:
+        """Add a batch of records to a run, all in one transaction.
+
+        Idempotent: GPU intervals are keyed by (run, device uuid, seq), host intervals by
+        (run, seq). Events and metrics are numbered per run: pass ``event_seq`` / ``metric_seq``,
+        the number of the batch's first event / metric in the run (i.e. how many the caller handed
+        over before), and a resent batch lands on the same numbers and is skipped. Without them the
+        ledger numbers the batch after the run's last record and skips records already stored with
+        the same (t, kind, message) for events or (t, key, epoch, step) for metrics.
+        """
+        if not (gpu or host or events or metrics):
+            return
+        self._db.write(
+            lambda conn: writes.append(self._db, conn, run_id, gpu, host, events, metrics, event_seq, metric_seq)
+        )
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        """Change fields of a run (any RunRecord field but ``id``); ValueError for an unknown field
+        or status, RunNotFound for an unknown run. ``labels`` replaces the whole label set."""
+        values = codec.run_update_values(fields)
+        if not values:
+            return
+
+        def tx(conn: Connection) -> None:
+            upd = sa.update(schema.runs).where(schema.runs.c.id == run_id).values(values)
+            if conn.execute(upd).rowcount == 0:
+                raise RunNotFound(run_id)
+            if "labels" in values:
+                writes.replace_labels(conn, run_id, values["labels"])
+
+        self._db.write(tx)
+
+    def set_log(self, run_id: str, data: bytes, *, truncated: bool = False) -> None:
+        """Store (replace) the run's redacted output with its sha256 and size.
+        ``truncated``: the relay kept only part of the output."""
+        self._db.write(lambda conn: writes.set_log(self._db, conn, run_id, data, truncated))
+
+    def delete_run(self, run_id: str) -> None:
+        """Delete a run and everything recorded for it; RunNotFound if there is no such run."""
+        self._db.write(lambda conn: writes.delete_run(conn, run_id))
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def resolve(self, ref: str) -> str:
+        """The full id of the run ``ref`` names: a full id, or a unique prefix of at least 4 chars."""
+        ref = ref.strip()
+        ids = schema.runs.c.id
+
+        def tx(conn: Connection) -> str:
+            if conn.scalar(sa.select(ids).where(ids == ref)) is not None:
+                return ref
+            if len(ref) < MIN_PREFIX:
+                hint = f"give the full run id or a prefix of at least {MIN_PREFIX} characters"
+                raise RunNotFound(ref, hint)
+            q = (
+                sa.select(ids)
+                .where(ids.startswith(ref, autoescape=True))
+                .order_by(schema.runs.c.started_at.desc(), ids.desc())
+                .limit(_MAX_CANDIDATES + 1)
+            )
+            found = list(conn.scalars(q))
+            if not found:
+                raise RunNotFound(ref)
+            if len(found) > 1:
+                raise AmbiguousRun(ref, found[:_MAX_CANDIDATES], more=len(found) > _MAX_CANDIDATES)
+            return found[0]
+
+        return self._db.read(tx)
+
+    def get_run(self, run_id: str) -> RunRecord:
+        row = self._db.read(
+            lambda conn: conn.execute(sa.select(schema.runs).where(schema.runs.c.id == run_id)).mappings().first()
+        )
+        if row is None:
+            raise RunNotFound(run_id)
+        return codec.run_from_row(row)
+
+    def list_runs(
+        self,
+        project: str | None = None,
+        team: str | None = None,
+        user: str | None = None,
+        status: str | None = None,
+        since: float | None = None,
+        labels: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """Runs matching every given filter, newest first. ``since``: started at or after (epoch s);
+        ``labels``: each key=value must be among the run's labels."""
+        q = queries.list_runs_query(
+            project=project, team=team, user=user, status=status, since=since, labels=labels, limit=limit
+        )
+        return [codec.run_from_row(r) for r in self._rows(q)]
+
+    def devices(self, run_id: str) -> list[GpuIdentity]:
+        d = schema.devices.c
+        q = sa.select(schema.devices).where(d.run_id == run_id).order_by(d.index, d.uuid)
+        return [codec.device_from_row(r) for r in self._rows(q)]
+
+    def gpu_intervals(self, run_id: str, device_uuid: str | None = None) -> list[GpuInterval]:
+        """Ordered by device uuid, then seq."""
+        g = schema.gpu_intervals.c
+        q = sa.select(schema.gpu_intervals).where(g.run_id == run_id)
+        if device_uuid is not None:
+            q = q.where(g.device_uuid == device_uuid)
+        return [codec.gpu_from_row(r) for r in self._rows(q.order_by(g.device_uuid, g.seq))]
+
+    def host_intervals(self, run_id: str) -> list[HostInterval]:
+        h = schema.host_intervals.c
+        q = sa.select(schema.host_intervals).where(h.run_id == run_id).order_by(h.seq)
+        return [codec.host_from_row(r) for r in self._rows(q)]
+
+    def events(self, run_id: str, kind: str | None = None) -> list[Event]:
+        """In the order they were appended (seq)."""
+        e = schema.events.c
+        q = sa.select(schema.events).where(e.run_id == run_id)
+        if kind is not None:
+            q = q.where(e.kind == kind)
+        return [codec.event_from_row(r) for r in self._rows(q.order_by(e.seq))]
+
+    def metrics(self, run_id: str, key: str | None = None) -> list[Metric]:
+        """In the order they were appended (seq)."""
+        m = schema.metrics.c
+        q = sa.select(schema.metrics).where(m.run_id == run_id)
+        if key is not None:
+            q = q.where(m.key == key)
+        return [codec.metric_from_row(r) for r in self._rows(q.order_by(m.seq))]
+
+    def get_log(self, run_id: str) -> bytes | None:
+        data = self._db.read(
+            lambda conn: conn.scalar(sa.select(schema.logs.c.data).where(schema.logs.c.run_id == run_id))
+        )
+        return None if data is None else bytes(data)
+
+    def log_info(self, run_id: str) -> dict[str, Any] | None:
+        """``{"sha256", "size_b", "truncated"}`` of the stored log without loading it; None if none."""
+        lg = schema.logs.c
+        q = sa.select(lg.sha256, lg.size_b, lg.truncated).where(lg.run_id == run_id)
+        rows = self._rows(q)
+        return {**rows[0], "truncated": bool(rows[0]["truncated"])} if rows else None
+
+    def gpu_totals(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """Per device uuid: count (intervals), samples, t0 (min), t1 (max), busy_s and energy_j
+        (sums; None when no interval measured them), busy_count / energy_count (intervals that did),
+        and the maxima of power_max_w, util_max_pct, mem_used_max_b, mem_reserved_b,
+        proc_mem_max_b, temp_max_c, mem_clock_max_mhz."""
+        return self._db.read(lambda conn: queries.gpu_totals(conn, run_id))
+
+    def host_totals(self, run_id: str) -> dict[str, Any]:
+        """count, samples, t0, t1; sums of cpu_s, read_b, write_b, iowait_s, disk_*_b, net_*_b;
+        maxima of rss_max_b, threads_max, procs_max, sys_mem_used_max_b; time-weighted
+        sys_cpu_util_avg_pct. With no host intervals: count 0 and None elsewhere."""
+        return self._db.read(lambda conn: queries.host_totals(conn, run_id))
+
+    def last_flush_t(self, run_id: str) -> float | None:
+        """The latest t1 of the run's intervals (how far a lost run is known to have run)."""
+        return self._db.read(lambda conn: queries.last_flush_t(conn, run_id))
+
+    def _rows(self, q: sa.Select[Any]) -> list[Mapping[str, Any]]:
+        return self._db.read(lambda conn: list(conn.execute(q).mappings()))

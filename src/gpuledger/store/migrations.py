@@ -1,0 +1,106 @@
+"""Versioned schema: the ordered list of migrations and the code that applies them.
+
+``schema_version`` holds one row per applied version; the database's version is the highest.
+Migration 1 creates the whole *current* schema (schema.py) and only ever runs on an empty database,
+which is then stamped with every version up to LATEST (alembic's "create_all, then stamp head").
+Each later migration must therefore be written against the previous shape with explicit DDL
+(``ALTER TABLE ...``), never by reading schema.py.
+
+Applying is safe when several processes open the same fresh database at once: the version is read
+and the migrations run inside one write transaction that holds the database's write lock (SQLite:
+BEGIN IMMEDIATE) or a transaction-scoped advisory lock (PostgreSQL). Both backends have
+transactional DDL, so a failed migration leaves the previous version intact.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.store import schema
+from gpuledger.store.engine import Database
+from gpuledger.store.errors import LedgerError, SchemaOutdated, SchemaTooNew
+
+MIGRATE_COMMAND = "gpuledger db migrate"
+# First key of the two-int advisory lock; the second is a hash of the schema (one lock per ledger).
+_PG_LOCK_KEY = 0x67707500
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    apply: Callable[[Connection], None]
+
+
+def _create_all(conn: Connection) -> None:
+    schema.metadata.create_all(conn)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
+)
+LATEST = MIGRATIONS[-1].version
+
+
+def current_version(conn: Connection) -> int:
+    """The database's schema version, 0 for an empty database."""
+    if not sa.inspect(conn).has_table(schema.schema_version.name):
+        return 0
+    return conn.scalar(sa.select(sa.func.max(schema.schema_version.c.version))) or 0
+
+
+def check(db: Database, version: int, latest: int = LATEST, *, migrate: bool = True) -> None:
+    """Raise if a database at ``version`` cannot be used by this code (as is, or after migrating)."""
+    if version > latest:
+        raise SchemaTooNew(
+            f"the ledger {db.display} has schema version {version}, newer than this gpuledger knows "
+            f"({latest}): it was written by a newer gpuledger; upgrade gpuledger "
+            "(pip install -U gpuledger) or use another ledger"
+        )
+    if version < latest and not migrate:
+        raise SchemaOutdated(
+            f"the ledger {db.display} has schema version {version} but this gpuledger needs {latest}; "
+            f"run `{MIGRATE_COMMAND} --db URL` (any gpuledger command given --db URL migrates it too), "
+            "then start again"
+        )
+
+
+def upgrade(db: Database, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    """Apply the pending migrations; return the version the database is at afterwards."""
+    latest = migrations[-1].version
+
+    def run(conn: Connection) -> int:
+        if db.dialect == "postgresql":
+            conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(:key, hashtext(coalesce(current_schema(), '')))"),
+                {"key": _PG_LOCK_KEY},
+            )
+        # Read the version only now, under the lock: another process may just have migrated.
+        version = current_version(conn)
+        check(db, version, latest)
+        if version == latest:
+            return version
+        now = time.time()
+        if version == 0:
+            if sa.inspect(conn).has_table(schema.runs.name):
+                raise LedgerError(
+                    f"{db.display} has a 'runs' table but no gpuledger schema_version: it is not a "
+                    "gpuledger ledger; point GPULEDGER_DB / --db at a new or existing ledger"
+                )
+            migrations[0].apply(conn)
+            stamped = [{"version": m.version, "applied_at": now, "description": m.description} for m in migrations]
+        else:
+            stamped = []
+            for m in migrations:
+                if m.version > version:
+                    m.apply(conn)
+                    stamped.append({"version": m.version, "applied_at": now, "description": m.description})
+        conn.execute(sa.insert(schema.schema_version), stamped)
+        return latest
+
+    return db.write(run)

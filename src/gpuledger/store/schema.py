@@ -1,0 +1,225 @@
+"""The ledger's tables (SQLAlchemy Core), the *current* shape of the schema.
+
+Column names equal the field names of the dataclasses in ``core/model.py`` so rows map to records
+without a translation table. Byte counts are BigInteger; seconds, joules and other measurements are
+double precision. A change here needs a new migration in ``migrations.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator
+
+metadata = sa.MetaData()
+
+# JSON, with SQL NULL for Python None ("absent is not zero"); jsonb on PostgreSQL.
+Json = sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+
+class Measured(TypeDecorator[float]):
+    """An optional measurement: a NaN reading is no reading, so it is stored as NULL."""
+
+    impl = sa.Double
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
+        if isinstance(value, float) and math.isnan(value):
+            return None
+        return value
+
+
+class MetricValue(TypeDecorator[float]):
+    """A training metric value, NaN kept (a NaN loss is a result, not a missing value).
+
+    SQLite turns a bound NaN into NULL, so on SQLite NaN is stored as the text 'NaN'
+    (a REAL-affinity column keeps non-numeric text as is) and read back as float('nan').
+    """
+
+    impl = sa.Double
+    cache_ok = True
+
+    def bind_processor(self, dialect: sa.Dialect) -> Any:
+        if dialect.name != "sqlite":
+            return super().bind_processor(dialect)
+
+        # Replaces (not wraps) the impl's processor, whose float() would turn "NaN" back into nan.
+        def process(value: Any) -> Any:
+            if isinstance(value, float) and math.isnan(value):
+                return "NaN"
+            return value
+
+        return process
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> Any:
+        return float(value) if isinstance(value, str) else value
+
+
+def _run_fk() -> sa.ForeignKey:
+    return sa.ForeignKey("runs.id", ondelete="CASCADE")
+
+
+schema_version = sa.Table(
+    "schema_version",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("applied_at", sa.Double, nullable=False),
+    sa.Column("description", sa.Text, nullable=False),
+)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", sa.String, primary_key=True),
+    sa.Column("attempt_of", sa.String),
+    sa.Column("name", sa.Text),
+    sa.Column("status", sa.String, nullable=False),
+    sa.Column("command", Json, nullable=False),
+    sa.Column("cwd", sa.Text, nullable=False),
+    sa.Column("user", sa.Text, nullable=False),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Double, nullable=False),
+    sa.Column("ended_at", sa.Double),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("signal", sa.Integer),
+    sa.Column("labels", Json, nullable=False),
+    sa.Column("git", Json, nullable=False),
+    sa.Column("versions", Json, nullable=False),
+    sa.Column("meta", Json, nullable=False),  # hyper-parameters, model, dataset ... from integrations
+    sa.Column("replayed", sa.Boolean, nullable=False),
+    sa.Column("interval_s", sa.Double, nullable=False),
+    sa.Column("recorder_pid", sa.Integer),
+    sa.Column("log_path", sa.Text),
+    sa.Column("status_reason", sa.Text),
+    sa.Column("gpu_note", sa.Text),
+    # Copies of labels["project"] / labels["team"]: the two filters every report uses.
+    sa.Column("project", sa.Text),
+    sa.Column("team", sa.Text),
+    sa.Index("ix_runs_started_at", "started_at"),
+    sa.Index("ix_runs_project_started_at", "project", "started_at"),
+    sa.Index("ix_runs_team_started_at", "team", "started_at"),
+    sa.Index("ix_runs_user_started_at", "user", "started_at"),
+    sa.Index("ix_runs_status", "status"),
+    sa.Index("ix_runs_attempt_of", "attempt_of"),
+)
+
+# One row per label, so any label can be filtered on with an index.
+run_labels = sa.Table(
+    "run_labels",
+    metadata,
+    sa.Column("run_id", sa.String, _run_fk(), primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+    sa.Index("ix_run_labels_key_value", "key", "value"),
+)
+
+devices = sa.Table(
+    "devices",
+    metadata,
+    sa.Column("run_id", sa.String, _run_fk(), primary_key=True),
+    sa.Column("uuid", sa.String, primary_key=True),
+    sa.Column("index", sa.Integer, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("pci_bus_id", sa.String),
+    sa.Column("memory_total_b", sa.BigInteger),
+    sa.Column("power_limit_w", Measured),
+    sa.Column("driver_version", sa.String),
+    sa.Column("cuda_version", sa.String),
+    sa.Column("mig_mode", sa.String),
+    sa.Column("mig_parent_uuid", sa.String),
+    sa.Column("mig_profile", sa.String),
+    sa.Column("nvml_index", sa.Integer),
+    sa.Column("source", sa.String, nullable=False),
+    sa.Index("ix_devices_uuid", "uuid"),  # "who used this GPU"
+)
+
+gpu_intervals = sa.Table(
+    "gpu_intervals",
+    metadata,
+    sa.Column("run_id", sa.String, _run_fk(), primary_key=True),
+    sa.Column("device_uuid", sa.String, primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("t0", sa.Double, nullable=False),
+    sa.Column("t1", sa.Double, nullable=False),
+    sa.Column("samples", sa.Integer, nullable=False),
+    sa.Column("busy_s", Measured),
+    sa.Column("util_method", sa.String),
+    sa.Column("util_max_pct", Measured),
+    sa.Column("energy_j", Measured),
+    sa.Column("energy_method", sa.String),
+    sa.Column("power_max_w", Measured),
+    sa.Column("mem_used_max_b", sa.BigInteger),
+    sa.Column("mem_used_last_b", sa.BigInteger),
+    sa.Column("mem_reserved_b", sa.BigInteger),
+    sa.Column("proc_mem_max_b", sa.BigInteger),
+    sa.Column("proc_sm_util_avg_pct", Measured),
+    sa.Column("temp_max_c", Measured),
+    sa.Column("sm_clock_avg_mhz", Measured),
+    sa.Column("mem_clock_max_mhz", Measured),
+    sa.Column("throttle_s", Json),
+)
+
+host_intervals = sa.Table(
+    "host_intervals",
+    metadata,
+    sa.Column("run_id", sa.String, _run_fk(), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("t0", sa.Double, nullable=False),
+    sa.Column("t1", sa.Double, nullable=False),
+    sa.Column("samples", sa.Integer, nullable=False),
+    sa.Column("cpu_s", sa.Double, nullable=False),
+    sa.Column("rss_max_b", sa.BigInteger, nullable=False),
+    sa.Column("read_b", sa.BigInteger, nullable=False),
+    sa.Column("write_b", sa.BigInteger, nullable=False),
+    sa.Column("threads_max", sa.Integer, nullable=False),
+    sa.Column("procs_max", sa.Integer, nullable=False),
+    sa.Column("sys_cpu_util_avg_pct", Measured),
+    sa.Column("iowait_s", Measured),
+    sa.Column("sys_mem_used_max_b", sa.BigInteger),
+    sa.Column("disk_read_b", sa.BigInteger),
+    sa.Column("disk_write_b", sa.BigInteger),
+    sa.Column("net_rx_b", sa.BigInteger),
+    sa.Column("net_tx_b", sa.BigInteger),
+)
+
+# seq numbers a run's events / metrics 0, 1, 2 ...: the idempotency key (see Ledger.append).
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("run_id", sa.String, _run_fk(), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("t", sa.Double, nullable=False),
+    sa.Column("kind", sa.String, nullable=False),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.Column("payload", Json, nullable=False),
+    sa.Index("ix_events_kind_t", "kind", "t"),  # alerts across runs
+)
+
+metrics = sa.Table(
+    "metrics",
+    metadata,
+    sa.Column("run_id", sa.String, _run_fk(), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("t", sa.Double, nullable=False),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("value", MetricValue, nullable=False),
+    sa.Column("epoch", sa.Integer),
+    sa.Column("step", sa.Integer),
+    sa.Index("ix_metrics_run_id_key", "run_id", "key"),  # compare one metric across runs
+)
+
+logs = sa.Table(
+    "logs",
+    metadata,
+    sa.Column("run_id", sa.String, _run_fk(), primary_key=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+    sa.Column("sha256", sa.String(64), nullable=False),
+    sa.Column("size_b", sa.BigInteger, nullable=False),
+    sa.Column("truncated", sa.Boolean, nullable=False),
+)
+
+# Children of a run, in the order they are deleted.
+RUN_CHILDREN = (run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs)

@@ -1,0 +1,147 @@
+"""The statements of the write transactions. Each function runs inside a transaction it is given.
+
+Every insert is ``ON CONFLICT DO NOTHING`` on the record's natural key, so a batch sent twice
+(a retry after a lost reply, an outbox replay) leaves the ledger exactly as sending it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
+from gpuledger.store import schema
+from gpuledger.store.codec import label_rows, run_row, to_row
+from gpuledger.store.engine import Database
+from gpuledger.store.errors import RunNotFound
+
+# What makes two events / metrics of a run "the same" when the caller does not number them.
+_EVENT_KEY = ("t", "kind", "message")
+_METRIC_KEY = ("t", "key", "epoch", "step")
+
+
+def require_run(conn: Connection, run_id: str, *, lock: bool = False) -> None:
+    """RunNotFound unless the run exists; ``lock`` holds its row until commit (PostgreSQL), so two
+    writers cannot hand out the same event numbers (SQLite's write lock already serialises them)."""
+    q = sa.select(schema.runs.c.id).where(schema.runs.c.id == run_id)
+    if lock:
+        q = q.with_for_update()
+    if conn.execute(q).first() is None:
+        raise RunNotFound(run_id)
+
+
+def insert_run(db: Database, conn: Connection, run: RunRecord) -> bool:
+    row = run_row(run)
+    ins = db.insert(schema.runs).values(row).on_conflict_do_nothing(index_elements=["id"])
+    # RETURNING, not rowcount: psycopg reports -1 for INSERT ... ON CONFLICT DO NOTHING.
+    if conn.execute(ins.returning(schema.runs.c.id)).first() is None:
+        return False  # already there: a replay; later changes go through update_run
+    replace_labels(conn, run.id, row["labels"])
+    return True
+
+
+def replace_labels(conn: Connection, run_id: str, labels: Mapping[str, Any]) -> None:
+    conn.execute(sa.delete(schema.run_labels).where(schema.run_labels.c.run_id == run_id))
+    rows = label_rows(run_id, labels)
+    if rows:
+        conn.execute(sa.insert(schema.run_labels), rows)
+
+
+def upsert_devices(db: Database, conn: Connection, run_id: str, devices: Sequence[GpuIdentity]) -> None:
+    require_run(conn, run_id)
+    if not devices:
+        return
+    ins = db.insert(schema.devices)
+    keys = ("run_id", "uuid")
+    update = {c.name: ins.excluded[c.name] for c in schema.devices.columns if c.name not in keys}
+    conn.execute(
+        ins.on_conflict_do_update(index_elements=list(keys), set_=update),
+        [to_row(d, run_id=run_id) for d in devices],
+    )
+
+
+def append(
+    db: Database,
+    conn: Connection,
+    run_id: str,
+    gpu: Sequence[GpuInterval],
+    host: Sequence[HostInterval],
+    events: Sequence[Event],
+    metrics: Sequence[Metric],
+    event_seq: int | None,
+    metric_seq: int | None,
+) -> None:
+    numbering = (events and event_seq is None) or (metrics and metric_seq is None)
+    require_run(conn, run_id, lock=bool(numbering))
+    if gpu:
+        _insert_new(db, conn, schema.gpu_intervals, [to_row(i, run_id=run_id) for i in gpu])
+    if host:
+        _insert_new(db, conn, schema.host_intervals, [to_row(i, run_id=run_id) for i in host])
+    if events:
+        rows = [to_row(e, run_id=run_id) for e in events]
+        for row in rows:
+            row["payload"] = dict(row["payload"] or {})
+        rows = _numbered(conn, schema.events, run_id, rows, event_seq, _EVENT_KEY)
+        _insert_new(db, conn, schema.events, rows)
+    if metrics:
+        rows = [to_row(m, run_id=run_id) for m in metrics]
+        rows = _numbered(conn, schema.metrics, run_id, rows, metric_seq, _METRIC_KEY)
+        _insert_new(db, conn, schema.metrics, rows)
+
+
+def _insert_new(db: Database, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        conn.execute(db.insert(table).on_conflict_do_nothing(), rows)
+
+
+def _numbered(
+    conn: Connection,
+    table: sa.Table,
+    run_id: str,
+    rows: list[dict[str, Any]],
+    first_seq: int | None,
+    key: tuple[str, ...],
+) -> list[dict[str, Any]]:
+    """Give each row its ``seq``: ``first_seq``, +1, ... when the caller numbers them; otherwise
+    drop rows already stored (same ``key`` values) and continue after the run's last seq."""
+    if first_seq is not None:
+        for i, row in enumerate(rows):
+            row["seq"] = first_seq + i
+        return rows
+    ts = [row["t"] for row in rows]
+    c = table.c
+    stored = conn.execute(sa.select(*(c[k] for k in key)).where(c.run_id == run_id, c.t >= min(ts), c.t <= max(ts)))
+    seen = {tuple(r) for r in stored}
+    fresh = [row for row in rows if tuple(row[k] for k in key) not in seen]
+    last = conn.scalar(sa.select(sa.func.max(c.seq)).where(c.run_id == run_id))
+    start = 0 if last is None else last + 1
+    for i, row in enumerate(fresh):
+        row["seq"] = start + i
+    return fresh
+
+
+def set_log(db: Database, conn: Connection, run_id: str, data: bytes, truncated: bool) -> None:
+    require_run(conn, run_id)
+    data = bytes(data)
+    row = {
+        "run_id": run_id,
+        "data": data,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size_b": len(data),
+        "truncated": truncated,
+    }
+    ins = db.insert(schema.logs).values(row)
+    update = {k: ins.excluded[k] for k in row if k != "run_id"}
+    conn.execute(ins.on_conflict_do_update(index_elements=["run_id"], set_=update))
+
+
+def delete_run(conn: Connection, run_id: str) -> None:
+    # Children explicitly (not only ON DELETE CASCADE): correct even on a connection without FKs.
+    for table in schema.RUN_CHILDREN:
+        conn.execute(sa.delete(table).where(table.c.run_id == run_id))
+    if conn.execute(sa.delete(schema.runs).where(schema.runs.c.id == run_id)).rowcount == 0:
+        raise RunNotFound(run_id)

@@ -1,0 +1,54 @@
+"""Shared fixtures.
+
+``ledger_url``: the URL of a fresh, empty ledger database, once per backend:
+- ``sqlite``: a file in the test's tmp_path;
+- ``postgres`` (marked ``postgres``): a new schema in the server's database, reached through
+  ``options=-csearch_path=<schema>`` in the URL, dropped after the test. The server is
+  ``$GPULEDGER_TEST_PG_URL`` (default postgresql://postgres@127.0.0.1:5432/test). Set
+  ``GPULEDGER_TEST_PG=0`` to skip these; otherwise an unreachable server is an error, because CI
+  must test PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+PG_URL = os.environ.get("GPULEDGER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _pg_schema_url() -> Iterator[str]:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    admin = make_url(PG_URL).set(drivername="postgresql")
+    conninfo = admin.render_as_string(hide_password=False)
+    schema = f"gl_test_{uuid.uuid4().hex[:16]}"
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+    except psycopg.OperationalError as exc:
+        raise RuntimeError(
+            f"PostgreSQL is not reachable at {admin.render_as_string(hide_password=True)} ({exc}); "
+            "start it, point GPULEDGER_TEST_PG_URL at one, or set GPULEDGER_TEST_PG=0 to skip"
+        ) from exc
+    url = admin.set(drivername="postgresql+psycopg").update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+            conn.execute("SET lock_timeout = '30s'")
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{os.fspath(tmp_path)}/ledger.db"
+        return
+    if os.environ.get("GPULEDGER_TEST_PG") == "0":
+        pytest.skip("PostgreSQL tests disabled by GPULEDGER_TEST_PG=0")
+    yield from _pg_schema_url()

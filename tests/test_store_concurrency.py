@@ -1,0 +1,78 @@
+"""Many writers at once: runs on one machine share one SQLite file; a server takes many clients.
+
+8 processes (spawned, so each has its own SQLite connections, as separate runs would) open the same
+fresh database at the same moment (racing to migrate it), then each appends 50 batches.
+Nothing may be lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gpuledger.core.model import Event, Metric
+from gpuledger.store import Ledger, LedgerLocked
+from test_store_records import T0, full_device, full_gpu, full_host, minimal_run, run_id
+
+WRITERS = 8
+BATCHES = 50
+DEVICES = ("GPU-a", "GPU-b")
+
+
+def _writer(url: str, n: int, barrier: mp.synchronize.Barrier) -> None:  # runs in a child process
+    barrier.wait(timeout=60)
+    with Ledger(url) as led:
+        rid = run_id(n)
+        led.create_run(minimal_run(rid))
+        led.add_devices(rid, [full_device(i, uuid) for i, uuid in enumerate(DEVICES)])
+        for seq in range(BATCHES):
+            led.append(
+                rid,
+                [full_gpu(uuid, seq) for uuid in DEVICES],
+                [full_host(seq)],
+                [Event(T0 + seq, "tick", f"batch {seq}")],
+                [Metric(T0 + seq, "loss", 1.0 / (seq + 1), step=seq)],
+            )
+        led.update_run(rid, status="succeeded", ended_at=T0 + BATCHES)
+
+
+def test_concurrent_writers_lose_nothing(ledger_url: str) -> None:
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(WRITERS)
+    procs = [ctx.Process(target=_writer, args=(ledger_url, n, barrier)) for n in range(WRITERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    assert [p.exitcode for p in procs] == [0] * WRITERS
+    with Ledger(ledger_url) as led:
+        runs = led.list_runs()
+        assert len(runs) == WRITERS and {r.status for r in runs} == {"succeeded"}
+        for n in range(WRITERS):
+            rid = run_id(n)
+            gpu = led.gpu_intervals(rid)
+            assert [(g.device_uuid, g.seq) for g in gpu] == [(d, s) for d in DEVICES for s in range(BATCHES)]
+            assert [h.seq for h in led.host_intervals(rid)] == list(range(BATCHES))
+            assert [e.message for e in led.events(rid)] == [f"batch {s}" for s in range(BATCHES)]
+            assert len(led.metrics(rid)) == BATCHES and len(led.devices(rid)) == len(DEVICES)
+
+
+def test_locked_sqlite_raises_ledger_locked_then_recovers(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with Ledger(path, busy_timeout_s=0.05, retries=2) as led:
+        rid = run_id(1)
+        led.create_run(minimal_run(rid))
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another writer holding the lock for too long
+        try:
+            with pytest.raises(LedgerLocked, match="retry later"):
+                led.append(rid, [full_gpu("GPU-a", 0)])
+            assert led.gpu_intervals(rid) == []  # readers are not blocked (WAL)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        led.append(rid, [full_gpu("GPU-a", 0)])  # the caller's retry lands
+        assert len(led.gpu_intervals(rid)) == 1
