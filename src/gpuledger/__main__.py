@@ -1,0 +1,3 @@
+from gpuledger.cli.main import main
+
+main()

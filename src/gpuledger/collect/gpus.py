@@ -1,0 +1,73 @@
+"""Pick the GPU collector for a run: NVML, else nvidia-smi, else none with a plain reason."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuledger.collect.base import CollectorUnavailable, GpuCollector
+
+NO_GPU_TAIL = "GPU figures are absent; host metrics were recorded"
+
+
+def open_gpu_collector(
+    env: Mapping[str, str],
+    replay_trace: str | None = None,
+    *,
+    nvml: Any = None,
+    which: Callable[[str], str | None] = shutil.which,
+    smi_run: Any = None,
+) -> tuple[GpuCollector | None, str | None]:
+    """The collector for the GPUs the command will see, or (None, why not) — never raises.
+
+    ``env`` is the command's environment (CUDA_VISIBLE_DEVICES decides which GPUs are the
+    run's). With ``replay_trace`` (a path, or the name of a packaged trace such as
+    ``"a100x2-example"``) the NVML collector runs on the trace instead of the hardware and marks
+    its devices ``source="replay"``. ``nvml``, ``which`` and ``smi_run`` let tests stand in for
+    pynvml, PATH lookup and the nvidia-smi runner.
+    """
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if replay_trace is not None:
+        return _replay(replay_trace, visible)
+    from gpuledger.collect.nvml import NvmlCollector, NvmlLibraryMissing
+
+    lib_missing = False
+    try:
+        collector: GpuCollector = NvmlCollector(nvml=nvml, visible=visible)
+    except CollectorUnavailable as exc:
+        nvml_reason, lib_missing = str(exc), isinstance(exc, NvmlLibraryMissing)
+    except Exception as exc:  # monitoring never stops the run
+        nvml_reason = f"NVML failed: {type(exc).__name__}: {exc}"
+    else:
+        return _non_empty(collector, visible)
+    if which("nvidia-smi") is None:
+        if lib_missing:
+            why = "no NVIDIA driver found (libnvidia-ml.so not loadable and nvidia-smi not on PATH)"
+            return None, f"{why}: {NO_GPU_TAIL}"
+        return None, f"{nvml_reason}; nvidia-smi not on PATH: {NO_GPU_TAIL}"
+    from gpuledger.collect.nvidia_smi import NvidiaSmiCollector
+
+    try:
+        smi = NvidiaSmiCollector(visible) if smi_run is None else NvidiaSmiCollector(visible, run=smi_run)
+    except Exception as exc:
+        return None, f"{nvml_reason}; {exc}: {NO_GPU_TAIL}"
+    return _non_empty(smi, visible)
+
+
+def _non_empty(collector: GpuCollector, visible: str | None) -> tuple[GpuCollector | None, str | None]:
+    if collector.devices():
+        return collector, None
+    collector.close()
+    if visible is not None:
+        return None, f"CUDA_VISIBLE_DEVICES={visible!r} leaves the command no GPU: {NO_GPU_TAIL}"
+    return None, f"the NVIDIA driver reports no GPU on this machine: {NO_GPU_TAIL}"
+
+
+def _replay(trace: str, visible: str | None) -> tuple[GpuCollector | None, str | None]:
+    from gpuledger.collect.replay import open_replay
+
+    try:
+        return _non_empty(open_replay(trace, visible), visible)
+    except Exception as exc:  # a bad trace file is reported, not raised: the command still runs
+        return None, f"replay trace {trace!r} unusable: {exc}: GPU figures are absent"
