@@ -1,0 +1,37 @@
+"""The ``gpuledger`` command: a thin layer that parses options, calls one use case, renders."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gpuledger import __version__
+from gpuledger.cli.read_cmds import export_cmd, logs_cmd, runs_cmd, show_cmd
+from gpuledger.cli.run_cmd import run_cmd
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuledger")
+def cli() -> None:
+    """Meter, archive and price GPU training runs.
+
+    \b
+    gpuledger run -- yolo train data=coco128.yaml model=yolov8n.yaml
+    gpuledger runs
+    gpuledger show RUN
+    """
+
+
+cli.add_command(run_cmd)
+cli.add_command(runs_cmd)
+cli.add_command(show_cmd)
+cli.add_command(logs_cmd)
+cli.add_command(export_cmd)
+
+
+def main() -> None:
+    try:
+        cli(prog_name="gpuledger")
+    except KeyboardInterrupt:
+        sys.exit(130)

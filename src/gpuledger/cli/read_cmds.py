@@ -1,0 +1,125 @@
+"""``gpuledger runs | show | logs | export``: reading the ledger back."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gpuledger.cli.common import db_option, echo_json, open_ledger
+
+
+def _fail_on_lookup(func):
+    """Turn ledger lookup errors (unknown or ambiguous run) into one-line CLI errors."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from gpuledger.store import LedgerError
+
+        try:
+            return func(*args, **kwargs)
+        except LedgerError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+@click.command("runs")
+@click.option("--project")
+@click.option("--team")
+@click.option("--user")
+@click.option("--status", type=click.Choice(["running", "succeeded", "failed", "killed", "lost", "imported"]))
+@click.option("--since", help="Only runs started since: 2026-11-01, an ISO timestamp, or 3d / 12h / 30m.")
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@db_option
+@_fail_on_lookup
+def runs_cmd(project, team, user, status, since, limit, as_json, db) -> None:
+    """List runs, newest first."""
+    from gpuledger.reports.runview import list_rows, parse_since
+
+    try:
+        since_t = parse_since(since) if since else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from exc
+    ledger = open_ledger(db)
+    runs = ledger.list_runs(project=project, team=team, user=user, status=status, since=since_t, limit=limit)
+    rows = list_rows(ledger, runs)
+    if status:  # a run may have turned "lost" while being read
+        rows = [r for r in rows if r["status"] == status]
+    if as_json:
+        echo_json(rows)
+        return
+    from gpuledger.cli.render import runs_table
+
+    runs_table(rows)
+
+
+@click.command("show")
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True, help="Print the full record as JSON.")
+@db_option
+@_fail_on_lookup
+def show_cmd(run: str, as_json: bool, db: str | None) -> None:
+    """Show one run: RUN is an id or a unique id prefix."""
+    from gpuledger.core.summary import format_summary
+    from gpuledger.reports.runview import load_run, summary
+
+    ledger = open_ledger(db)
+    record = load_run(ledger, run)
+    data = summary(ledger, record)
+    if as_json:
+        echo_json(data)
+    else:
+        click.echo(format_summary(data))
+
+
+@click.command("logs")
+@click.argument("run")
+@db_option
+@_fail_on_lookup
+def logs_cmd(run: str, db: str | None) -> None:
+    """Print a run's archived (redacted) output."""
+    from gpuledger.recorder.liveness import fresh_log
+    from gpuledger.reports.runview import load_run
+
+    ledger = open_ledger(db)
+    record = load_run(ledger, run)
+    data = fresh_log(ledger, record)
+    if data is None:
+        raise click.ClickException(f"run {record.id} has no archived log")
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+
+
+@click.command("export")
+@click.argument("run")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default="csv", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default: stdout).")
+@db_option
+@_fail_on_lookup
+def export_cmd(run: str, fmt: str, output: str | None, db: str | None) -> None:
+    """Export a run's interval time series (columns: docs/EXPORT.md)."""
+    from gpuledger.reports import export
+    from gpuledger.reports.runview import load_run
+
+    ledger = open_ledger(db)
+    record = load_run(ledger, run)
+    rows = export.interval_rows(
+        record.id, ledger.devices(record.id), ledger.gpu_intervals(record.id), ledger.host_intervals(record.id)
+    )
+    if fmt == "parquet":
+        if not output:
+            raise click.UsageError("Parquet is binary: give a file with -o FILE")
+        try:
+            export.write_parquet(rows, output)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from exc
+        return
+    text = export.to_csv(rows) if fmt == "csv" else export.to_jsonl(rows)
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)

@@ -1,0 +1,72 @@
+"""``gpuledger run``: meter a command into the ledger."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gpuledger.cli.common import db_option, parse_labels
+from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
+
+
+@click.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("--name", help="A name for the run (default: none).")
+@click.option("--project", help="Project label (also GPULEDGER_PROJECT).")
+@click.option("--team", help="Team label (also GPULEDGER_TEAM).")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="A free label; repeatable.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(MIN_INTERVAL_S, MAX_INTERVAL_S),
+    default=5.0,
+    show_default=True,
+    help="Recording interval in seconds.",
+)
+@db_option
+@click.option(
+    "--replay-gpus",
+    "replay",
+    metavar="TRACE",
+    help="Feed a recorded GPU trace (a file, or a packaged one such as a100x2-example) instead of real "
+    "NVML; the run is marked replayed.",
+)
+@click.option("--no-gpu", is_flag=True, help="Do not meter GPUs (host metrics only).")
+@click.option("--quiet", "-q", is_flag=True, help="No summary at the end.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_cmd(
+    name: str | None,
+    project: str | None,
+    team: str | None,
+    labels: tuple[str, ...],
+    interval: float,
+    db: str | None,
+    replay: str | None,
+    no_gpu: bool,
+    quiet: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run COMMAND and meter it: gpuledger run [OPTIONS] -- COMMAND [ARGS]...
+
+    COMMAND's output is shown live and archived; gpuledger exits with COMMAND's status
+    (128+N when it died of signal N).
+    """
+    from gpuledger.recorder.wrap import WrapOptions, run_and_exit_code
+
+    label_map = parse_labels(labels)
+    if project:
+        label_map["project"] = project
+    if team:
+        label_map["team"] = team
+    opts = WrapOptions(
+        name=name,
+        labels=label_map,
+        interval_s=interval,
+        db_url=db,
+        replay_trace=replay,
+        no_gpu=no_gpu,
+        summary=not quiet,
+    )
+    sys.exit(run_and_exit_code(list(command), opts))

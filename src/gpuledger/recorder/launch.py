@@ -1,0 +1,90 @@
+"""Start CMD in its own process group, with its output going through the relay."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import pty
+import subprocess
+import termios
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpuledger.recorder.relay import start_relay
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class LaunchError(Exception):
+    """CMD could not be started; ``exit_code`` follows the shell's convention (126/127)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class Launched:
+    pid: int  # CMD; also its process-group id
+    relay_pid: int
+    pty_master: int | None  # kept to pass terminal resizes on to CMD
+
+
+def become_subreaper() -> bool:
+    """Adopt CMD's orphaned descendants, so their CPU time is reaped (and counted) by us."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def copy_window_size(from_fd: int, to_fd: int) -> None:
+    with contextlib.suppress(OSError):
+        size = fcntl.ioctl(from_fd, termios.TIOCGWINSZ, b"\0" * 8)
+        fcntl.ioctl(to_fd, termios.TIOCSWINSZ, size)
+
+
+def launch(argv: list[str], env: Mapping[str, str], log_path: str, use_pty: bool | None = None) -> Launched:
+    """Fork the relay, then start CMD as a new session whose output the relay copies.
+
+    With a terminal on stdout CMD gets a pty, so progress bars and colours look as they would
+    without gpuledger; otherwise two pipes keep its stdout and stderr apart.
+    """
+    if use_pty is None:
+        use_pty = os.isatty(1)
+    if use_pty:
+        master, slave = pty.openpty()
+        copy_window_size(1, slave)
+        sources, child_out, child_err, writers = {master: 1}, slave, slave, [slave]
+    else:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        master = None
+        sources, child_out, child_err, writers = {out_r: 1, err_r: 2}, out_w, err_w, [out_w, err_w]
+    relay_pid = start_relay(sources, log_path, close_in_child=writers)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=child_out,
+            stderr=child_err,
+            env=dict(env),
+            start_new_session=True,  # own process group: gpuledger's signals are forwarded, not shared
+            close_fds=True,
+        )
+    except OSError as exc:
+        code = 127 if exc.errno == errno.ENOENT else 126
+        raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror}", code) from exc
+    finally:
+        # The relay sees EOF only once every writer is closed; ours must go now.
+        for fd in writers:
+            os.close(fd)
+        for fd in sources:
+            if fd != master:
+                os.close(fd)
+    # We reap CMD ourselves with wait4 (to get its rusage); Popen must not race us for it.
+    proc.returncode = 0
+    return Launched(pid=proc.pid, relay_pid=relay_pid, pty_master=master)

@@ -1,0 +1,117 @@
+"""Who ran what, where: user, host, git state, versions and labels taken from the environment."""
+
+from __future__ import annotations
+
+import getpass
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+# Environment variables that identify the job around a run (scheduler, cluster, CI), as labels.
+ENV_LABELS: dict[str, str] = {
+    "SLURM_JOB_ID": "slurm_job_id",
+    "SLURM_JOB_NAME": "slurm_job_name",
+    "SLURM_ARRAY_JOB_ID": "slurm_array_job_id",
+    "SLURM_ARRAY_TASK_ID": "slurm_array_task_id",
+    "SLURM_CLUSTER_NAME": "slurm_cluster",
+    "SLURM_JOB_PARTITION": "slurm_partition",
+    "SLURM_JOB_ACCOUNT": "slurm_account",
+    "POD_NAME": "k8s_pod",
+    "POD_NAMESPACE": "k8s_namespace",
+    "GITHUB_RUN_ID": "ci_github_run_id",
+    "GITHUB_REPOSITORY": "ci_github_repository",
+    "GITHUB_WORKFLOW": "ci_github_workflow",
+    "CI_JOB_ID": "ci_gitlab_job_id",
+    "CI_PIPELINE_ID": "ci_gitlab_pipeline_id",
+    "BUILDKITE_BUILD_ID": "ci_buildkite_build_id",
+    "CIRCLE_BUILD_NUM": "ci_circle_build_num",
+    "BUILD_TAG": "ci_jenkins_build_tag",
+    "GPULEDGER_INSTANCE_TYPE": "instance_type",
+}
+K8S_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+VERSION_PACKAGES = ("torch", "torchvision", "ultralytics", "numpy", "nvidia-ml-py")
+GIT_TIMEOUT_S = 3.0
+
+
+def current_user(env: Mapping[str, str]) -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return env.get("USER") or f"uid{os.getuid()}"
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+def parse_label(text: str) -> tuple[str, str]:
+    """``key=value`` → (key, value); a clear error otherwise."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"label {text!r} is not of the form key=value")
+    return key, value.strip()
+
+
+def env_labels(env: Mapping[str, str]) -> dict[str, str]:
+    labels = {label: env[var] for var, label in ENV_LABELS.items() if env.get(var)}
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        labels.setdefault("k8s_pod", env.get("HOSTNAME", ""))
+        if "k8s_namespace" not in labels and K8S_NAMESPACE_FILE.is_file():
+            labels["k8s_namespace"] = K8S_NAMESPACE_FILE.read_text().strip()
+    for var, label in (("GPULEDGER_PROJECT", "project"), ("GPULEDGER_TEAM", "team")):
+        if env.get(var):
+            labels[label] = env[var]
+    for item in filter(None, (s.strip() for s in env.get("GPULEDGER_LABELS", "").split(","))):
+        key, value = parse_label(item)
+        labels[key] = value
+    return {k: v for k, v in labels.items() if v}
+
+
+def _git(cwd: str, *args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", cwd, *args],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state(cwd: str) -> dict[str, object]:
+    """Commit, branch and dirty flag of the repository holding ``cwd`` ({} outside a repo)."""
+    commit = _git(cwd, "rev-parse", "HEAD")
+    if commit is None:
+        return {}
+    state: dict[str, object] = {"commit": commit}
+    branch = _git(cwd, "rev-parse", "--abbrev-ref", "HEAD")
+    if branch and branch != "HEAD":
+        state["branch"] = branch
+    status = _git(cwd, "status", "--porcelain", "--untracked-files=no")
+    if status is not None:
+        state["dirty"] = bool(status)
+    remote = _git(cwd, "config", "--get", "remote.origin.url")
+    if remote:
+        state["remote"] = remote  # redacted by the caller: remotes can carry tokens
+    return state
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in VERSION_PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    from gpuledger import __version__
+
+    found["gpuledger"] = __version__
+    return found

@@ -1,0 +1,264 @@
+"""The recorder: sample collectors every tick, close intervals, flush them to the ledger.
+
+It runs in one background thread and is built so that nothing it does can hurt the training:
+every collector or ledger failure becomes a run event plus one line on stderr, and data that
+could not be written stays buffered and is retried at the next flush.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuledger.collect.base import GpuCollector, HostCollector
+from gpuledger.core.intervals import merge_gpu_ticks, merge_host_ticks
+from gpuledger.core.model import Event, GpuInterval, GpuTick, HostInterval, HostTick, Metric
+from gpuledger.recorder.control import ControlServer
+
+MIN_INTERVAL_S = 0.5
+MAX_INTERVAL_S = 60.0
+FLUSH_EVERY_S = 10.0  # the most an abrupt end (kill -9, power loss) can lose
+MIN_FLUSH_S = 2.0  # short intervals are batched: fewer, larger writes to a shared ledger
+MAX_TICK_S = 1.0
+
+
+def tick_seconds(interval_s: float) -> float:
+    """Ticks per interval: at least five for intervals of 5 s and more, so gauges see peaks."""
+    return min(interval_s, MAX_TICK_S)
+
+
+@dataclass
+class Pending:
+    """Closed intervals, events and metrics not yet written to the ledger."""
+
+    gpu: list[GpuInterval] = field(default_factory=list)
+    host: list[HostInterval] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    metrics: list[Metric] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.gpu or self.host or self.events or self.metrics)
+
+
+class Recorder:
+    """Samples ``host`` and ``gpu`` into intervals and writes them through ``sink``.
+
+    ``sink(gpu, host, events, metrics)`` is normally ``Ledger.append`` bound to the run id; it
+    may raise, in which case everything stays pending for the next flush.
+    """
+
+    def __init__(
+        self,
+        sink: Callable[[list[GpuInterval], list[HostInterval], list[Event], list[Metric]], None],
+        host: HostCollector,
+        gpu: GpuCollector | None = None,
+        interval_s: float = 5.0,
+        flush_every_s: float = FLUSH_EVERY_S,
+        clock: Callable[[], float] = time.time,
+        warn: Callable[[str], None] | None = None,
+        on_interval: Callable[[list[GpuInterval], HostInterval | None], None] | None = None,
+        control: ControlServer | None = None,
+        on_message: Callable[[Recorder, dict], None] | None = None,
+    ) -> None:
+        if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:
+            raise ValueError(f"interval must be between {MIN_INTERVAL_S} and {MAX_INTERVAL_S} seconds")
+        self._sink = sink
+        self._host = host
+        self._gpu = gpu
+        self.interval_s = interval_s
+        self.tick_s = tick_seconds(interval_s)
+        self._flush_every_s = min(flush_every_s, FLUSH_EVERY_S, max(interval_s, MIN_FLUSH_S))
+        self._clock = clock
+        self._warn = warn or (lambda line: None)
+        self._on_interval = on_interval
+        self._control = control
+        self._on_message = on_message
+        self._wake_r, self._wake_w = os.pipe() if control is not None else (-1, -1)
+        self._lock = threading.Lock()
+        self._pending = Pending()
+        self._gpu_ticks: dict[str, list[GpuTick]] = {}
+        self._host_ticks: list[HostTick] = []
+        self._gpu_seq: dict[str, int] = {}
+        self._host_seq = 0
+        self._interval_start: float | None = None
+        self._last_flush = 0.0
+        self._warned: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_flush_ok: float | None = None
+
+    # -- public, thread-safe --------------------------------------------------------------
+    def event(self, kind: str, message: str = "", **payload: object) -> None:
+        with self._lock:
+            self._pending.events.append(Event(t=self._clock(), kind=kind, message=message, payload=payload))
+
+    def add_metrics(self, metrics: list[Metric]) -> None:
+        with self._lock:
+            self._pending.metrics.extend(metrics)
+
+    def problem(self, kind: str, message: str, **payload: object) -> None:
+        """Record a monitoring problem as an event; say it on stderr once per kind."""
+        self.event(kind, message, **payload)
+        if kind not in self._warned:
+            self._warned.add(kind)
+            self._warn(f"gpuledger: {message} (training continues; recorded as a run event)")
+
+    def start(self) -> None:
+        self.tick()  # prime collector cursors at t0 so the first interval starts with CMD
+        self._last_flush = self._clock()
+        self._thread = threading.Thread(target=self._loop, name="gpuledger-recorder", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Take a last reading, close the open interval and flush everything (best effort)."""
+        self._stop.set()
+        if self._wake_w >= 0:
+            os.write(self._wake_w, b"x")
+        if self._thread is not None:
+            self._thread.join()
+        if self._control is not None:
+            self._handle_messages()  # whatever CMD said just before it ended
+        self.tick()
+        self._close_interval()
+        self.flush()
+        if self._wake_r >= 0:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    # -- the loop -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        self.flush(force=True)  # creates the run in the ledger off the main thread
+        next_tick = time.monotonic() + self.tick_s
+        while not self._wait_until(next_tick):
+            next_tick += self.tick_s
+            if next_tick < time.monotonic():  # we were suspended: skip, don't burst
+                next_tick = time.monotonic() + self.tick_s
+            try:
+                self.tick()
+                now = self._clock()
+                # Half a tick of slack: ticks land a little late, and a 0.5 s interval must not become 1 s.
+                due = self.interval_s - self.tick_s / 2
+                if self._interval_start is not None and now - self._interval_start >= due:
+                    self._close_interval()
+                if now - self._last_flush >= self._flush_every_s - 1e-6:
+                    self.flush()
+            except Exception as exc:
+                self.problem("sampler_error", f"sampling failed: {exc!r}")
+
+    def _wait_until(self, deadline: float) -> bool:
+        """Sleep until ``deadline`` (monotonic), serving control messages; True when stopping."""
+        if self._control is None:
+            return self._stop.wait(max(0.0, deadline - time.monotonic()))
+        while not self._stop.is_set():
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                return False
+            try:
+                ready, _, _ = select.select([self._control, self._wake_r], [], [], timeout)
+            except InterruptedError:
+                continue
+            if self._control in ready:
+                self._handle_messages()
+        return True
+
+    def _handle_messages(self) -> None:
+        assert self._control is not None
+        for msg in self._control.receive():
+            if self._on_message is None:
+                continue
+            try:
+                self._on_message(self, msg)
+            except Exception as exc:
+                self.problem("sampler_error", f"bad message from the command: {exc!r}")
+
+    def cut(self) -> None:
+        """Close the current interval now (at an epoch boundary), so sums per epoch are exact.
+
+        Only called from the recorder thread (message handling) or after ``stop``.
+        """
+        self.tick()
+        self._close_interval()
+
+    def tick(self) -> None:
+        now = self._clock()
+        if self._interval_start is None:
+            self._interval_start = now
+        try:
+            host_tick = self._host.read(now)
+        except Exception as exc:
+            host_tick = None
+            self.problem("sampler_error", f"host sampling failed: {exc!r}")
+        if host_tick is not None:
+            self._host_ticks.append(host_tick)
+        if self._gpu is None:
+            return
+        try:
+            read = self._gpu.read(self._host.pids(), now)
+        except Exception as exc:
+            self.problem("sampler_error", f"GPU sampling failed: {exc!r}")
+            return
+        for tick in read.ticks:
+            self._gpu_ticks.setdefault(tick.uuid, []).append(tick)
+        for ev in read.events:
+            self.problem(ev.kind, ev.message or ev.kind, **ev.payload)
+
+    def _close_interval(self) -> None:
+        gpu_intervals = []
+        for uuid, ticks in self._gpu_ticks.items():
+            if ticks:
+                seq = self._gpu_seq.get(uuid, 0)
+                gpu_intervals.append(merge_gpu_ticks(uuid, seq, ticks))
+                self._gpu_seq[uuid] = seq + 1
+        host_interval = None
+        if self._host_ticks:
+            host_interval = merge_host_ticks(self._host_seq, self._host_ticks)
+            self._host_seq += 1
+        self._gpu_ticks = {}
+        self._host_ticks = []
+        self._interval_start = self._clock()
+        with self._lock:
+            self._pending.gpu.extend(gpu_intervals)
+            if host_interval is not None:
+                self._pending.host.append(host_interval)
+        if self._on_interval is not None and (gpu_intervals or host_interval):
+            try:
+                self._on_interval(gpu_intervals, host_interval)
+            except Exception as exc:
+                self.problem("sampler_error", f"interval hook failed: {exc!r}")
+
+    def flush(self, force: bool = False) -> bool:
+        """Write what is pending; on failure keep it for the next flush.
+
+        ``force`` calls the sink even with nothing pending (the sink may have set-up to do).
+        """
+        self._last_flush = self._clock()
+        with self._lock:
+            batch, self._pending = self._pending, Pending()
+        if not batch and not force:
+            return True
+        try:
+            self._sink(batch.gpu, batch.host, batch.events, batch.metrics)
+        except Exception as exc:
+            with self._lock:
+                # Put the batch back in front of whatever arrived meanwhile; order is kept.
+                self._pending = Pending(
+                    batch.gpu + self._pending.gpu,
+                    batch.host + self._pending.host,
+                    batch.events + self._pending.events,
+                    batch.metrics + self._pending.metrics,
+                )
+            self.problem("ledger_error", f"cannot write to the ledger: {exc}")
+            return False
+        self.last_flush_ok = self._last_flush
+        if "ledger_error" in self._warned:
+            self._warned.discard("ledger_error")
+            self._warn("gpuledger: the ledger is writable again; buffered intervals were written")
+        return True
+
+    @property
+    def pending(self) -> Pending:
+        return self._pending

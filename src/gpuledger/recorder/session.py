@@ -1,0 +1,240 @@
+"""One run being recorded: its record, collectors, recorder and ledger, from start to summary.
+
+Shared by ``gpuledger run`` (meters a child process tree) and ``gpuledger.track()`` (meters the
+current process). The ledger is opened lazily from the recorder thread and retried at every
+flush, so a locked or unreachable ledger never delays or stops the training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from gpuledger.collect.base import GpuCollector, HostCollector
+from gpuledger.core.ids import uuid7
+from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
+from gpuledger.core.redact import Redactor
+from gpuledger.recorder import metadata
+from gpuledger.recorder.control import ControlServer
+from gpuledger.recorder.messages import handle as handle_message
+from gpuledger.recorder.recorder import Recorder
+
+
+def stderr_line(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def new_run_record(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str,
+    name: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    interval_s: float = 5.0,
+    replayed: bool = False,
+    log_path: str | None = None,
+    run_id: str | None = None,
+    started_at: float | None = None,
+    clock: Callable[[], float] = time.time,
+) -> RunRecord:
+    """A fresh run with redacted command and labels, git state and versions filled in."""
+    redactor = Redactor.default()
+    now = clock() if started_at is None else started_at
+    all_labels = metadata.env_labels(env)
+    all_labels.update(labels or {})
+    git = metadata.git_state(cwd)
+    if "remote" in git:
+        git["remote"] = redactor.redact_text(str(git["remote"]))
+    return RunRecord(
+        id=run_id or uuid7(int(now * 1000)),
+        command=redactor.redact_argv(list(command)),
+        user=metadata.current_user(env),
+        host=metadata.host_name(),
+        cwd=cwd,
+        started_at=now,
+        name=name,
+        labels=redactor.redact_mapping(all_labels),
+        git=git,
+        versions=metadata.versions(),
+        replayed=replayed,
+        interval_s=interval_s,
+        recorder_pid=os.getpid(),
+        log_path=log_path,
+    )
+
+
+class Session:
+    def __init__(
+        self,
+        ledger_url: str | None,
+        run: RunRecord,
+        host: HostCollector,
+        gpu: GpuCollector | None,
+        gpu_note: str | None = None,
+        warn: Callable[[str], None] = stderr_line,
+        clock: Callable[[], float] = time.time,
+        control: ControlServer | None = None,
+    ) -> None:
+        self.run = run
+        self._url = ledger_url
+        self._ledger = None
+        self._created = False
+        self._ledger_lock = threading.Lock()
+        self._gpu = gpu
+        self._host = host
+        self._clock = clock
+        self.devices: list[GpuIdentity] = gpu.devices() if gpu is not None else []
+        if not self.devices and gpu_note is None:
+            gpu_note = "no GPU is visible to this run (CUDA_VISIBLE_DEVICES hides them all)"
+        run.gpu_note = None if self.devices else gpu_note
+        if self.devices:
+            run.versions.update(_driver_versions(self.devices))
+        self.control = control
+        self._run_changes: dict[str, object] = {}
+        self.recorder = Recorder(
+            self._append,
+            host=host,
+            gpu=gpu,
+            interval_s=run.interval_s,
+            clock=clock,
+            warn=warn,
+            control=control,
+            on_message=lambda recorder, msg: handle_message(self, recorder, msg),
+        )
+
+    # -- ledger access, tolerant of a ledger that is not there yet -------------------------
+    def ledger(self):
+        with self._ledger_lock:
+            if self._ledger is None:
+                from gpuledger.store import Ledger
+
+                self._ledger = Ledger(self._url)
+            if not self._created:
+                self._ledger.create_run(self.run)
+                if self.devices:
+                    self._ledger.add_devices(self.run.id, self.devices)
+                self._created = True
+            return self._ledger
+
+    def _append(
+        self, gpu: list[GpuInterval], host: list[HostInterval], events: list[Event], metrics: list[Metric]
+    ) -> None:
+        ledger = self.ledger()
+        if gpu or host or events or metrics:
+            ledger.append(self.run.id, gpu, host, events, metrics)
+        with self._ledger_lock:
+            changes, self._run_changes = self._run_changes, {}
+        if changes:
+            try:
+                ledger.update_run(self.run.id, **changes)
+            except Exception:
+                with self._ledger_lock:
+                    self._run_changes = {**changes, **self._run_changes}
+                raise
+
+    def update_meta(self, labels: dict, meta: dict) -> None:
+        """Labels and run metadata sent by an integration; written at the next flush.
+
+        Labels given on the command line win over labels an integration fills automatically.
+        """
+        from gpuledger.core.redact import Redactor
+
+        redactor = Redactor.default()
+        with self._ledger_lock:
+            for key, value in redactor.redact_mapping({str(k): str(v) for k, v in labels.items()}).items():
+                self.run.labels.setdefault(key, value)
+            self.run.meta.update(meta)
+            self._run_changes["labels"] = dict(self.run.labels)
+            self._run_changes["meta"] = dict(self.run.meta)
+
+    def link_attempt(self, earlier_run_id: str) -> None:
+        with self._ledger_lock:
+            self.run.attempt_of = earlier_run_id
+            self._run_changes["attempt_of"] = earlier_run_id
+
+    def credit_reaped(self, pid: int, usage: object) -> None:
+        """Hand the exact final rusage of a child we reaped (CMD or an orphan) to the host collector."""
+        credit = getattr(self._host, "credit_reaped", None)
+        if credit is None:
+            return
+        try:
+            credit(
+                pid,
+                usage.ru_utime + usage.ru_stime,  # type: ignore[attr-defined]
+                usage.ru_inblock * 512,  # type: ignore[attr-defined]  # 512-byte blocks
+                usage.ru_oublock * 512,  # type: ignore[attr-defined]
+            )
+        except Exception as exc:
+            self.recorder.problem("sampler_error", f"could not account a reaped process: {exc!r}")
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        self.recorder.start()
+
+    def finish(
+        self,
+        status: str,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        reason: str | None = None,
+        log: bytes | None = None,
+    ) -> dict | None:
+        """Stop recording, write the end state and the log; return the summary (None if unwritable)."""
+        self.recorder.stop()
+        ended = self._clock()
+        run = self.run
+        run.status, run.ended_at, run.exit_code, run.signal = status, ended, exit_code, signal
+        run.status_reason = reason
+        try:
+            ledger = self.ledger()
+            if self.recorder.pending:  # a last try for anything the final flush could not write
+                self.recorder.flush()
+            if log is not None:
+                ledger.set_log(run.id, log)
+            ledger.update_run(
+                run.id, status=status, ended_at=ended, exit_code=exit_code, signal=signal, status_reason=reason
+            )
+            return run_summary(ledger, run.id, now=ended)
+        except Exception as exc:
+            stderr_line(f"gpuledger: could not write the end of run {run.id} to the ledger: {exc}")
+            return None
+        finally:
+            for collector in (self._gpu, self._host):
+                if collector is not None:
+                    with contextlib.suppress(Exception):
+                        collector.close()
+
+    def close(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+
+
+def _driver_versions(devices: list[GpuIdentity]) -> dict[str, str]:
+    found = {}
+    for dev in devices:
+        if dev.driver_version:
+            found["nvidia_driver"] = dev.driver_version
+        if dev.cuda_version:
+            found["cuda_driver"] = dev.cuda_version
+    return found
+
+
+def run_summary(ledger, run_id: str, now: float) -> dict:
+    from gpuledger.core.summary import summarize
+
+    return summarize(
+        ledger.get_run(run_id),
+        ledger.devices(run_id),
+        ledger.gpu_intervals(run_id),
+        ledger.host_intervals(run_id),
+        now=now,
+    )

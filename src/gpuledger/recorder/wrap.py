@@ -1,0 +1,210 @@
+"""``gpuledger run -- CMD``: start CMD, meter it until it ends, archive it, return its status."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuledger.core.ids import uuid7
+from gpuledger.paths import log_dir
+from gpuledger.recorder.control import ENV_VAR as CONTROL_ENV
+from gpuledger.recorder.control import ControlServer
+from gpuledger.recorder.launch import LaunchError, become_subreaper, copy_window_size, launch
+from gpuledger.recorder.session import Session, new_run_record, stderr_line
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+RELAY_GRACE_S = 3.0  # after CMD ends, how long a grandchild may keep its output open
+MAX_STORED_LOG_B = 64 * 1024 * 1024
+LOG_HEAD_B = 4 * 1024 * 1024
+
+
+@dataclass
+class WrapOptions:
+    name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    interval_s: float = 5.0
+    db_url: str | None = None
+    replay_trace: str | None = None
+    no_gpu: bool = False
+    use_pty: bool | None = None
+    summary: bool = True
+
+
+@dataclass
+class Outcome:
+    exit_code: int  # what gpuledger exits with: CMD's code, or 128+N after signal N
+    status: str
+    signal: int | None
+    reason: str | None
+    summary: dict | None
+    run_id: str
+
+
+def _status(wait_status: int, forwarded: int | None) -> tuple[str, int, int | None, str | None]:
+    if os.WIFSIGNALED(wait_status):
+        sig = os.WTERMSIG(wait_status)
+        name = signal.Signals(sig).name
+        how = " (forwarded by gpuledger)" if forwarded == sig else ""
+        return "killed", 128 + sig, sig, f"killed by {name}{how}"
+    code = os.WEXITSTATUS(wait_status)
+    if code == 0:
+        return "succeeded", 0, None, None
+    return "failed", code, None, f"exited with code {code}"
+
+
+def stored_log(path: str) -> bytes | None:
+    """The log file as archived in the ledger: whole, or head and tail when it is huge."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            if size <= MAX_STORED_LOG_B:
+                return fh.read()
+            head = fh.read(LOG_HEAD_B)
+            fh.seek(size - (MAX_STORED_LOG_B - LOG_HEAD_B))
+            tail = fh.read()
+    except OSError:
+        return None
+    note = f"\n[gpuledger: {size - len(head) - len(tail)} bytes omitted; full log at {path}]\n"
+    return head + note.encode() + tail
+
+
+def child_env(env: Mapping[str, str], run_id: str, db_url: str | None, control_path: str) -> dict[str, str]:
+    from gpuledger.integrations.autoload import autoload_env
+
+    out = dict(env)
+    out["GPULEDGER_RUN_ID"] = run_id  # lets integrations inside CMD attach to this run
+    out[CONTROL_ENV] = control_path
+    if db_url:
+        out["GPULEDGER_DB"] = db_url
+    out.update(autoload_env(out))  # zero-code capture: integrations load inside CMD's Python
+    return out
+
+
+def control_socket_path(run_id: str) -> str:
+    # Unix socket paths are limited to 108 bytes, so not under a possibly deep data dir.
+    folder = os.path.join(tempfile.gettempdir(), f"gpuledger-{os.getuid()}")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return os.path.join(folder, f"{run_id}.sock")
+
+
+def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None = None) -> Outcome:
+    env = dict(os.environ if env is None else env)
+    started = time.time()
+    run_id = uuid7(int(started * 1000))
+    log_path = str(log_dir(env) / f"{run_id}.log")
+    control = ControlServer(control_socket_path(run_id))
+    cmd_env = child_env(env, run_id, opts.db_url, control.path)
+    become_subreaper()
+    launched = launch(list(argv), cmd_env, log_path, use_pty=opts.use_pty)  # CMD runs from here on
+
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(launched.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    if launched.pty_master is not None:
+        master = launched.pty_master
+        previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda *_: copy_window_size(1, master))
+
+    session: Session | None = None
+    try:
+        session = _start_session(argv, opts, env, run_id, started, log_path, launched.relay_pid, control)
+    except Exception as exc:
+        stderr_line(f"gpuledger: monitoring could not start ({exc}); the command runs unmetered")
+    wait_status = _reap_until(launched.pid, launched.relay_pid, session)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # finishing the record; CMD is already gone
+    _wait_relay(launched.relay_pid)
+    status, code, sig, reason = _status(wait_status, forwarded[-1] if forwarded else None)
+    summary = None
+    if session is not None:
+        summary = session.finish(
+            status, exit_code=None if sig else code, signal=sig, reason=reason, log=stored_log(log_path)
+        )
+        session.close()
+    control.close()
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    if launched.pty_master is not None:
+        os.close(launched.pty_master)
+    return Outcome(code, status, sig, reason, summary, run_id)
+
+
+def _start_session(
+    argv: Sequence[str],
+    opts: WrapOptions,
+    env: Mapping[str, str],
+    run_id: str,
+    started: float,
+    log_path: str,
+    relay_pid: int,
+    control: ControlServer,
+) -> Session:
+    from gpuledger.collect.gpus import open_gpu_collector
+    from gpuledger.collect.host import ProcessTreeCollector
+
+    if opts.no_gpu:
+        gpu, note = None, "GPU metering was turned off (--no-gpu)"
+    else:
+        gpu, note = open_gpu_collector(env, replay_trace=opts.replay_trace)
+    run = new_run_record(
+        argv,
+        env=env,
+        cwd=os.getcwd(),
+        name=opts.name,
+        labels=opts.labels,
+        interval_s=opts.interval_s,
+        replayed=opts.replay_trace is not None,
+        log_path=log_path,
+        run_id=run_id,
+        started_at=started,
+    )
+    host = ProcessTreeCollector(os.getpid(), exclude_pids={os.getpid(), relay_pid}, include_root=False)
+    session = Session(opts.db_url, run, host=host, gpu=gpu, gpu_note=note, control=control)
+    session.start()
+    return session
+
+
+def _reap_until(cmd_pid: int, relay_pid: int, session: Session | None) -> int:
+    """Reap children until CMD ends; orphans adopted as subreaper are credited to the run."""
+    while True:
+        pid, status, usage = os.wait4(-1, 0)
+        if pid == relay_pid:
+            continue
+        if session is not None:
+            session.credit_reaped(pid, usage)
+        if pid == cmd_pid:
+            return status
+
+
+def _wait_relay(relay_pid: int) -> None:
+    deadline = time.monotonic() + RELAY_GRACE_S
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(relay_pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid:
+            return
+        time.sleep(0.02)
+    stderr_line("gpuledger: CMD ended but a process it started still holds its output; the log on disk keeps growing")
+
+
+def run_and_exit_code(argv: Sequence[str], opts: WrapOptions) -> int:
+    try:
+        outcome = wrap(argv, opts)
+    except LaunchError as exc:
+        stderr_line(f"gpuledger: {exc}")
+        return exc.exit_code
+    if opts.summary and outcome.summary is not None:
+        from gpuledger.core.summary import format_summary
+
+        stderr_line(format_summary(outcome.summary))
+    return outcome.exit_code

@@ -1,0 +1,263 @@
+"""The per-epoch view of a run: training metrics beside the resources of exactly that epoch.
+
+``epoch_table(ledger, run)`` gives one row per epoch (and one per non-epoch phase: setup, between
+epochs, final validation ...), in time order, for ``gpuledger show`` (text via
+``format_epoch_table``, JSON as the ``epochs`` key). ``export_rows`` flattens the same rows for
+``gpuledger export RUN --metrics`` (CSV, JSON Lines, Parquet).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpuledger.core import epochs as core_epochs
+from gpuledger.core.model import Metric, RunRecord
+
+if TYPE_CHECKING:
+    from gpuledger.store import Ledger
+
+RESOURCE_KEYS = (
+    "wall_s",
+    "train_s",
+    "images",
+    "images_per_s",
+    "gpu_busy_s",
+    "gpu_energy_j",
+    "gpu_mem_peak_b",
+    "proc_gpu_mem_peak_b",
+    "cpu_s",
+    "rss_peak_b",
+)
+
+
+def metrics_by_epoch(metrics: Iterable[Metric]) -> dict[int, dict[str, float]]:
+    """Epoch -> {key: value}; the last value of a key in an epoch wins."""
+    out: dict[int, dict[str, float]] = {}
+    for m in metrics:
+        if m.epoch is not None:
+            out.setdefault(m.epoch, {})[m.key] = m.value
+    return out
+
+
+def _row(u: core_epochs.SpanUsage, metrics: dict[str, float] | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"phase": u.phase, "epoch": u.epoch, "t0": u.t0, "t1": u.t1}
+    row.update({k: getattr(u, k) for k in RESOURCE_KEYS})
+    row["exact"] = u.exact
+    row["metrics"] = dict(metrics or {})
+    return row
+
+
+def epoch_table(ledger: Ledger, run: RunRecord, now: float | None = None) -> list[dict[str, Any]]:
+    """Rows: ``phase`` ("setup", "epoch", "between epochs", ...), ``epoch`` (1-based or None),
+    ``t0``/``t1``, resources (RESOURCE_KEYS; None = not measured), ``exact`` (no interval had to be
+    split at this row's edges), ``metrics`` (the epoch's training metrics).
+
+    Empty when the run has no epochs at all. Epochs known only from metrics (imported runs, runs
+    parsed from their log) have no resource figures.
+    """
+    import time
+
+    by_epoch = metrics_by_epoch(ledger.metrics(run.id))
+    events = ledger.events(run.id)
+    has_marks = any(e.kind in core_epochs.BOUNDARY_KINDS for e in events)
+    if not by_epoch and not has_marks:
+        return []
+    rows: list[dict[str, Any]] = []
+    if has_marks:
+        end = run.ended_at or ledger.last_flush_t(run.id) or (time.time() if now is None else now)
+        usage = core_epochs.account(
+            events, ledger.gpu_intervals(run.id), ledger.host_intervals(run.id), run.started_at, end
+        )
+        rows = [
+            _row(u, by_epoch.get(u.epoch) if u.epoch is not None else None) for u in core_epochs.merge_phases(usage)
+        ]
+    seen = {r["epoch"] for r in rows if r["phase"] == core_epochs.EPOCH}
+    for epoch in sorted(set(by_epoch) - seen):
+        empty = core_epochs.SpanUsage(core_epochs.EPOCH, epoch, math.nan, math.nan, math.nan)
+        row = _row(empty, by_epoch[epoch])
+        row.update(t0=None, t1=None, wall_s=None, exact=False)
+        rows.append(row)
+    rows.sort(key=_order)
+    return rows
+
+
+def _order(row: dict[str, Any]) -> tuple[int, float]:
+    if row["phase"] == core_epochs.SETUP:
+        return (0, 0.0)
+    if row["phase"] == core_epochs.EPOCH:
+        return (1, float(row["epoch"] if row["epoch"] is not None else math.inf))
+    return (2, row["t0"] if row["t0"] is not None else math.inf)
+
+
+# -- text ----------------------------------------------------------------------------------
+
+# Metrics shown in the text table, in order of preference (JSON and export have them all).
+_PREFERRED = (
+    "metrics/mAP50-95(B)",
+    "metrics/mAP50(B)",
+    "metrics/mAP50-95(M)",
+    "metrics/mAP50-95(P)",
+    "metrics/accuracy_top1",
+    "metrics/accuracy_top5",
+    "metrics/mAP_0.5:0.95",
+    "metrics/mAP_0.5",
+    "train/box_loss",
+    "train/cls_loss",
+    "train/loss",
+    "val/box_loss",
+    "val/loss",
+)
+MAX_METRIC_COLUMNS = 5
+
+
+@dataclass(frozen=True)
+class _Col:
+    title: str
+    get: Any  # row -> text
+
+
+def _num(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, fmt)
+
+
+def _mib(value: Any) -> str:
+    return "-" if value is None else f"{value / 2**20:,.0f}"
+
+
+def _metric_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    present = {k for r in rows for k in r["metrics"]}
+    return [k for k in _PREFERRED if k in present][:MAX_METRIC_COLUMNS]
+
+
+def _label(row: dict[str, Any]) -> str:
+    return str(row["epoch"]) if row["phase"] == core_epochs.EPOCH else row["phase"]
+
+
+def format_epoch_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A fixed-width table: phase/epoch, resources, then the most telling metrics; a total line."""
+    if not rows:
+        return ""
+    gpu = any(r["gpu_busy_s"] is not None for r in rows)
+    cols = [
+        _Col("epoch", _label),
+        _Col("wall s", lambda r: _num(r["wall_s"], ".1f")),
+        _Col("img/s", lambda r: _num(r["images_per_s"], ".1f")),
+    ]
+    if gpu:
+        cols += [
+            _Col("GPU busy s", lambda r: _num(r["gpu_busy_s"], ".1f")),
+            _Col("energy Wh", lambda r: _num(None if r["gpu_energy_j"] is None else r["gpu_energy_j"] / 3600, ".2f")),
+            _Col("VRAM MiB", lambda r: _mib(r["gpu_mem_peak_b"])),
+        ]
+    cols += [
+        _Col("CPU s", lambda r: _num(r["cpu_s"], ".1f")),
+        _Col("RSS MiB", lambda r: _mib(r["rss_peak_b"])),
+    ]
+    for key in _metric_columns(rows):
+        title = key.removeprefix("metrics/")
+        cols.append(_Col(title, lambda r, k=key: _num(r["metrics"].get(k), ".4g")))
+    total = _total_row(rows)
+    cells = [[c.title for c in cols]] + [[c.get(r) for c in cols] for r in [*rows, total]]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cols))]
+    lines = [
+        "  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
+        for line in cells
+    ]
+    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    if not all(r["exact"] for r in rows if r["wall_s"] is not None):
+        lines.append("(some intervals were split between epochs in proportion to time: figures approximate)")
+    return "\n".join(lines)
+
+
+def _total_row(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def total(key: str) -> float | None:
+        values = [r[key] for r in rows if r[key] is not None]
+        return sum(values) if values else None
+
+    def peak(key: str) -> float | None:
+        values = [r[key] for r in rows if r[key] is not None]
+        return max(values) if values else None
+
+    return {
+        "phase": "total",
+        "epoch": None,
+        "wall_s": total("wall_s"),
+        "images_per_s": None,
+        "gpu_busy_s": total("gpu_busy_s"),
+        "gpu_energy_j": total("gpu_energy_j"),
+        "gpu_mem_peak_b": peak("gpu_mem_peak_b"),
+        "cpu_s": total("cpu_s"),
+        "rss_peak_b": peak("rss_peak_b"),
+        "metrics": {},
+    }
+
+
+# -- export --------------------------------------------------------------------------------
+
+FIXED_COLUMNS = ("run_id", "phase", "epoch", "t0", "t1", *RESOURCE_KEYS, "exact")
+_INT_COLUMNS = {"epoch", "images", "gpu_mem_peak_b", "proc_gpu_mem_peak_b", "rss_peak_b"}
+_STR_COLUMNS = {"run_id", "phase"}
+
+
+def export_rows(run_id: str, rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """(columns, flat rows): FIXED_COLUMNS, then every metric key in order of first appearance."""
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r["metrics"] if k not in keys]
+    columns = [*FIXED_COLUMNS, *keys]
+    flat = []
+    for r in rows:
+        row = {c: r.get(c) for c in FIXED_COLUMNS}
+        row["run_id"] = run_id
+        row.update({k: r["metrics"].get(k) for k in keys})
+        flat.append(row)
+    return columns, flat
+
+
+def to_csv(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return out.getvalue()
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan" / "inf": JSON has no NaN; a NaN loss is a result worth keeping
+    return value
+
+
+def to_jsonl(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
+    return "".join(json.dumps({c: _json_safe(r.get(c)) for c in columns}, allow_nan=False) + "\n" for r in rows)
+
+
+def write_parquet(columns: Sequence[str], rows: Iterable[dict[str, Any]], path: str) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise RuntimeError("Parquet export needs pyarrow: pip install 'gpuledger[parquet]'") from exc
+
+    def kind(c: str) -> Any:
+        if c in _STR_COLUMNS:
+            return pa.string()
+        if c in _INT_COLUMNS:
+            return pa.int64()
+        if c == "exact":
+            return pa.bool_()
+        return pa.float64()
+
+    materialised = list(rows)
+    schema = pa.schema([pa.field(c, kind(c)) for c in columns])
+    table = pa.table({c: [r.get(c) for r in materialised] for c in columns}, schema=schema)
+    pq.write_table(table, path)

@@ -1,0 +1,156 @@
+"""The interval time series of a run as rows, for CSV, JSON Lines and Parquet export.
+
+One row per interval: GPU rows (``series`` = "gpu", one per device and interval) and host rows
+(``series`` = "host"). The column list below is the documented, stable contract (docs/EXPORT.md
+is checked against it by the tests); a column that does not apply to a row is empty/null.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    kind: str  # "str", "int", "float"
+    unit: str
+    description: str
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("run_id", "str", "", "the run's UUIDv7"),
+    Column("series", "str", "", "'gpu' or 'host'"),
+    Column("seq", "int", "", "interval number, from 0, per run and device"),
+    Column("t0", "float", "s (Unix epoch)", "interval start"),
+    Column("t1", "float", "s (Unix epoch)", "interval end"),
+    Column("samples", "int", "", "collector reads merged into the interval"),
+    Column("gpu_index", "int", "", "GPU index as the command saw it"),
+    Column("gpu_uuid", "str", "", "GPU (or MIG slice) UUID"),
+    Column("gpu_name", "str", "", "GPU model name"),
+    Column("busy_s", "float", "s", "GPU busy time, utilisation-weighted (integral)"),
+    Column("util_method", "str", "", "'samples' (driver buffer) or 'instant'"),
+    Column("util_max_pct", "float", "%", "highest utilisation seen"),
+    Column("energy_j", "float", "J", "GPU energy (integral)"),
+    Column("energy_method", "str", "", "'counter' (hardware counter) or 'power' (integrated)"),
+    Column("power_max_w", "float", "W", "highest power draw seen"),
+    Column("mem_used_max_b", "int", "B", "highest device memory used"),
+    Column("mem_used_last_b", "int", "B", "device memory used at the interval's end"),
+    Column("mem_reserved_b", "int", "B", "device memory reserved by the driver"),
+    Column("proc_mem_max_b", "int", "B", "highest device memory held by the run's own processes"),
+    Column("proc_sm_util_avg_pct", "float", "%", "the run's processes' SM utilisation, time-weighted"),
+    Column("temp_max_c", "float", "°C", "highest GPU temperature"),
+    Column("sm_clock_avg_mhz", "float", "MHz", "SM clock, time-weighted mean"),
+    Column("mem_clock_max_mhz", "float", "MHz", "highest memory clock"),
+    Column("throttle_s", "str", "s per reason (JSON)", 'time throttled per reason, e.g. {"power": 1.5}'),
+    Column("cpu_s", "float", "s", "process-tree CPU time, user + system (integral)"),
+    Column("rss_max_b", "int", "B", "highest process-tree resident memory"),
+    Column("read_b", "int", "B", "process-tree storage bytes read"),
+    Column("write_b", "int", "B", "process-tree storage bytes written"),
+    Column("threads_max", "int", "", "highest thread count of the tree"),
+    Column("procs_max", "int", "", "highest process count of the tree"),
+    Column("sys_cpu_util_avg_pct", "float", "%", "whole-host CPU utilisation, time-weighted"),
+    Column("iowait_s", "float", "s", "host CPU time waiting for I/O (all cores)"),
+    Column("sys_mem_used_max_b", "int", "B", "highest host memory used"),
+    Column("disk_read_b", "int", "B", "host disk bytes read"),
+    Column("disk_write_b", "int", "B", "host disk bytes written"),
+    Column("net_rx_b", "int", "B", "host network bytes received"),
+    Column("net_tx_b", "int", "B", "host network bytes sent"),
+)
+COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+FORMATS = ("csv", "jsonl", "parquet")
+_GPU_FIELDS = [
+    "busy_s",
+    "util_method",
+    "util_max_pct",
+    "energy_j",
+    "energy_method",
+    "power_max_w",
+    "mem_used_max_b",
+    "mem_used_last_b",
+    "mem_reserved_b",
+    "proc_mem_max_b",
+    "proc_sm_util_avg_pct",
+    "temp_max_c",
+    "sm_clock_avg_mhz",
+    "mem_clock_max_mhz",
+]
+_HOST_FIELDS = [
+    "cpu_s",
+    "rss_max_b",
+    "read_b",
+    "write_b",
+    "threads_max",
+    "procs_max",
+    "sys_cpu_util_avg_pct",
+    "iowait_s",
+    "sys_mem_used_max_b",
+    "disk_read_b",
+    "disk_write_b",
+    "net_rx_b",
+    "net_tx_b",
+]
+
+
+def interval_rows(
+    run_id: str, devices: list[GpuIdentity], gpu: Iterable[GpuInterval], host: Iterable[HostInterval]
+) -> Iterator[dict[str, object]]:
+    """Rows in time order: all GPU intervals and host intervals, sorted by (t0, series, gpu_index)."""
+    by_uuid = {d.uuid: d for d in devices}
+    rows: list[dict[str, object]] = []
+    for iv in gpu:
+        row = dict.fromkeys(COLUMN_NAMES)
+        dev = by_uuid.get(iv.device_uuid)
+        row.update(
+            run_id=run_id,
+            series="gpu",
+            seq=iv.seq,
+            t0=iv.t0,
+            t1=iv.t1,
+            samples=iv.samples,
+            gpu_index=dev.index if dev else None,
+            gpu_uuid=iv.device_uuid,
+            gpu_name=dev.name if dev else None,
+        )
+        row.update({f: getattr(iv, f) for f in _GPU_FIELDS})
+        row["throttle_s"] = json.dumps(iv.throttle_s, sort_keys=True) if iv.throttle_s is not None else None
+        rows.append(row)
+    for iv in host:
+        row = dict.fromkeys(COLUMN_NAMES)
+        row.update(run_id=run_id, series="host", seq=iv.seq, t0=iv.t0, t1=iv.t1, samples=iv.samples)
+        row.update({f: getattr(iv, f) for f in _HOST_FIELDS})
+        rows.append(row)
+    rows.sort(key=lambda r: (r["t0"], r["series"], r["gpu_index"] if r["gpu_index"] is not None else -1))
+    return iter(rows)
+
+
+def to_csv(rows: Iterable[dict[str, object]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMN_NAMES, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return out.getvalue()
+
+
+def to_jsonl(rows: Iterable[dict[str, object]]) -> str:
+    return "".join(json.dumps(row, allow_nan=False) + "\n" for row in rows)
+
+
+def write_parquet(rows: Iterable[dict[str, object]], path: str) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise RuntimeError("Parquet export needs pyarrow: pip install 'gpuledger[parquet]'") from exc
+    types = {"str": pa.string(), "int": pa.int64(), "float": pa.float64()}
+    schema = pa.schema([pa.field(c.name, types[c.kind]) for c in COLUMNS])
+    materialised = list(rows)
+    table = pa.table({c.name: [r[c.name] for r in materialised] for c in COLUMNS}, schema=schema)
+    pq.write_table(table, path)

@@ -1,0 +1,76 @@
+"""Reading runs back: resolve a reference, settle lost runs, summarise."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from gpuledger.core.model import RunRecord
+from gpuledger.recorder.liveness import reconcile
+
+
+def load_run(ledger, ref: str) -> RunRecord:
+    """The run named by a full id or unique prefix, with a dead recorder's run marked lost."""
+    return reconcile(ledger, ledger.get_run(ledger.resolve(ref)))
+
+
+def summary(ledger, run: RunRecord, now: float | None = None) -> dict:
+    from gpuledger.core.summary import summarize
+
+    return summarize(
+        run,
+        ledger.devices(run.id),
+        ledger.gpu_intervals(run.id),
+        ledger.host_intervals(run.id),
+        now=time.time() if now is None else now,
+    )
+
+
+def list_rows(ledger, runs: list[RunRecord], now: float | None = None) -> list[dict]:
+    """One light row per run (no interval scan): what ``gpuledger runs`` shows."""
+    now = time.time() if now is None else now
+    rows = []
+    for run in runs:
+        run = reconcile(ledger, run)
+        totals = ledger.gpu_totals(run.id)
+        end = run.ended_at if run.ended_at is not None else now
+        busy = [t["busy_s"] for t in totals.values() if t.get("busy_s") is not None]
+        rows.append(
+            {
+                "id": run.id,
+                "name": run.name,
+                "status": run.status,
+                "started_at": iso(run.started_at),
+                "wall_seconds": max(0.0, end - run.started_at),
+                "user": run.user,
+                "host": run.host,
+                "project": run.labels.get("project"),
+                "team": run.labels.get("team"),
+                "gpus": len(totals),
+                "busy_gpu_hours": sum(busy) / 3600 if busy else None,
+                "replayed": run.replayed,
+                "command": run.command,
+            }
+        )
+    return rows
+
+
+def iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``2026-11-01``, an ISO timestamp, or a relative ``3d`` / ``12h`` / ``30m``."""
+    now = time.time() if now is None else now
+    units = {"d": 86400, "h": 3600, "m": 60}
+    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+        return now - float(text[:-1]) * units[text[-1]]
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ValueError(f"--since {text!r}: use a date (2026-11-01), a timestamp, or 3d / 12h / 30m") from exc
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
