@@ -280,3 +280,19 @@ def test_colours_survive_when_stdout_is_a_terminal(tmp_path: Path, env: dict[str
     assert os.WEXITSTATUS(status) == 0
     assert b"tty" in output  # CMD saw a terminal, so it keeps its colours and progress bars
     assert b"\x1b[31mred\x1b[0m\rover" in output
+
+
+def test_unreachable_ledger_keeps_the_run_in_a_spool_that_recover_writes(tmp_path: Path) -> None:
+    dead = "postgresql://nobody@127.0.0.1:1/gone"
+    env = cli_env(tmp_path / "home", dead)
+    out = run_cli(["run", "--interval", "0.5", "--", *py("import time; print('trained'); time.sleep(1.2)")], env)
+    assert out.returncode == 0 and b"trained" in out.stdout  # the training never noticed
+    assert b"gpuledger recover" in out.stderr
+    good = f"sqlite:///{tmp_path}/ledger.db"
+    recovered = run_cli(["recover", "--db", good], env)
+    assert recovered.returncode == 0, recovered.stderr.decode()
+    env["GPULEDGER_DB"] = good
+    run = only_run(env)
+    assert run["status"] == "succeeded" and run["intervals"] >= 2
+    assert run_cli(["logs", run["id"]], env).stdout.strip() == b"trained"
+    assert not list((tmp_path / "home" / "spool").glob("*.json"))  # recovered once, then gone

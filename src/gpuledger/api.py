@@ -91,6 +91,10 @@ def track(
     except KeyboardInterrupt:
         status, reason = "killed", "interrupted (KeyboardInterrupt)"
         raise
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            status, reason = "failed", f"exited with code {exc.code}"
+        raise
     except BaseException as exc:
         status, reason = "failed", f"{type(exc).__name__}: {exc}"[:500]
         raise

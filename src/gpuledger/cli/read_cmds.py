@@ -123,3 +123,30 @@ def export_cmd(run: str, fmt: str, output: str | None, db: str | None) -> None:
             fh.write(text)
     else:
         sys.stdout.write(text)
+
+
+@click.command("recover")
+@click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@db_option
+def recover_cmd(files: tuple[str, ...], db: str | None) -> None:
+    """Write runs kept in the local spool (the ledger was unreachable when they ended) into the ledger."""
+    from pathlib import Path
+
+    from gpuledger.recorder.spool import recover, spool_dir
+
+    paths = [Path(f) for f in files] or sorted(spool_dir().glob("*.json"))
+    if not paths:
+        click.echo(f"nothing to recover: {spool_dir()} holds no spooled runs")
+        return
+    ledger = open_ledger(db)
+    failed = 0
+    for path in paths:
+        try:
+            run_id = recover(path, ledger)
+        except Exception as exc:
+            failed += 1
+            click.echo(f"{path}: {exc}", err=True)
+            continue
+        click.echo(f"recovered run {run_id}")
+    if failed:
+        raise SystemExit(1)

@@ -24,6 +24,7 @@ MAX_INTERVAL_S = 60.0
 FLUSH_EVERY_S = 10.0  # the most an abrupt end (kill -9, power loss) can lose
 MIN_FLUSH_S = 2.0  # short intervals are batched: fewer, larger writes to a shared ledger
 MAX_TICK_S = 1.0
+REPEAT_WINDOW_S = 60.0  # a repeating problem is recorded at most once a minute
 
 
 def tick_seconds(interval_s: float) -> float:
@@ -87,6 +88,7 @@ class Recorder:
         self._interval_start: float | None = None
         self._last_flush = 0.0
         self._warned: set[str] = set()
+        self._repeats: dict[tuple[str, str], tuple[float | None, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_flush_ok: float | None = None
@@ -101,7 +103,20 @@ class Recorder:
             self._pending.metrics.extend(metrics)
 
     def problem(self, kind: str, message: str, **payload: object) -> None:
-        """Record a monitoring problem as an event; say it on stderr once per kind."""
+        """Record a monitoring problem as an event; say it on stderr once per kind.
+
+        A problem that repeats every tick (a GPU gone for good) is recorded once a minute with the
+        number of repeats, so the ledger does not fill with copies.
+        """
+        key = (kind, message)
+        now = self._clock()
+        last_t, repeats = self._repeats.get(key, (None, 0))
+        if last_t is not None and now - last_t < REPEAT_WINDOW_S:
+            self._repeats[key] = (last_t, repeats + 1)
+            return
+        if repeats:
+            payload = {**payload, "repeats": repeats}
+        self._repeats[key] = (now, 0)
         self.event(kind, message, **payload)
         if kind not in self._warned:
             self._warned.add(kind)
@@ -124,6 +139,9 @@ class Recorder:
             self._handle_messages()  # whatever CMD said just before it ended
         self.tick()
         self._close_interval()
+        for (kind, message), (_, repeats) in self._repeats.items():
+            if repeats:
+                self.event(kind, message, repeats=repeats)
         self.flush()
         if self._wake_r >= 0:
             os.close(self._wake_r)

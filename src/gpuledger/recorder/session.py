@@ -206,12 +206,25 @@ class Session:
             return run_summary(ledger, run.id, now=ended)
         except Exception as exc:
             stderr_line(f"gpuledger: could not write the end of run {run.id} to the ledger: {exc}")
+            self._spool()
             return None
         finally:
             for collector in (self._gpu, self._host):
                 if collector is not None:
                     with contextlib.suppress(Exception):
                         collector.close()
+
+    def _spool(self) -> None:
+        """Keep what could not be written in a local file, so the run is not lost."""
+        from gpuledger.recorder.spool import write_spool
+
+        pending = self.recorder.pending
+        try:
+            path = write_spool(self.run, self.devices, pending.gpu, pending.host, pending.events, pending.metrics)
+        except OSError as exc:
+            stderr_line(f"gpuledger: could not keep the run locally either ({exc}); its record is lost")
+            return
+        stderr_line(f"gpuledger: the run is kept in {path}; write it to the ledger later with: gpuledger recover")
 
     def close(self) -> None:
         if self._ledger is not None:
