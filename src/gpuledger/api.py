@@ -59,6 +59,7 @@ def track(
     """
     from gpuledger.collect.gpus import open_gpu_collector
     from gpuledger.collect.host import ProcessTreeCollector
+    from gpuledger.integrations.ultralytics.sink import active_session
 
     env = dict(os.environ)
     all_labels = dict(labels or {})
@@ -87,7 +88,8 @@ def track(
     session.start()
     status, reason = "succeeded", None
     try:
-        yield handle
+        with active_session(session):  # integrations in this process (attach) report to this run
+            yield handle
     except KeyboardInterrupt:
         status, reason = "killed", "interrupted (KeyboardInterrupt)"
         raise

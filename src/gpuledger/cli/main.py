@@ -7,6 +7,7 @@ import sys
 import click
 
 from gpuledger import __version__
+from gpuledger.cli.import_cmd import import_cmd
 from gpuledger.cli.read_cmds import export_cmd, logs_cmd, recover_cmd, runs_cmd, show_cmd
 from gpuledger.cli.run_cmd import run_cmd
 
@@ -29,6 +30,7 @@ cli.add_command(show_cmd)
 cli.add_command(logs_cmd)
 cli.add_command(export_cmd)
 cli.add_command(recover_cmd)
+cli.add_command(import_cmd)
 
 
 def main() -> None:

@@ -69,10 +69,16 @@ def show_cmd(run: str, as_json: bool, db: str | None) -> None:
     ledger = open_ledger(db)
     record = load_run(ledger, run)
     data = summary(ledger, record)
+    from gpuledger.reports import epochs as epochs_report
+
     if as_json:
+        data.update(epochs_report.show_json(ledger, record))  # "epochs" and "attempts"
         echo_json(data)
     else:
         click.echo(format_summary(data))
+        extra = epochs_report.show_text(ledger, record)
+        if extra:
+            click.echo("\n" + extra)
 
 
 @click.command("logs")
@@ -97,27 +103,38 @@ def logs_cmd(run: str, db: str | None) -> None:
 @click.argument("run")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default="csv", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default: stdout).")
+@click.option(
+    "--metrics", is_flag=True, help="The per-epoch table (metrics and each epoch's resources; columns: docs/YOLO.md)."
+)
 @db_option
 @_fail_on_lookup
-def export_cmd(run: str, fmt: str, output: str | None, db: str | None) -> None:
-    """Export a run's interval time series (columns: docs/EXPORT.md)."""
+def export_cmd(run: str, fmt: str, output: str | None, metrics: bool, db: str | None) -> None:
+    """Export a run's interval time series (columns: docs/EXPORT.md), or with --metrics its epochs."""
+    from gpuledger.reports import epochs as er
     from gpuledger.reports import export
     from gpuledger.reports.runview import load_run
 
     ledger = open_ledger(db)
     record = load_run(ledger, run)
-    rows = export.interval_rows(
-        record.id, ledger.devices(record.id), ledger.gpu_intervals(record.id), ledger.host_intervals(record.id)
-    )
-    if fmt == "parquet":
-        if not output:
-            raise click.UsageError("Parquet is binary: give a file with -o FILE")
-        try:
-            export.write_parquet(rows, output)
-        except RuntimeError as exc:
-            raise click.ClickException(str(exc)) from exc
-        return
-    text = export.to_csv(rows) if fmt == "csv" else export.to_jsonl(rows)
+    if fmt == "parquet" and not output:
+        raise click.UsageError("Parquet is binary: give a file with -o FILE")
+    if metrics:
+        columns, epoch_rows = er.export_rows(record.id, er.epoch_table(ledger, record))
+        if fmt == "parquet":
+            er.write_parquet(columns, epoch_rows, output)
+            return
+        text = er.to_csv(columns, epoch_rows) if fmt == "csv" else er.to_jsonl(columns, epoch_rows)
+    else:
+        rows = export.interval_rows(
+            record.id, ledger.devices(record.id), ledger.gpu_intervals(record.id), ledger.host_intervals(record.id)
+        )
+        if fmt == "parquet":
+            try:
+                export.write_parquet(rows, output)
+            except RuntimeError as exc:
+                raise click.ClickException(str(exc)) from exc
+            return
+        text = export.to_csv(rows) if fmt == "csv" else export.to_jsonl(rows)
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(text)

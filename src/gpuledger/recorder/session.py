@@ -187,9 +187,19 @@ class Session:
         signal: int | None = None,
         reason: str | None = None,
         log: bytes | None = None,
+        explain: Callable[[Session, str, int | None, int | None], str | None] | None = None,
     ) -> dict | None:
-        """Stop recording, write the end state and the log; return the summary (None if unwritable)."""
+        """Stop recording, write the end state and the log; return the summary (None if unwritable).
+
+        ``explain`` reads the run's log after the recorder stopped (why it failed; epochs when no
+        integration reported them) and may return a better status reason.
+        """
         self.recorder.stop()
+        if explain is not None:
+            try:
+                reason = explain(self, status, exit_code, signal) or reason
+            except Exception as exc:
+                stderr_line(f"gpuledger: could not read the run's log: {exc!r}")
         ended = self._clock()
         run = self.run
         run.status, run.ended_at, run.exit_code, run.signal = status, ended, exit_code, signal

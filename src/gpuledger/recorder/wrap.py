@@ -125,8 +125,15 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     status, code, sig, reason = _status(wait_status, forwarded[-1] if forwarded else None)
     summary = None
     if session is not None:
+        from gpuledger.integrations.ultralytics.postrun import explain_run
+
         summary = session.finish(
-            status, exit_code=None if sig else code, signal=sig, reason=reason, log=stored_log(log_path)
+            status,
+            exit_code=None if sig else code,
+            signal=sig,
+            reason=reason,
+            log=stored_log(log_path),
+            explain=explain_run,
         )
         session.close()
     control.close()

@@ -104,12 +104,15 @@ def format_chain(chain: dict[str, Any]) -> str:
     parts = []
     for i, a in enumerate(chain["attempts"]):
         epochs = ""
-        if a["first_epoch"] is not None:
+        if a["first_epoch"] is not None and a["first_epoch"] == a["last_epoch"]:
+            epochs = f", epoch {a['first_epoch']}"
+        elif a["first_epoch"] is not None:
             epochs = f", epochs {a['first_epoch']}-{a['last_epoch']}"
         here = " (this run)" if i == chain["position"] else ""
         parts.append(f"{a['id'][:13]} {a['status']}{epochs}{here}")
     t = chain["totals"]
-    figures = [f"wall {t['wall_seconds'] / 3600:.2f} h"]
+    wall = round(t["wall_seconds"] or 0)
+    figures = [f"wall {wall // 3600}:{wall % 3600 // 60:02d}:{wall % 60:02d}"]
     if t["gpu_busy_seconds"] is not None:
         figures.append(f"busy {t['gpu_busy_seconds'] / 3600:.2f} GPU-h")
     if t["gpu_energy_joules"] is not None:

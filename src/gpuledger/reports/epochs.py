@@ -146,35 +146,46 @@ def format_epoch_table(rows: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return ""
     gpu = any(r["gpu_busy_s"] is not None for r in rows)
-    cols = [
-        _Col("epoch", _label),
-        _Col("wall s", lambda r: _num(r["wall_s"], ".1f")),
-        _Col("img/s", lambda r: _num(r["images_per_s"], ".1f")),
-    ]
+    measured = any(r["wall_s"] is not None for r in rows)  # not so for imported or log-parsed runs
+    cols = [_Col("epoch", _label)]
+    if measured:
+        cols += [
+            _Col("wall s", lambda r: _num(r["wall_s"], ".1f")),
+            _Col("img/s", lambda r: _num(r["images_per_s"], ".1f")),
+        ]
     if gpu:
         cols += [
             _Col("GPU busy s", lambda r: _num(r["gpu_busy_s"], ".1f")),
             _Col("energy Wh", lambda r: _num(None if r["gpu_energy_j"] is None else r["gpu_energy_j"] / 3600, ".2f")),
             _Col("VRAM MiB", lambda r: _mib(r["gpu_mem_peak_b"])),
         ]
-    cols += [
-        _Col("CPU s", lambda r: _num(r["cpu_s"], ".1f")),
-        _Col("RSS MiB", lambda r: _mib(r["rss_peak_b"])),
-    ]
+    if measured:
+        cols += [
+            _Col("CPU s", lambda r: _num(r["cpu_s"], ".1f")),
+            _Col("RSS MiB", lambda r: _mib(r["rss_peak_b"])),
+        ]
     for key in _metric_columns(rows):
         title = key.removeprefix("metrics/")
         cols.append(_Col(title, lambda r, k=key: _num(r["metrics"].get(k), ".4g")))
-    total = _total_row(rows)
-    cells = [[c.title for c in cols]] + [[c.get(r) for c in cols] for r in [*rows, total]]
+    shown = [r for r in rows if r["phase"] == core_epochs.EPOCH or not _negligible(r)]
+    if measured:
+        shown.append(_total_row(rows))
+    cells = [[c.title for c in cols]] + [[c.get(r) for c in cols] for r in shown]
     widths = [max(len(line[i]) for line in cells) for i in range(len(cols))]
     lines = [
         "  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
         for line in cells
     ]
-    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    if measured:
+        lines.insert(len(lines) - 1, "-" * len(lines[0]))
     if not all(r["exact"] for r in rows if r["wall_s"] is not None):
         lines.append("(some intervals were split between epochs in proportion to time: figures approximate)")
     return "\n".join(lines)
+
+
+def _negligible(row: dict[str, Any]) -> bool:
+    """A phase too short to have its own figures (e.g. the instant between two epochs)."""
+    return (row["wall_s"] or 0.0) < 0.05 and row["cpu_s"] is None and row["gpu_busy_s"] is None
 
 
 def _total_row(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -202,9 +213,28 @@ def _total_row(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 # -- export --------------------------------------------------------------------------------
 
-FIXED_COLUMNS = ("run_id", "phase", "epoch", "t0", "t1", *RESOURCE_KEYS, "exact")
-_INT_COLUMNS = {"epoch", "images", "gpu_mem_peak_b", "proc_gpu_mem_peak_b", "rss_peak_b"}
-_STR_COLUMNS = {"run_id", "phase"}
+# The fixed columns of ``gpuledger export RUN --metrics`` (docs/YOLO.md lists them; a test checks it):
+# name, type, unit, meaning. The run's metric keys follow, in order of first appearance.
+EXPORT_COLUMNS: tuple[tuple[str, str, str, str], ...] = (
+    ("run_id", "str", "", "the run's id"),
+    ("phase", "str", "", "'epoch', or 'setup', 'between epochs', 'final validation', 'after training'"),
+    ("epoch", "int", "", "epoch number, 1-based as in results.csv (empty for other phases)"),
+    ("t0", "float", "s (Unix epoch)", "start of the span"),
+    ("t1", "float", "s (Unix epoch)", "end of the span"),
+    ("wall_s", "float", "s", "wall time of the span"),
+    ("train_s", "float", "s", "the epoch's training part, without its validation"),
+    ("images", "int", "", "training images in the epoch"),
+    ("images_per_s", "float", "1/s", "training throughput: images / train_s"),
+    ("gpu_busy_s", "float", "s", "GPU busy time, summed over the run's GPUs (integral)"),
+    ("gpu_energy_j", "float", "J", "GPU energy, summed over the run's GPUs (integral)"),
+    ("gpu_mem_peak_b", "int", "B", "highest device memory used, any GPU"),
+    ("proc_gpu_mem_peak_b", "int", "B", "highest GPU memory held by the run's processes"),
+    ("cpu_s", "float", "s", "process-tree CPU time, user + system (integral)"),
+    ("rss_peak_b", "int", "B", "highest process-tree resident memory"),
+    ("exact", "bool", "", "true when no interval had to be shared with a neighbouring span"),
+)
+FIXED_COLUMNS = tuple(c[0] for c in EXPORT_COLUMNS)
+_KINDS = {c[0]: c[1] for c in EXPORT_COLUMNS}
 
 
 def export_rows(run_id: str, rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -248,16 +278,49 @@ def write_parquet(columns: Sequence[str], rows: Iterable[dict[str, Any]], path: 
     except ImportError as exc:
         raise RuntimeError("Parquet export needs pyarrow: pip install 'gpuledger[parquet]'") from exc
 
+    types = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
+
     def kind(c: str) -> Any:
-        if c in _STR_COLUMNS:
-            return pa.string()
-        if c in _INT_COLUMNS:
-            return pa.int64()
-        if c == "exact":
-            return pa.bool_()
-        return pa.float64()
+        return types[_KINDS.get(c, "float")]  # metric columns are floats
 
     materialised = list(rows)
     schema = pa.schema([pa.field(c, kind(c)) for c in columns])
     table = pa.table({c: [r.get(c) for r in materialised] for c in columns}, schema=schema)
     pq.write_table(table, path)
+
+
+# -- gpuledger show --------------------------------------------------------------------------
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+def show_text(ledger: Ledger, run: RunRecord) -> str:
+    """The sections ``gpuledger show`` adds for a run with epochs or attempts ("" when none)."""
+    from gpuledger.reports.attempts import attempt_chain, format_chain
+
+    parts = []
+    rows = epoch_table(ledger, run)
+    if rows:
+        parts.append("Epochs\n" + format_epoch_table(rows))
+    chain = attempt_chain(ledger, run.id)
+    if len(chain["attempts"]) > 1:
+        parts.append(format_chain(chain))
+    return "\n\n".join(parts)
+
+
+def show_json(ledger: Ledger, run: RunRecord) -> dict[str, Any]:
+    """``epochs`` (epoch_table rows, NaN as "nan") and ``attempts`` (attempt_chain, or None when
+    the run is its only attempt), for ``gpuledger show --json``."""
+    from gpuledger.reports.attempts import attempt_chain
+
+    chain = attempt_chain(ledger, run.id)
+    return {
+        "epochs": [_finite(r) for r in epoch_table(ledger, run)],
+        "attempts": chain if len(chain["attempts"]) > 1 else None,
+    }

@@ -1,0 +1,1 @@
+"""Importers: runs recorded by other tools (training output directories) brought into the ledger."""

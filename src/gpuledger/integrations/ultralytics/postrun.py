@@ -1,0 +1,89 @@
+"""The end of a ``gpuledger run``: explain a failure and, without callbacks, read epochs from the log.
+
+``explain_run`` is called by the session once CMD has ended and the recorder has stopped, before
+the run's end state is written (Session.finish's ``explain`` hook). It:
+
+1. reads CMD's log file (``run.log_path``, written by the output relay),
+2. records failures found there (CUDA OOM, NaN loss, dataset not found, OOM killer: core/failures.py)
+   as run events with the epoch they happened in, and returns the one-line reason for the status,
+3. when no ``epoch_end`` came from the callbacks (YOLOv5 scripts, a Python the hook could not load
+   into), parses the training output into per-epoch metrics (core/logparse.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import TYPE_CHECKING
+
+from gpuledger.core import failures, logparse
+from gpuledger.core.model import Metric
+
+if TYPE_CHECKING:
+    from gpuledger.recorder.session import Session
+
+MAX_LOG_B = 64 * 1024 * 1024  # beyond this only the tail is read (failures are at the end)
+
+
+def read_log(path: str | None, limit_b: int = MAX_LOG_B) -> bytes:
+    if not path:
+        return b""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - limit_b))
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def memory_limit_b() -> int | None:
+    """The memory limit CMD ran under: its cgroup's, else the machine's RAM."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # cgroup v1 says "no limit" with a huge number
+            return int(text)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _rss_peak_b(session: Session) -> int | None:
+    peaks = [h.rss_max_b for h in session.recorder.pending.host]
+    with contextlib.suppress(Exception):  # an unreachable ledger leaves the pending intervals
+        peaks.append(session.ledger().host_totals(session.run.id).get("rss_max_b") or 0)
+    return max(peaks) if peaks else None
+
+
+def explain_run(session: Session, status: str, exit_code: int | None, signal: int | None) -> str | None:
+    """Record what the log says about the run's end; return the reason for its status (or None)."""
+    from gpuledger.recorder.messages import epoch_ends_seen
+
+    log = read_log(session.run.log_path)
+    diagnosis = failures.explain(log, status, exit_code, signal, _rss_peak_b(session), memory_limit_b())
+    recorder = session.recorder
+    for failure in diagnosis.failures:
+        recorder.event(failure.kind, failure.message, **failure.event_payload(), source="log")
+    if epoch_ends_seen(session) == 0:
+        parsed = logparse.parse_log(log)
+        if parsed.epochs:
+            now = time.time()
+            recorder.add_metrics(
+                [Metric(t=now, key=k, value=v, epoch=e.epoch) for e in parsed.epochs for k, v in e.metrics.items()]
+            )
+            recorder.event(
+                "log_parsed",
+                f"{len(parsed.epochs)} epochs read from the {parsed.format} training output",
+                format=parsed.format,
+                epochs=len(parsed.epochs),
+                total_epochs=parsed.total_epochs,
+                final=parsed.final,
+            )
+    return diagnosis.reason
