@@ -4,51 +4,57 @@ The tree
     Every process below ``root_pid`` (and ``root_pid`` itself when ``include_root``), except
     ``exclude_pids`` and everything below them. Membership is sticky: a process seen once stays the
     run's until it ends, even after it is re-parented out of the tree (an orphan adopted by init).
-    ``gpuledger run`` uses root = gpuledger itself with ``include_root=False`` (it is a subreaper, so
-    orphans of CMD come back to it and stay below the root) and excludes its output relay.
-    ``gpuledger.track()`` uses root = the current process with ``include_root=True``; its own sampler
-    thread's CPU is then part of the run (small, and cheaper than subtracting it).
+    ``gpuledger run``: root = gpuledger with ``include_root=False`` (a subreaper, so CMD's orphans
+    come back below the root), the output relay excluded. ``gpuledger.track()``: root = the current
+    process with ``include_root=True``, so its own sampler thread's CPU (and the recorder's own
+    ledger writes) are part of the run: small, and cheaper than subtracting them.
 
 Counters (DESIGN §2.2)
-    For a live process we read ``total = own + reaped``: utime+stime plus cutime+cstime (what it
-    has waited for), and /proc/<pid>/io read_bytes/write_bytes, which the kernel likewise folds into
-    the parent when the parent reaps a child. The tree total is
+    For a live process we read ``total = own + reaped``: utime+stime plus cutime+cstime (the
+    children it has waited for), and /proc/<pid>/io read_bytes/write_bytes, which the kernel also
+    folds into a parent when it reaps a child. The tree total is
 
-        credits + Σ over tracked and kept processes of (last total seen − base)
+        credits + Σ over tracked and kept processes of (highest total seen − base)
 
-    reported through a running maximum, so it never decreases between reads. ``base`` is the part
-    that predates metering: with ``include_root`` (track(): the current process has history that is
-    not the run's) processes present at the first read are counted from that read on; otherwise
-    (run: the tree is the run's own children) every process is counted from its birth.
+    reported through a running maximum, so it never decreases between reads. ``base`` is what
+    predates metering: with ``include_root`` (track(): the current process has a history that is
+    not the run's) processes present at the first read count from that read on; otherwise (run:
+    the tree is the run's own children) every process counts from its birth.
 
-When a tracked process disappears (it has been reaped)
-    * its parent (as last seen; through processes that vanished in the same read) is tracked and
-      alive → that parent reaped it, and the final total arrives in the parent's cutime/cstime and
-      io, so its own figure is dropped (keeping it too would count it twice). Children are read
-      before parents, so a child found gone is already inside the parent's counters of this read.
-    * otherwise it was reaped outside the tree (by the un-tracked root — gpuledger as subreaper —,
-      by init or another subreaper) → its last figure is kept. ``credit_reaped`` later replaces it
-      with the exact figure from the reaper's wait4.
-    Known gaps: CPU and I/O burnt between the last read and exit by a process reaped outside the
-    tree and never credited (only without a subreaper); children of a parent that ignores SIGCHLD
-    (auto-reaped, the kernel folds nothing into the parent); a process born and orphaned to init
-    between two scans; shared pages counted once per process in ``rss_b``; writes later cancelled
-    by truncation (cancelled_write_bytes) still count. With the psutil reader a pid reused between
-    two reads is not noticed (the /proc reader compares start times).
+When a tracked process is gone (reaped)
+    * if its parent as last seen (walking up through processes gone in the same read) is tracked
+      and alive, that parent reaped it: the final total is in the parent's counters, so its own
+      figure is dropped (keeping both would count it twice). Children are read before parents, so
+      a child found gone is normally inside its parent's counters of the same read; if not yet,
+      the running maximum holds the total until it is.
+    * otherwise it was reaped outside the tree (by the un-tracked root: gpuledger as subreaper; by
+      init or another subreaper), and its last figure is kept.
+    ``credit_reaped(pid, ...)`` hands over the exact figure from the reaper's wait4, which covers
+    ``pid`` and every descendant reaped inside its subtree; it replaces what was counted for
+    ``pid`` and for its tracked descendants that ended along a chain of ended processes. Live
+    descendants were orphaned and are credited on their own; a descendant wrongly assumed inside
+    (orphaned, then credited later) makes a dip that its own credit fills.
+    Known gaps: CPU and I/O between the last read and the end of a process reaped outside the tree
+    and never credited (only without a subreaper); children of a parent that ignores SIGCHLD (the
+    kernel folds nothing into it: lost); a process born and orphaned to init between two scans;
+    shared pages count once per process in ``rss_b``; writes later cancelled by a truncate count;
+    with the psutil reader, a pid reused between two reads (the /proc reader notices).
+    A credit lands in the tick of the next ``read``: read once more after the last credit.
 
-Cost (DESIGN §7)
-    On Linux a narrow /proc fast path reads one stat and one io file per process, and /proc/stat,
-    meminfo, diskstats and net/dev for the host: measured in the real 1 s loop on a 2-core VM, psutil
-    ``oneshot()`` over 8 processes cost ~1.4 ms CPU and its host counters ~1-2 ms, against ~0.35 ms and
-    ~0.25 ms here (benchmarks/host_tick.py). psutil remains the portable reader (``backend="psutil"``).
-    The tree is re-scanned every ``rescan_every`` reads and after a tracked process vanished, and
-    only when the kernel allocated a pid since the last scan (/proc/loadavg), since otherwise no
-    process can have been born.
+Cost (DESIGN §7; benchmarks/host_tick.py measures it in the real loop)
+    On Linux a narrow /proc fast path reads one stat and one io file per process plus /proc/stat,
+    meminfo, diskstats and net/dev, through kept-open files re-read with pread. In the real 1 s
+    loop on a 2-core VM: 8 processes ~0.3 ms and host counters ~0.2 ms, against ~1.4 ms and ~1-2 ms
+    with psutil ``oneshot()`` and its host functions, which stay as the portable reader
+    (``backend="psutil"``). The tree is scanned every ``rescan_every`` reads and after a tracked
+    process ended, only if the kernel handed out a pid since the last scan (/proc/loadavg), and
+    then reads only the processes born since (a whole scan every ``_FULL_SCAN_EVERY`` scans).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -62,6 +68,7 @@ from gpuledger.core.model import HostTick
 
 _SECTOR_B = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
 _MAX_GONE = 4096  # kept figures of ended processes awaiting a credit; beyond this the oldest are folded
+_FULL_SCAN_EVERY = 12  # in between, a scan reads only the processes born since the previous one
 
 
 class Usage(NamedTuple):
@@ -106,16 +113,16 @@ class _Tracked:
     start: float
     ppid: int
     base: Usage  # part of the counters that is not the run's (see module doc)
-    last: Usage  # highest totals seen; kernel counters only grow, so max() hides a torn read
+    last: Usage  # highest totals seen: the counters only grow, an unreadable io file reads as 0
     rss_b: int = 0
     threads: int = 0
 
 
-Scan = list[tuple[int, int, float]]  # (pid, ppid, start) of the root's descendants, parents first
+_Scan = list[tuple[int, int, float]]  # (pid, ppid, start) of the root's descendants, parents first
 
 
-def _bfs(root: int, kids: dict[int, list[tuple[int, float]]]) -> Scan:
-    out: Scan = []
+def _bfs(root: int, kids: dict[int, list[tuple[int, float]]]) -> _Scan:
+    out: _Scan = []
     seen = {root}
     queue = [root]
     for parent in queue:  # the list grows while we walk it: breadth first, parents before children
@@ -127,20 +134,74 @@ def _bfs(root: int, kids: dict[int, list[tuple[int, float]]]) -> Scan:
     return out
 
 
+def _pread_all(fd: int) -> bytes:
+    chunks = [os.pread(fd, 16384, 0)]
+    while len(chunks[-1]) == 16384:  # a big file (diskstats of a large server): read on
+        chunks.append(os.pread(fd, 16384, 16384 * len(chunks)))
+    return b"".join(chunks)
+
+
 def _cat(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
-        chunks = [os.read(fd, 16384)]
-        while len(chunks[-1]) == 16384:  # seq files hand out a page or so per read
-            chunks.append(os.read(fd, 16384))
-        return b"".join(chunks)
+        return _pread_all(fd)
     finally:
         os.close(fd)
 
 
-def _stat_fields(pid: int) -> list[bytes]:
-    data = _cat(f"/proc/{pid}/stat")
-    return data[data.rfind(b")") + 2 :].split()  # the name may hold spaces and parentheses
+def _stat_fields(data: bytes) -> list[bytes]:
+    # After the name (which may hold spaces and parentheses); up to rss, the last field we use.
+    return data[data.rfind(b")") + 2 :].split(None, 22)
+
+
+def _all_processes(wanted: Callable[[int], bool]) -> _Scan:
+    """(pid, ppid, start) of the wanted processes; listdir shows processes only, not threads."""
+    out: _Scan = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit() and wanted(int(name)):
+            try:
+                f = _stat_fields(_cat(f"/proc/{name}/stat"))  # not kept open: most are not ours
+                out.append((int(name), int(f[1]), int(f[19])))
+            except (OSError, ValueError, IndexError):
+                continue  # ended meanwhile
+    return out
+
+
+class _OpenFiles:
+    """/proc files kept open and re-read with pread at offset 0, which makes the kernel render them
+    afresh: half the CPU of open+read+close in the real loop (measured). A kept /proc/<pid>/ file
+    answers ESRCH once that process is reaped, even if its pid is reused meanwhile."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        # Never crowd the metered process's own descriptors (track() runs inside the training).
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._limit = 128 if soft == resource.RLIM_INFINITY else min(128, soft // 8)
+
+    def read(self, path: str) -> bytes:
+        fd = self._fds.get(path)
+        if fd is None:
+            if len(self._fds) >= self._limit:
+                return _cat(path)
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        try:
+            return _pread_all(fd)
+        except OSError:
+            self.close(path)
+            raise
+
+    def close(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close_all(self) -> None:
+        for path in list(self._fds):
+            self.close(path)
 
 
 class _ProcfsReader:
@@ -151,57 +212,65 @@ class _ProcfsReader:
     def __init__(self) -> None:
         self._tck = os.sysconf("SC_CLK_TCK")
         self._page_b = os.sysconf("SC_PAGE_SIZE")
+        self._files = _OpenFiles()
 
     def sample(self, pid: int) -> _Sample:
         try:
-            f = _stat_fields(pid)
+            f = _stat_fields(self._files.read(f"/proc/{pid}/stat"))
+            # man 5 proc numbering minus 3: ppid 4, utime 14 .. cstime 17, threads 20, start 22, rss 24
+            cpu_s = (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / self._tck
+            ppid, start, rss_b, threads = int(f[1]), int(f[19]), int(f[21]) * self._page_b, int(f[17])
         except (FileNotFoundError, ProcessLookupError):
             raise _Gone from None
-        except OSError:
+        except (OSError, ValueError, IndexError):
             raise _Unreadable from None
-        # man 5 proc numbering minus 3: ppid 4, utime 14 .. cstime 17, threads 20, start 22, rss 24
-        cpu_s = (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / self._tck
         read_b, write_b = self._io(pid)
-        return _Sample(int(f[1]), int(f[19]), Usage(cpu_s, read_b, write_b), int(f[21]) * self._page_b, int(f[17]))
+        return _Sample(ppid, start, Usage(cpu_s, read_b, write_b), rss_b, threads)
 
-    @staticmethod
-    def _io(pid: int) -> tuple[int, int]:
+    def _io(self, pid: int) -> tuple[int, int]:
         try:
-            data = _cat(f"/proc/{pid}/io")  # needs ptrace-read rights: not for another user's process
+            data = self._files.read(f"/proc/{pid}/io")  # needs ptrace-read rights: not another user's
         except OSError:
             return 0, 0
-        read_b = write_b = 0
-        for line in data.splitlines():
-            if line.startswith(b"read_bytes:"):
-                read_b = int(line[11:])
-            elif line.startswith(b"write_bytes:"):
-                write_b = int(line[12:])
-        return read_b, write_b
+        f = data.split()  # rchar: N wchar: N syscr: N syscw: N read_bytes: N write_bytes: N ...
+        if len(f) < 12 or f[8] != b"read_bytes:" or f[10] != b"write_bytes:" or not f[9].isdigit():
+            return 0, 0  # not the layout we know: absent rather than misread
+        return int(f[9]), int(f[11])
 
-    def scan(self, root: int, root_start: float) -> Scan:
+    def scan(self, root: int, root_start: float) -> _Scan:
         kids: dict[int, list[tuple[int, float]]] = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                f = _stat_fields(int(name))
-            except OSError:
-                continue
-            if int(name) == root and int(f[19]) != root_start:
+        for pid, ppid, start in _all_processes(lambda pid: True):
+            if pid == root and start != root_start:
                 return []  # the root ended and its pid was reused
-            kids.setdefault(int(f[1]), []).append((int(name), int(f[19])))
+            kids.setdefault(ppid, []).append((pid, start))
         return _bfs(root, kids)
 
     @staticmethod
-    def last_pid() -> int | None:
+    def scan_born(since: int, upto: int) -> _Scan:
+        """(pid, ppid, start) of the processes whose pid was handed out in (since, upto], in the
+        kernel's (cyclic) order, so parents come before their children."""
+        if since == upto:
+            return []
+        if upto < since:  # the pid counter wrapped around pid_max
+            out = _all_processes(lambda pid: pid > since or pid <= upto)
+        else:
+            out = _all_processes(lambda pid: since < pid <= upto)
+        out.sort(key=lambda t: (t[0] <= since, t[0]))
+        return out
+
+    def last_pid(self) -> int | None:
         """The last pid the kernel handed out (threads included): unchanged means nothing was born."""
         try:
-            return int(_cat("/proc/loadavg").split()[4])
+            return int(self._files.read("/proc/loadavg").split()[4])
         except (OSError, ValueError, IndexError):
             return None
 
     def forget(self, pid: int) -> None:
-        pass
+        self._files.close(f"/proc/{pid}/stat")
+        self._files.close(f"/proc/{pid}/io")
+
+    def close(self) -> None:
+        self._files.close_all()
 
 
 class _PsutilReader:
@@ -239,7 +308,7 @@ class _PsutilReader:
             return 0, 0
         return io.read_bytes, io.write_bytes
 
-    def scan(self, root: int, root_start: float) -> Scan:
+    def scan(self, root: int, root_start: float) -> _Scan:
         try:
             top = psutil.Process(root)
             if top.create_time() != root_start:
@@ -257,10 +326,16 @@ class _PsutilReader:
 
     @staticmethod
     def last_pid() -> int | None:
-        return None  # no portable way to know: always scan when due
+        return None  # no portable way to know: always a whole scan when due
+
+    def scan_born(self, since: int, upto: int) -> _Scan:
+        raise NotImplementedError  # never called: last_pid() is None
 
     def forget(self, pid: int) -> None:
         self._procs.pop(pid, None)
+
+    def close(self) -> None:
+        self._procs.clear()
 
 
 _Reader = _ProcfsReader | _PsutilReader
@@ -271,25 +346,28 @@ def _make_reader(backend: str) -> _Reader:
         return _PsutilReader()
     if backend not in ("auto", "procfs"):
         raise ValueError(f"unknown host collector backend {backend!r}: use 'auto', 'procfs' or 'psutil'")
+    reader = _ProcfsReader()
     try:
-        _ProcfsReader().sample(os.getpid())
+        reader.sample(os.getpid())
     except Exception:
         if backend == "procfs":
             raise
         return _PsutilReader()
-    return _ProcfsReader()
+    finally:
+        reader.forget(os.getpid())
+    return reader
 
 
 # -- host-wide counters ------------------------------------------------------------------------
 
-Pairs = dict[str, tuple[int, int]]  # device -> (read or rx bytes, write or tx bytes), cumulative
+_Pairs = dict[str, tuple[int, int]]  # device -> (read or rx bytes, write or tx bytes), cumulative
 
 
 class _SysSample(NamedTuple):
     cpu: tuple[float, float, float | None] | None  # busy, total and iowait CPU-seconds, all CPUs
     mem_used_b: int | None
-    disks: Pairs | None
-    nets: Pairs | None
+    disks: _Pairs | None
+    nets: _Pairs | None
 
 
 def _counted_nic(name: str) -> bool:
@@ -311,8 +389,9 @@ class _SystemReader:
 
     def __init__(self, procfs: bool) -> None:
         self._procfs = procfs
-        self._tck = os.sysconf("SC_CLK_TCK") if procfs else 100
+        self._tck = os.sysconf("SC_CLK_TCK") if procfs else 0  # /proc/stat counts clock ticks
         self._is_disk: dict[str, bool] = {}
+        self._files = _OpenFiles()
 
     def read(self) -> _SysSample:
         if self._procfs:
@@ -327,21 +406,25 @@ class _SystemReader:
                 values.append(None)
         return _SysSample(*values)
 
+    def close(self) -> None:
+        self._files.close_all()
+
     def _cpu(self) -> tuple[float, float, float | None]:
-        head = _cat("/proc/stat").split(b"\n", 1)[0].split()[1:]
+        head = self._files.read("/proc/stat").split(b"\n", 1)[0].split()[1:]
         return _cpu_split({k: int(v) / self._tck for k, v in zip(self._CPU_NAMES, head, strict=False)})
 
-    @staticmethod
-    def _mem() -> int:
-        kb = {}
-        for line in _cat("/proc/meminfo").splitlines():
-            if line.startswith((b"MemTotal:", b"MemAvailable:")):
-                kb[line.split(b":")[0]] = int(line.split()[1])
-        return (kb[b"MemTotal"] - kb[b"MemAvailable"]) * 1024  # psutil's virtual_memory().used
+    def _mem(self) -> int:
+        data = self._files.read("/proc/meminfo")
 
-    def _disks(self) -> Pairs | None:
-        out: Pairs = {}
-        for line in _cat("/proc/diskstats").splitlines():
+        def kib(key: bytes) -> int:
+            at = data.index(key) + len(key)
+            return int(data[at : data.index(b"\n", at)].split()[0])
+
+        return (kib(b"MemTotal:") - kib(b"MemAvailable:")) * 1024  # psutil's virtual_memory().used
+
+    def _disks(self) -> _Pairs | None:
+        out: _Pairs = {}
+        for line in self._files.read("/proc/diskstats").splitlines():
             f = line.split()
             if len(f) >= 14 and self._whole_disk(f[2].decode()):
                 out[f[2].decode()] = (int(f[5]) * _SECTOR_B, int(f[9]) * _SECTOR_B)
@@ -353,10 +436,9 @@ class _SystemReader:
             self._is_disk[name] = os.path.exists("/sys/block/" + name.replace("/", "!"))
         return self._is_disk[name]
 
-    @staticmethod
-    def _nets() -> Pairs:
-        out: Pairs = {}
-        for line in _cat("/proc/net/dev").splitlines()[2:]:
+    def _nets(self) -> _Pairs:
+        out: _Pairs = {}
+        for line in self._files.read("/proc/net/dev").splitlines()[2:]:
             name, _, rest = line.partition(b":")
             f = rest.split()
             if _counted_nic(name.strip().decode()):
@@ -372,17 +454,17 @@ class _SystemReader:
         return int(psutil.virtual_memory().used)
 
     @staticmethod
-    def _ps_disks() -> Pairs | None:
+    def _ps_disks() -> _Pairs | None:
         d = psutil.disk_io_counters()
         return None if d is None else {"all": (d.read_bytes, d.write_bytes)}
 
     @staticmethod
-    def _ps_nets() -> Pairs:
+    def _ps_nets() -> _Pairs:
         nics = psutil.net_io_counters(pernic=True)
         return {k: (v.bytes_recv, v.bytes_sent) for k, v in nics.items() if _counted_nic(k)}
 
 
-def _pairs_delta(prev: Pairs | None, now: Pairs | None) -> tuple[int, int] | tuple[None, None]:
+def _pairs_delta(prev: _Pairs | None, now: _Pairs | None) -> tuple[int, int] | tuple[None, None]:
     """Bytes moved since ``prev``, over devices present both times; a device whose counter went back
     (reset, re-plugged) adds nothing rather than a negative or made-up figure."""
     if not prev or not now or not (prev.keys() & now.keys()):
@@ -449,6 +531,7 @@ class ProcessTreeCollector:
         self._prev_sys: _SysSample | None = None
         self._reads_since_scan = 0
         self._pid_at_scan: int | None = None
+        self._scans = 0
 
     @property
     def backend(self) -> str:
@@ -501,6 +584,7 @@ class ProcessTreeCollector:
             if pid in self._exclude or pid in self._excluded or pid == self.root_pid:
                 return
             rec = self._live.pop(pid, None) or self._gone.pop(pid, None)
+            self._reader.forget(pid)
             group = ([rec] if rec else []) + self._reaped_below(pid)
             base = Usage()
             for r in group:
@@ -511,9 +595,10 @@ class ProcessTreeCollector:
             self._credited = _plus(self._credited, amount)
 
     def close(self) -> None:
+        """Let go of the kept-open /proc files; counters stay readable through ``totals``."""
         with self._lock:
-            for pid in self._live:
-                self._reader.forget(pid)
+            self._reader.close()
+            self._system.close()
             self._live.clear()
             self._gone.clear()
 
@@ -583,13 +668,23 @@ class ProcessTreeCollector:
         self._reads_since_scan = 0
         if self._root_start is None or (pid_now is not None and pid_now == self._pid_at_scan):
             return  # no process was born since the last scan
-        self._pid_at_scan = pid_now
-        skipped: set[int] = set()
-        for pid, ppid, start in self._reader.scan(self.root_pid, self._root_start):
-            if pid in self._exclude or ppid in skipped or self._excluded.get(pid) == start:
-                skipped.add(pid)
+        since, self._pid_at_scan = self._pid_at_scan, pid_now
+        self._scans += 1
+        if since is None or pid_now is None or self._scans % _FULL_SCAN_EVERY == 0:
+            self._adopt(self._reader.scan(self.root_pid, self._root_start), baseline, whole_tree=True)
+        else:  # only processes born since the last scan: the others are tracked already
+            self._adopt(self._reader.scan_born(since, pid_now), baseline, whole_tree=False)
+
+    def _adopt(self, found: _Scan, baseline: bool, whole_tree: bool) -> None:
+        """Track what ``found`` (parents first) adds to the tree; remember what sits below an exclusion."""
+        for pid, ppid, start in found:
+            if pid in self._live:
+                continue
+            below_excluded = ppid in self._exclude or (ppid in self._excluded and ppid not in self._live)
+            if pid in self._exclude or below_excluded or self._excluded.get(pid) == start:
                 self._excluded[pid] = start  # sticky: it stays out after being re-parented
-            elif pid not in self._live:
+            elif whole_tree or ppid == self.root_pid or ppid in self._live:
+                self._excluded.pop(pid, None)  # an ended excluded process had this pid
                 self._track(pid, baseline)
 
     def _track(self, pid: int, baseline: bool) -> None:
@@ -609,10 +704,14 @@ class ProcessTreeCollector:
         queue, seen = [pid], {pid}
         for parent in queue:
             for r in kids.get(parent, ()):
-                if r.pid in seen or (r.pid in self._live and self._alive(r)):
+                live = self._live.get(r.pid) is r  # (a kept record's pid may belong to a newer process)
+                if r.pid in seen or (live and self._alive(r)):
                     continue  # orphaned, not reaped: not part of this rusage
-                self._live.pop(r.pid, None)
-                self._gone.pop(r.pid, None)
+                if live:
+                    del self._live[r.pid]
+                    self._reader.forget(r.pid)
+                else:
+                    del self._gone[r.pid]
                 out.append(r)
                 queue.append(r.pid)
                 seen.add(r.pid)
@@ -627,7 +726,9 @@ class ProcessTreeCollector:
             return True
 
     def _tree_total(self) -> Usage:
-        total = _plus(self._credited, self._folded)
-        for r in chain(self._live.values(), self._gone.values()):
-            total = _plus(total, _minus(r.last, r.base))
-        return total
+        cpu_s, read_b, write_b = _plus(self._credited, self._folded)
+        for r in chain(self._live.values(), self._gone.values()):  # per read: plain sums, no tuples
+            cpu_s += r.last.cpu_s - r.base.cpu_s
+            read_b += r.last.read_b - r.base.read_b
+            write_b += r.last.write_b - r.base.write_b
+        return Usage(cpu_s, read_b, write_b)
