@@ -131,7 +131,9 @@ def test_kill_9_of_gpuledger_leaves_the_command_running_with_its_full_log(tmp_pa
         for i in range(30):
             print(f"line {{i}}", flush=True)
             time.sleep(0.1)
-        open({str(done)!r}, "w").write("finished")
+        import os
+        open({str(done)!r} + ".tmp", "w").write("finished")
+        os.replace({str(done)!r} + ".tmp", {str(done)!r})  # atomic: the test never sees it half-written
         """
     )
     proc = subprocess.Popen(
