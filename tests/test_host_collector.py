@@ -473,7 +473,7 @@ def test_a_chain_born_between_two_reads_is_found_at_once(backend: str) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the /proc fast path is Linux only")
 def test_born_since_window_wraps_around_pid_max() -> None:
-    from gpuledger.collect.host import _ProcfsReader
+    from gpuledger.collect.procfs import ProcfsReader as _ProcfsReader
 
     child = py("import sys; sys.stdin.read()", stdin=subprocess.PIPE)
     try:
@@ -521,7 +521,9 @@ def test_system_fields(backend: str) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the /proc fast path is Linux only")
 def test_procfs_and_psutil_readers_agree() -> None:
-    from gpuledger.collect.host import _ProcfsReader, _PsutilReader, _SystemReader
+    from gpuledger.collect.procfs import ProcfsReader as _ProcfsReader
+    from gpuledger.collect.procfs import PsutilReader as _PsutilReader
+    from gpuledger.collect.system import SystemReader as _SystemReader
 
     fast, slow = _SystemReader(procfs=True).read(), _SystemReader(procfs=False).read()
     assert fast.mem_used_b == pytest.approx(slow.mem_used_b, rel=0.02)

@@ -31,7 +31,6 @@ while it was lost has no ticks (absent, not zero). ``read`` never raises.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 import pynvml
 
 from gpuledger.collect.base import CollectorUnavailable, GpuRead
-from gpuledger.collect.visible import Candidate, resolve_visible
+from gpuledger.collect.nvml_devices import DeviceFinder
 from gpuledger.core.integrate import busy_seconds_from_samples, counter_delta, trapezoid_energy_j
 from gpuledger.core.model import (
     ENERGY_COUNTER,
@@ -90,8 +89,6 @@ _LOST_ERRORS = (
     "NVMLError_GpuNotFound",
 )
 _REINIT_ERRORS = ("NVMLError_Uninitialized", "NVMLError_DriverNotLoaded", "NVMLError_LibRmVersionMismatch")
-# (handle, uuid, MIG mode text, MIG slices as (uuid, handle) or None when MIG is off)
-_Gpu = tuple[Any, str, "str | None", "list[tuple[str, Any]] | None"]
 _ABSENT_ERRORS = ("NVMLError_NotSupported", "NVMLError_NoPermission", "NVMLError_FunctionNotFound")
 
 
@@ -129,13 +126,13 @@ class NvmlCollector:
     ) -> None:
         self._nvml = nv = pynvml if nvml is None else nvml
         self._clock = clock  # monotonic: drives the retry backoff only
-        self._source = source
         self._lost = tuple(getattr(nv, n) for n in _LOST_ERRORS if hasattr(nv, n))
         self._reinit = tuple(getattr(nv, n) for n in _REINIT_ERRORS if hasattr(nv, n))
         self._absent = (*(getattr(nv, n) for n in _ABSENT_ERRORS), nv.NVMLLibraryMismatchError)
         self._absent_mig = (*self._absent, nv.NVMLError_InvalidArgument)
         self._not_found = nv.NVMLError_NotFound
         self._bind_functions(nv)
+        self._finder = DeviceFinder(nv, self._absent, source)
         self._need_init = False
         self._closed = False
         self._reported: set[str] = set()
@@ -148,7 +145,11 @@ class NvmlCollector:
                 raise NvmlLibraryMissing(_init_reason(nv, exc)) from exc
             raise CollectorUnavailable(_init_reason(nv, exc)) from exc
         try:
-            self._devs = self._discover(visible)
+            # A slice handle answers InvalidArgument for some whole-GPU queries: absent too.
+            self._devs = [
+                _Device(ident, h, self._absent if ident.mig_parent_uuid is None else self._absent_mig)
+                for ident, h in self._finder.discover(visible)
+            ]
         except Exception as exc:
             self.close()
             raise CollectorUnavailable(f"NVML could not list the GPUs: {exc}") from exc
@@ -209,83 +210,6 @@ class NvmlCollector:
             self._closed = True
             with contextlib.suppress(Exception):  # nothing to do about a failed shutdown
                 self._nvml.nvmlShutdown()
-
-    # -- discovery -----------------------------------------------------------------------------
-    def _opt(self, fn: Any, *args: Any) -> Any:
-        """A discovery-time query whose absence is fine."""
-        if fn is None:
-            return None
-        try:
-            return fn(*args)
-        except (*self._absent, self._nvml.NVMLError_InvalidArgument, self._not_found):
-            return None
-
-    def _discover(self, visible: str | None) -> list[_Device]:
-        nv = self._nvml
-        driver = self._opt(getattr(nv, "nvmlSystemGetDriverVersion", None))
-        common = {
-            "driver_version": None if driver is None else _text(driver),
-            "cuda_version": _cuda_version(self._opt(getattr(nv, "nvmlSystemGetCudaDriverVersion", None))),
-            "source": self._source,
-        }
-        get_mode = getattr(nv, "nvmlDeviceGetMigMode", None)
-        gpus: list[_Gpu] = []
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            mode = self._opt(get_mode, h)
-            enabled = bool(mode) and mode[0] == nv.NVML_DEVICE_MIG_ENABLE
-            mode_text = None if mode is None else "enabled" if enabled else "disabled"
-            gpus.append((h, _text(nv.nvmlDeviceGetUUID(h)), mode_text, self._mig_slices(h) if enabled else None))
-        cands = [Candidate(u, None if s is None else tuple(m for m, _ in s)) for _, u, _, s in gpus]
-        return [
-            self._device(index, v.nvml_index, v.mig_index, gpus[v.nvml_index], common)
-            for index, v in enumerate(resolve_visible(visible, cands))
-        ]
-
-    def _device(self, index: int, nvml_index: int, mig_index: int | None, gpu: _Gpu, common: dict[str, Any]) -> _Device:
-        nv = self._nvml
-        h, uuid, mode_text, slices = gpu
-        pci = self._opt(getattr(nv, "nvmlDeviceGetPciInfo", None), h)
-        pci_bus_id = None if pci is None else _text(pci.busId)
-        if mig_index is None or slices is None:
-            limit = self._opt(getattr(nv, "nvmlDeviceGetEnforcedPowerLimit", None), h)
-            ident = GpuIdentity(
-                index=index, uuid=uuid, name=_text(nv.nvmlDeviceGetName(h)), pci_bus_id=pci_bus_id,
-                memory_total_b=self._memory_total(h), power_limit_w=None if limit is None else limit / 1000,
-                mig_mode=mode_text, nvml_index=nvml_index, **common,
-            )  # fmt: skip
-            return _Device(ident, h, self._absent)
-        mig_uuid, mh = slices[mig_index]
-        name = _text(nv.nvmlDeviceGetName(mh))
-        ident = GpuIdentity(
-            index=index, uuid=mig_uuid, name=name, pci_bus_id=pci_bus_id, memory_total_b=self._memory_total(mh),
-            mig_mode=mode_text, mig_parent_uuid=uuid, mig_profile=self._mig_profile(name, mh),
-            nvml_index=nvml_index, **common,
-        )  # fmt: skip
-        # A slice handle answers InvalidArgument for some whole-GPU queries: absent too.
-        return _Device(ident, mh, self._absent_mig)
-
-    def _mig_slices(self, h: Any) -> list[tuple[str, Any]]:
-        nv = self._nvml
-        out = []
-        for j in range(self._opt(getattr(nv, "nvmlDeviceGetMaxMigDeviceCount", None), h) or 0):
-            mh = self._opt(getattr(nv, "nvmlDeviceGetMigDeviceHandleByIndex", None), h, j)
-            if mh is not None:  # MIG indices may have gaps
-                out.append((_text(nv.nvmlDeviceGetUUID(mh)), mh))
-        return out
-
-    def _memory_total(self, h: Any) -> int | None:
-        m = self._opt(self._f_mem, h, self._mem_v2) if self._mem_v2 else None
-        m = m if m is not None else self._opt(self._f_mem, h)
-        return None if m is None else int(m.total)
-
-    def _mig_profile(self, name: str, mh: Any) -> str | None:
-        if " MIG " in name:  # NVML names slices "<parent name> MIG 1g.10gb"
-            return name.rsplit(" MIG ", 1)[1].strip()
-        attrs = self._opt(getattr(self._nvml, "nvmlDeviceGetAttributes", None), mh)
-        if attrs is None:
-            return None
-        return f"{attrs.gpuInstanceSliceCount}g.{math.ceil(attrs.memorySizeMB / 1024)}gb"
 
     # -- the query helper ----------------------------------------------------------------------
     def _q(self, d: _Device, key: str, fn: Any, *args: Any) -> Any:
@@ -567,7 +491,7 @@ class NvmlCollector:
             if d.ident.mig_parent_uuid is None:
                 raise
         parent = nv.nvmlDeviceGetHandleByUUID(d.ident.mig_parent_uuid)  # drivers that can't find MIG UUIDs
-        for _uuid, mh in self._mig_slices(parent):
+        for _uuid, mh in self._finder.mig_slices(parent):
             if _uuid == d.uuid:
                 return mh
         raise nv.NVMLError_NotFound()
@@ -592,14 +516,5 @@ def _init_reason(nv: Any, exc: BaseException) -> str:
     return f"NVML failed to start: {type(exc).__name__}: {exc}"
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value) if value is not None else ""
-
-
 def _num(value: Any) -> float | None:
     return None if value is None else float(value)
-
-
-def _cuda_version(v: int | None) -> str | None:
-    """NVML's 12040 -> "12.4"."""
-    return None if not v else f"{v // 1000}.{v % 1000 // 10}"
