@@ -541,3 +541,12 @@ def test_procfs_and_psutil_readers_agree() -> None:
     assert (a.ppid, a.threads) == (b.ppid, b.threads)
     assert a.rss_b == pytest.approx(b.rss_b, rel=0.05)
     assert a.usage.cpu_s == pytest.approx(b.usage.cpu_s, abs=0.05)
+
+
+def test_host_wide_counters_are_read_every_nth_tick_only() -> None:
+    collector = ProcessTreeCollector(os.getpid(), system_every=3)
+    assert collector.read(0.0) is None
+    ticks = [collector.read(float(i)) for i in range(1, 10)]
+    with_system = [i for i, tick in enumerate(ticks, start=1) if tick.sys_mem_used_b is not None]
+    assert with_system == [3, 6, 9]  # cumulative counters: their sums stay exact, the cost drops
+    collector.close()

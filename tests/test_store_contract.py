@@ -179,6 +179,16 @@ def test_writes_to_unknown_run(ledger: Ledger) -> None:
         ledger.get_run(run_id(9))
 
 
+def test_append_to_a_run_deleted_by_another_process_is_refused(ledger: Ledger, ledger_url: str) -> None:
+    run = minimal_run(run_id(1))
+    ledger.create_run(run)
+    ledger.append(run.id, [full_gpu("GPU-a", 0)])  # the run is now known: appends skip the look-up
+    with Ledger(ledger_url) as other:
+        other.delete_run(run.id)
+    with pytest.raises(RunNotFound):
+        ledger.append(run.id, [full_gpu("GPU-a", 1)])  # the foreign key still guards it
+
+
 # -- updates and deletes -----------------------------------------------------------------------
 
 

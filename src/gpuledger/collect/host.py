@@ -107,8 +107,13 @@ class ProcessTreeCollector:
         include_root: bool = True,
         *,
         backend: str = "auto",
+        system_every: int = 1,
     ) -> None:
         self.root_pid = root_pid
+        # The host-wide counters are cumulative, so reading them every few ticks keeps their sums
+        # exact while sparing most of their cost (the recorder passes ticks per interval).
+        self._system_every = max(1, system_every)
+        self._reads_since_sys = 0
         self._exclude = set(exclude_pids) - {root_pid}  # the root is governed by include_root
         self._excluded: dict[int, float] = {}  # pid -> start of processes below an excluded one
         self._rescan_every = max(1, rescan_every)
@@ -148,15 +153,25 @@ class ProcessTreeCollector:
                 self._scan(baseline=False)
             total = _max(self._reported, self._tree_total())
             delta, self._reported = _minus(total, self._reported), total
-            system = self._system.read()
             tick = HostTick(
                 t0=self._prev_t, t1=now, cpu_s=delta.cpu_s, read_b=delta.read_b, write_b=delta.write_b,
                 rss_b=sum(r.rss_b for r in self._live.values()),
                 threads=sum(r.threads for r in self._live.values()), procs=len(self._live),
-                **system_fields(self._prev_sys, system),
+                **self._system_delta(),
             )  # fmt: skip
-            self._prev_sys, self._prev_t = system, now
+            self._prev_t = now
             return tick
+
+    def _system_delta(self) -> dict:
+        """Host-wide figures since the last system read, every ``system_every`` reads ({} between)."""
+        self._reads_since_sys += 1
+        if self._reads_since_sys < self._system_every:
+            return {}
+        self._reads_since_sys = 0
+        system = self._system.read()
+        fields = system_fields(self._prev_sys, system)
+        self._prev_sys = system
+        return fields
 
     def pids(self) -> set[int]:
         """The live processes of the run's tree as of the last read."""

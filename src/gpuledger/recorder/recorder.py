@@ -72,7 +72,9 @@ class Recorder:
         self._gpu = gpu
         self.interval_s = interval_s
         self.tick_s = tick_seconds(interval_s)
-        self._flush_every_s = min(flush_every_s, FLUSH_EVERY_S, max(interval_s, MIN_FLUSH_S))
+        # Every 10 s at the default interval (fewer writes); short intervals flush sooner so
+        # a kill -9 loses little, but never more often than every 2 s.
+        self._flush_every_s = min(flush_every_s, FLUSH_EVERY_S, max(4 * interval_s, MIN_FLUSH_S))
         self._clock = clock
         self._warn = warn or (lambda line: None)
         self._on_interval = on_interval

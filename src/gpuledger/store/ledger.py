@@ -46,6 +46,7 @@ class Ledger:
         self._db = Database(
             default_url() if url is None else os.fspath(url), busy_timeout_s=busy_timeout_s, retries=retries
         )
+        self._known_runs: set[str] = set()  # runs seen to exist: appends skip the look-up
         try:
             version = self._db.read(migrations.current_version)
             migrations.check(self._db, version, migrate=migrate)
@@ -84,7 +85,9 @@ class Ledger:
     def create_run(self, run: RunRecord) -> bool:
         """Store a new run; False (and nothing changed) if a run with this id already exists,
         so a replayed creation is harmless. Change an existing run with ``update_run``."""
-        return self._db.write(lambda conn: writes.insert_run(self._db, conn, run))
+        created = self._db.write(lambda conn: writes.insert_run(self._db, conn, run))
+        self._known_runs.add(run.id)
+        return created
 
     def add_devices(self, run_id: str, devices: Sequence[GpuIdentity]) -> None:
         """Insert or update (by uuid) the run's GPUs."""
@@ -112,9 +115,17 @@ class Ledger:
         """
         if not (gpu or host or events or metrics):
             return
-        self._db.write(
-            lambda conn: writes.append(self._db, conn, run_id, gpu, host, events, metrics, event_seq, metric_seq)
-        )
+        known = run_id in self._known_runs
+        try:
+            self._db.write(
+                lambda conn: writes.append(
+                    self._db, conn, run_id, gpu, host, events, metrics, event_seq, metric_seq, known
+                )
+            )
+        except sa.exc.IntegrityError as exc:  # the run was deleted since we last saw it
+            self._known_runs.discard(run_id)
+            raise RunNotFound(run_id) from exc
+        self._known_runs.add(run_id)
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         """Change fields of a run (any RunRecord field but ``id``); ValueError for an unknown field
@@ -139,6 +150,7 @@ class Ledger:
 
     def delete_run(self, run_id: str) -> None:
         """Delete a run and everything recorded for it; RunNotFound if there is no such run."""
+        self._known_runs.discard(run_id)
         self._db.write(lambda conn: writes.delete_run(conn, run_id))
 
     # -- reads ---------------------------------------------------------------------------------

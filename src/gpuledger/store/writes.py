@@ -74,9 +74,12 @@ def append(
     metrics: Sequence[Metric],
     event_seq: int | None,
     metric_seq: int | None,
+    run_known: bool = False,
 ) -> None:
     numbering = (events and event_seq is None) or (metrics and metric_seq is None)
-    require_run(conn, run_id, lock=bool(numbering))
+    # A run this ledger already wrote or read needs no look-up: the foreign keys still guard it.
+    if numbering or not run_known:
+        require_run(conn, run_id, lock=bool(numbering))
     if gpu:
         _insert_new(db, conn, schema.gpu_intervals, [to_row(i, run_id=run_id) for i in gpu])
     if host:
