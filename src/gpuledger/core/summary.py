@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuledger.core.intervals import merge_gpu_intervals, merge_host_intervals
@@ -40,13 +40,22 @@ def summarize(
     gpu_intervals: Sequence[GpuInterval],
     host_intervals: Sequence[HostInterval],
     now: float,
+    counts: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Everything a person asks about one run, JSON-serialisable (str, int, float, bool, None)."""
+    """Everything a person asks about one run, JSON-serialisable (str, int, float, bool, None).
+
+    The intervals may be pre-merged (one per device and one for the host, as the ledger's
+    rollups give them); ``counts`` then says how many recording intervals each stream had
+    ("host" and each device uuid).
+    """
     end = _measured_end(run, gpu_intervals, host_intervals, now)
     wall = None if end is None else max(0.0, end - run.started_at)
     host = merge_host_intervals(sorted(host_intervals, key=lambda i: (i.t0, i.seq))) if host_intervals else None
     gpus = [_gpu_summary(dev, uuid, ivs, wall) for dev, uuid, ivs in _per_device(devices, gpu_intervals)]
-    per_stream = [len(host_intervals), *(g["intervals"] for g in gpus)]
+    if counts is not None:
+        for g in gpus:
+            g["intervals"] = counts.get(g["uuid"], 0)
+    per_stream = [counts.get("host", 0) if counts is not None else len(host_intervals), *(g["intervals"] for g in gpus)]
     summary: dict[str, Any] = {
         "id": run.id,
         "name": run.name,

@@ -15,16 +15,19 @@ def load_run(ledger, ref: str) -> RunRecord:
 
 
 def summary(ledger, run: RunRecord, now: float | None = None) -> dict:
+    """The run's summary from totals the ledger sums itself (fast on runs of millions of rows)."""
     from gpuledger.core.summary import summarize
 
+    gpu, counts = ledger.gpu_rollups(run.id)
+    host, host_count = ledger.host_rollup(run.id)
     return summarize(
         run,
         ledger.devices(run.id),
-        ledger.gpu_intervals(run.id),
-        ledger.host_intervals(run.id),
+        gpu,
+        [host] if host is not None else [],
         now=time.time() if now is None else now,
+        counts={**counts, "host": host_count},
     )
-
 
 def list_rows(ledger, runs: list[RunRecord], now: float | None = None) -> list[dict]:
     """One light row per run (no interval scan): what ``gpuledger runs`` shows."""

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import codec, migrations, queries, schema, writes
+from gpuledger.store import codec, migrations, queries, run_rollup, schema, writes
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import AmbiguousRun, RunNotFound
 from gpuledger.store.url import default_url
@@ -265,6 +265,14 @@ class Ledger:
         maxima of rss_max_b, threads_max, procs_max, sys_mem_used_max_b; time-weighted
         sys_cpu_util_avg_pct. With no host intervals: count 0 and None elsewhere."""
         return self._db.read(lambda conn: queries.host_totals(conn, run_id))
+
+    def gpu_rollups(self, run_id: str) -> tuple[list[GpuInterval], dict[str, int]]:
+        """Each device's intervals merged in SQL into one, and each device's interval count."""
+        return self._db.read(lambda conn: run_rollup.gpu_rollups(conn, run_id))
+
+    def host_rollup(self, run_id: str) -> tuple[HostInterval | None, int]:
+        """The host intervals merged in SQL into one (None without any), and their count."""
+        return self._db.read(lambda conn: run_rollup.host_rollup(conn, run_id))
 
     def last_flush_t(self, run_id: str) -> float | None:
         """The latest t1 of the run's intervals (how far a lost run is known to have run)."""
