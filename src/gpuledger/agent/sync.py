@@ -1,0 +1,75 @@
+"""``gpuledger sync``: push every run of the local ledger's outbox to a team server.
+
+Runs recorded with ``--server`` are in the outbox already; ``all_runs`` adds every other local
+run (recorded without a server, imported, recovered). A run whose recorder died is settled first
+(``lost``, as ``gpuledger show`` would), so the server gets its real end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpuledger.agent.client import Client, Forbidden, Rejected
+from gpuledger.agent.outbox import drain_run
+from gpuledger.store import RunNotFound, pushes
+
+if TYPE_CHECKING:
+    from gpuledger.store import Ledger
+
+
+@dataclass
+class SyncReport:
+    registered: int = 0
+    pushed_runs: int = 0
+    batches: int = 0
+    rows: int = 0
+    done: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+    forbidden: dict[str, str] = field(default_factory=dict)  # kept in the outbox: tried again next time
+    missing: list[str] = field(default_factory=list)
+
+
+def sync(
+    ledger: Ledger,
+    client: Client,
+    *,
+    all_runs: bool = False,
+    retry_rejected: bool = False,
+    progress: Callable[[str], None] = lambda line: None,
+) -> SyncReport:
+    """Push what the outbox holds for ``client.server``. Unreachable / Unauthorized propagate
+    (nothing is lost: the next sync starts where this one stopped)."""
+    from gpuledger.recorder.liveness import reconcile
+
+    server = client.server
+    report = SyncReport()
+    if all_runs:
+        report.registered = pushes.register(ledger, server, pushes.unregistered_runs(ledger, server))
+    for state in pushes.pending(ledger, server, include_rejected=retry_rejected):
+        try:
+            reconcile(ledger, ledger.get_run(state.run_id))
+        except RunNotFound:
+            state.done, state.last_error = True, "the run is no longer in the local ledger"
+            pushes.save(ledger, state)
+            report.missing.append(state.run_id)
+            continue
+        try:
+            result = drain_run(ledger, client, state)
+        except Rejected as exc:
+            report.rejected[state.run_id] = str(exc)
+            progress(f"{state.run_id}: refused by the server: {exc}")
+            continue
+        except Forbidden as exc:
+            report.forbidden[state.run_id] = str(exc)
+            progress(f"{state.run_id}: not allowed with this token: {exc}")
+            continue
+        report.batches += result.batches
+        report.rows += result.rows
+        if result.batches:
+            report.pushed_runs += 1
+        if result.done:
+            report.done.append(state.run_id)
+            progress(f"{state.run_id}: pushed ({result.rows} rows in {result.batches} batches)")
+    return report

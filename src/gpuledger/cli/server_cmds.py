@@ -1,0 +1,160 @@
+"""``gpuledger serve``, ``gpuledger db migrate|status`` and ``gpuledger sync``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from gpuledger.cli.common import echo_json
+
+
+def server_ledger(url: str | None):
+    """The ledger at --db, never migrated implicitly (schema changes: gpuledger db migrate)."""
+    from gpuledger.store import Ledger, LedgerError
+
+    if not url:
+        raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
+    try:
+        return Ledger(url, migrate=False)
+    except LedgerError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def db_required(func):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--db", envvar="GPULEDGER_DB", metavar="URL", help="The ledger database (postgresql+psycopg://...)."
+    )(func)
+
+
+@click.command("serve")
+@db_required
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Worker processes.")
+@click.option("--rates", type=click.Path(exists=True, dir_okay=False), help="Rate card for chargeback reports.")
+@click.option("--max-body-mb", type=click.FloatRange(0.001, 1024), default=8.0, show_default=True)
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info")
+def serve_cmd(
+    db: str | None, host: str, port: int, workers: int, rates: str | None, max_body_mb: float, log_level: str
+) -> None:
+    """Serve the team API (docs/SERVER.md). Stateless: run several behind a load balancer."""
+    import uvicorn
+
+    from gpuledger.store import display_url
+
+    server_ledger(db).close()  # refuses an outdated schema with the command to fix it
+    assert db is not None
+    os.environ["GPULEDGER_SERVER_DB"] = db
+    os.environ["GPULEDGER_MAX_BODY_B"] = str(int(max_body_mb * 1024 * 1024))
+    if rates:
+        os.environ["GPULEDGER_RATES"] = os.path.abspath(rates)
+    click.echo(f"gpuledger: serving {display_url(db)} on http://{host}:{port} ({workers} worker(s))", err=True)
+    uvicorn.run(
+        "gpuledger.server.app:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+        access_log=log_level == "debug",
+        timeout_graceful_shutdown=10,
+    )
+
+
+@click.group("db")
+def db_group() -> None:
+    """The ledger's schema: status and migrations."""
+
+
+@db_group.command("migrate")
+@db_required
+def db_migrate_cmd(db: str | None) -> None:
+    """Apply pending schema migrations (safe with several processes; each runs once)."""
+    from gpuledger.store import LedgerError, migrations
+    from gpuledger.store.engine import Database
+
+    if not db:
+        raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
+    database = Database(db)
+    try:
+        before = database.read(migrations.current_version)
+        after = migrations.upgrade(database)
+    except LedgerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        database.close()
+    if after == before:
+        click.echo(f"{database.display}: schema version {after}, nothing to do")
+    else:
+        click.echo(f"{database.display}: migrated from version {before} to {after}")
+
+
+@db_group.command("status")
+@db_required
+@click.option("--json", "as_json", is_flag=True)
+def db_status_cmd(db: str | None, as_json: bool) -> None:
+    """The schema version of the ledger and the migrations still to apply (exit 1 if any)."""
+    from gpuledger.store import LedgerError, migrations
+    from gpuledger.store.engine import Database
+
+    if not db:
+        raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
+    database = Database(db)
+    try:
+        version = database.read(migrations.current_version)
+    except LedgerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        database.close()
+    pending = [m for m in migrations.MIGRATIONS if m.version > version]
+    if as_json:
+        echo_json({"version": version, "latest": migrations.LATEST, "pending": [m.version for m in pending]})
+    else:
+        click.echo(f"{database.display}: schema version {version} (this gpuledger: {migrations.LATEST})")
+        for m in pending:
+            click.echo(f"  pending {m.version}: {m.description}")
+        if pending:
+            click.echo("apply with: gpuledger db migrate --db URL")
+    if pending:
+        sys.exit(1)
+
+
+@click.command("sync")
+@click.option("--server", envvar="GPULEDGER_SERVER", metavar="URL", required=True, help="The team server.")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="Default: GPULEDGER_TOKEN.")
+@click.option("--all", "all_runs", is_flag=True, help="Also push local runs recorded without --server.")
+@click.option("--retry", is_flag=True, help="Try again runs the server refused before.")
+@click.option("--status", "show_status", is_flag=True, help="Only show the outbox, push nothing.")
+@click.option("--db", envvar="GPULEDGER_DB", metavar="URL", help="The local ledger (default: the user's).")
+def sync_cmd(
+    server: str, token_file: str | None, all_runs: bool, retry: bool, show_status: bool, db: str | None
+) -> None:
+    """Push runs kept in the local ledger's outbox (recorded while the server was away)."""
+    from gpuledger.agent.client import Client, ServerError, normalise_server, token_from
+    from gpuledger.agent.sync import sync
+    from gpuledger.cli.common import open_ledger
+    from gpuledger.store import pushes
+
+    ledger = open_ledger(db)
+    server = normalise_server(server)
+    if show_status:
+        for s in pushes.all_states(ledger, server):
+            state = "done" if s.done else ("refused" if (s.last_error or "").startswith(pushes.REJECTED) else "pending")
+            click.echo(f"{s.run_id}  {state}" + (f"  {s.last_error}" if s.last_error else ""))
+        return
+    with Client(server, token_from(None, token_file)) as client:
+        try:
+            report = sync(ledger, client, all_runs=all_runs, retry_rejected=retry, progress=click.echo)
+        except ServerError as exc:
+            raise click.ClickException(f"{exc}; nothing is lost: run gpuledger sync again later") from exc
+    left = len(pushes.pending(ledger, server))
+    click.echo(
+        f"pushed {report.rows} rows of {report.pushed_runs} runs in {report.batches} batches; "
+        f"{len(report.done)} runs complete, {left} still in the outbox"
+        + (f", {len(report.rejected)} refused (see --status; fix and --retry)" if report.rejected else "")
+        + (f", {len(report.forbidden)} not allowed with this token" if report.forbidden else "")
+    )
+    if report.rejected or report.forbidden:
+        sys.exit(1)

@@ -1,0 +1,1 @@
+"""The team server: HTTP API over a PostgreSQL ledger (docs/SERVER.md)."""

@@ -1,0 +1,125 @@
+"""The team server's ASGI app: ``create_app(db_url)``.
+
+Stateless: everything lives in the database, so any number of replicas (processes, hosts) can
+serve one PostgreSQL ledger behind a load balancer. The app never migrates the schema on its own
+(``migrate=True`` is for tests and one-off tools); with an outdated schema it refuses to start and
+says to run ``gpuledger db migrate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from gpuledger import __version__
+from gpuledger.server.auth import Authenticator
+from gpuledger.server.limits import BodyLimit
+from gpuledger.server.settings import Settings
+from gpuledger.store import Ledger, LedgerLocked, LedgerUnavailable
+
+OPENAPI_PATH = "/openapi.json"
+
+
+def _optional_routers(app: FastAPI) -> None:
+    """Routers other modules provide, included when they are installed."""
+    try:
+        from gpuledger.server.metrics_route import router as metrics_router
+    except ImportError:
+        pass
+    else:
+        app.include_router(metrics_router)
+    try:
+        from gpuledger.server.dashboard import router as dashboard_router
+    except ImportError:
+        pass
+    else:
+        app.include_router(dashboard_router)
+
+
+def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None = None) -> FastAPI:
+    """The API app over the ledger at ``db_url``.
+
+    ``app.state``: ``ledger`` (Ledger), ``settings``, ``auth`` (token -> Principal, cached).
+    """
+    from gpuledger.server import routes_misc, routes_runs, routes_write
+
+    settings = settings or Settings()
+    ledger = Ledger(db_url, migrate=migrate)  # SchemaOutdated unless migrated (gpuledger db migrate)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        ledger.close()
+
+    app = FastAPI(
+        lifespan=lifespan,
+        title="gpuledger team server",
+        version=__version__,
+        openapi_url=OPENAPI_PATH,
+        description="Runs, intervals, metrics, events and logs of GPU training runs; docs/SERVER.md.",
+    )
+    app.state.ledger = ledger
+    app.state.settings = settings
+    app.state.auth = Authenticator(ledger, settings.token_cache_s)
+    app.state.rate_card = None
+    app.include_router(routes_misc.health)
+    app.include_router(routes_misc.router)
+    app.include_router(routes_runs.router)
+    app.include_router(routes_write.router)
+    _optional_routers(app)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": errors[:20]})
+
+    @app.exception_handler(LedgerUnavailable)
+    @app.exception_handler(LedgerLocked)
+    async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
+        # 503: agents keep their data and retry; a load balancer may try another replica.
+        return JSONResponse(status_code=503, content={"detail": "the ledger database is unavailable; retry later"})
+
+    @app.exception_handler(sa.exc.DataError)
+    async def _unstorable(_request: Request, exc: Exception) -> JSONResponse:
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0][:200]
+        return JSONResponse(status_code=422, content={"detail": f"a value cannot be stored: {first}"})
+
+    _add_ingest_schema(app)
+    app.add_middleware(BodyLimit, default_b=settings.max_body_b, put_suffixes={"/log": settings.max_log_b})
+    return app
+
+
+def _add_ingest_schema(app: FastAPI) -> None:
+    from gpuledger.server.routes_write import openapi_components
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def app_from_env() -> FastAPI:
+    """For ``uvicorn --factory gpuledger.server.app:app_from_env`` (``gpuledger serve`` uses it):
+    the database URL comes from GPULEDGER_SERVER_DB."""
+    url = os.environ.get("GPULEDGER_SERVER_DB", "")
+    if not url:
+        raise SystemExit("set GPULEDGER_SERVER_DB to the ledger URL (gpuledger serve does)")
+    settings = Settings(
+        max_body_b=int(os.environ.get("GPULEDGER_MAX_BODY_B", Settings.max_body_b)),
+        token_cache_s=float(os.environ.get("GPULEDGER_TOKEN_CACHE_S", Settings.token_cache_s)),
+        rates=os.environ.get("GPULEDGER_RATES") or None,
+    )
+    return create_app(url, settings=settings)

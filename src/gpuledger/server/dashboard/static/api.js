@@ -1,0 +1,156 @@
+/* gpuledger dashboard: the token, the JSON API and safe DOM helpers shared by every page.
+ * The token lives in sessionStorage (this tab only) and goes out as "Authorization: Bearer".
+ * User text is only ever inserted with textContent / createTextNode, never as HTML. */
+(function () {
+  "use strict";
+  var body = document.body;
+  var API = body.getAttribute("data-api");
+  var BASE = body.getAttribute("data-base");
+  var KEY = "gpuledger.token";
+  var GL = (window.GL = { api: API, base: BASE, errors: [] });
+
+  GL.token = function () {
+    try { return window.sessionStorage.getItem(KEY); } catch (e) { return null; }
+  };
+  GL.setToken = function (t) { window.sessionStorage.setItem(KEY, t); };
+  GL.clearToken = function () { try { window.sessionStorage.removeItem(KEY); } catch (e) { /* private mode */ } };
+
+  GL.toLogin = function () {
+    var here = window.location.pathname + window.location.search;
+    window.location.assign(BASE + "/login?next=" + encodeURIComponent(here));
+  };
+
+  function ApiError(status, message) {
+    this.status = status;
+    this.message = message;
+  }
+  ApiError.prototype.toString = function () { return "HTTP " + this.status + ": " + this.message; };
+  GL.ApiError = ApiError;
+
+  function query(params) {
+    var parts = [];
+    Object.keys(params || {}).forEach(function (k) {
+      var v = params[k];
+      if (v !== undefined && v !== null && v !== "") parts.push(encodeURIComponent(k) + "=" + encodeURIComponent(v));
+    });
+    return parts.length ? "?" + parts.join("&") : "";
+  }
+  GL.query = query;
+
+  /* GET a JSON API path. 401: back to the login page. Other errors reject with an ApiError. */
+  GL.get = function (path, params, opts) {
+    var token = GL.token();
+    if (!token && !(opts && opts.token)) { GL.toLogin(); return new Promise(function () {}); }
+    var headers = { Accept: "application/json", Authorization: "Bearer " + ((opts && opts.token) || token) };
+    return window.fetch(API + path + query(params), { headers: headers, cache: "no-store", credentials: "omit" })
+      .then(function (resp) {
+        if (resp.status === 401 && !(opts && opts.token)) {
+          GL.clearToken();
+          GL.toLogin();
+          return new Promise(function () {});
+        }
+        if (!resp.ok) {
+          return resp.text().then(function (text) {
+            var detail = text;
+            try { detail = JSON.parse(text).detail || text; } catch (e) { /* not JSON */ }
+            if (typeof detail !== "string") detail = JSON.stringify(detail);
+            throw new ApiError(resp.status, detail.slice(0, 300));
+          });
+        }
+        return resp.json();
+      });
+  };
+
+  /* el("td", {class: "num"}, "text" | Node | [..]) — text is always text. */
+  GL.el = function (tag, attrs, children) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (k) {
+      var v = attrs[k];
+      if (v === undefined || v === null || v === false) return;
+      if (k === "text") node.textContent = String(v);
+      else node.setAttribute(k, String(v));
+    });
+    [].concat(children === undefined ? [] : children).forEach(function (c) {
+      if (c === null || c === undefined) return;
+      node.appendChild(typeof c === "object" ? c : document.createTextNode(String(c)));
+    });
+    return node;
+  };
+
+  GL.replace = function (target, node) {
+    var box = typeof target === "string" ? document.getElementById(target) : target;
+    while (box.firstChild) box.removeChild(box.firstChild);
+    [].concat(node).forEach(function (n) { if (n) box.appendChild(n); });
+  };
+
+  GL.note = function (text, cls) { return GL.el("p", { class: cls || "muted" }, text); };
+
+  /* A table from column specs: {head, get(row) -> text|Node, num: bool, cls}. */
+  GL.table = function (columns, rows, empty) {
+    if (!rows.length) return GL.note(empty || "Nothing yet.");
+    var head = GL.el("tr", {}, columns.map(function (c) { return GL.el("th", { class: c.num ? "num" : null }, c.head); }));
+    var trs = rows.map(function (r) {
+      return GL.el("tr", {}, columns.map(function (c) {
+        var v = c.get(r);
+        return GL.el("td", { class: c.num ? "num" : c.cls || null }, v === null || v === undefined ? "–" : v);
+      }));
+    });
+    return GL.el("table", {}, [GL.el("thead", {}, head), GL.el("tbody", {}, trs)]);
+  };
+
+  GL.status = function (text, bad) {
+    var box = document.getElementById("status");
+    if (!box) return;
+    box.hidden = !text;
+    box.textContent = text || "";
+    box.className = "status" + (bad ? " bad" : "");
+  };
+  GL.fail = function (err) {
+    GL.errors.push(String(err));
+    GL.status("Could not load: " + String(err), true);
+  };
+
+  /* -- formatting ------------------------------------------------------------------------ */
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+  GL.time = function (t) {
+    if (t === null || t === undefined) return "–";
+    var d = new Date(t * 1000);
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " + pad(d.getHours()) + ":" +
+      pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+  };
+  GL.duration = function (s) {
+    if (s === null || s === undefined || !isFinite(s)) return "–";
+    s = Math.max(0, Math.round(s));
+    var h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+    return h + ":" + pad(m) + ":" + pad(sec);
+  };
+  GL.num = function (v, digits) {
+    if (v === null || v === undefined || !isFinite(v)) return "–";
+    if (digits === undefined) digits = Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2;
+    return Number(v).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  };
+  GL.pct = function (v) { return v === null || v === undefined ? "–" : GL.num(v * 100, 0) + " %"; };
+  GL.bytes = function (b) {
+    if (b === null || b === undefined) return "–";
+    var units = ["B", "KiB", "MiB", "GiB", "TiB"], i = 0;
+    while (Math.abs(b) >= 1024 && i < units.length - 1) { b /= 1024; i++; }
+    return GL.num(b, i ? 1 : 0) + " " + units[i];
+  };
+  GL.pill = function (status) { return GL.el("span", { class: "pill " + String(status).replace(/[^a-z]/g, "") }, status); };
+  GL.runLink = function (run) {
+    var label = run.name ? run.name : String(run.id).slice(0, 13);
+    return GL.el("a", { href: BASE + "/runs/" + encodeURIComponent(run.id), title: run.id }, label);
+  };
+
+  /* -- header: who is logged in, log out ------------------------------------------------- */
+  if (body.getAttribute("data-page") !== "login") {
+    if (!GL.token()) { GL.toLogin(); return; }
+    var logout = document.getElementById("logout");
+    if (logout) logout.addEventListener("click", function () { GL.clearToken(); window.location.assign(BASE + "/login"); });
+    GL.me = GL.get("/me").then(function (me) {
+      var who = document.getElementById("who");
+      if (who) who.textContent = (me.user || "?") + " (" + (me.role || "?") + ")";
+      return me;
+    }, function (err) { GL.fail(err); return null; });
+  }
+})();

@@ -1,0 +1,115 @@
+"""Who am I, recent alerts, the chargeback report, and a health check."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+
+from gpuledger.server.auth import Principal, current_principal
+from gpuledger.server.routes_runs import _finite, parse_since
+from gpuledger.store import server_queries
+
+router = APIRouter(prefix="/api/v1", tags=["misc"])
+health = APIRouter(tags=["misc"])
+Caller = Annotated[Principal, Depends(current_principal)]
+_card_lock = threading.Lock()
+
+
+@health.get("/healthz", summary="Liveness and schema version (no token needed)")
+def healthz(request: Request) -> dict[str, Any]:
+    try:
+        version = request.app.state.ledger.schema_version()
+    except Exception as exc:
+        raise HTTPException(status_code=503, detail=f"database unavailable: {exc.__class__.__name__}") from None
+    return {"status": "ok", "schema_version": version}
+
+
+@router.get("/me", summary="The caller: user, role and the projects it may reach")
+def me(principal: Caller) -> dict[str, Any]:
+    return {
+        "user": principal.user,
+        "role": principal.role,
+        "projects": None if principal.projects is None else sorted(principal.projects),
+        "token_id": principal.token_id,
+    }
+
+
+@router.get("/alerts/recent", summary="Alert, OOM and NaN-loss events of visible runs, newest first")
+def recent_alerts(
+    request: Request,
+    principal: Caller,
+    since: Annotated[str | None, Query(description="epoch seconds, a date, or 3d / 12h / 30m")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[dict[str, Any]]:
+    since_t = parse_since(since)
+    rows = request.app.state.ledger._db.read(
+        lambda c: server_queries.recent_alerts(c, principal.scope, since=since_t, limit=limit)
+    )
+    return _finite(rows)
+
+
+def _rate_card(request: Request, costing: Any) -> Any:
+    """The server's rate card, loaded once; its content is recorded in the audit chain when it
+    differs from the last one recorded."""
+    state = request.app.state
+    with _card_lock:
+        if getattr(state, "rate_card", None) is None:
+            path = state.settings.rates
+            card = costing.load_rate_card(path)
+            text = _card_text(path)
+            if text is not None:
+                from gpuledger.store import audit
+
+                audit.rate_card_changed(state.ledger, actor="server", name=card.name or "rates", text=text)
+            state.rate_card = card
+        return state.rate_card
+
+
+def _card_text(path: str | None) -> str | None:
+    if path is not None:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    try:
+        from importlib import resources
+
+        return resources.files("gpuledger.core").joinpath("default_rates.toml").read_text(encoding="utf-8")
+    except (OSError, ModuleNotFoundError):
+        return None
+
+
+@router.get("/reports/chargeback", summary="Chargeback of a month for the caller's projects")
+def chargeback(
+    request: Request,
+    principal: Caller,
+    month: Annotated[
+        str | None, Query(pattern=r"^\d{4}-\d{2}$", description="YYYY-MM (UTC); default this month")
+    ] = None,
+    by: Annotated[
+        str, Query(max_length=200, description="comma-separated: team, project, user, gpu_model ...")
+    ] = "team",
+    format: Literal["json"] = "json",
+) -> dict[str, Any]:
+    try:
+        costing = importlib.import_module("gpuledger.reports.costing")
+        report = costing.chargeback
+    except (ImportError, AttributeError):
+        raise HTTPException(
+            status_code=501, detail="chargeback reports need the cost module (gpuledger.reports.costing)"
+        ) from None
+    keys = tuple(k.strip() for k in by.split(",") if k.strip())
+    try:
+        from gpuledger.core.chargeback_columns import GROUP_KEYS
+
+        unknown = [k for k in keys if k not in GROUP_KEYS]
+        if unknown or not keys:
+            raise HTTPException(status_code=422, detail=f"by: use one or more of {', '.join(GROUP_KEYS)}")
+        start, end = costing.window_from_args(month, None, None, time.time())
+    except ValueError as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    card = _rate_card(request, costing)
+    cb = report(request.app.state.ledger, scope=principal.scope, card=card, start=start, end=end, by=keys)
+    return _finite(cb.as_dict())

@@ -1,0 +1,201 @@
+"""Read routes of runs: list, one run (as ``gpuledger show --json``), its intervals, events,
+metrics, log and export. Every answer is limited to the caller's scope; a run outside it is 404,
+exactly like a run that does not exist."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import PlainTextResponse, Response
+
+from gpuledger.core.model import RUN_STATUSES, RunRecord
+from gpuledger.server.auth import Principal, current_principal
+from gpuledger.server.scoped import ScopedLedger
+from gpuledger.store import Ledger, server_queries
+
+router = APIRouter(prefix="/api/v1", tags=["runs"])
+Caller = Annotated[Principal, Depends(current_principal)]
+
+
+def ledger_of(request: Request) -> Ledger:
+    return request.app.state.ledger
+
+
+def _not_found(run_id: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"no run {run_id!r}")
+
+
+def visible(request: Request, principal: Principal, run_id: str) -> tuple[ScopedLedger, RunRecord]:
+    view = ScopedLedger(ledger_of(request), principal.scope)
+    try:
+        return view, view.get_run(run_id)
+    except Exception as exc:
+        raise _not_found(run_id) from exc
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: a NaN metric or reading becomes the string "NaN" (as the CLI's JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def parse_since(text: str | None) -> float | None:
+    if text is None or text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        from gpuledger.reports.runview import parse_since as parse
+
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
+    if not math.isfinite(value):
+        raise HTTPException(status_code=422, detail="since must be a finite number, a date or 3d / 12h / 30m")
+    return value
+
+
+@router.get("/runs", summary="Runs visible to the caller, newest first")
+def list_runs(
+    request: Request,
+    principal: Caller,
+    project: str | None = None,
+    team: str | None = None,
+    user: str | None = None,
+    status: Literal["running", "succeeded", "failed", "killed", "lost", "imported"] | None = None,
+    since: Annotated[str | None, Query(description="epoch seconds, a date, or 3d / 12h / 30m")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> list[dict[str, Any]]:
+    assert status is None or status in RUN_STATUSES
+    since_t = parse_since(since)
+    db = ledger_of(request)._db
+
+    def tx(conn: Any) -> tuple[list[RunRecord], dict[str, tuple[int, float | None]]]:
+        runs = server_queries.list_runs(
+            conn, principal.scope, project=project, team=team, user=user, status=status, since=since_t, limit=limit
+        )
+        return runs, server_queries.busy_by_run(conn, [r.id for r in runs])
+
+    runs, busy = db.read(tx)
+    now = time.time()
+    from gpuledger.reports.runview import iso
+
+    rows = []
+    for run in runs:
+        gpus, busy_s = busy.get(run.id, (0, None))
+        end = run.ended_at if run.ended_at is not None else now
+        rows.append(
+            {
+                "id": run.id,
+                "name": run.name,
+                "status": run.status,
+                "started_at": iso(run.started_at),
+                "wall_seconds": max(0.0, end - run.started_at),
+                "user": run.user,
+                "host": run.host,
+                "project": run.labels.get("project"),
+                "team": run.labels.get("team"),
+                "gpus": gpus,
+                "busy_gpu_hours": None if busy_s is None else busy_s / 3600,
+                "replayed": run.replayed,
+                "command": run.command,
+            }
+        )
+    return rows
+
+
+@router.get("/runs/{run_id}", summary="One run: the same JSON as `gpuledger show --json`")
+def show_run(request: Request, principal: Caller, run_id: str) -> dict[str, Any]:
+    from gpuledger.reports import epochs as epochs_report
+    from gpuledger.reports.runview import summary
+
+    view, run = visible(request, principal, run_id)
+    data = summary(view, run)
+    data.update(epochs_report.show_json(view, run))
+    return _finite(data)
+
+
+@router.get("/runs/{run_id}/intervals", summary="A run's GPU and host intervals (export columns), oldest first")
+def run_intervals(
+    request: Request,
+    principal: Caller,
+    run_id: str,
+    after_t: Annotated[float | None, Query(description="only intervals ending after this (epoch s)")] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> dict[str, list[dict[str, Any]]]:
+    from gpuledger.core.model import GpuInterval, HostInterval
+    from gpuledger.reports import export
+    from gpuledger.store import codec
+
+    if after_t is not None and not math.isfinite(after_t):
+        raise HTTPException(status_code=422, detail="after_t must be a finite number")
+    view, run = visible(request, principal, run_id)
+    limit = min(limit, request.app.state.settings.max_page)
+    gpu_rows, host_rows = ledger_of(request)._db.read(
+        lambda c: server_queries.intervals_page(c, run.id, after_t, limit)
+    )
+    gpu: list[GpuInterval] = [codec.gpu_from_row(r) for r in gpu_rows]
+    host: list[HostInterval] = [codec.host_from_row(r) for r in host_rows]
+    rows = list(export.interval_rows(run.id, view.devices(run.id), gpu, host))
+    return _finite(
+        {"gpu": [r for r in rows if r["series"] == "gpu"], "host": [r for r in rows if r["series"] == "host"]}
+    )
+
+
+@router.get("/runs/{run_id}/events", summary="A run's events in order")
+def run_events(request: Request, principal: Caller, run_id: str) -> list[dict[str, Any]]:
+    from gpuledger.store import schema
+
+    _, run = visible(request, principal, run_id)
+    e = schema.events.c
+    import sqlalchemy as sa
+
+    q = sa.select(e.seq, e.t, e.kind, e.message, e.payload).where(e.run_id == run.id).order_by(e.seq)
+    return _finite([dict(r) for r in ledger_of(request)._db.read(lambda c: list(c.execute(q).mappings()))])
+
+
+@router.get("/runs/{run_id}/metrics", summary="A run's training metrics in order")
+def run_metrics(request: Request, principal: Caller, run_id: str) -> list[dict[str, Any]]:
+    view, run = visible(request, principal, run_id)
+    return _finite(
+        [{"t": m.t, "key": m.key, "value": m.value, "epoch": m.epoch, "step": m.step} for m in view.metrics(run.id)]
+    )
+
+
+@router.get(
+    "/runs/{run_id}/log",
+    summary="A run's archived (redacted) output",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+def run_log(request: Request, principal: Caller, run_id: str) -> Response:
+    view, run = visible(request, principal, run_id)
+    data = view.get_log(run.id)
+    if data is None:
+        raise HTTPException(status_code=404, detail=f"run {run.id} has no archived log")
+    return Response(content=data, media_type="text/plain; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"})
+
+
+@router.get(
+    "/runs/{run_id}/export",
+    summary="A run's interval time series as CSV or JSON Lines (columns: docs/EXPORT.md)",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/csv": {}, "application/x-ndjson": {}}}},
+)
+def run_export(request: Request, principal: Caller, run_id: str, format: Literal["csv", "jsonl"] = "csv") -> Response:
+    from gpuledger.reports import export
+
+    view, run = visible(request, principal, run_id)
+    rows = export.interval_rows(run.id, view.devices(run.id), view.gpu_intervals(run.id), view.host_intervals(run.id))
+    if format == "csv":
+        return Response(content=export.to_csv(rows), media_type="text/csv; charset=utf-8")
+    return Response(content=export.to_jsonl(rows), media_type="application/x-ndjson")

@@ -1,0 +1,145 @@
+"""Write routes: ``POST /api/v1/ingest`` (agent pushes) and ``PUT /api/v1/runs/{id}/log``.
+
+The ingest body is read raw and validated with pydantic's JSON parser straight into row dicts
+(models.py): the OpenAPI document still describes it (``openapi_extra``), but FastAPI's own
+slower body parsing is skipped. Writers are admins and agents; an agent writes only runs whose
+``project`` label is one of its projects (403), and a run that exists in a project it may not
+write is answered 404, as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+
+from gpuledger.core.model import RunRecord
+from gpuledger.server.auth import Principal, current_principal, require_writer
+from gpuledger.server.models import IngestBatch, IngestResult, check_batch
+from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, gpu_tuple, host_tuple
+from gpuledger.store import ingest as store_ingest
+
+router = APIRouter(prefix="/api/v1", tags=["ingest"])
+Caller = Annotated[Principal, Depends(current_principal)]
+
+# \u0000 in a JSON string (an escaped backslash before it does not count): text columns cannot hold NUL.
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+_NUL_ERROR = {"loc": ["body"], "msg": "strings must not contain NUL (\\u0000)", "type": "value_error"}
+_BATCH_SCHEMA = IngestBatch.model_json_schema(ref_template="#/components/schemas/{model}")
+_DEFS = _BATCH_SCHEMA.pop("$defs", {})
+
+
+def openapi_components() -> dict[str, Any]:
+    """Schemas referenced by the ingest request body (merged into the OpenAPI document)."""
+    return {**_DEFS, "IngestBatch": _BATCH_SCHEMA}
+
+
+def _authorize_fn(principal: Principal) -> Any:
+    def authorize(existing_project: str | None, new_project: str | None) -> None:
+        # Called with existing_project=None for a new run; for an existing run, the run's current
+        # project must be writable too, else it "does not exist" for this caller.
+        if existing_project is not None and not principal.can_write(existing_project):
+            raise store_ingest.NotYours
+        if not principal.can_write(new_project):
+            where = f"project {new_project!r}" if new_project is not None else "a run without a project label"
+            raise HTTPException(status_code=403, detail=f"this token cannot write runs of {where}")
+
+    return authorize
+
+
+def _to_run(batch: IngestBatch) -> RunRecord:
+    return RunRecord(**batch.run.model_dump())
+
+
+def _write(request: Request, principal: Principal, batch: IngestBatch) -> IngestResult:
+    ledger = request.app.state.ledger
+    metrics = []
+    for m in batch.metrics:
+        row = m.model_dump()
+        row["value"] = float(row["value"])
+        metrics.append(row)
+    try:
+        out = store_ingest.ingest(
+            ledger._db,
+            run=_to_run(batch),
+            devices=[d.model_dump() for d in batch.devices],
+            gpu=[*batch.gpu_rows, *map(gpu_tuple, batch.gpu_intervals)],
+            host=[*batch.host_rows, *map(host_tuple, batch.host_intervals)],
+            gpu_columns=GPU_COLUMNS,
+            host_columns=HOST_COLUMNS,
+            events=[e.model_dump() for e in batch.events],
+            metrics=metrics,
+            final=batch.final,
+            actor=f"{principal.user} (token {principal.token_id})",
+            authorize=_authorize_fn(principal),
+        )
+    except store_ingest.NotYours:
+        raise HTTPException(status_code=404, detail=f"no run {batch.run.id!r} in your projects") from None
+    return IngestResult(**out.__dict__)
+
+
+@router.post(
+    "/ingest",
+    summary="Push a run and any new intervals, events and metrics (idempotent)",
+    response_model=IngestResult,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}},
+        }
+    },
+    responses={413: {"description": "body over the size limit"}, 422: {"description": "invalid batch"}},
+)
+async def ingest(request: Request, principal: Caller) -> IngestResult:
+    require_writer(principal)
+    body = await request.body()
+    if b"\\u0000" in body and _NUL.search(body):  # the plain test first: the regex is slow on MBs
+        raise HTTPException(status_code=422, detail=[_NUL_ERROR])
+    try:
+        batch = await run_in_threadpool(IngestBatch.model_validate_json, body)
+    except ValidationError as exc:
+        detail = exc.errors(include_url=False, include_context=False, include_input=False)
+        for err in detail:
+            err["loc"] = ["body", *err.get("loc", ())]
+        raise HTTPException(status_code=422, detail=detail[:20]) from None
+    problems = check_batch(batch, time.time())
+    if problems:
+        raise HTTPException(status_code=422, detail=problems)
+    return await run_in_threadpool(_write, request, principal, batch)
+
+
+_LOG_BODY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@router.put(
+    "/runs/{run_id}/log",
+    summary="Store a run's (redacted) log; raw bytes in the body",
+    openapi_extra={"requestBody": {"required": True, "content": _LOG_BODY}},
+    responses={413: {"description": "log over the size limit"}},
+)
+async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str, Any]:
+    require_writer(principal)
+    data = await request.body()
+    truncated = request.headers.get("x-gpuledger-log-truncated", "0") in ("1", "true")
+    ledger = request.app.state.ledger
+
+    def authorize(project: str | None) -> None:
+        if not principal.can_write(project):
+            raise store_ingest.NotYours
+
+    def write() -> bool:
+        return store_ingest.set_log(
+            ledger._db, run_id=run_id, data=data, truncated=truncated, actor=principal.user, authorize=authorize
+        )
+
+    try:
+        found = await run_in_threadpool(write)
+    except store_ingest.NotYours:
+        found = False
+    if not found:
+        raise HTTPException(status_code=404, detail=f"no run {run_id!r} in your projects")
+    return {"run_id": run_id, "size_b": len(data), "truncated": truncated}

@@ -1,0 +1,210 @@
+"""Retention: raw intervals -> 1-minute -> 1-hour rollups, old logs, and (optionally) old runs.
+
+Per finished run, one transaction each, audited:
+
+1. the cost engine's per-day rollups are written first (``gpu_rollups``), so costs stay exact;
+2. a run that ended more than ``raw_days`` ago has its intervals replaced by 1-minute intervals
+   (core/rollup.py: exact sums, cut at epoch boundaries), after ``minute_days`` by 1-hour ones;
+   ``rollup_marks`` remembers how far the raw seqs went, so a late replay of raw rows is dropped;
+3. logs of runs that ended more than ``log_days`` ago are deleted (their sha256 stays in the
+   audit chain); runs older than ``run_days`` (off by default) are deleted whole.
+
+A run's rows are checked against its seal before they are rewritten: a tampered run is skipped
+and reported, never laundered into a fresh seal. Runs still recording are left alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.core import rollup
+from gpuledger.core.epochs import BOUNDARY_KINDS
+from gpuledger.core.seal import compare
+from gpuledger.store import audit, codec, schema, writes
+
+if TYPE_CHECKING:
+    from gpuledger.store.ledger import Ledger
+
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    raw_days: float = 7.0
+    minute_days: float = 90.0
+    log_days: float | None = 90.0
+    run_days: float | None = None
+
+
+@dataclass
+class Report:
+    rolled_up: dict[int, int] = field(default_factory=dict)  # level_s -> runs
+    rows_before: int = 0
+    rows_after: int = 0
+    logs_deleted: int = 0
+    runs_deleted: int = 0
+    cost_rollups: dict[str, int] | None = None
+    skipped: dict[str, str] = field(default_factory=dict)  # run id -> why
+
+
+def _ended_before(conn: Connection, t: float) -> list[str]:
+    r = schema.runs.c
+    q = sa.select(r.id).where(r.status != "running", r.ended_at.is_not(None), r.ended_at < t).order_by(r.id)
+    return list(conn.scalars(q))
+
+
+def _level(conn: Connection, run_id: str) -> int:
+    m = schema.rollup_marks.c
+    return int(conn.scalar(sa.select(sa.func.min(m.level_s)).where(m.run_id == run_id)) or 0)
+
+
+def _tampered(conn: Connection, run_id: str) -> list[str]:
+    sealed = audit.latest_seal(conn, run_id)
+    if sealed is None:
+        return []
+    found = audit.current_seal(conn, run_id)
+    return [] if found is None else compare(sealed, found[0], found[1])
+
+
+def _rollup_run(conn: Connection, run_id: str, level_s: int, actor: str) -> tuple[int, int]:
+    """Replace the run's intervals by ``level_s`` rollups; (rows before, rows after)."""
+    e = schema.events.c
+    cuts = list(conn.scalars(sa.select(e.t).where(e.run_id == run_id, e.kind.in_(BOUNDARY_KINDS))))
+    before = after = 0
+    marks: list[dict[str, Any]] = []
+    now = time.time()
+    g = schema.gpu_intervals
+    rows = [codec.gpu_from_row(r) for r in conn.execute(sa.select(g).where(g.c.run_id == run_id)).mappings()]
+    by_device: dict[str, list[Any]] = {}
+    for iv in rows:
+        by_device.setdefault(iv.device_uuid, []).append(iv)
+    old_marks = {
+        (m.series, m.device_uuid): m.upto_seq
+        for m in conn.execute(sa.select(schema.rollup_marks).where(schema.rollup_marks.c.run_id == run_id))
+    }
+    new_rows: list[dict[str, Any]] = []
+    for uuid, ivs in by_device.items():
+        merged = rollup.rollup_gpu(ivs, level_s, cuts)
+        new_rows += [codec.to_row(m, run_id=run_id) for m in merged]
+        upto = max([iv.seq for iv in ivs] + [old_marks.get(("gpu", uuid), -1)])
+        marks.append(_mark(run_id, "gpu", uuid, level_s, upto, len(ivs), len(merged), now))
+        before, after = before + len(ivs), after + len(merged)
+    conn.execute(sa.delete(g).where(g.c.run_id == run_id))
+    if new_rows:
+        conn.execute(sa.insert(g), new_rows)
+    h = schema.host_intervals
+    hosts = [codec.host_from_row(r) for r in conn.execute(sa.select(h).where(h.c.run_id == run_id)).mappings()]
+    if hosts:
+        merged_h = rollup.rollup_host(hosts, level_s, cuts)
+        conn.execute(sa.delete(h).where(h.c.run_id == run_id))
+        conn.execute(sa.insert(h), [codec.to_row(m, run_id=run_id) for m in merged_h])
+        upto = max([iv.seq for iv in hosts] + [old_marks.get(("host", ""), -1)])
+        marks.append(_mark(run_id, "host", "", level_s, upto, len(hosts), len(merged_h), now))
+        before, after = before + len(hosts), after + len(merged_h)
+    conn.execute(sa.delete(schema.rollup_marks).where(schema.rollup_marks.c.run_id == run_id))
+    if marks:
+        conn.execute(sa.insert(schema.rollup_marks), marks)
+    return before, after
+
+
+def _mark(
+    run_id: str, series: str, uuid: str, level_s: int, upto: int, n_in: int, n_out: int, at: float
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id, "series": series, "device_uuid": uuid, "level_s": level_s, "upto_seq": upto,
+        "rows_before": n_in, "rows_after": n_out, "at": at,
+    }  # fmt: skip
+
+
+def _step(ledger: Ledger, run_id: str, level_s: int, actor: str, report: Report) -> None:
+    def tx(conn: Connection) -> None:
+        if _level(conn, run_id) >= level_s:
+            return
+        problems = _tampered(conn, run_id)
+        if problems:
+            report.skipped[run_id] = "does not match its seal: " + "; ".join(problems[:3])
+            return
+        audit.seal_run(conn, run_id, actor=actor, reason="before retention")
+        n_in, n_out = _rollup_run(conn, run_id, level_s, actor)
+        payload = {"level_s": level_s, "rows_before": n_in, "rows_after": n_out}
+        audit.append(conn, actor=actor, action="run.rolled_up", obj=f"run:{run_id}", payload=payload)
+        audit.seal_run(conn, run_id, actor=actor, reason=f"rolled up to {level_s} s intervals")
+        report.rolled_up[level_s] = report.rolled_up.get(level_s, 0) + 1
+        report.rows_before += n_in
+        report.rows_after += n_out
+
+    ledger._db.write(tx)
+
+
+def _delete_log(ledger: Ledger, run_id: str, actor: str, report: Report) -> None:
+    def tx(conn: Connection) -> None:
+        lg = schema.logs.c
+        row = conn.execute(sa.select(lg.sha256, lg.size_b).where(lg.run_id == run_id)).first()
+        if row is None or _tampered(conn, run_id):
+            return
+        conn.execute(sa.delete(schema.logs).where(lg.run_id == run_id))
+        payload = {"sha256": row.sha256, "size_b": row.size_b, "reason": "retention"}
+        audit.append(conn, actor=actor, action="log.deleted", obj=f"run:{run_id}", payload=payload)
+        audit.seal_run(conn, run_id, actor=actor, reason="log deleted by retention")
+        report.logs_deleted += 1
+
+    ledger._db.write(tx)
+
+
+def _delete_run(ledger: Ledger, run_id: str, actor: str, report: Report) -> None:
+    def tx(conn: Connection) -> None:
+        found = audit.current_seal(conn, run_id)
+        if found is None:
+            return
+        writes.delete_run(conn, run_id)
+        payload = {"reason": "retention", "seal": found[0]}
+        audit.append(conn, actor=actor, action="run.deleted", obj=f"run:{run_id}", payload=payload)
+        report.runs_deleted += 1
+
+    ledger._db.write(tx)
+
+
+def run_retention(
+    ledger: Ledger,
+    policy: Policy,
+    *,
+    actor: str,
+    now: float | None = None,
+    cost_rollups: Callable[[Ledger], dict[str, int]] | None = None,
+) -> Report:
+    """Apply ``policy`` to every finished run; ``cost_rollups`` writes the cost engine's day
+    rollups first (reports/cost_rollups.materialise_rollups when installed)."""
+    now = time.time() if now is None else now
+    report = Report()
+    if cost_rollups is not None:
+        report.cost_rollups = cost_rollups(ledger)
+    read = ledger._db.read
+    for level_s, days in ((60, policy.raw_days), (3600, policy.minute_days)):
+        for run_id in read(lambda c, t=now - days * DAY_S: _ended_before(c, t)):
+            _step(ledger, run_id, level_s, actor, report)
+    if policy.log_days is not None:
+        lg = schema.logs.c
+        with_logs = set(read(lambda c: list(c.scalars(sa.select(lg.run_id)))))
+        for run_id in read(lambda c: _ended_before(c, now - policy.log_days * DAY_S)):  # type: ignore[operator]
+            if run_id in with_logs:
+                _delete_log(ledger, run_id, actor, report)
+    if policy.run_days is not None:
+        for run_id in read(lambda c: _ended_before(c, now - policy.run_days * DAY_S)):  # type: ignore[operator]
+            _delete_run(ledger, run_id, actor, report)
+    summary = {
+        "policy": policy.__dict__,
+        "rolled_up": {str(k): v for k, v in report.rolled_up.items()},
+        "rows_before": report.rows_before,
+        "rows_after": report.rows_after,
+        "logs_deleted": report.logs_deleted,
+        "runs_deleted": report.runs_deleted,
+        "skipped": report.skipped,
+    }
+    ledger._db.write(lambda c: audit.append(c, actor=actor, action="retention.run", obj="retention", payload=summary))
+    return report

@@ -1,0 +1,202 @@
+"""Helpers for the team-server tests: fresh PostgreSQL ledgers, tokens, batches, real server
+processes (``gpuledger serve`` on 127.0.0.1, a free port each)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from conftest import _pg_schema_url
+from gpuledger.store import Ledger, accounts
+
+NOW = time.time()
+
+
+@contextlib.contextmanager
+def fresh_pg_url() -> Iterator[str]:
+    """A new, empty PostgreSQL schema (dropped afterwards), like the ``ledger_url`` fixture."""
+    gen = _pg_schema_url()
+    url = next(gen)
+    try:
+        yield url
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(gen)
+
+
+@dataclass
+class Tokens:
+    admin: str
+    agent_a: str
+    agent_b: str
+    member_a: str
+    member_b: str
+    member_ab: str
+
+
+def setup_accounts(url: str) -> Tokens:
+    """Projects A and B; an admin, an agent and a member per project, a member of both."""
+    with Ledger(url) as led:  # migrates a fresh test database
+        for p in ("A", "B"):
+            accounts.add_project(led, p, actor="test")
+        for user, projects in (("alice", ["A"]), ("bob", ["B"]), ("carol", ["A", "B"])):
+            accounts.add_user(led, user, actor="test")
+            for p in projects:
+                accounts.add_member(led, user, p, actor="test")
+
+        def issue(user: str, role: str, projects: list[str] | None = None) -> str:
+            return accounts.issue_token(led, user, role=role, projects=projects, actor="test", create_user=True)[1]
+
+        return Tokens(
+            admin=issue("root", "admin"),
+            agent_a=issue("agent-a", "agent", ["A"]),
+            agent_b=issue("agent-b", "agent", ["B"]),
+            member_a=issue("alice", "member"),
+            member_b=issue("bob", "member"),
+            member_ab=issue("carol", "member"),
+        )
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def run_doc(run_id: str | None = None, project: str | None = "A", **fields: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "id": run_id or str(uuid.uuid4()),
+        "command": ["python", "train.py"],
+        "user": "tester",
+        "host": "gpu-node-1",
+        "cwd": "/work",
+        "started_at": NOW - 3600,
+        "labels": {"team": "vision"} | ({"project": project} if project is not None else {}),
+    }
+    doc.update(fields)
+    return doc
+
+
+def gpu_rows(
+    n: int, devices: int = 1, start: float = NOW - 3600, step: float = 5.0, first_seq: int = 0
+) -> list[dict[str, Any]]:
+    rows = []
+    for d in range(devices):
+        for i in range(first_seq, first_seq + n):
+            t0 = start + i * step
+            rows.append(
+                {
+                    "device_uuid": f"GPU-{d}",
+                    "seq": i,
+                    "t0": t0,
+                    "t1": t0 + step,
+                    "samples": 5,
+                    "busy_s": 0.5 * step + 0.01 * (i % 7),
+                    "util_method": "samples",
+                    "util_max_pct": 90.0,
+                    "energy_j": 250.0 * step + i % 3,
+                    "energy_method": "counter",
+                    "power_max_w": 300.0,
+                    "mem_used_max_b": 10**10 + i,
+                    "mem_used_last_b": 10**10,
+                    "temp_max_c": 60.0 + i % 10,
+                    "sm_clock_avg_mhz": 1400.0,
+                    "throttle_s": {"power": 0.25},
+                }
+            )
+    return rows
+
+
+def host_rows(n: int, start: float = NOW - 3600, step: float = 5.0, first_seq: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"seq": i, "t0": start + i * step, "t1": start + (i + 1) * step, "samples": 5, "cpu_s": 2.5 + i % 4,
+         "rss_max_b": 10**9 + i, "read_b": 1000 * i, "write_b": 10 * i, "threads_max": 8, "procs_max": 3}
+        for i in range(first_seq, first_seq + n)
+    ]  # fmt: skip
+
+
+def devices_doc(devices: int = 1) -> list[dict[str, Any]]:
+    return [
+        {"index": d, "uuid": f"GPU-{d}", "name": "NVIDIA A100-SXM4-80GB", "memory_total_b": 80 * 2**30}
+        for d in range(devices)
+    ]
+
+
+def batch(run: dict[str, Any], n: int = 10, devices: int = 1, **extra: Any) -> dict[str, Any]:
+    doc = {
+        "run": run,
+        "devices": devices_doc(devices),
+        "gpu_intervals": gpu_rows(n, devices),
+        "host_intervals": host_rows(n),
+        "events": [{"seq": 0, "t": NOW - 3000, "kind": "alert", "message": "GPU idle", "payload": {"gpu": 0}}],
+        "metrics": [{"seq": 0, "t": NOW - 3000, "key": "loss", "value": 0.5, "epoch": 1}],
+    }
+    doc.update(extra)
+    return doc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``gpuledger serve`` in a child process on 127.0.0.1."""
+
+    def __init__(self, db_url: str, port: int | None = None, *, log: Path | None = None, workers: int = 1) -> None:
+        self.db_url = db_url
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workers = workers
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        env = dict(os.environ, GPULEDGER_TOKEN_CACHE_S="0")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuledger", "serve", "--db", self.db_url, "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"],
+            stdout=out, stderr=out, env=env, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gpuledger serve exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("gpuledger serve did not answer within the timeout")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,95 @@
+"""``gpuledger db``, ``gpuledger admin`` and ``gpuledger serve`` on a real PostgreSQL: explicit
+migrations, no default account, tokens shown once and stored hashed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import sqlalchemy as sa
+
+from gpuledger.store import Ledger, migrations, schema, schema_team
+from gpuledger.store.engine import Database
+from server_support import fresh_pg_url
+
+
+def gl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPULEDGER_DB"}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuledger", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_schema_changes_only_by_command_and_serve_refuses_an_old_schema() -> None:
+    with fresh_pg_url() as url:
+        status = gl("db", "status", "--db", url)
+        assert status.returncode == 1 and "pending 3" in status.stdout and "gpuledger db migrate" in status.stdout
+        serve = gl("serve", "--db", url, "--port", "0")
+        assert serve.returncode != 0 and "gpuledger db migrate" in serve.stderr
+        admin = gl("admin", "user", "list", "--db", url)  # admin commands do not migrate either
+        assert admin.returncode != 0 and "gpuledger db migrate" in admin.stderr
+        migrate = gl("db", "migrate", "--db", url)
+        assert migrate.returncode == 0 and f"from version 0 to {migrations.LATEST}" in migrate.stdout
+        assert gl("db", "migrate", "--db", url).stdout.endswith("nothing to do\n")
+        assert gl("db", "status", "--db", url).returncode == 0
+
+
+def test_migration_3_upgrades_an_existing_version_2_ledger() -> None:
+    with fresh_pg_url() as url:
+        Ledger(url).close()
+        fresh = _columns(url)
+        db = Database(url)
+        db.write(lambda c: [c.execute(sa.text(f'DROP TABLE "{t}" CASCADE')) for t in schema_team.NAMES])
+        db.write(lambda c: c.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version >= 3)))
+        assert db.read(migrations.current_version) == 2
+        assert migrations.upgrade(db) == migrations.LATEST
+        db.close()
+        assert _columns(url) == fresh
+
+
+def _columns(url: str) -> dict[str, list[tuple[str, str]]]:
+    db = Database(url)
+    try:
+        return db.read(
+            lambda c: {
+                t: [(col["name"], str(col["type"])) for col in sa.inspect(c).get_columns(t)]
+                for t in sorted(sa.inspect(c).get_table_names())
+            }
+        )
+    finally:
+        db.close()
+
+
+def test_admin_commands_and_tokens_shown_once_stored_hashed() -> None:
+    with fresh_pg_url() as url:
+        gl("db", "migrate", "--db", url)
+        assert gl("admin", "user", "list", "--db", url).stdout == ""  # a fresh server has nobody
+        first = gl("admin", "token", "issue", "--db", url)
+        assert first.returncode == 0, first.stderr
+        admin_token = first.stdout.strip()
+        assert admin_token.startswith("glt_") and "shown once" in first.stderr
+        for args in (
+            ("admin", "project", "add", "vision"),
+            ("admin", "user", "add", "alice"),
+            ("admin", "member", "add", "alice", "vision"),
+        ):
+            done = gl(*args, "--db", url)
+            assert done.returncode == 0, done.stderr
+        assert gl("admin", "member", "add", "alice", "nope", "--db", url).returncode == 1
+        assert "alice  projects: vision" in gl("admin", "user", "list", "--db", url).stdout
+        agent = gl("admin", "token", "issue", "bot", "--role", "agent", "--projects", "vision", "--db", url)
+        assert agent.returncode == 1 and "no user 'bot'" in agent.stderr
+        gl("admin", "user", "add", "bot", "--db", url)
+        agent = gl("admin", "token", "issue", "bot", "--role", "agent", "--projects", "vision", "--db", url)
+        agent_token = agent.stdout.strip()
+        listing = gl("admin", "token", "list", "--db", url).stdout
+        assert agent_token[4:16] in listing and "vision" in listing
+        with Ledger(url) as led:
+            dump = led._db.read(lambda c: repr(list(c.execute(sa.select(schema.api_tokens)))))
+        for token in (admin_token, agent_token):
+            assert token not in listing and token not in dump and token.split("_", 2)[2] not in dump
+        revoke = gl("admin", "token", "revoke", agent_token[4:16], "--db", url)
+        assert revoke.returncode == 0 and "revoked" in gl("admin", "token", "list", "--db", url).stdout
+        verify = gl("audit", "verify", "--db", url)
+        assert verify.returncode == 0 and verify.stdout.startswith("OK"), verify.stdout
