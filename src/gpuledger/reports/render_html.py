@@ -1,0 +1,118 @@
+"""HTML rendering: one self-contained file (uPlot, styles and data inlined) that opens offline.
+
+Templates are Jinja2 package data with autoescape on, so every piece of user text (run names,
+labels, commands, metric keys, event messages) is escaped. The chart data travels as JSON in a
+``<script type="application/json">`` block with ``<``, ``>`` and ``&`` escaped as ``\\u003c``...,
+so no string in it can close the script element.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import jinja2
+
+from gpuledger import __version__
+from gpuledger.core.units import fmt_bytes, fmt_duration
+
+PREFERRED_METRICS = ("metrics/mAP50-95(B)", "metrics/mAP50(B)", "train/box_loss", "train/cls_loss", "val/box_loss")
+MAX_METRIC_COLUMNS = 4
+
+
+def _read(folder: str, name: str) -> str:
+    return resources.files("gpuledger.reports").joinpath(folder, name).read_text(encoding="utf-8")
+
+
+@cache
+def assets() -> dict[str, str]:
+    return {
+        "uplot_js": _read("assets", "uPlot.iife.min.js"),
+        "uplot_css": _read("assets", "uPlot.min.css"),
+        "report_css": _read("templates", "report.css"),
+        "charts_js": _read("templates", "charts.js"),
+    }
+
+
+def _clock(t: float | None) -> str:
+    if t is None:
+        return "?"
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M:%S")
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def _metric_keys(rows: list[dict[str, Any]]) -> list[str]:
+    present = {k for r in rows for k in (r.get("metrics") or {})}
+    return [k for k in PREFERRED_METRICS if k in present][:MAX_METRIC_COLUMNS]
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("gpuledger.reports", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(clock=_clock, num=_num, duration=fmt_duration, bytes=fmt_bytes, metric_keys=_metric_keys)
+    return env
+
+
+def script_json(obj: Any) -> str:
+    """JSON safe inside a <script> element (and strict: NaN / inf become null)."""
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str)
+    except ValueError:  # a NaN somewhere: the slower pass that turns it into null
+        text = json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False, default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _page(template: str, model: dict[str, Any], page_data: dict[str, Any], **context: Any) -> str:
+    return environment().get_template(template).render(
+        m=model,
+        assets=assets(),
+        version=__version__,
+        generated_at=model.get("generated_at"),
+        data_json=script_json(page_data),
+        **context,
+    )
+
+
+def render_run(model: dict[str, Any]) -> str:
+    run = model["run"]
+    start = run.get("started_at_epoch")
+    end = (start or 0) + (run.get("wall_seconds") or 0) if start is not None else None
+    page_data = {
+        "charts": model["charts"],
+        "marks": model["marks"],
+        "findings": [{"number": f["number"], "severity": f["severity"], "evidence": f["evidence"]}
+                     for f in model["findings"]],
+        "xmin": start,
+        "xmax": end,
+    }
+    return _page("run.html.j2", model, page_data, r=run)
+
+
+def render_compare(model: dict[str, Any]) -> str:
+    page_data = {"charts": model["charts"], "marks": [], "findings": []}
+    return _page("compare.html.j2", model, page_data)

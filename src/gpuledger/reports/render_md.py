@@ -1,0 +1,87 @@
+"""Markdown renderings, for pasting into a pull request or a ticket: tables, no charts.
+
+User text is escaped for Markdown tables (``|``, backticks, ``<``), so a run name cannot break
+the layout or inject HTML into a renderer that allows it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from gpuledger.core.units import fmt_bytes, fmt_duration
+
+_SPECIAL = re.compile(r"([\\`*_\[\]|<>])")
+PREFERRED_METRICS = ("metrics/mAP50-95(B)", "metrics/mAP50(B)", "train/box_loss", "val/box_loss")
+
+
+def esc(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return _SPECIAL.sub(r"\\\1", text.replace("\n", " ").replace("\r", " "))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(esc(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def render_run(model: dict[str, Any]) -> str:
+    r = model["run"]
+    title = f"gpuledger run `{esc(r['id'])}`" + (f" “{esc(r['name'])}”" if r.get("name") else "")
+    lines = [f"### {title}", ""]
+    if r.get("replayed"):
+        lines += ["> **REPLAYED GPU TRACE — not real hardware**", ""]
+    lines += table(["", ""], [(c["label"], f"{c['value']}  {c['detail']}".strip()) for c in model["cards"]])
+    lines += ["", "#### Findings", ""]
+    if not model["findings"]:
+        lines.append("Nothing to report.")
+    for f in model["findings"]:
+        lines.append(f"{f['number']}. **{esc(f['severity'])}: {esc(f['title'])}** — {esc(f['detail'])}  ")
+        lines.append(f"   *What to do:* {esc(f['action'])}")
+    if model.get("cost_rows"):
+        lines += ["", "#### Cost", ""]
+        lines += table(["item", "value"], [(r["label"], r["value"]) for r in model["cost_rows"]])
+    if model["gpus"]:
+        lines += ["", "#### GPUs", ""]
+        lines += table(
+            ["#", "GPU", "busy", "busy h", "idle h", "energy", "peak VRAM", "peak VRAM (run)", "max temp", "throttled"],
+            [(g["index"], g["name"], g["busy"], g["busy_h"], g["idle_h"], g["energy"], g["peak_vram"],
+              g["peak_run_vram"], g["max_temp"], g["throttled"]) for g in model["gpus"]],
+        )
+    epochs = [e for e in model["epochs"] if e["phase"] == "epoch"]
+    if epochs:
+        present = {k for e in epochs for k in e["metrics"]}
+        keys = [k for k in PREFERRED_METRICS if k in present]
+        lines += ["", "#### Epochs", ""]
+        lines += table(
+            ["epoch", "wall", "GPU busy", "peak VRAM", *keys],
+            [(e["epoch"], fmt_duration(e["wall_s"]), fmt_duration(e["gpu_busy_s"]), fmt_bytes(e["gpu_mem_peak_b"]),
+              *(_num(e["metrics"].get(k), 4) for k in keys)) for e in epochs],
+        )
+    lines += ["", f"<sub>gpuledger {esc(model['gpuledger_version'])} · {esc(model['generated_at'])} · "
+              f"`gpuledger report run {esc(r['id'][:13])}` for the full report with charts</sub>", ""]
+    return "\n".join(lines)
+
+
+def render_compare(model: dict[str, Any]) -> str:
+    runs = model["runs"]
+    heads = ["figure", *(f"{esc(r['label'])}" for r in runs)]
+    rows = []
+    for row in model["rows"]:
+        cells = [row["label"]]
+        for i, cell in enumerate(row["cells"]):
+            diff = f" ({cell['diff']})" if i and cell.get("diff") else ""
+            cells.append(f"{cell['text']}{diff}")
+        rows.append(cells)
+    lines = ["### gpuledger compare", ""]
+    lines += table(heads, rows)
+    lines += ["", "Differences in % are against the first run."]
+    if model.get("notes"):
+        lines += ["", *(f"- {esc(n)}" for n in model["notes"])]
+    return "\n".join(lines) + "\n"

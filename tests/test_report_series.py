@@ -1,0 +1,105 @@
+"""Downsampling: the SQL buckets equal the pure reference, totals survive, a 1-second spike survives."""
+
+from __future__ import annotations
+
+import pytest
+
+from diag_support import T0, device, gpu_intervals, host_intervals
+from gpuledger.core import series
+from gpuledger.core.model import RunRecord
+from gpuledger.store import Ledger, series_queries
+
+RUN = "0190bbbb-0000-7000-8000-00000000000a"
+N = 3000  # 1-second intervals: more than MAX_POINTS, so the run is downsampled
+SPIKE = 1234
+
+
+def _spiky(i: int) -> float:
+    return 1.0 if i == SPIKE else 0.02
+
+
+def _dip(i: int) -> float:
+    return 5.0 if i == 2000 else 40.0  # one interval where memory dropped
+
+
+@pytest.fixture
+def ledger(ledger_url: str):
+    with Ledger(ledger_url) as led:
+        led.create_run(RunRecord(id=RUN, command=["x"], user="u", host="h", cwd="/", started_at=T0,
+                                 status="succeeded", ended_at=T0 + N))
+        devs = [device(0), device(1)]
+        led.add_devices(RUN, devs)
+        throttle = lambda i: {"power": 0.5, "thermal": 0.25} if i % 7 == 0 else ({} if i % 11 else None)  # noqa: E731
+        led.append(RUN, gpu=gpu_intervals(devs[0].uuid, N, step=1.0, util=_spiky, mem_gib=_dip, throttle=throttle))
+        led.append(RUN, gpu=gpu_intervals(devs[1].uuid, N, step=1.0, util=lambda i: 0.5 + (i % 3) * 0.1))
+        led.append(RUN, host=host_intervals(N, step=1.0, cores=lambda i: 1.0 + (i % 5) * 0.1))
+        yield led
+
+
+def test_sql_buckets_equal_the_pure_reference(ledger: Ledger) -> None:
+    plan = series.plan(T0, T0 + N, N, max_points=100)
+    assert plan.width_s is not None
+    fast = series_queries.bucketed_gpu(ledger, RUN, plan)
+    ref = series.bucket_gpu(ledger.gpu_intervals(RUN), plan)
+    assert fast.keys() == ref.keys()
+    for uuid in ref:
+        assert [b.key for b in fast[uuid]] == [b.key for b in ref[uuid]]
+        for a, b in zip(fast[uuid], ref[uuid], strict=True):
+            assert (a.n, a.util_min, a.util_max, a.mem_min_b, a.sm_clock_min_mhz, a.throttled) == pytest.approx(
+                (b.n, b.util_min, b.util_max, b.mem_min_b, b.sm_clock_min_mhz, b.throttled))
+            assert a.covered_s == pytest.approx(b.covered_s)
+            # the SQL twin's bucket spans are the plan's edges, clipped to the stream
+            assert fast[uuid][0].merged.t0 == pytest.approx(ref[uuid][0].merged.t0)
+            assert fast[uuid][-1].merged.t1 == pytest.approx(ref[uuid][-1].merged.t1)
+            for name in ("busy_s", "energy_j", "power_max_w", "mem_used_max_b", "proc_mem_max_b",
+                         "temp_max_c", "sm_clock_avg_mhz", "util_max_pct", "util_method", "energy_method"):
+                assert getattr(a.merged, name) == pytest.approx(getattr(b.merged, name)), name
+            assert a.merged.throttle_s == pytest.approx(b.merged.throttle_s)
+    host_fast = series_queries.bucketed_host(ledger, RUN, plan)
+    host_ref = series.bucket_host(ledger.host_intervals(RUN), plan)
+    for a, b in zip(host_fast, host_ref, strict=True):
+        assert (a.key, a.n, a.cpu_rate_min, a.cpu_rate_max, a.rss_min_b) == pytest.approx(
+            (b.key, b.n, b.cpu_rate_min, b.cpu_rate_max, b.rss_min_b))
+        for name in ("cpu_s", "rss_max_b", "read_b", "sys_cpu_util_avg_pct", "iowait_s", "procs_max"):
+            assert getattr(a.merged, name) == pytest.approx(getattr(b.merged, name)), name
+
+
+def test_totals_over_buckets_equal_totals_over_intervals(ledger: Ledger) -> None:
+    plan = series.plan(T0, T0 + N, N, max_points=64)
+    buckets = series_queries.bucketed_gpu(ledger, RUN, plan)
+    totals = ledger.gpu_totals(RUN)
+    for uuid, bs in buckets.items():
+        assert sum(b.merged.busy_s for b in bs) == pytest.approx(totals[uuid]["busy_s"])
+        assert sum(b.merged.energy_j for b in bs) == pytest.approx(totals[uuid]["energy_j"])
+        assert max(b.merged.mem_used_max_b for b in bs) == totals[uuid]["mem_used_max_b"]
+
+
+def test_a_one_second_spike_and_a_one_second_drop_survive_downsampling(ledger: Ledger) -> None:
+    from gpuledger.reports import charts, rundata
+
+    data = rundata.load(ledger, ledger.get_run(RUN), max_points=50)
+    assert data.downsampled and data.plan.width_s == pytest.approx(N / 50, rel=1e-6)
+    util = next(c for c in charts.gpu_charts(data) if c["id"] == "gpu_util")
+    gpu0 = util["series"][0]
+    assert len(gpu0["values"]) == 50
+    assert max(gpu0["hi"]) == 100.0  # the spike, in its bucket's envelope
+    assert max(gpu0["values"]) < 5.0  # ... although the bucket mean barely moves
+    spike_bucket = int(SPIKE // data.plan.width_s)
+    assert gpu0["hi"][spike_bucket] == 100.0
+    vram = next(c for c in charts.gpu_charts(data) if c["id"] == "vram")
+    assert min(v for v in vram["series"][0]["lo"] if v is not None) == pytest.approx(5.0)
+
+
+def test_minmax_points_keeps_extremes_in_time_order() -> None:
+    pts = [(float(t), 1.0) for t in range(10_000)]
+    pts[4321] = (4321.0, 99.0)
+    pts[777] = (777.0, -5.0)
+    thin = series.minmax_points(pts, 100)
+    assert len(thin) <= 200
+    assert (4321.0, 99.0) in thin and (777.0, -5.0) in thin
+    assert thin == sorted(thin)
+
+
+def test_small_runs_are_not_downsampled() -> None:
+    assert series.plan(T0, T0 + 100, 100).width_s is None
+    assert series.plan(T0, T0 + 100, series.MAX_POINTS + 1).width_s is not None
