@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
 from gpuledger.store import schema
@@ -41,8 +42,46 @@ def _create_all(conn: Connection) -> None:
     schema.metadata.create_all(conn)
 
 
+def _add_gpu_rollups(conn: Connection) -> None:
+    # Written out, not taken from schema.py: this is the table as version 2 created it.
+    frozen = sa.MetaData()
+    sa.Table("runs", frozen, sa.Column("id", sa.String, primary_key=True))
+    table = sa.Table(
+        "gpu_rollups",
+        frozen,
+        sa.Column("run_id", sa.String, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("day", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("gpu_name", sa.Text, primary_key=True),
+        sa.Column("mig_profile", sa.String, primary_key=True),
+        sa.Column("gpus", sa.Integer, nullable=False),
+        sa.Column("t0", sa.Double, nullable=False),
+        sa.Column("t1", sa.Double, nullable=False),
+        sa.Column("alloc_s", sa.Double, nullable=False),
+        sa.Column("busy_s", sa.Double),
+        sa.Column("energy_j", sa.Double),
+        sa.Column("intervals", sa.Integer, nullable=False),
+        sa.Column("share_rule", sa.String),
+        sa.Index("ix_gpu_rollups_day", "day"),
+    )
+    table.create(conn)
+
+
+def _add_team_tables(conn: Connection) -> None:
+    # schema_team.define is the shape as version 3 created it (see its docstring).
+    from gpuledger.store import schema_team
+
+    frozen = sa.MetaData()
+    sa.Table("runs", frozen, sa.Column("id", sa.String, primary_key=True))
+    json_type = sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+    tables = schema_team.define(frozen, json_type)
+    for name in schema_team.NAMES:
+        tables[name].create(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
+    Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
+    Migration(3, "add team tables: users, projects, tokens, audit log, push state, rollup marks", _add_team_tables),
 )
 LATEST = MIGRATIONS[-1].version
 
@@ -65,8 +104,8 @@ def check(db: Database, version: int, latest: int = LATEST, *, migrate: bool = T
     if version < latest and not migrate:
         raise SchemaOutdated(
             f"the ledger {db.display} has schema version {version} but this gpuledger needs {latest}; "
-            f"run `{MIGRATE_COMMAND} --db URL` (any gpuledger command given --db URL migrates it too), "
-            "then start again"
+            f"run `{MIGRATE_COMMAND} --db URL` once (the server and admin commands never migrate a "
+            "shared ledger by themselves), then start again"
         )
 
 

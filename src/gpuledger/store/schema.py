@@ -14,6 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
+from gpuledger.store import schema_team
+
 metadata = sa.MetaData()
 
 # JSON, with SQL NULL for Python None ("absent is not zero"); jsonb on PostgreSQL.
@@ -221,5 +223,38 @@ logs = sa.Table(
     sa.Column("truncated", sa.Boolean, nullable=False),
 )
 
+# Per run, GPU model and UTC day: the sums of the GPU intervals, as the cost model prices them (the
+# run's own share of a shared GPU, held time up to the last interval of a killed run: core/usage.py).
+# Derived and rebuildable; reports read it instead of the intervals when it is there (migration 2).
+# One row sums the run's GPUs of one name and MIG profile ('' = a whole GPU), so a report reads
+# about one row per run and day.
+gpu_rollups = sa.Table(
+    "gpu_rollups",
+    metadata,
+    sa.Column("run_id", sa.String, _run_fk(), primary_key=True),
+    sa.Column("day", sa.Integer, primary_key=True, autoincrement=False),  # days since 1970-01-01 UTC
+    sa.Column("gpu_name", sa.Text, primary_key=True),  # the devices' name ('' when unknown)
+    sa.Column("mig_profile", sa.String, primary_key=True),  # '' for whole GPUs
+    sa.Column("gpus", sa.Integer, nullable=False),
+    sa.Column("t0", sa.Double, nullable=False),
+    sa.Column("t1", sa.Double, nullable=False),
+    sa.Column("alloc_s", sa.Double, nullable=False),
+    sa.Column("busy_s", Measured),
+    sa.Column("energy_j", Measured),
+    sa.Column("intervals", sa.Integer, nullable=False),
+    sa.Column("share_rule", sa.String),
+    sa.Index("ix_gpu_rollups_day", "day"),
+)
+
+# The team server's tables (accounts, tokens, audit chain, agent outbox, rollup marks): migration 3.
+_team = schema_team.define(metadata, Json)
+users = _team[schema_team.USERS]
+projects = _team[schema_team.PROJECTS]
+memberships = _team[schema_team.MEMBERSHIPS]
+api_tokens = _team[schema_team.API_TOKENS]
+audit_log = _team[schema_team.AUDIT_LOG]
+push_state = _team[schema_team.PUSH_STATE]
+rollup_marks = _team[schema_team.ROLLUP_MARKS]
+
 # Children of a run, in the order they are deleted.
-RUN_CHILDREN = (run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs)
+RUN_CHILDREN = (run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs, gpu_rollups, rollup_marks)

@@ -1,0 +1,231 @@
+"""``gpuledger cost`` and ``gpuledger report chargeback | rollup``: pricing the ledger.
+
+The local CLI reads the whole ledger it is given (scope: all projects) unless ``--project`` narrows
+it; the team server passes each person's projects to the same report functions.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from gpuledger.cli.common import db_option, open_ledger
+from gpuledger.cli.report_group import report_group  # shared with ``report run`` (cli/report_cmds.py)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["cost_cmd", "report_group"]
+
+
+def _common(func: F) -> F:
+    func = click.option(
+        "--project",
+        "projects",
+        multiple=True,
+        metavar="NAME",
+        help="Only runs of this project (repeatable). Default: every project in the ledger.",
+    )(func)
+    func = click.option(
+        "--basis", type=click.Choice(["allocated", "busy"]), help="Billing basis (default: the rate card's)."
+    )(func)
+    func = click.option(
+        "--rates",
+        envvar="GPULEDGER_RATES",
+        type=click.Path(dir_okay=False),
+        help="Rate card TOML (docs/RATE_CARDS.md; or GPULEDGER_RATES). Default: the example card.",
+    )(func)
+    return db_option(func)
+
+
+def _card(path: str | None):  # type: ignore[no-untyped-def]
+    from gpuledger.core.ratecard_load import RateCardError
+    from gpuledger.reports.costing import load_rate_card
+
+    try:
+        return load_rate_card(path)
+    except RateCardError as exc:
+        raise click.ClickException("the rate card has problems:\n" + str(exc)) from exc
+
+
+def _scope(projects: tuple[str, ...]) -> frozenset[str] | None:
+    return frozenset(projects) if projects else None
+
+
+def _write(text: str, output: str | None) -> None:
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        sys.stdout.write(text)
+
+
+@click.command("cost")
+@click.argument("runs", nargs=-1)
+@click.option(
+    "--instance-type",
+    metavar="TYPE",
+    help="Price as this cloud instance type (default: the run's instance_type label).",
+)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@_common
+def cost_cmd(
+    runs: tuple[str, ...],
+    instance_type: str | None,
+    fmt: str,
+    projects: tuple[str, ...],
+    basis: str | None,
+    rates: str | None,
+    db: str | None,
+) -> None:
+    """What runs cost, per GPU and in total (RUN: id or unique prefix; default: the newest run).
+
+    Shows allocated, busy and idle GPU-hours, A100-equivalent hours, energy, cost and idle cost.
+    A resumed training also gets the total of all its attempts.
+    """
+    from gpuledger.reports.cost_render import cost_csv, cost_text, to_json
+    from gpuledger.reports.costing import run_costs
+    from gpuledger.store import LedgerError
+
+    card = _card(rates)
+    scope = _scope(projects)
+    ledger = open_ledger(db)
+    try:
+        if runs:
+            ids = [ledger.resolve(r) for r in runs]
+        else:
+            newest = (
+                ledger.list_runs(limit=1)
+                if scope is None
+                else [r for p in scope for r in ledger.list_runs(project=p, limit=1)]
+            )
+            if not newest:
+                raise click.ClickException("no runs yet: record one with gpuledger run -- COMMAND")
+            ids = [max(newest, key=lambda r: r.started_at).id]
+        report = run_costs(ledger, ids, scope=scope, card=card, basis=basis, instance_type=instance_type)
+    except LedgerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if fmt == "json":
+        sys.stdout.write(to_json(report))
+    elif fmt == "csv":
+        sys.stdout.write(cost_csv(report))
+    else:
+        sys.stdout.write(cost_text(report))
+
+
+@report_group.command("chargeback")
+@click.option("--month", metavar="YYYY-MM", help="The month to report (UTC). Default: this month.")
+@click.option("--from", "start", metavar="DATE", help="Start (a date, or an ISO date-time; UTC).")
+@click.option("--to", "end", metavar="DATE", help="End (a date counts whole; or an ISO date-time).")
+@click.option(
+    "--by",
+    default="team",
+    show_default=True,
+    help="Group by, comma-separated: team, project, user, gpu_model, instance_type, status.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "md", "html", "json"]), default="table", show_default=True
+)
+@click.option(
+    "--section",
+    type=click.Choice(["groups", "runs", "idle-runs", "users", "idle-users", "trend", "anomalies"]),
+    default="groups",
+    show_default=True,
+    help="Which table --format csv writes.",
+)
+@click.option(
+    "--top", "top_n", type=click.IntRange(1), default=10, show_default=True, help="How many top runs and users."
+)
+@click.option(
+    "--trend-months", type=click.IntRange(0, 36), default=3, show_default=True, help="Earlier months in the trend."
+)
+@click.option(
+    "--anomaly-threshold",
+    type=click.FloatRange(0),
+    default=0.25,
+    show_default=True,
+    help="Flag a group whose cost per A100-eq hour or idle share rose by more than this (0.25 = 25%).",
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="File to write (default: stdout).")
+@_common
+def chargeback_cmd(
+    month: str | None,
+    start: str | None,
+    end: str | None,
+    by: str,
+    fmt: str,
+    section: str,
+    top_n: int,
+    trend_months: int,
+    anomaly_threshold: float,
+    output: str | None,
+    projects: tuple[str, ...],
+    basis: str | None,
+    rates: str | None,
+    db: str | None,
+) -> None:
+    """GPU cost by team, project, user or GPU model for a month (columns: docs/CHARGEBACK.md)."""
+    from gpuledger.core.chargeback_columns import GROUP_KEYS
+    from gpuledger.reports import cost_render
+    from gpuledger.reports.costing import chargeback, window_from_args
+    from gpuledger.store import LedgerError
+
+    keys = tuple(k.strip() for k in by.split(",") if k.strip())
+    unknown = [k for k in keys if k not in GROUP_KEYS]
+    if unknown or not keys:
+        raise click.BadParameter(f"use one or more of {', '.join(GROUP_KEYS)}", param_hint="--by")
+    try:
+        lo, hi = window_from_args(month, start, end, time.time())
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    card = _card(rates)
+    ledger = open_ledger(db)
+    try:
+        cb = chargeback(
+            ledger,
+            scope=_scope(projects),
+            card=card,
+            start=lo,
+            end=hi,
+            by=keys,
+            basis=basis,
+            trend_months=trend_months,
+            top_n=top_n,
+            anomaly_threshold=anomaly_threshold,
+        )
+    except LedgerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if fmt == "json":
+        text = cost_render.to_json(cb.as_dict())
+    elif fmt == "csv":
+        text = cost_render.chargeback_csv(cb, section)
+    elif fmt == "md":
+        text = cost_render.chargeback_markdown(cb, top_n)
+    elif fmt == "html":
+        from gpuledger.reports.chargeback_html import chargeback_html
+
+        text = chargeback_html(cb, top_n)
+    else:
+        text = cost_render.chargeback_text(cb, min(top_n, 5))
+    _write(text, output)
+
+
+@report_group.command("rollup")
+@click.option("--rebuild", is_flag=True, help="Rewrite the rollups of every finished run.")
+@db_option
+def rollup_cmd(rebuild: bool, db: str | None) -> None:
+    """Sum the intervals of finished runs per GPU and day, so cost reports over months stay fast."""
+    from gpuledger.reports.cost_rollups import materialise_rollups
+    from gpuledger.store import LedgerError
+
+    ledger = open_ledger(db)
+    try:
+        counts = materialise_rollups(ledger, rebuild=rebuild)
+    except LedgerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    note = f" ({counts['skipped']} wait for a co-tenant still running)" if counts["skipped"] else ""
+    click.echo(f"rolled up {counts['runs']} runs into {counts['rows']} rows{note}")

@@ -1,0 +1,342 @@
+"""From the ledger to ``Usage``: what each run used of each GPU, per UTC day, ready to price.
+
+Two sources, one meaning (core/usage.py):
+- ``gpu_rollups`` rows (migration 2), written for finished runs by ``materialise_rollups``;
+  summed in SQL per run, GPU model and price period, so a year of a large cluster stays fast;
+- the GPU intervals of runs without rollups, summed in SQL per run, GPU and day. A GPU that
+  several runs held at once is split in Python from the raw intervals (core/share.py).
+Windows are widened to whole UTC days here; the pricer cuts at the exact window edges.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from gpuledger.core.cost import Usage
+from gpuledger.core.share import Reading, Tenant, attribute, overlapping_groups
+from gpuledger.core.usage import DAY_S, DayUsage, day_of, days_from_segments, held_span, period_of, split_days
+from gpuledger.store import cost_queries as cq
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from gpuledger.store import Ledger
+
+T = TypeVar("T")
+
+__all__ = ["RunRow", "Scope", "UsageSet", "collect_report", "collect_runs", "interval_day_usage", "read"]
+
+Scope = cq.Scope
+
+
+def read(ledger: Ledger, fn: Callable[[Connection], T]) -> T:
+    """Run ``fn`` in one read transaction of the ledger (one consistent snapshot on SQLite)."""
+    return ledger._db.read(fn)  # the ledger's own retrying transaction helper
+
+
+class RunRow(NamedTuple):
+    """A run as the cost reports need it (it serves as core.chargeback.RunInfo too). A tuple:
+    a report makes one per run, hundreds of thousands for a year."""
+
+    id: str
+    status: str
+    user: str
+    team: str | None
+    project: str | None
+    name: str | None
+    started_at: float
+    ended_at: float | None
+    attempt_of: str | None
+    instance_type: str | None = None
+    logical_id: str = ""
+
+
+def _run_rows(
+    rows: Iterable[tuple[Any, ...]], instances: dict[str, str], override: str | None = None
+) -> dict[str, RunRow]:
+    # RUN_COLUMNS order, then the instance type and the logical id (the run's own, for now).
+    make = tuple.__new__
+    get = instances.get
+    if override:
+        return {r[0]: make(RunRow, (*r, override, r[0])) for r in rows}
+    return {r[0]: make(RunRow, (*tuple(r), get(r[0]), r[0])) for r in rows}
+
+
+@dataclass
+class UsageSet:
+    """What a report prices: the runs, Usages read from intervals (priced one by one), the rollup
+    rows of the window (``rollups``, priced by ``Pricer.price_rollups``) and, for the months shown
+    only as a trend, rollup sums per group (``groups``, priced by ``Pricer.price_sums``)."""
+
+    runs: dict[str, RunRow]
+    usages: list[Usage]
+    devices: dict[tuple[str, str], dict[str, Any]]
+    rollups: list[tuple[Any, ...]] = field(default_factory=list)  # cost_queries.rollup_days rows
+    period_of_day: dict[int, int] = field(default_factory=dict)
+    periods: list[tuple[float, bool]] = field(default_factory=list)
+    # (*group key values, instance_type, gpu_name, mig_profile, period, t0, t1, alloc_s, busy_s,
+    # energy_j, share_rule)
+    groups: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+def _day_window(start: float | None, end: float | None) -> tuple[float | None, float | None]:
+    lo = None if start is None else math.floor(start / DAY_S) * DAY_S
+    hi = None if end is None else math.ceil(end / DAY_S) * DAY_S
+    return lo, hi
+
+
+def _clip(span: tuple[float, float], start: float | None, end: float | None) -> tuple[float, float]:
+    a = span[0] if start is None else max(span[0], start)
+    b = span[1] if end is None else min(span[1], end)
+    return a, max(a, b)
+
+
+def interval_day_usage(
+    conn: Connection, rows: Sequence[RunRow], start: float | None, end: float | None, cuts: Sequence[float] = ()
+) -> tuple[list[DayUsage], dict[tuple[str, str], dict[str, Any]]]:
+    """Day rows of ``rows`` (runs read from their intervals) inside [start, end), whole days.
+    ``cuts``: times inside a day (price changes) where rows are split too, exactly: the intervals
+    of those days are read one by one instead of summed in SQL."""
+    start, end = _day_window(start, end)
+    cut_list = sorted({c for c in cuts if c % DAY_S})
+    cut_days = sorted({day_of(c) for c in cut_list})
+    ids = [r.id for r in rows]
+    devices = {(d["run_id"], d["uuid"]): d for d in cq.device_rows(conn, ids)}
+    last = cq.last_interval_ends(conn, ids)
+    spans = {r.id: _clip(held_span(r.status, r.started_at, r.ended_at, last.get(r.id)), start, end) for r in rows}
+    sums: dict[tuple[str, str], dict[tuple[int, int], dict[str, Any]]] = {}
+    for s in cq.interval_days(conn, ids, start, end, cut_days):
+        key = (s["day"], bisect.bisect_right(cut_list, (s["day"] + 0.5) * DAY_S))
+        sums.setdefault((s["run_id"], s["device_uuid"]), {})[key] = s
+    for iv in cq.raw_intervals(conn, ids, start, end, cut_days):
+        _add_raw(sums.setdefault((iv["run_id"], iv["device_uuid"]), {}), iv, cut_list)
+    for key in sums:  # intervals of a GPU missing from the devices table still count
+        devices.setdefault(key, {"run_id": key[0], "uuid": key[1], "index": None, "name": None, "mig_profile": None})
+    shared = _shared_days(conn, ids, spans, start, end, cut_list)
+    out: list[DayUsage] = []
+    for run_id, uuid in sorted(devices):
+        if (run_id, uuid) in shared:
+            rows_ = shared[(run_id, uuid)]
+        else:
+            rows_ = _solo_days(run_id, uuid, spans[run_id], sums.get((run_id, uuid), {}), cut_list)
+        for d in rows_:
+            d.gpu_name, d.mig_profile = devices[(run_id, uuid)].get("name"), devices[(run_id, uuid)].get("mig_profile")
+        out.extend(rows_)
+    return out, devices
+
+
+def _add_raw(periods: dict[tuple[int, int], dict[str, Any]], iv: dict[str, Any], cuts: Sequence[float]) -> None:
+    length = iv["t1"] - iv["t0"]
+    pieces = split_days(iv["t0"], iv["t1"], cuts) if length > 0 else [(day_of(iv["t0"]), iv["t0"], iv["t1"])]
+    for _day, a, b in pieces:
+        share = (b - a) / length if length > 0 else 1.0
+        row = periods.setdefault(
+            period_of(a, b, cuts),
+            {"t0": a, "t1": b, "busy_s": None, "busy_n": 0, "energy_j": None, "energy_n": 0, "intervals": 0},
+        )
+        row["t0"], row["t1"] = min(row["t0"], a), max(row["t1"], b)
+        for col, count in (("busy_s", "busy_n"), ("energy_j", "energy_n")):
+            if iv[col] is not None:
+                row[col] = (row[col] or 0.0) + iv[col] * share
+                row[count] += 1
+        row["intervals"] += int(b == iv["t1"])
+
+
+def _solo_days(
+    run_id: str,
+    uuid: str,
+    span: tuple[float, float],
+    sums: dict[tuple[int, int], dict[str, Any]],
+    cuts: Sequence[float],
+) -> list[DayUsage]:
+    measured = any(s["busy_n"] for s in sums.values())
+    energy_known = any(s["energy_n"] for s in sums.values())
+    s, e = span
+    if e <= s:
+        return []
+    out = []
+    for day, a, b in split_days(s, e, cuts):
+        row = sums.get(period_of(a, b, cuts))
+        busy = (row["busy_s"] if row and row["busy_n"] else 0.0) if measured else None
+        energy = (row["energy_j"] if row and row["energy_n"] else 0.0) if energy_known else None
+        out.append(DayUsage(run_id, uuid, day, a, b, b - a, busy, energy, row["intervals"] if row else 0))
+    return out
+
+
+def _shared_days(
+    conn: Connection,
+    ids: Sequence[str],
+    spans: dict[str, tuple[float, float]],
+    start: float | None,
+    end: float | None,
+    cuts: Sequence[float] = (),
+) -> dict[tuple[str, str], list[DayUsage]]:
+    """Day rows of the run-GPUs that overlapped another run on the same GPU."""
+    tenants = cq.tenants_of(conn, ids, start, end)
+    others = sorted({t["run_id"] for t in tenants} - set(spans))
+    last = cq.last_interval_ends(conn, others) if others else {}
+    all_spans = dict(spans)
+    for t in tenants:
+        if t["run_id"] not in all_spans:
+            span = held_span(t["status"], t["started_at"], t["ended_at"], last.get(t["run_id"]))
+            all_spans[t["run_id"]] = _clip(span, start, end)
+    by_uuid: dict[str, list[tuple[str, float, float]]] = {}
+    for t in tenants:
+        a, b = all_spans[t["run_id"]]
+        if b > a:
+            by_uuid.setdefault(t["uuid"], []).append((t["run_id"], a, b))
+    groups = [(uuid, group) for uuid, spans_ in by_uuid.items() for group in overlapping_groups(spans_)]
+    if not groups:
+        return {}
+    pairs = {(run_id, uuid) for uuid, group in groups for run_id in group}
+    found: dict[tuple[str, str], list[Reading]] = {}
+    for r in cq.readings(conn, pairs, start, end):
+        found.setdefault((r["run_id"], r["device_uuid"]), []).append(
+            Reading(r["t0"], r["t1"], r["busy_s"], r["energy_j"], r["proc_sm_util_avg_pct"], r["proc_mem_max_b"])
+        )
+    out: dict[tuple[str, str], list[DayUsage]] = {}
+    for uuid, group in groups:
+        parts = attribute([Tenant(rid, *all_spans[rid], found.get((rid, uuid), [])) for rid in group])
+        for rid, segments in parts.items():
+            if rid in spans:  # a co-tenant outside this read only shaped the split
+                measured = any(r.busy_s is not None for r in found.get((rid, uuid), []))
+                out[(rid, uuid)] = days_from_segments(rid, uuid, segments, measured=measured, cuts=cuts)
+    return out
+
+
+def _logical_ids(conn: Connection, runs: dict[str, RunRow], scope: Scope) -> dict[str, RunRow]:
+    """Each run with ``logical_id`` = the first attempt of its chain (attempt_of links) that the
+    scope lets the reader see: a resumed training's attempts are one logical run."""
+    resumed = [r for r in runs.values() if r.attempt_of]
+    if not resumed:
+        return runs
+    known: dict[str, tuple[str | None, str | None]] = {r.id: (r.attempt_of, r.project) for r in resumed}
+    missing = {r.attempt_of for r in resumed if r.attempt_of not in known}
+    while missing:
+        found = cq.chain_links(conn, missing)
+        known.update(found)
+        missing = {parent for parent, _ in found.values() if parent and parent not in known}
+    out = dict(runs)
+    for run in resumed:
+        root, seen = run.id, {run.id}
+        while True:
+            parent = known.get(root, (None, None))[0]
+            if not parent or parent in seen or parent not in known:
+                break  # the start of the chain, a loop, or a deleted earlier attempt
+            if scope is not None and known[parent][1] not in scope:
+                break
+            seen.add(parent)
+            root = parent
+        out[run.id] = _with_logical(run, root)
+    return out
+
+
+def _with_logical(run: RunRow, logical: str) -> RunRow:
+    return run if logical == run.logical_id else run._replace(logical_id=logical)
+
+
+def _periods(edges: Sequence[float], cut_times: Sequence[float]) -> tuple[list[int], list[tuple[float, bool]]]:
+    """Day numbers where rollup periods begin, and per period (a time inside it, uniform?). A day
+    holding a cut that is not at midnight is a period of its own, priced piece by piece."""
+    mid_day = sorted({day_of(t) for t in cut_times if t % DAY_S})
+    days = sorted({day_of(e) for e in edges} | {d + 1 for d in mid_day})
+    periods = [(float((days[0] - 1) * DAY_S) if days else 0.0, True)]
+    periods += [(float(d * DAY_S), d not in mid_day) for d in days]
+    return days, periods
+
+
+def _usages(
+    days: Iterable[DayUsage], devices: dict[tuple[str, str], dict[str, Any]], runs: dict[str, RunRow]
+) -> list[Usage]:
+    out = []
+    for d in days:
+        dev = devices.get((d.run_id, d.device_uuid), {})
+        out.append(
+            Usage(
+                d.run_id,
+                dev.get("name"),
+                dev.get("mig_profile"),
+                runs[d.run_id].instance_type,
+                d.t0,
+                d.t1,
+                d.alloc_s,
+                d.busy_s,
+                d.energy_j,
+                1,
+                d.device_uuid,
+                d.share_rule,
+            )
+        )
+    return out
+
+
+def collect_runs(conn: Connection, ids: Sequence[str], *, scope: Scope, instance_type: str | None = None) -> UsageSet:
+    """The runs ``ids`` (those in scope) and their Usages per GPU and day, from their intervals."""
+    rows = cq.run_rows(conn, scope=scope, ids=ids)
+    runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type", ids=ids), instance_type), scope)
+    days, devices = interval_day_usage(conn, list(runs.values()), None, None)
+    return UsageSet(runs, _usages(days, devices, runs), devices)
+
+
+def collect_report(
+    conn: Connection,
+    *,
+    scope: Scope,
+    trend_start: float,
+    start: float,
+    end: float,
+    edges: Iterable[float],
+    cut_times: Sequence[float],
+    group_keys: Sequence[str],
+) -> UsageSet:
+    """Everything a chargeback of [start, end) with a trend from ``trend_start`` prices.
+    ``edges``: month starts, price changes and the window's edges; ``cut_times``: the price changes
+    and window edges (a day holding one inside it is priced piece by piece); ``group_keys``: the
+    run columns the trend groups by. Rollup rows of the window become per-run ``sums``; those of
+    the earlier months are summed per group here (``groups``), which keeps a long trend cheap."""
+    period_days, periods = _periods(sorted(set(edges)), cut_times)
+    rows = cq.run_rows(conn, scope=scope, start=trend_start, end=end)
+    runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type")), scope)
+    usage = UsageSet(runs, [], {}, periods=periods)
+    first, last = day_of(start), day_of(end - 1e-6)
+    usage.period_of_day = {d: bisect.bisect_right(period_days, d) for d in range(day_of(trend_start), last + 1)}
+    usage.rollups = cq.rollup_days(conn, scope=scope, first_day=first, last_day=last)
+    seen = {r[0] for r in usage.rollups}
+    trend: dict[tuple[Any, ...], list[Any]] = {}
+    indexes = [RunRow._fields.index(k) for k in group_keys]
+    values_of = operator.itemgetter(*indexes) if len(indexes) > 1 else None
+    for run_id, day, name, profile, t0, t1, alloc, busy, energy, rule in cq.rollup_days(
+        conn, scope=scope, first_day=day_of(trend_start), last_day=first - 1
+    ):
+        run = runs.get(run_id)
+        if run is None:
+            continue
+        seen.add(run_id)
+        values = values_of(run) if values_of else ((run[indexes[0]],) if indexes else ())
+        key = (*values, run.instance_type, name or None, profile or None, usage.period_of_day[day])
+        acc = trend.get(key)
+        if acc is None:
+            trend[key] = [t0, t1, alloc, busy, energy, rule]
+            continue
+        acc[0], acc[1], acc[2] = min(acc[0], t0), max(acc[1], t1), acc[2] + alloc
+        if busy is not None:
+            acc[3] = busy if acc[3] is None else acc[3] + busy
+        if energy is not None:
+            acc[4] = energy if acc[4] is None else acc[4] + energy
+        if rule and (acc[5] is None or rule < acc[5]):  # "equal" < "memory" < "sm": keep the weakest
+            acc[5] = rule
+    usage.groups = [(*key, *acc) for key, acc in trend.items()]
+    # Runs without rollup rows here: still running, finished since the last rollup, or without
+    # GPUs. Those that really have no rollups are read from their intervals.
+    unseen = [rid for rid in runs if rid not in seen]
+    rolled = cq.rolled_up(conn, unseen) if unseen else set()
+    live = [runs[rid] for rid in unseen if rid not in rolled]
+    if live:
+        days, usage.devices = interval_day_usage(conn, live, trend_start, end, cut_times)
+        usage.usages = _usages(days, usage.devices, runs)
+    return usage

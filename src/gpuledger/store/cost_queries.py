@@ -1,0 +1,318 @@
+"""Read queries for cost reports (SQLAlchemy Core, SQLite and PostgreSQL). Read-only.
+
+Sums are done in SQL where the data is large: GPU intervals are summed per run, GPU and UTC day
+(an interval crossing midnight is split in proportion to time), rollup rows per run, GPU model and
+price period. ``scope`` is the set of projects the reader may see (None: all) and is applied in the
+WHERE clause, so rows outside it never leave the database. Queries that serve the split of a
+shared GPU ignore the scope on purpose (a visible run's share depends on invisible co-tenants);
+their results are used for the arithmetic only, never shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.store.schema import devices, gpu_intervals, gpu_rollups, run_labels, runs
+
+__all__ = [
+    "RUN_COLUMNS",
+    "Scope",
+    "chain_links",
+    "device_rows",
+    "interval_days",
+    "label_values",
+    "last_interval_ends",
+    "raw_intervals",
+    "readings",
+    "rolled_up",
+    "rollup_candidates",
+    "rollup_days",
+    "run_rows",
+    "tenants_of",
+]
+
+Scope = frozenset[str] | None  # projects visible; None = every project (must be said explicitly)
+DAY_S = 86400
+_CHUNK = 2000  # ids per IN (...) list: far below SQLite's and PostgreSQL's parameter limits
+
+
+def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), _CHUNK):
+        yield items[i : i + _CHUNK]
+
+
+def _fetch(conn: Connection, q: sa.Select[Any]) -> list[tuple[Any, ...]]:
+    """All rows as plain tuples, straight from the driver's cursor: for the large reads of a
+    report, where SQLAlchemy's per-row processing would cost more than the query. Only for
+    columns whose driver values need no conversion (text, numbers)."""
+    result = conn.execute(q)
+    try:
+        return result.cursor.fetchall() if result.cursor is not None else []
+    finally:
+        result.close()
+
+
+def _floor(conn: Connection, expr: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    # SQLite has floor() only when built with math functions; CAST truncates, which is floor for
+    # the positive epoch times we store. PostgreSQL's CAST would round, so floor() there.
+    if conn.dialect.name == "sqlite":
+        return sa.cast(expr, sa.Integer)
+    return sa.cast(sa.func.floor(expr), sa.Integer)
+
+
+def _scoped(q: sa.Select[Any], scope: Scope) -> sa.Select[Any]:
+    if scope is None:
+        return q
+    if not scope:
+        return q.where(sa.false())
+    return q.where(runs.c.project.in_(sorted(scope)))
+
+
+def _in_window(start: float | None, end: float | None) -> list[sa.ColumnElement[bool]]:
+    out: list[sa.ColumnElement[bool]] = []
+    if end is not None:
+        out.append(runs.c.started_at < end)
+    if start is not None:
+        # ended_at is never before the last interval, so this keeps every run that may have used
+        # a GPU in the window (a killed run is cut back to its last interval later).
+        out.append(sa.or_(runs.c.ended_at.is_(None), runs.c.ended_at > start))
+    return out
+
+
+RUN_COLUMNS = ("id", "status", "user", "team", "project", "name", "started_at", "ended_at", "attempt_of")
+
+
+def run_rows(
+    conn: Connection,
+    *,
+    scope: Scope,
+    start: float | None = None,
+    end: float | None = None,
+    ids: Sequence[str] | None = None,
+) -> list[tuple[Any, ...]]:
+    """Runs in scope that may have used a GPU in [start, end) (or the runs ``ids``), as tuples of
+    RUN_COLUMNS. Labels and rollups are asked separately: joined here they cost more than twice."""
+    base = _scoped(sa.select(*(runs.c[c] for c in RUN_COLUMNS)), scope).where(*_in_window(start, end))
+    if ids is None:
+        return _fetch(conn, base)
+    out: list[tuple[Any, ...]] = []
+    for chunk in _chunks(list(ids)):
+        out.extend(_fetch(conn, base.where(runs.c.id.in_(chunk))))
+    return out
+
+
+def label_values(conn: Connection, key: str, ids: Sequence[str] | None = None) -> dict[str, str]:
+    """run id -> the value of label ``key``: for ``ids``, or for every run that has it. (Every run's
+    is one scan of the label index: cheaper than a probe per run when a report covers many.)"""
+    lab = run_labels.c
+    base = sa.select(lab.run_id, lab.value).where(lab.key == key)
+    if ids is None:
+        return dict(_fetch(conn, base))
+    out: dict[str, str] = {}
+    for chunk in _chunks(list(ids)):
+        out.update(_fetch(conn, base.where(lab.run_id.in_(chunk))))
+    return out
+
+
+def rolled_up(conn: Connection, ids: Sequence[str]) -> set[str]:
+    """The runs of ``ids`` that have rollup rows."""
+    out: set[str] = set()
+    for chunk in _chunks(list(ids)):
+        out.update(conn.scalars(sa.select(gpu_rollups.c.run_id).where(gpu_rollups.c.run_id.in_(chunk)).distinct()))
+    return out
+
+
+def chain_links(conn: Connection, ids: Collection[str]) -> dict[str, tuple[str | None, str | None]]:
+    """(attempt_of, project) of each run in ``ids`` that exists. Unscoped: the caller follows a
+    resumed run's chain only through the projects its reader may see."""
+    out: dict[str, tuple[str | None, str | None]] = {}
+    for chunk in _chunks(sorted(ids)):
+        q = sa.select(runs.c.id, runs.c.attempt_of, runs.c.project).where(runs.c.id.in_(chunk))
+        out.update({r.id: (r.attempt_of, r.project) for r in conn.execute(q)})
+    return out
+
+
+def device_rows(conn: Connection, run_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """run_id, uuid, index, name, mig_profile, mig_parent_uuid of the runs' GPUs."""
+    d = devices.c
+    out: list[dict[str, Any]] = []
+    for chunk in _chunks(list(run_ids)):
+        q = sa.select(d.run_id, d.uuid, d.index, d.name, d.mig_profile, d.mig_parent_uuid).where(d.run_id.in_(chunk))
+        out.extend(dict(r) for r in conn.execute(q).mappings())
+    return out
+
+
+def last_interval_ends(conn: Connection, run_ids: Sequence[str]) -> dict[str, float]:
+    """The end of each run's last GPU interval (or rollup row): how far a killed run is known to have run."""
+    out: dict[str, float] = {}
+    for table in (gpu_intervals, gpu_rollups):
+        for chunk in _chunks(list(run_ids)):
+            q = (
+                sa.select(table.c.run_id, sa.func.max(table.c.t1))
+                .where(table.c.run_id.in_(chunk))
+                .group_by(table.c.run_id)
+            )
+            for run_id, t1 in conn.execute(q):
+                if t1 is not None:
+                    out[run_id] = max(out.get(run_id, t1), t1)
+    return out
+
+
+def interval_days(
+    conn: Connection,
+    run_ids: Sequence[str],
+    start: float | None,
+    end: float | None,
+    skip_days: Sequence[int] = (),
+) -> list[dict[str, Any]]:
+    """GPU intervals of ``run_ids`` summed per (run_id, device_uuid, day) inside [start, end):
+    t0, t1, busy_s, busy_n, energy_j, energy_n, intervals. An interval crossing one midnight is
+    split in proportion to time; longer ones are left to ``raw_intervals``, and so are those touching
+    ``skip_days`` (days a price changes within) to ``raw_intervals``."""
+    g = gpu_intervals.c
+    d0 = _floor(conn, g.t0 / DAY_S)
+    d1 = _floor(conn, g.t1 / DAY_S)
+    length = g.t1 - g.t0
+    midnight = (d0 + 1) * DAY_S
+    crosses = sa.and_(d1 > d0, g.t1 > midnight)
+    first = sa.case((crosses, (midnight - g.t0) / sa.func.nullif(length, 0)), else_=1.0)
+    conds = [d1 <= d0 + 1]
+    if skip_days:
+        conds += [d0.not_in(list(skip_days)), d1.not_in(list(skip_days))]
+    if start is not None:
+        conds.append(g.t1 > start)
+    if end is not None:
+        conds.append(g.t0 < end)
+    out: list[dict[str, Any]] = []
+    for chunk in _chunks(list(run_ids)):
+        where = [g.run_id.in_(chunk), *conds]
+        part_a = sa.select(
+            g.run_id,
+            g.device_uuid,
+            d0.label("day"),
+            g.t0.label("a"),
+            sa.case((crosses, midnight), else_=g.t1).label("b"),
+            (g.busy_s * first).label("busy"),
+            (g.energy_j * first).label("energy"),
+            sa.case((crosses, 0), else_=1).label("ends"),
+        ).where(*where)
+        part_b = sa.select(
+            g.run_id,
+            g.device_uuid,
+            (d0 + 1).label("day"),
+            midnight.label("a"),
+            g.t1.label("b"),
+            (g.busy_s * (1.0 - first)).label("busy"),
+            (g.energy_j * (1.0 - first)).label("energy"),
+            sa.literal(1).label("ends"),
+        ).where(*where, crosses)
+        parts = sa.union_all(part_a, part_b).subquery()
+        q = sa.select(
+            parts.c.run_id,
+            parts.c.device_uuid,
+            parts.c.day,
+            sa.func.min(parts.c.a).label("t0"),
+            sa.func.max(parts.c.b).label("t1"),
+            sa.func.sum(parts.c.busy).label("busy_s"),
+            sa.func.count(parts.c.busy).label("busy_n"),
+            sa.func.sum(parts.c.energy).label("energy_j"),
+            sa.func.count(parts.c.energy).label("energy_n"),
+            sa.func.sum(parts.c.ends).label("intervals"),
+        ).group_by(parts.c.run_id, parts.c.device_uuid, parts.c.day)
+        out.extend(dict(r) for r in conn.execute(q).mappings())
+    return out
+
+
+def raw_intervals(
+    conn: Connection, run_ids: Sequence[str], start: float | None, end: float | None, days: Sequence[int] = ()
+) -> list[dict[str, Any]]:
+    """The intervals ``interval_days`` leaves to Python: those crossing more than one midnight
+    (imported runs) and those touching one of ``days``. Each is returned once."""
+    g = gpu_intervals.c
+    d0 = _floor(conn, g.t0 / DAY_S)
+    d1 = _floor(conn, g.t1 / DAY_S)
+    wanted = [d1 > d0 + 1]
+    if days:
+        wanted += [d0.in_(list(days)), d1.in_(list(days))]
+    conds = [sa.or_(*wanted)]
+    if start is not None:
+        conds.append(g.t1 > start)
+    if end is not None:
+        conds.append(g.t0 < end)
+    out: list[dict[str, Any]] = []
+    for chunk in _chunks(list(run_ids)):
+        q = sa.select(g.run_id, g.device_uuid, g.t0, g.t1, g.busy_s, g.energy_j).where(g.run_id.in_(chunk), *conds)
+        out.extend(dict(r) for r in conn.execute(q).mappings())
+    return out
+
+
+def tenants_of(
+    conn: Connection, run_ids: Sequence[str], start: float | None, end: float | None
+) -> list[dict[str, Any]]:
+    """Every run (any project: see the module docstring) holding a GPU that one of ``run_ids``
+    holds, in [start, end): uuid, run_id, status, started_at, ended_at."""
+    d2 = devices.alias("mine")
+    out: list[dict[str, Any]] = []
+    for chunk in _chunks(list(run_ids)):
+        mine = sa.select(d2.c.uuid).where(d2.c.run_id.in_(chunk))
+        q = (
+            sa.select(devices.c.uuid, runs.c.id.label("run_id"), runs.c.status, runs.c.started_at, runs.c.ended_at)
+            .select_from(devices.join(runs, runs.c.id == devices.c.run_id))
+            .where(devices.c.uuid.in_(mine), *_in_window(start, end))
+        )
+        out.extend(dict(r) for r in conn.execute(q).mappings())
+    uniq = {(r["uuid"], r["run_id"]): r for r in out}
+    return list(uniq.values())
+
+
+def readings(
+    conn: Connection, pairs: Collection[tuple[str, str]], start: float | None, end: float | None
+) -> list[dict[str, Any]]:
+    """The raw intervals of (run_id, device_uuid) pairs in [start, end), with per-process figures."""
+    g = gpu_intervals.c
+    by_run: dict[str, set[str]] = {}
+    for run_id, uuid in pairs:
+        by_run.setdefault(run_id, set()).add(uuid)
+    out: list[dict[str, Any]] = []
+    cols = (g.run_id, g.device_uuid, g.t0, g.t1, g.busy_s, g.energy_j, g.proc_sm_util_avg_pct, g.proc_mem_max_b)
+    for chunk in _chunks(sorted(by_run)):
+        q = sa.select(*cols).where(g.run_id.in_(chunk))
+        if start is not None:
+            q = q.where(g.t1 > start)
+        if end is not None:
+            q = q.where(g.t0 < end)
+        out.extend(dict(r) for r in conn.execute(q).mappings() if r["device_uuid"] in by_run[r["run_id"]])
+    return out
+
+
+def rollup_days(
+    conn: Connection, *, scope: Scope, first_day: int | None, last_day: int | None
+) -> list[tuple[Any, ...]]:
+    """Rollup rows of runs in scope from ``first_day`` to ``last_day``, as they are: tuples
+    (run_id, day, gpu_name, mig_profile, t0, t1, alloc_s, busy_s, energy_j, share_rule), with ''
+    for an unknown name and a whole GPU's profile. Summing them in SQL (GROUP BY) costs more than
+    sending them: the caller sums in one pass."""
+    r = gpu_rollups.c
+    q = sa.select(r.run_id, r.day, r.gpu_name, r.mig_profile, r.t0, r.t1, r.alloc_s, r.busy_s, r.energy_j, r.share_rule)
+    if scope is not None:  # a semi-join: rows outside the scope never leave the database
+        q = q.where(r.run_id.in_(_scoped(sa.select(runs.c.id), scope)))
+    if first_day is not None:
+        q = q.where(r.day >= first_day)
+    if last_day is not None:
+        q = q.where(r.day <= last_day)
+    return _fetch(conn, q)
+
+
+def rollup_candidates(conn: Connection, *, rebuild: bool, limit: int | None = None) -> list[str]:
+    """Finished runs with GPUs whose rollup rows are not written yet (all of them with ``rebuild``)."""
+    q = sa.select(runs.c.id).where(runs.c.status != "running", sa.exists().where(devices.c.run_id == runs.c.id))
+    if not rebuild:
+        q = q.where(~sa.exists().where(gpu_rollups.c.run_id == runs.c.id))
+    q = q.order_by(runs.c.started_at, runs.c.id)
+    if limit is not None:
+        q = q.limit(limit)
+    return list(conn.scalars(q))

@@ -1,0 +1,249 @@
+"""Cost reports over a real ledger (SQLite and PostgreSQL): shared GPUs, MIG, killed and resumed
+runs, month boundaries, scope, and the same figures whether read from intervals or rollups."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+import sqlalchemy as sa
+
+from cost_support import H, card, ts
+from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
+from gpuledger.reports.cost_rollups import materialise_rollups
+from gpuledger.reports.costing import chargeback, month_window, run_costs
+from gpuledger.store import Ledger, schema
+from gpuledger.store import migrations as mig
+from gpuledger.store.engine import Database
+
+CARD = card(
+    """
+[[gpu]]
+model = "A100-40GB-SXM"
+price_per_hour = "2.50"
+
+[[gpu]]
+model = "A100-80GB-SXM"
+price_per_hour = "3.43"
+"""
+)
+A100_40 = "NVIDIA A100-SXM4-40GB"
+A100_80 = "NVIDIA A100-SXM4-80GB"
+
+
+def _run(
+    led: Ledger,
+    rid: str,
+    start: str,
+    end: str | None,
+    *,
+    status: str = "succeeded",
+    team: str = "vision",
+    project: str = "det",
+    user: str = "ana",
+    attempt_of: str | None = None,
+) -> float:
+    t0 = ts(start)
+    led.create_run(
+        RunRecord(
+            id=rid,
+            command=["train"],
+            user=user,
+            host="h",
+            cwd="/",
+            started_at=t0,
+            status=status,
+            ended_at=ts(end) if end else None,
+            labels={"team": team, "project": project},
+            attempt_of=attempt_of,
+        )
+    )
+    return t0
+
+
+def _intervals(
+    led: Ledger,
+    rid: str,
+    uuid: str,
+    t0: float,
+    t1: float,
+    util: float | None,
+    *,
+    step: float = 600.0,
+    sm: float | None = None,
+    watts: float | None = 300.0,
+    offset: float = 0.0,
+) -> None:
+    out, t, seq = [], t0 + offset, 0
+    while t < t1:
+        b = min(t1, t + step)
+        out.append(
+            GpuInterval(
+                device_uuid=uuid,
+                seq=seq,
+                t0=t,
+                t1=b,
+                busy_s=None if util is None else (b - t) * util,
+                energy_j=None if watts is None else (b - t) * watts,
+                proc_sm_util_avg_pct=sm,
+            )
+        )
+        t, seq = b, seq + 1
+    led.append(rid, gpu=out)
+
+
+def scenario(led: Ledger) -> None:
+    t = _run(led, "solo", "2026-03-10T00:00", "2026-03-10T06:00")
+    led.add_devices("solo", [GpuIdentity(0, "GPU-solo", A100_40)])
+    _intervals(led, "solo", "GPU-solo", t, t + 6 * H, 0.78)
+
+    # Two runs on one GPU, overlapping 13:00-14:00; A's processes use 60 % of the SMs, B's 30 %.
+    a = _run(led, "shared-a", "2026-03-11T12:00", "2026-03-11T14:00", team="nlp", project="llm", user="bo")
+    b = _run(led, "shared-b", "2026-03-11T13:00", "2026-03-11T15:00", team="nlp", project="secret", user="zora")
+    led.add_devices("shared-a", [GpuIdentity(0, "GPU-shared", A100_80)])
+    led.add_devices("shared-b", [GpuIdentity(0, "GPU-shared", A100_80)])
+    _intervals(led, "shared-a", "GPU-shared", a, a + 2 * H, 0.9, sm=60.0)
+    _intervals(led, "shared-b", "GPU-shared", b, b + 2 * H, 0.9, sm=30.0)
+
+    m = _run(led, "mig", "2026-03-12T00:00", "2026-03-12T07:00", team="vision", project="det", user="ana")
+    led.add_devices("mig", [GpuIdentity(0, "MIG-abc", A100_80, mig_parent_uuid="GPU-par", mig_profile="3g.40gb")])
+    _intervals(led, "mig", "MIG-abc", m, m + 7 * H, None, watts=None)  # MIG: no utilisation reading
+
+    k = _run(led, "killed", "2026-03-20T00:00", "2026-03-20T10:00", status="killed")
+    led.add_devices("killed", [GpuIdentity(0, "GPU-k", A100_40)])
+    _intervals(led, "killed", "GPU-k", k, k + 4 * H, 0.5)  # the recorder stopped hearing from it at 04:00
+
+    c = _run(led, "cross", "2026-03-31T22:00", "2026-04-01T02:00", team="ops", project="det", user="dee")
+    led.add_devices("cross", [GpuIdentity(0, "GPU-c", A100_40)])
+    _intervals(led, "cross", "GPU-c", c, c + 4 * H, 1.0, offset=-300.0)  # intervals straddle midnight
+
+    s1 = _run(led, "att1", "2026-03-05T00:00", "2026-03-05T02:00", status="failed", user="eve")
+    s2 = _run(led, "att2", "2026-03-05T03:00", "2026-03-05T05:00", user="eve", attempt_of="att1")
+    led.add_devices("att1", [GpuIdentity(0, "GPU-r", A100_40)])
+    led.add_devices("att2", [GpuIdentity(0, "GPU-r", A100_40)])
+    _intervals(led, "att1", "GPU-r", s1, s1 + 2 * H, 0.5)
+    _intervals(led, "att2", "GPU-r", s2, s2 + 2 * H, 0.5)
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Ledger:
+    led = Ledger(ledger_url)
+    scenario(led)
+    yield led
+    led.close()
+
+
+def _report(led: Ledger, scope=None, by=("team",), basis="busy"):  # type: ignore[no-untyped-def]
+    lo, hi = month_window("2026-03")
+    return chargeback(led, scope=scope, card=CARD, start=lo, end=hi, by=by, basis=basis, trend_months=1)
+
+
+def _runs_by_id(led: Ledger, ids: list[str], scope=None, basis="busy"):  # type: ignore[no-untyped-def]
+    report = run_costs(led, ids, scope=scope, card=CARD, basis=basis)
+    return {r["run_id"]: r for r in report["runs"]}
+
+
+def test_hand_computed_runs_in_the_ledger(ledger: Ledger) -> None:
+    runs = _runs_by_id(ledger, ["solo", "shared-a", "shared-b", "mig", "killed", "cross", "att2"], basis="allocated")
+    solo = runs["solo"]["total"]
+    assert (solo["allocated_gpu_h"], solo["busy_gpu_h"], solo["cost"]) == (6.0, 4.68, "15.00")
+    busy = _runs_by_id(ledger, ["solo"])["solo"]["total"]
+    assert busy["cost"] == "11.70"  # the seed case, through the ledger
+
+    a, b = runs["shared-a"]["total"], runs["shared-b"]["total"]
+    assert a["allocated_gpu_h"] == pytest.approx(1 + 2 / 3, abs=1e-6)  # alone 1 h + 2/3 of the shared hour
+    assert b["allocated_gpu_h"] == pytest.approx(1 + 1 / 3, abs=1e-6)
+    assert a["busy_gpu_h"] == pytest.approx(0.9 + 0.6, abs=1e-6)  # 0.9 busy x 60/90 in the shared hour
+    assert b["busy_gpu_h"] == pytest.approx(0.9 + 0.3, abs=1e-6)
+    assert a["allocated_gpu_h"] + b["allocated_gpu_h"] == pytest.approx(3.0, abs=2e-6)  # the GPU's 3 h, billed once
+    assert "shared:sm" in a["flags"] and "shared:sm" in b["flags"]
+
+    m = runs["mig"]["total"]
+    assert m["allocated_gpu_h"] == 3.0 and m["unmeasured_gpu_h"] == 3.0 and m["cost"] == "10.29"  # 7 h x 3/7 x 3.43
+    assert "mig" in m["flags"] and "busy_unmeasured" in m["flags"]
+
+    k = runs["killed"]
+    assert k["partial"] and k["total"]["allocated_gpu_h"] == 4.0 and "killed" in k["total"]["flags"]
+
+    assert runs["cross"]["total"]["allocated_gpu_h"] == pytest.approx(4.0)
+    logical = runs["att2"]["logical_run"]
+    assert logical["attempts"] == ["att1", "att2"] and logical["allocated_gpu_h"] == 4.0 and logical["cost"] == "10.00"
+
+
+def test_chargeback_by_team_with_month_boundary_and_attempts(ledger: Ledger) -> None:
+    cb = _report(ledger)
+    groups = {g["team"]: g for g in cb.groups}
+    assert groups["ops"]["allocated_gpu_h"] == pytest.approx(2.0, abs=1e-6)  # 22:00-24:00 of the cross run
+    assert groups["ops"]["busy_gpu_h"] == pytest.approx(2.0, abs=1e-6)
+    vision = groups["vision"]
+    # solo, mig, killed, and att1+att2 as one logical run
+    assert vision["runs"] == 4 and vision["attempts"] == 5 and vision["partial_runs"] == 2
+    assert sum(Decimal(g["cost"]) for g in cb.groups) == Decimal(cb.total["cost"])
+    top = {r["run_id"]: r for r in cb.top_runs_by_cost}
+    assert top["att1"]["attempts"] == 2 and top["att1"]["status"] == "succeeded"
+    assert Decimal(top["att1"]["cost"]) == Decimal("5.00")  # 2 x 2 h x 50 % x 2.50
+    assert "killed" in top["killed"]["flags"]
+    assert any("killed, lost, failed" in w for w in cb.warnings)
+
+
+def test_scope_hides_other_projects_but_their_share_of_a_gpu_still_counts(ledger: Ledger) -> None:
+    cb = _report(ledger, scope=frozenset({"llm"}), by=("project", "user"))
+    assert [(g["project"], g["user"]) for g in cb.groups] == [("llm", "bo")]
+    assert cb.groups[0]["busy_gpu_h"] == pytest.approx(1.5, abs=1e-6)  # not 1.8: zora's share is not bo's
+    everything = repr(cb.as_dict())
+    for hidden in ("secret", "zora", "shared-b", "solo"):
+        assert hidden not in everything
+    assert _report(ledger, scope=frozenset()).groups == []
+    with pytest.raises(Exception, match="shared-b"):
+        run_costs(ledger, ["shared-b"], scope=frozenset({"llm"}), card=CARD)
+
+
+def test_rollups_give_the_same_report_as_the_intervals(ledger: Ledger, ledger_url: str) -> None:
+    before = _report(ledger, by=("team", "user", "gpu_model")).as_dict()
+    costs_before = run_costs(ledger, ["solo", "shared-a", "mig", "killed", "cross", "att2"], scope=None, card=CARD)
+    counts = materialise_rollups(ledger)
+    assert counts["runs"] == 8 and counts["skipped"] == 0
+    db = Database(ledger_url)
+    assert db.read(lambda c: c.scalar(sa.text("SELECT count(*) FROM gpu_rollups"))) == counts["rows"]
+    db.close()
+    after = _report(ledger, by=("team", "user", "gpu_model")).as_dict()
+    costs_after = run_costs(ledger, ["solo", "shared-a", "mig", "killed", "cross", "att2"], scope=None, card=CARD)
+    assert _close(after, before)
+    assert _close(costs_after, costs_before)
+    assert materialise_rollups(ledger)["runs"] == 0  # nothing left to do
+    assert materialise_rollups(ledger, rebuild=True)["runs"] == 8
+
+
+def _close(a, b) -> bool:  # type: ignore[no-untyped-def]
+    """Equal, with money equal to the cent and hours to 1e-5: rollups re-add the same floats in
+    another order, which can move a quantity by one 3.6 ms step."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=False))
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) < 1e-5
+    if isinstance(a, str) and isinstance(b, str) and a[:1].isdigit() and "." in a and a.replace(".", "", 1).isdigit():
+        return abs(Decimal(a) - Decimal(b)) < Decimal("0.0001")
+    return a == b
+
+
+def test_a_running_co_tenant_holds_back_the_rollup(ledger: Ledger) -> None:
+    t = _run(ledger, "live", "2026-03-11T14:30", None, status="running", team="nlp", project="llm")
+    ledger.add_devices("live", [GpuIdentity(0, "GPU-shared", A100_80)])
+    _intervals(ledger, "live", "GPU-shared", t, t + 600, 0.9, sm=10.0)
+    counts = materialise_rollups(ledger)
+    assert counts["skipped"] == 2  # shared-a and shared-b wait for "live"
+
+
+def test_migration_2_adds_the_rollup_table_to_a_version_1_ledger(ledger_url: str) -> None:
+    db = Database(ledger_url)
+    try:
+        assert mig.upgrade(db, mig.MIGRATIONS[:1]) == 1
+        # Migration 1 creates today's whole schema; a ledger made by version 1 had no rollups.
+        db.write(lambda c: c.execute(sa.text("DROP TABLE gpu_rollups")))
+        assert mig.upgrade(db, mig.MIGRATIONS[:2]) == 2
+        columns = db.read(lambda c: [col["name"] for col in sa.inspect(c).get_columns("gpu_rollups")])
+    finally:
+        db.close()
+    assert columns == [c.name for c in schema.gpu_rollups.columns]  # migration 2 and schema.py agree
