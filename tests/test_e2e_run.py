@@ -298,3 +298,11 @@ def test_unreachable_ledger_keeps_the_run_in_a_spool_that_recover_writes(tmp_pat
     assert run["status"] == "succeeded" and run["intervals"] >= 2
     assert run_cli(["logs", run["id"]], env).stdout.strip() == b"trained"
     assert not list((tmp_path / "home" / "spool").glob("*.json"))  # recovered once, then gone
+
+
+def test_markup_and_escape_sequences_in_names_reach_the_terminal_as_plain_text(env: dict[str, str]) -> None:
+    name = "[red]boom[/red] \x1b[2J"
+    assert run_cli(["run", "--name", name, "--project", "[bold]p", "--", *py("pass")], env).returncode == 0
+    table = run_cli(["runs"], env).stdout.decode()
+    assert "[red]boom[/red]" in table and "[bold]p" in table  # shown as typed, not interpreted
+    assert "\x1b[2J" not in table  # a name cannot clear the reader's screen

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from gpuledger.core.model import Metric
+from gpuledger.recorder.recorder import ticks_per_interval
 from gpuledger.recorder.session import Session, new_run_record
 
 
@@ -80,7 +81,7 @@ def track(
         gpu, note = None, "GPU metering was turned off (no_gpu=True)"
     else:
         gpu, note = open_gpu_collector(env, replay_trace=replay_gpus)
-    host = ProcessTreeCollector(os.getpid(), include_root=True)
+    host = ProcessTreeCollector(os.getpid(), include_root=True, system_every=ticks_per_interval(interval))
     session = Session(db or env.get("GPULEDGER_DB"), run, host=host, gpu=gpu, gpu_note=note)
     previous_run_env = os.environ.get("GPULEDGER_RUN_ID")
     os.environ["GPULEDGER_RUN_ID"] = run.id  # integrations in this process attach to this run

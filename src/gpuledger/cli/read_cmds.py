@@ -33,10 +33,24 @@ def _fail_on_lookup(func):
 @click.option("--since", help="Only runs started since: 2026-11-01, an ISO timestamp, or 3d / 12h / 30m.")
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--server", metavar="URL", help="List from a team server instead of the local ledger.")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="Server token file.")
 @db_option
 @_fail_on_lookup
-def runs_cmd(project, team, user, status, since, limit, as_json, db) -> None:
+def runs_cmd(project, team, user, status, since, limit, as_json, server, token_file, db) -> None:
     """List runs, newest first."""
+    if server:
+        from gpuledger.agent.remote import list_remote_runs
+
+        rows = list_remote_runs(server, token_file, project=project, team=team, user=user, status=status,
+                                since=since, limit=limit)  # fmt: skip
+        if as_json:
+            echo_json(rows)
+        else:
+            from gpuledger.cli.render import runs_table
+
+            runs_table(rows)
+        return
     from gpuledger.reports.runview import list_rows, parse_since
 
     try:

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpuledger.core.units import fmt_duration
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def plain(text: object) -> str:
+    """User text for the terminal: no rich markup and no control characters (escape sequences)."""
+    return escape(_CONTROL.sub("?", str(text)))
 
 
 def runs_table(rows: list[dict]) -> None:
@@ -22,9 +32,9 @@ def runs_table(rows: list[dict]) -> None:
     table.add_column("NAME / COMMAND", overflow="ellipsis", no_wrap=True, ratio=1)
     for r in rows:
         busy = "—" if r["busy_gpu_hours"] is None else f"{r['busy_gpu_hours']:.3f}"
-        label = r["name"] or " ".join(r["command"])
+        label = plain(r["name"] or " ".join(r["command"]))
         if r["replayed"]:
-            label = f"[replayed] {label}"
+            label = f"\\[replayed] {label}"
         table.add_row(
             r["id"][:13],
             r["status"],
@@ -32,9 +42,9 @@ def runs_table(rows: list[dict]) -> None:
             fmt_duration(r["wall_seconds"]),
             str(r["gpus"]),
             busy,
-            r["project"] or "",
-            r["team"] or "",
-            r["user"],
+            plain(r["project"] or ""),
+            plain(r["team"] or ""),
+            plain(r["user"]),
             label,
         )
     console.print(table)

@@ -34,6 +34,25 @@ from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
     "NVML; the run is marked replayed.",
 )
 @click.option("--no-gpu", is_flag=True, help="Do not meter GPUs (host metrics only).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus /metrics from this process on PORT while the run records (see docs/PROMETHEUS.md).",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port to listen on."
+)
+@click.option(
+    "--server",
+    envvar="GPULEDGER_SERVER",
+    metavar="URL",
+    help="Also push the run to this team server (from the local ledger's outbox, in the background).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="File holding the server token (default: GPULEDGER_TOKEN).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No summary at the end.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(
@@ -45,6 +64,10 @@ def run_cmd(
     db: str | None,
     replay: str | None,
     no_gpu: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+    server: str | None,
+    token_file: str | None,
     quiet: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -53,6 +76,7 @@ def run_cmd(
     COMMAND's output is shown live and archived; gpuledger exits with COMMAND's status
     (128+N when it died of signal N).
     """
+    from gpuledger.agent.client import token_from
     from gpuledger.recorder.wrap import WrapOptions, run_and_exit_code
 
     label_map = parse_labels(labels)
@@ -68,5 +92,9 @@ def run_cmd(
         replay_trace=replay,
         no_gpu=no_gpu,
         summary=not quiet,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        server=server or None,
+        token=token_from(None, token_file) if server else None,
     )
     sys.exit(run_and_exit_code(list(command), opts))

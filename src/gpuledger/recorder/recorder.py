@@ -32,6 +32,10 @@ def tick_seconds(interval_s: float) -> float:
     return min(interval_s, MAX_TICK_S)
 
 
+def ticks_per_interval(interval_s: float) -> int:
+    return max(1, round(interval_s / tick_seconds(interval_s)))
+
+
 @dataclass
 class Pending:
     """Closed intervals, events and metrics not yet written to the ledger."""

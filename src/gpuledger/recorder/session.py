@@ -19,6 +19,7 @@ from gpuledger.core.ids import uuid7
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
 from gpuledger.core.redact import Redactor
 from gpuledger.recorder import metadata
+from gpuledger.recorder.alerting import LiveAlerts
 from gpuledger.recorder.control import ControlServer
 from gpuledger.recorder.messages import handle as handle_message
 from gpuledger.recorder.recorder import Recorder
@@ -83,8 +84,11 @@ class Session:
         warn: Callable[[str], None] = stderr_line,
         clock: Callable[[], float] = time.time,
         control: ControlServer | None = None,
+        on_interval: Callable[[list[GpuInterval], HostInterval | None], None] | None = None,
+        after_flush: Callable[[], None] | None = None,
     ) -> None:
         self.run = run
+        self._after_flush = after_flush  # e.g. wakes the pusher of ``gpuledger run --server``
         self._url = ledger_url
         self._ledger = None
         self._created = False
@@ -100,6 +104,7 @@ class Session:
             run.versions.update(_driver_versions(self.devices))
         self.control = control
         self._run_changes: dict[str, object] = {}
+        self.alerts = LiveAlerts.for_session(run, self.devices, warn=warn)
         self.recorder = Recorder(
             self._append,
             host=host,
@@ -107,9 +112,15 @@ class Session:
             interval_s=run.interval_s,
             clock=clock,
             warn=warn,
+            on_interval=self.alerts.hook(on_interval),  # alerts first, then e.g. the /metrics exporter
             control=control,
-            on_message=lambda recorder, msg: handle_message(self, recorder, msg),
+            on_message=self._handle_message,
         )
+        self.alerts.bind(self.recorder)
+
+    def _handle_message(self, recorder: Recorder, msg: dict) -> None:
+        handle_message(self, recorder, msg)
+        self.alerts.on_message(msg)
 
     # -- ledger access, tolerant of a ledger that is not there yet -------------------------
     def ledger(self):
@@ -140,6 +151,12 @@ class Session:
                 with self._ledger_lock:
                     self._run_changes = {**changes, **self._run_changes}
                 raise
+        self._notify_flushed()
+
+    def _notify_flushed(self) -> None:
+        if self._after_flush is not None:
+            with contextlib.suppress(Exception):
+                self._after_flush()
 
     def update_meta(self, labels: dict, meta: dict) -> None:
         """Labels and run metadata sent by an integration; written at the next flush.
@@ -195,6 +212,7 @@ class Session:
         integration reported them) and may return a better status reason.
         """
         self.recorder.stop()
+        self.alerts.close()
         if explain is not None:
             try:
                 reason = explain(self, status, exit_code, signal) or reason
@@ -213,6 +231,7 @@ class Session:
             ledger.update_run(
                 run.id, status=status, ended_at=ended, exit_code=exit_code, signal=signal, status_reason=reason
             )
+            self._notify_flushed()
             return run_summary(ledger, run.id, now=ended)
         except Exception as exc:
             stderr_line(f"gpuledger: could not write the end of run {run.id} to the ledger: {exc}")
@@ -252,12 +271,6 @@ def _driver_versions(devices: list[GpuIdentity]) -> dict[str, str]:
 
 
 def run_summary(ledger, run_id: str, now: float) -> dict:
-    from gpuledger.core.summary import summarize
+    from gpuledger.reports.runview import summary
 
-    return summarize(
-        ledger.get_run(run_id),
-        ledger.devices(run_id),
-        ledger.gpu_intervals(run_id),
-        ledger.host_intervals(run_id),
-        now=now,
-    )
+    return summary(ledger, ledger.get_run(run_id), now=now)

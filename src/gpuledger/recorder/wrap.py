@@ -7,15 +7,20 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpuledger.core.ids import uuid7
 from gpuledger.paths import log_dir
 from gpuledger.recorder.control import ENV_VAR as CONTROL_ENV
 from gpuledger.recorder.control import ControlServer
 from gpuledger.recorder.launch import LaunchError, become_subreaper, copy_window_size, launch
+from gpuledger.recorder.recorder import ticks_per_interval
 from gpuledger.recorder.session import Session, new_run_record, stderr_line
+
+if TYPE_CHECKING:
+    from gpuledger.prom.serve import MetricsServer
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 RELAY_GRACE_S = 3.0  # after CMD ends, how long a grandchild may keep its output open
@@ -33,6 +38,10 @@ class WrapOptions:
     no_gpu: bool = False
     use_pty: bool | None = None
     summary: bool = True
+    metrics_port: int | None = None  # serve Prometheus /metrics from this process (0: any free port)
+    metrics_host: str = "127.0.0.1"
+    server: str | None = None  # team server to push the run to (gpuledger run --server)
+    token: str | None = None
 
 
 @dataclass
@@ -114,9 +123,14 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
         master = launched.pty_master
         previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda *_: copy_window_size(1, master))
 
+    metrics = _start_metrics(opts)  # after the launch: CMD and the relay must not inherit its socket
+    from gpuledger.agent.attach import finish_pusher, start_pusher
+
+    pusher = start_pusher(opts.server, opts.token, opts.db_url, run_id, stderr_line)
     session: Session | None = None
     try:
-        session = _start_session(argv, opts, env, run_id, started, log_path, launched.relay_pid, control)
+        session = _start_session(argv, opts, env, run_id, started, log_path, launched.relay_pid, control, metrics,
+                                 after_flush=pusher.wake if pusher is not None else None)
     except Exception as exc:
         stderr_line(f"gpuledger: monitoring could not start ({exc}); the command runs unmetered")
     wait_status = _reap_until(launched.pid, launched.relay_pid, session)
@@ -136,6 +150,9 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
             explain=explain_run,
         )
         session.close()
+    finish_pusher(pusher, stderr_line)
+    if metrics is not None:
+        metrics.stop()
     control.close()
     for signum, handler in previous.items():
         signal.signal(signum, handler)
@@ -153,6 +170,8 @@ def _start_session(
     log_path: str,
     relay_pid: int,
     control: ControlServer,
+    metrics: MetricsServer | None = None,
+    after_flush: Callable[[], None] | None = None,
 ) -> Session:
     from gpuledger.collect.gpus import open_gpu_collector
     from gpuledger.collect.host import ProcessTreeCollector
@@ -173,10 +192,26 @@ def _start_session(
         run_id=run_id,
         started_at=started,
     )
-    host = ProcessTreeCollector(os.getpid(), exclude_pids={os.getpid(), relay_pid}, include_root=False)
-    session = Session(opts.db_url, run, host=host, gpu=gpu, gpu_note=note, control=control)
+    host = ProcessTreeCollector(
+        os.getpid(),
+        exclude_pids={os.getpid(), relay_pid},
+        include_root=False,
+        system_every=ticks_per_interval(opts.interval_s),
+    )
+    session = Session(opts.db_url, run, host=host, gpu=gpu, gpu_note=note, control=control,
+                      on_interval=metrics.live.observe if metrics is not None else None, after_flush=after_flush)
+    if metrics is not None:
+        metrics.live.bind(session.run, session.devices)
     session.start()
     return session
+
+
+def _start_metrics(opts: WrapOptions) -> MetricsServer | None:
+    if opts.metrics_port is None:
+        return None
+    from gpuledger.prom.serve import try_start
+
+    return try_start(opts.metrics_port, opts.metrics_host, stderr_line)
 
 
 def _reap_until(cmd_pid: int, relay_pid: int, session: Session | None) -> int:
