@@ -1,20 +1,60 @@
-"""The ``gpuledger`` command: a thin layer that parses options, calls one use case, renders."""
+"""The ``gpuledger`` command: a thin layer that parses options, calls one use case, renders.
+
+Subcommands are imported only when called, so ``gpuledger run`` starts the training without
+first loading the server, report and cost code.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from gpuledger import __version__
-from gpuledger.cli import admin_cmds, audit_cmds, report_cmds, server_cmds
-from gpuledger.cli.cost_cmds import cost_cmd, report_group
-from gpuledger.cli.import_cmd import import_cmd
-from gpuledger.cli.read_cmds import export_cmd, logs_cmd, recover_cmd, runs_cmd, show_cmd
-from gpuledger.cli.run_cmd import run_cmd
+
+# name -> "module:attribute" of the click command
+COMMANDS: dict[str, str] = {
+    "run": "gpuledger.cli.run_cmd:run_cmd",
+    "runs": "gpuledger.cli.read_cmds:runs_cmd",
+    "show": "gpuledger.cli.read_cmds:show_cmd",
+    "logs": "gpuledger.cli.read_cmds:logs_cmd",
+    "export": "gpuledger.cli.read_cmds:export_cmd",
+    "recover": "gpuledger.cli.read_cmds:recover_cmd",
+    "import": "gpuledger.cli.import_cmd:import_cmd",
+    "cost": "gpuledger.cli.cost_cmds:cost_cmd",
+    "report": "gpuledger.cli.report_cmds:report_group",  # run; chargeback and rollup attach to it
+    "compare": "gpuledger.cli.report_cmds:compare_cmd",
+    "query": "gpuledger.cli.report_cmds:query_group",
+    "top": "gpuledger.cli.report_cmds:top_cmd",
+    # team server (docs/SERVER.md)
+    "serve": "gpuledger.cli.server_cmds:serve_cmd",
+    "db": "gpuledger.cli.server_cmds:db_group",
+    "sync": "gpuledger.cli.server_cmds:sync_cmd",
+    "admin": "gpuledger.cli.admin_cmds:admin_group",
+    "audit": "gpuledger.cli.audit_cmds:audit_group",
+    "retention": "gpuledger.cli.audit_cmds:retention_group",
+}
+# Modules that attach subcommands to a group defined elsewhere (report chargeback, report rollup).
+GROUP_EXTENSIONS: dict[str, tuple[str, ...]] = {"report": ("gpuledger.cli.cost_cmds",)}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        for extension in GROUP_EXTENSIONS.get(cmd_name, ()):
+            importlib.import_module(extension)
+        command = getattr(importlib.import_module(module_name), attr)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuledger")
 def cli() -> None:
     """Meter, archive and price GPU training runs.
@@ -24,28 +64,6 @@ def cli() -> None:
     gpuledger runs
     gpuledger show RUN
     """
-
-
-cli.add_command(run_cmd)
-cli.add_command(runs_cmd)
-cli.add_command(show_cmd)
-cli.add_command(logs_cmd)
-cli.add_command(export_cmd)
-cli.add_command(cost_cmd)
-cli.add_command(report_group)
-cli.add_command(report_cmds.report_group)  # report run (and the cost engineer's chargeback)
-cli.add_command(report_cmds.compare_cmd)
-cli.add_command(report_cmds.query_group)
-cli.add_command(report_cmds.top_cmd)
-cli.add_command(recover_cmd)
-cli.add_command(import_cmd)
-# team server (docs/SERVER.md)
-cli.add_command(server_cmds.serve_cmd)
-cli.add_command(server_cmds.db_group)
-cli.add_command(server_cmds.sync_cmd)
-cli.add_command(admin_cmds.admin_group)
-cli.add_command(audit_cmds.audit_group)
-cli.add_command(audit_cmds.retention_group)
 
 
 def main() -> None:

@@ -124,9 +124,11 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
         previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda *_: copy_window_size(1, master))
 
     metrics = _start_metrics(opts)  # after the launch: CMD and the relay must not inherit its socket
-    from gpuledger.agent.attach import finish_pusher, start_pusher
+    pusher = None
+    if opts.server:  # the agent (httpx, outbox) is only loaded for a run that pushes to a server
+        from gpuledger.agent.attach import start_pusher
 
-    pusher = start_pusher(opts.server, opts.token, opts.db_url, run_id, stderr_line)
+        pusher = start_pusher(opts.server, opts.token, opts.db_url, run_id, stderr_line)
     session: Session | None = None
     try:
         session = _start_session(argv, opts, env, run_id, started, log_path, launched.relay_pid, control, metrics,
@@ -150,7 +152,10 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
             explain=explain_run,
         )
         session.close()
-    finish_pusher(pusher, stderr_line)
+    if pusher is not None:
+        from gpuledger.agent.attach import finish_pusher
+
+        finish_pusher(pusher, stderr_line)
     if metrics is not None:
         metrics.stop()
     control.close()
