@@ -29,32 +29,35 @@ def summary(ledger, run: RunRecord, now: float | None = None) -> dict:
         counts={**counts, "host": host_count},
     )
 
+def run_row(run: RunRecord, gpus: int, busy_s: float | None, now: float) -> dict:
+    """One light row per run: what ``gpuledger runs`` and the server's run list show."""
+    end = run.ended_at if run.ended_at is not None else now
+    return {
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "started_at": iso(run.started_at),
+        "wall_seconds": max(0.0, end - run.started_at),
+        "user": run.user,
+        "host": run.host,
+        "project": run.labels.get("project"),
+        "team": run.labels.get("team"),
+        "gpus": gpus,
+        "busy_gpu_hours": None if busy_s is None else busy_s / 3600,
+        "replayed": run.replayed,
+        "command": run.command,
+    }
+
+
 def list_rows(ledger, runs: list[RunRecord], now: float | None = None) -> list[dict]:
-    """One light row per run (no interval scan): what ``gpuledger runs`` shows."""
+    """Rows for ``gpuledger runs`` (no interval scan), with dead recorders' runs marked lost."""
     now = time.time() if now is None else now
     rows = []
     for run in runs:
         run = reconcile(ledger, run)
         totals = ledger.gpu_totals(run.id)
-        end = run.ended_at if run.ended_at is not None else now
         busy = [t["busy_s"] for t in totals.values() if t.get("busy_s") is not None]
-        rows.append(
-            {
-                "id": run.id,
-                "name": run.name,
-                "status": run.status,
-                "started_at": iso(run.started_at),
-                "wall_seconds": max(0.0, end - run.started_at),
-                "user": run.user,
-                "host": run.host,
-                "project": run.labels.get("project"),
-                "team": run.labels.get("team"),
-                "gpus": len(totals),
-                "busy_gpu_hours": sum(busy) / 3600 if busy else None,
-                "replayed": run.replayed,
-                "command": run.command,
-            }
-        )
+        rows.append(run_row(run, len(totals), sum(busy) if busy else None, now))
     return rows
 
 

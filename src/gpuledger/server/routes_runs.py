@@ -87,30 +87,9 @@ def list_runs(
 
     runs, busy = db.read(tx)
     now = time.time()
-    from gpuledger.reports.runview import iso
+    from gpuledger.reports.runview import run_row
 
-    rows = []
-    for run in runs:
-        gpus, busy_s = busy.get(run.id, (0, None))
-        end = run.ended_at if run.ended_at is not None else now
-        rows.append(
-            {
-                "id": run.id,
-                "name": run.name,
-                "status": run.status,
-                "started_at": iso(run.started_at),
-                "wall_seconds": max(0.0, end - run.started_at),
-                "user": run.user,
-                "host": run.host,
-                "project": run.labels.get("project"),
-                "team": run.labels.get("team"),
-                "gpus": gpus,
-                "busy_gpu_hours": None if busy_s is None else busy_s / 3600,
-                "replayed": run.replayed,
-                "command": run.command,
-            }
-        )
-    return rows
+    return [run_row(run, *busy.get(run.id, (0, None)), now) for run in runs]
 
 
 @router.get("/runs/{run_id}", summary="One run: the same JSON as `gpuledger show --json`")
