@@ -223,9 +223,14 @@ def test_credits_in_any_order_do_not_double_count(backend: str, first: str, read
     sampler.read()  # both alive and tracked, with some CPU seen
     deadline = time.monotonic() + 30
     for pid in (parent.pid, grandchild):  # both end, unread and unreaped (zombies)
-        while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        try:
+            while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        except psutil.NoSuchProcess:
+            # Only a waitpid(-1) elsewhere in this pytest process (a child watcher left by an earlier
+            # test's event loop) can take our zombie; the credit order cannot be staged then.
+            pytest.skip(f"pid {pid} was reaped by another waiter in the test process")
     order = [grandchild, parent.pid] if first == "grandchild" else [parent.pid, grandchild]
     usage = {pid: os.wait4(pid, 0)[2] for pid in order}
     forget_popen(parent)
