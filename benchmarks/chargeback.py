@@ -138,7 +138,7 @@ def generate(n_runs: int, seed: int = 1) -> Iterator[tuple[dict, list[dict], lis
         rid = str(uuidlib.UUID(int=rng.getrandbits(128)))
         team = teams[made % len(teams)]
         project = rng.choice(TEAMS[team])
-        user = users[(hash(team) + rng.randrange(40)) % len(users)]
+        user = users[(teams.index(team) * 40 + rng.randrange(40)) % len(users)]  # not hash(): seeded
         status = rng.choices(["succeeded", "killed", "lost", "failed"], weights=[96, 2, 1, 1])[0]
         util = rng.uniform(0.05, 0.98)
         last = end if status == "succeeded" else start + (end - start) * rng.uniform(0.3, 1.0)

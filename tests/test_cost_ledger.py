@@ -247,3 +247,21 @@ def test_migration_2_adds_the_rollup_table_to_a_version_1_ledger(ledger_url: str
     finally:
         db.close()
     assert columns == [c.name for c in schema.gpu_rollups.columns]  # migration 2 and schema.py agree
+
+
+def test_migration_4_adds_the_label_index_to_a_version_3_ledger(ledger_url: str) -> None:
+    Ledger(ledger_url).close()
+    db = Database(ledger_url)
+    try:  # back to what version 3 made: no covering label index
+        db.write(lambda c: c.execute(sa.text("DROP INDEX ix_run_labels_key_run_value")))
+        db.write(lambda c: c.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version == 4)))
+    finally:
+        db.close()
+    with Ledger(ledger_url) as led:
+        assert led.schema_version() == 4
+    db = Database(ledger_url)
+    try:
+        indexes = db.read(lambda c: [ix["name"] for ix in sa.inspect(c).get_indexes("run_labels")])
+    finally:
+        db.close()
+    assert "ix_run_labels_key_run_value" in indexes

@@ -157,6 +157,10 @@ def test_chargeback_groups_sum_exactly_to_the_total(runs: list[Usage], by: list[
     assert not shares or abs(sum(shares) - 1) < 1e-5
     total_trend = [r for r in cb.trend if r[by[0]] == "TOTAL"]
     assert sum(Decimal(r["cost"]) for r in total_trend) == Decimal(cb.total["cost"])
+    # The total does not depend on how it is grouped.
+    other = build_chargeback(lines, _INFO, by=["team"], start=T0 - 86400, months=["2026-01", "2026-02"])
+    for column in ("runs", "attempts", "cost", "idle_cost", "allocated_gpu_h", "energy_kwh", "partial_runs"):
+        assert cb.total[column] == other.total[column], column
 
 
 @st.composite
@@ -212,3 +216,39 @@ def test_day_rows_keep_every_second_busy_second_and_joule(raw: list[tuple[float,
         got = sum(getattr(d, attr) for d in days)
         assert abs(got - expected) < 1e-6 * max(1.0, expected)
     assert all(d.t1 - d.t0 <= 86400 and d.busy_s <= d.alloc_s + 1e-9 for d in days)
+
+
+class _Run:
+    def __init__(self, instance_type: str | None) -> None:
+        self.instance_type = instance_type
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(usages(), min_size=1, max_size=8), st.sampled_from(["allocated", "busy"]))
+def test_the_fast_path_prices_exactly_like_the_slow_one(runs: list[Usage], basis: str) -> None:
+    # Rollup-shaped rows (one per usage, inside one day) through price_rollups vs price().
+    from gpuledger.core.cost import compact
+
+    day_rows, usages_, run_map = [], [], {}
+    for i, u in enumerate(runs):
+        t0 = T0 + (u.t0 - T0) % (20 * 86400)  # away from the price changes' days
+        day = int(t0 // 86400)
+        t0 = day * 86400.0 + 3600
+        t1 = t0 + min(u.t1 - u.t0, 20 * 3600.0)
+        rid = f"r{i}"
+        run_map[rid] = _Run(u.instance_type)
+        day_rows.append(
+            (rid, day, u.gpu_name or "", u.mig_profile or "", t0, t1, u.alloc_s, u.busy_s, u.energy_j, None)
+        )
+        usages_.append(Usage(rid, u.gpu_name, u.mig_profile, u.instance_type, t0, t1, u.alloc_s, u.busy_s, u.energy_j))
+    pricer = Pricer(PRICED, basis)
+    days = sorted({r[1] for r in day_rows})
+    period_of_day = {d: i for i, d in enumerate(days)}
+    periods = [(d * 86400.0, True) for d in days]
+
+    def norm(items):  # type: ignore[no-untyped-def]
+        return sorted((*c[:6], tuple(sorted(c[6]))) for c in items)  # flags are a set
+
+    fast = norm(pricer.price_rollups(day_rows, run_map, period_of_day, periods))
+    slow = norm(compact(ln) for ln in Pricer(PRICED, basis).price_all(usages_))
+    assert fast == slow

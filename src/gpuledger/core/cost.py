@@ -15,16 +15,23 @@ linear in integers, is exactly additive over any split of a run in time.
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
-import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from gpuledger.core.money import FACTOR_PLACES, UH_PER_H, gpu_money, joules_to_mwh, price_units, seconds_to_uh
+from gpuledger.core.money import (
+    FACTOR_PLACES,
+    GPU_MONEY,
+    UH_PER_H,
+    gpu_money,
+    joules_to_mwh,
+    price_units,
+    seconds_to_uh,
+)
+from gpuledger.core.months import month_bounds, month_of, month_starts
 from gpuledger.core.ratecard import BASES, RateCard, RateLine
 
 _UH_PER_S = UH_PER_H / 3600.0  # as in money.seconds_to_uh / joules_to_mwh (the slow path)
@@ -92,43 +99,6 @@ class CostLine:
     @property
     def idle_uh(self) -> int:
         return self.alloc_uh - self.busy_uh - self.unmeasured_uh
-
-
-# -- calendar (UTC) -------------------------------------------------------------------------------
-
-_MONTHS: dict[int, tuple[str, float, float]] = {}  # day number -> (month, start, next month start)
-
-
-def _month_of_day(day: int) -> tuple[str, float, float]:
-    found = _MONTHS.get(day)
-    if found is None:
-        d = dt.datetime.fromtimestamp(day * 86400, tz=dt.timezone.utc)
-        start = dt.datetime(d.year, d.month, 1, tzinfo=dt.timezone.utc)
-        nxt = dt.datetime(d.year + d.month // 12, d.month % 12 + 1, 1, tzinfo=dt.timezone.utc)
-        found = _MONTHS[day] = (f"{d.year:04d}-{d.month:02d}", start.timestamp(), nxt.timestamp())
-    return found
-
-
-def month_of(t: float) -> str:
-    return _month_of_day(math.floor(t / 86400))[0]
-
-
-def month_bounds(month: str) -> tuple[float, float]:
-    """ "2026-03" -> [start, end) epoch seconds, UTC."""
-    year, mon = (int(x) for x in month.split("-"))
-    start = dt.datetime(year, mon, 1, tzinfo=dt.timezone.utc)
-    end = dt.datetime(year + mon // 12, mon % 12 + 1, 1, tzinfo=dt.timezone.utc)
-    return start.timestamp(), end.timestamp()
-
-
-def month_starts(t0: float, t1: float) -> list[float]:
-    """Month starts strictly inside (t0, t1)."""
-    out = []
-    _, _, nxt = _month_of_day(math.floor(t0 / 86400))
-    while nxt < t1:
-        out.append(nxt)
-        _, _, nxt = _month_of_day(math.floor(nxt / 86400))
-    return out
 
 
 # -- exact cutting ---------------------------------------------------------------------------------
@@ -250,7 +220,10 @@ class Pricer:
         if line is None:
             flags += ("unpriced",)
         share = float(fraction) if fraction is not None else 1.0
-        return (model, share, factor_u, flags, line, month_of(at))
+        terms = None
+        if line is not None:
+            terms = (line.rate_u * GPU_MONEY, line.pue_m, line.energy_u, factor_u or 0, self.basis == "allocated")
+        return (model, share, factor_u, flags, line, month_of(at), terms)
 
     def _line(
         self,
@@ -310,7 +283,7 @@ class Pricer:
             ctx = contexts.get(key)
             if ctx is None:
                 ctx = contexts[key] = self._context(name, profile, instance, at)
-            model, share, factor_u, flags, line, month = ctx
+            model, share, factor_u, flags, line, month, _ = ctx
             # Same float operations, in the same order, as seconds_to_uh / joules_to_mwh in price().
             alloc = round(alloc_s * share * _UH_PER_S)
             busy = None if busy_s is None else min(alloc, round(busy_s * share * _UH_PER_S))
@@ -373,20 +346,20 @@ class Pricer:
                     )
                 )
                 continue
-            model, share, factor_u, flags, line, month = ctx
+            model, share, factor_u, flags, line, month, terms = ctx
             # Same float operations, in the same order, as seconds_to_uh / joules_to_mwh in price().
             alloc = round(alloc_s * share * _UH_PER_S)
             busy = min(alloc, round(busy_s * share * _UH_PER_S))
             energy = None if energy_j is None else round(energy_j * share * _MWH_PER_J)
-            yield (
-                run_id,
-                model,
-                run.instance_type,
-                month,
-                t0,
-                amounts(basis, line, factor_u, alloc, busy, energy),
-                flags,
-            )
+            if terms is None:
+                v = amounts(basis, line, factor_u, alloc, busy, energy)
+            else:  # amounts() for a priced, measured piece, with the line's constants taken once
+                rate_k, pue_m, energy_u, factor, by_alloc = terms
+                units = 0 if energy is None else energy * pue_m
+                energy_cost = units * energy_u
+                cost = (alloc if by_alloc else busy) * rate_k + energy_cost
+                v = (alloc, busy, 0, busy * factor, units, cost, (alloc - busy) * rate_k, energy_cost, 0)
+            yield (run_id, model, run.instance_type, month, t0, v, flags)
         if slow:
             yield from self.price_sums(slow, periods)
 

@@ -33,7 +33,7 @@ PRICE_PLACES = 12  # prices are held as integer 10^-12 currency per hour / per k
 PUE_PLACES = 3  # PUE as an integer count of thousandths
 FACTOR_PLACES = 4  # A100-equivalent factors as integer ten-thousandths
 MONEY_SCALE = 21  # money sums: integer 10^-21 currency (µh x 10^-12 price x 10^-3)
-_GPU_MONEY = 10 ** (MONEY_SCALE - 6 - PRICE_PLACES)  # µh x price units -> money units
+GPU_MONEY = 10 ** (MONEY_SCALE - 6 - PRICE_PLACES)  # µh x price units -> money units
 _UH_PER_S = UH_PER_H / 3600.0
 _MWH_PER_J = 1 / 3.6
 
@@ -85,7 +85,7 @@ def price_units(price: Decimal, places: int = PRICE_PLACES) -> int:
 
 def gpu_money(uh: int, price_u: int) -> int:
     """Money units for ``uh`` micro-GPU-hours at ``price_u`` (10^-12 per GPU-hour)."""
-    return uh * price_u * _GPU_MONEY
+    return uh * price_u * GPU_MONEY
 
 
 def money_decimal(units: int) -> Decimal:

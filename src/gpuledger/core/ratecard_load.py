@@ -21,6 +21,7 @@ from gpuledger.core.gpumodels import BASES as MODEL_BASES
 from gpuledger.core.gpumodels import ModelTable, default_table
 from gpuledger.core.money import PRICE_PLACES, PUE_PLACES, decimal_places, parse_decimal, price_units, tidy
 from gpuledger.core.ratecard import BASES, Instance, RateCard, RateLine
+from gpuledger.core.toml_lines import Locator, line_of
 
 try:
     import tomllib
@@ -80,68 +81,10 @@ class RateCardError(ValueError):
         super().__init__("\n".join(problems))
 
 
-class _Locator:
-    """Finds the line (0-based) where an entry or a key of it is written."""
-
-    def __init__(self, text: str) -> None:
-        self.lines = text.splitlines()
-        self.headers: list[tuple[int, str, bool]] = []  # (line, name, is array)
-        for i, line in enumerate(self.lines):
-            m = re.match(r"\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$", line)
-            if m:
-                self.headers.append((i, _unquote(m.group(2)), m.group(1) == "[["))
-        self.header_lines = {h for h, _, _ in self.headers}
-
-    def header(self, table: str, index: int | None = None, sub: str | None = None) -> int | None:
-        if index is not None:
-            found = [ln for ln, name, arr in self.headers if arr and name == table]
-            if index < len(found):
-                return found[index]
-            return self.inline_item(table, index)
-        wanted = f"{table}.{sub}" if sub is not None else table
-        for ln, name, arr in self.headers:
-            if not arr and name == wanted:
-                return ln
-        if sub is not None:  # [models] with KEY = { ... } inline
-            return self.key(self.header(table), sub)
-        return self.key(None, table)
-
-    def inline_item(self, table: str, index: int) -> int | None:
-        """Entry ``index`` of ``table = [ {...}, {...} ]``, one inline table per line."""
-        start = self.key(None, table)
-        if start is None:
-            return None
-        items = [i for i in range(start, len(self.lines)) if "{" in self.lines[i].split("#")[0]]
-        return items[index] if index < len(items) else start
-
-    def key(self, start: int | None, key: str) -> int | None:
-        """The line of ``key = ...`` in the block after line ``start`` (None: before any header)."""
-        pattern = re.compile(r"\s*[\"']?" + re.escape(key) + r"[\"']?\s*=")
-        for i in range(0 if start is None else start + 1, len(self.lines)):
-            if i in self.header_lines:
-                break
-            if pattern.match(self.lines[i]):
-                return i
-        if start is not None and start < len(self.lines) and "{" in self.lines[start]:
-            return start  # a key inside an inline table is on the entry's own line
-        return None
-
-
-def _line_of(problem: str) -> int:
-    m = re.match(r"[^:]*:(\d+):", problem)
-    return int(m.group(1)) if m else 0
-
-
-def _unquote(name: str) -> str:
-    return ".".join(
-        part.strip().strip("\"'") for part in re.split(r"\.(?=(?:[^\"']*[\"'][^\"']*[\"'])*[^\"']*$)", name)
-    )
-
-
 class _Parser:
     def __init__(self, text: str, source: str, models: ModelTable) -> None:
         self.source = source
-        self.loc = _Locator(text)
+        self.loc = Locator(text)
         self.base_models = models
         self.problems: list[str] = []
 
@@ -188,7 +131,7 @@ class _Parser:
         self.no_overlaps(gpu_lines, "gpu")
         self.no_overlaps(instance_lines, "instance")
         if self.problems:
-            raise RateCardError(sorted(self.problems, key=_line_of))
+            raise RateCardError(sorted(self.problems, key=line_of))
         return RateCard(
             currency=currency,
             basis=str(basis),

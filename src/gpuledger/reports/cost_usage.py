@@ -1,8 +1,9 @@
 """From the ledger to ``Usage``: what each run used of each GPU, per UTC day, ready to price.
 
 Two sources, one meaning (core/usage.py):
-- ``gpu_rollups`` rows (migration 2), written for finished runs by ``materialise_rollups``;
-  summed in SQL per run, GPU model and price period, so a year of a large cluster stays fast;
+- ``gpu_rollups`` rows (migration 2: per run, GPU model and UTC day), written for finished runs by
+  ``materialise_rollups``; read as they are (a plain scan beats a GROUP BY) and priced in one pass
+  (``Pricer.price_rollups``), so a year of a large cluster stays within seconds;
 - the GPU intervals of runs without rollups, summed in SQL per run, GPU and day. A GPU that
   several runs held at once is split in Python from the raw intervals (core/share.py).
 Windows are widened to whole UTC days here; the pricer cuts at the exact window edges.
@@ -297,8 +298,8 @@ def collect_report(
     """Everything a chargeback of [start, end) with a trend from ``trend_start`` prices.
     ``edges``: month starts, price changes and the window's edges; ``cut_times``: the price changes
     and window edges (a day holding one inside it is priced piece by piece); ``group_keys``: the
-    run columns the trend groups by. Rollup rows of the window become per-run ``sums``; those of
-    the earlier months are summed per group here (``groups``), which keeps a long trend cheap."""
+    run columns the trend groups by. Rollup rows of the window are kept as they are (``rollups``);
+    those of the earlier months are summed per group here (``groups``), which keeps a trend cheap."""
     period_days, periods = _periods(sorted(set(edges)), cut_times)
     rows = cq.run_rows(conn, scope=scope, start=trend_start, end=end)
     runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type")), scope)
@@ -308,17 +309,20 @@ def collect_report(
     usage.rollups = cq.rollup_days(conn, scope=scope, first_day=first, last_day=last)
     seen = {r[0] for r in usage.rollups}
     trend: dict[tuple[Any, ...], list[Any]] = {}
-    indexes = [RunRow._fields.index(k) for k in group_keys]
-    values_of = operator.itemgetter(*indexes) if len(indexes) > 1 else None
-    for run_id, day, name, profile, t0, t1, alloc, busy, energy, rule in cq.rollup_days(
-        conn, scope=scope, first_day=day_of(trend_start), last_day=first - 1
-    ):
-        run = runs.get(run_id)
-        if run is None:
-            continue
-        seen.add(run_id)
-        values = values_of(run) if values_of else ((run[indexes[0]],) if indexes else ())
-        key = (*values, run.instance_type, name or None, profile or None, usage.period_of_day[day])
+    # Per run, once: the values it is grouped by, then its instance type.
+    pick = operator.itemgetter(*[RunRow._fields.index(k) for k in (*group_keys, "instance_type")])
+    parts: dict[str, tuple[Any, ...]] = {}
+    period_of_day = usage.period_of_day
+    trend_rows = cq.rollup_days(conn, scope=scope, first_day=day_of(trend_start), last_day=first - 1)
+    seen.update(r[0] for r in trend_rows)
+    for run_id, day, name, profile, t0, t1, alloc, busy, energy, rule in trend_rows:
+        part = parts.get(run_id)
+        if part is None:
+            run = runs.get(run_id)
+            if run is None:
+                continue
+            part = parts[run_id] = pick(run) if group_keys else (run.instance_type,)
+        key = (*part, name or None, profile or None, period_of_day[day])
         acc = trend.get(key)
         if acc is None:
             trend[key] = [t0, t1, alloc, busy, energy, rule]

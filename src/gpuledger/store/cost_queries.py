@@ -49,6 +49,12 @@ def _fetch(conn: Connection, q: sa.Select[Any]) -> list[tuple[Any, ...]]:
     """All rows as plain tuples, straight from the driver's cursor: for the large reads of a
     report, where SQLAlchemy's per-row processing would cost more than the query. Only for
     columns whose driver values need no conversion (text, numbers)."""
+    if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":
+        # psycopg's binary format halves the time to read a year of floats.
+        compiled = q.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+        with conn.connection.driver_connection.cursor(binary=True) as cur:  # type: ignore[union-attr]
+            cur.execute(compiled.string, compiled.params)
+            return cur.fetchall()
     result = conn.execute(q)
     try:
         return result.cursor.fetchall() if result.cursor is not None else []

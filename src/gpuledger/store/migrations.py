@@ -66,6 +66,22 @@ def _add_gpu_rollups(conn: Connection) -> None:
     table.create(conn)
 
 
+def _add_label_index(conn: Connection) -> None:
+    # A covering index: cost reports read the instance_type label of every run from it alone.
+    # Skipped when there: a ledger rebuilt to an older version by hand may still carry it.
+    if "ix_run_labels_key_run_value" in {ix["name"] for ix in sa.inspect(conn).get_indexes("run_labels")}:
+        return
+    frozen = sa.MetaData()
+    labels = sa.Table(
+        "run_labels",
+        frozen,
+        sa.Column("run_id", sa.String, primary_key=True),
+        sa.Column("key", sa.Text, primary_key=True),
+        sa.Column("value", sa.Text, nullable=False),
+    )
+    sa.Index("ix_run_labels_key_run_value", labels.c.key, labels.c.run_id, labels.c.value).create(conn)
+
+
 def _add_team_tables(conn: Connection) -> None:
     # schema_team.define is the shape as version 3 created it (see its docstring).
     from gpuledger.store import schema_team
@@ -82,6 +98,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
     Migration(3, "add team tables: users, projects, tokens, audit log, push state, rollup marks", _add_team_tables),
+    Migration(4, "add ix_run_labels_key_run_value: a covering label index for cost reports", _add_label_index),
 )
 LATEST = MIGRATIONS[-1].version
 
