@@ -306,3 +306,10 @@ def test_markup_and_escape_sequences_in_names_reach_the_terminal_as_plain_text(e
     table = run_cli(["runs"], env).stdout.decode()
     assert "[red]boom[/red]" in table and "[bold]p" in table  # shown as typed, not interpreted
     assert "\x1b[2J" not in table  # a name cannot clear the reader's screen
+
+
+def test_a_short_command_still_has_its_memory_measured(env: dict[str, str]) -> None:
+    # The first reading comes a quarter second in: a one-second job is not reported as 0 B.
+    code = "import time\nblock = bytearray(120 * 2**20)\ntime.sleep(0.6)"
+    assert run_cli(["run", "--", *py(code)], env).returncode == 0
+    assert only_run(env)["peak_rss_bytes"] >= 100 * 2**20

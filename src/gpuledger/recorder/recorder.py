@@ -24,6 +24,7 @@ MAX_INTERVAL_S = 60.0
 FLUSH_EVERY_S = 10.0  # the most an abrupt end (kill -9, power loss) can lose
 MIN_FLUSH_S = 2.0  # short intervals are batched: fewer, larger writes to a shared ledger
 MAX_TICK_S = 1.0
+FIRST_TICK_S = 0.25
 REPEAT_WINDOW_S = 60.0  # a repeating problem is recorded at most once a minute
 
 
@@ -156,7 +157,8 @@ class Recorder:
     # -- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:
         self.flush(force=True)  # creates the run in the ledger off the main thread
-        next_tick = time.monotonic() + self.tick_s
+        # The first reading comes early, so a short command's peak memory is seen at all.
+        next_tick = time.monotonic() + min(self.tick_s, FIRST_TICK_S)
         while not self._wait_until(next_tick):
             next_tick += self.tick_s
             if next_tick < time.monotonic():  # we were suspended: skip, don't burst
