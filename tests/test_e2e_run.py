@@ -310,6 +310,6 @@ def test_markup_and_escape_sequences_in_names_reach_the_terminal_as_plain_text(e
 
 def test_a_short_command_still_has_its_memory_measured(env: dict[str, str]) -> None:
     # The first reading comes a quarter second in: a one-second job is not reported as 0 B.
-    code = "import time\nblock = bytearray(120 * 2**20)\ntime.sleep(0.6)"
+    code = "import time\nblock = bytearray(120 * 2**20)\ntime.sleep(1.5)"
     assert run_cli(["run", "--", *py(code)], env).returncode == 0
     assert only_run(env)["peak_rss_bytes"] >= 100 * 2**20
