@@ -16,7 +16,7 @@ from importlib import metadata
 import psutil
 
 # The workload metered in the recorder benchmark: one parent and 7 workers (8 processes),
-# each busy ~5 % of a core (5 ms of work, 95 ms asleep), as in benchmarks/host_tick.py.
+# each busy ~5 % of a core (5 ms of work, 95 ms asleep); host_tick.py and recorder_tick.py meter it.
 WORKER = (
     "import time\n"
     "while True:\n"

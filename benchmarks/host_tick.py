@@ -21,7 +21,6 @@ import argparse
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -30,37 +29,9 @@ import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+from _common import start_tree, stop_tree  # the same 8-process tree the recorder benchmark meters
+
 from gpuledger.collect.host import ProcessTreeCollector
-
-WORKER = (  # ~5 % of a core: 5 ms busy, 95 ms asleep
-    "import time\n"
-    "while True:\n"
-    "    t = time.perf_counter()\n"
-    "    while time.perf_counter() - t < 0.005: pass\n"
-    "    time.sleep(0.095)\n"
-)
-PARENT = (
-    "import subprocess, sys\n"
-    f"ws = [subprocess.Popen([sys.executable, '-c', {WORKER!r}]) for _ in range(7)]\n"
-    "exec(" + repr(WORKER) + ")\n"
-)
-
-
-def start_tree() -> subprocess.Popen[bytes]:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT])
-    deadline = time.monotonic() + 30
-    while len(psutil.Process(parent.pid).children(recursive=True)) < 7:
-        if time.monotonic() > deadline:
-            raise SystemExit("the benchmark tree did not start")
-        time.sleep(0.1)
-    return parent
-
-
-def stop_tree(parent: subprocess.Popen[bytes]) -> None:
-    for proc in psutil.Process(parent.pid).children(recursive=True):
-        proc.kill()
-    parent.kill()
-    parent.wait()
 
 
 def naive_psutil_sampler(root: int) -> Callable[[], object]:
