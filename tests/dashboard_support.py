@@ -10,28 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
+from browser_support import ARTIFACTS
 from prom_support import free_port, http_get
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-
-
-def need_browser():
-    in_ci = bool(os.environ.get("CI"))
-    if not os.path.exists(CHROMIUM):
-        if in_ci:
-            pytest.fail(f"{CHROMIUM} is missing in CI: apt-get install -y chromium")
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium) and CI is not set")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        if in_ci:
-            pytest.fail("playwright is missing in CI: pip install playwright (never `playwright install`)")
-        pytest.skip("the playwright package is not installed (pip install playwright)")
-    return sync_playwright
 
 
 @contextmanager

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dashboard_support import need_browser, shot, uvicorn_server, wait_for, wait_js, watch
+from browser_support import need_browser
+from dashboard_support import shot, uvicorn_server, wait_for, wait_js, watch
 from e2e_helpers import GPULEDGER, cli_env
 from gpuledger.cli.main import cli
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord

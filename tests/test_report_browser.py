@@ -16,28 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from browser_support import ARGS, ARTIFACTS, CHROMIUM
+from browser_support import need_browser as _need_browser
 from gpuledger.cli.main import cli
 from gpuledger.store import Ledger
 from report_support import write_run
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-
-
-def _need_browser():
-    in_ci = bool(os.environ.get("CI"))
-    if not os.path.exists(CHROMIUM):
-        if in_ci:
-            pytest.fail(f"{CHROMIUM} is missing in CI: apt-get install -y chromium")
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium) and CI is not set")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        if in_ci:
-            pytest.fail("playwright is missing in CI: pip install playwright (never `playwright install`)")
-        pytest.skip("the playwright package is not installed (pip install playwright)")
-    return sync_playwright
 
 
 @pytest.fixture(scope="module")
