@@ -31,6 +31,10 @@ NVML_NAMES = {
     "NVIDIA GeForce RTX 4090": "RTX-4090",
     "NVIDIA GeForce RTX 3090": "RTX-3090",
     "NVIDIA A100-SXM4-80GB MIG 3g.40gb": "A100-80GB-SXM",
+    "NVIDIA H100 NVL": "H100-NVL",
+    "NVIDIA H200 NVL": "H200-NVL",
+    "NVIDIA GeForce RTX 3090 Ti": "RTX-3090-TI",
+    "NVIDIA H100 NVL MIG 1g.12gb": "H100-NVL",
 }
 
 
@@ -43,7 +47,7 @@ def test_nvml_names_match_exactly_one_table_entry(name: str, key: str) -> None:
 
 def test_unknown_names_stay_unknown_rather_than_guessed() -> None:
     table = default_table()
-    for name in ("NVIDIA H100 NVL", "NVIDIA GeForce RTX 3090 Ti", "Quadro RTX 8000", "", "NVIDIA A100"):
+    for name in ("Quadro RTX 8000", "NVIDIA RTX A6000", "", "NVIDIA A100", "NVIDIA H100"):
         assert table.match(name) is None
 
 
