@@ -230,7 +230,7 @@ def write(led: Ledger, runs: list[SimRun]) -> None:
     """Runs, labels, GPUs and intervals in bulk INSERTs, rows made by the ledger's own codec
     (``Ledger.create_run`` / ``append`` check each record for replays, which a fresh ledger does
     not need and which would make the test slow)."""
-    db = led._db
+    db = led.database
 
     def batch(conn, chunk):  # type: ignore[no-untyped-def]
         run_rows, labels, devices, intervals = [], [], [], []

@@ -37,7 +37,7 @@ def sealed() -> Iterator[tuple[str, str, str]]:
 
 
 def _sql(url: str, *statements: str, **params: object) -> None:
-    with Ledger(url) as led, led._db.engine.begin() as conn:
+    with Ledger(url) as led, led.database.engine.begin() as conn:
         for s in statements:
             conn.execute(sa.text(s), params)
 
@@ -87,7 +87,7 @@ def test_run_inserted_by_hand_is_named(sealed) -> None:  # type: ignore[no-untyp
 
 def _audit_rows(url: str) -> list[dict]:  # type: ignore[type-arg]
     with Ledger(url) as led:
-        return led._db.read(
+        return led.read(
             lambda c: [dict(r) for r in c.execute(sa.text("SELECT * FROM audit_log ORDER BY seq")).mappings()]
         )
 

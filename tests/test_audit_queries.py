@@ -129,7 +129,7 @@ def test_mig_slices_count_as_their_gpu(ledger: Ledger) -> None:
 
 
 def test_query_cli_json(ledger: Ledger) -> None:
-    url = ledger._db.url.render_as_string(hide_password=False)
+    url = ledger.database.url.render_as_string(hide_password=False)
     runner = CliRunner()
     out = runner.invoke(cli, ["query", "gpu-hours", "--by", "project", "--per", "month", "--json", "--db", url])
     assert out.exit_code == 0, out.output

@@ -146,7 +146,7 @@ def test_a_tampered_run_is_not_laundered_by_retention(world: World) -> None:
     import sqlalchemy as sa
 
     with Ledger(world.url) as led:
-        with led._db.engine.begin() as conn:
+        with led.database.engine.begin() as conn:
             conn.execute(sa.text("UPDATE gpu_intervals SET busy_s = 0 WHERE seq = 3"))
         report = run_retention(led, Policy(), actor="test", now=NOW)
         assert world.run_id in report.skipped and report.rolled_up == {}

@@ -110,7 +110,7 @@ def test_run_end_label_change_and_late_push_are_audited(api: Api) -> None:
     stale = api.post(t.agent_a, {"run": run}).json()  # an old "running" record never reopens the run
     assert stale["created"] is False and api.get(t.admin, f"/runs/{run['id']}").json()["status"] == "failed"
     with Ledger(api.url) as led:
-        actions = [r["action"] for r in led._db.read(lambda c: list(c.execute(audit.T.audit_log.select()).mappings()))]
+        actions = [r["action"] for r in led.read(lambda c: list(c.execute(audit.T.audit_log.select()).mappings()))]
         assert actions[-5:] == ["run.created", "run.labels_changed", "run.ended", "run.sealed", "run.resealed"]
         assert audit.verify(led).ok
 

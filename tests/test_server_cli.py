@@ -86,7 +86,7 @@ def test_admin_commands_and_tokens_shown_once_stored_hashed() -> None:
         listing = gl("admin", "token", "list", "--db", url).stdout
         assert agent_token[4:16] in listing and "vision" in listing
         with Ledger(url) as led:
-            dump = led._db.read(lambda c: repr(list(c.execute(sa.select(schema.api_tokens)))))
+            dump = led.read(lambda c: repr(list(c.execute(sa.select(schema.api_tokens)))))
         for token in (admin_token, agent_token):
             assert token not in listing and token not in dump and token.split("_", 2)[2] not in dump
         revoke = gl("admin", "token", "revoke", agent_token[4:16], "--db", url)

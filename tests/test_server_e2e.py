@@ -83,7 +83,7 @@ def test_two_replicas_share_one_ledger_and_concurrent_pushes_stay_idempotent(tmp
             assert len(led.gpu_intervals(run["id"])) == 1200 and len(led.host_intervals(run["id"])) == 600
             result = audit.verify(led)
             assert result.ok, result.problems
-            actions = led._db.read(
+            actions = led.read(
                 lambda c: [
                     r[0] for r in c.execute(audit.T.audit_log.select().with_only_columns(audit.T.audit_log.c.action))
                 ]

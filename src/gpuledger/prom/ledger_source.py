@@ -142,7 +142,7 @@ class LedgerSource:
         with self._lock:
             now = self._clock()
             gpu_cursors, host_cursors, known = self._cursors()
-            fetched = self._ledger._db.read(  # the ledger's retrying read: _fetch only reads
+            fetched = self._ledger.read(  # the ledger's retrying read: _fetch only reads
                 lambda conn: self._fetch(conn, now, scope, gpu_cursors, host_cursors, known)
             )
             self._apply(fetched, now)

@@ -33,8 +33,7 @@ def _unsettled(conn: Connection, ids: list[str]) -> set[str]:
 def materialise_rollups(ledger: Ledger, *, rebuild: bool = False, batch: int = 500) -> dict[str, int]:
     """Write the rollup rows of finished runs that lack them (all with ``rebuild``). Returns
     counts: runs rolled up, rows written, runs skipped (a co-tenant is still running)."""
-    db = ledger._db  # the ledger's retrying transaction helpers
-    candidates = db.read(lambda conn: cq.rollup_candidates(conn, rebuild=rebuild))
+    candidates = ledger.read(lambda conn: cq.rollup_candidates(conn, rebuild=rebuild))
     done = rows_written = skipped = 0
     for i in range(0, len(candidates), batch):
         todo = candidates[i : i + batch]
@@ -46,7 +45,7 @@ def materialise_rollups(ledger: Ledger, *, rebuild: bool = False, batch: int = 5
             ids = [r.id for r in rows]
             return len(ids), replace_rollups(conn, ids, days), len(hold)
 
-        n, written, held = db.write(one_batch)
+        n, written, held = ledger.write(one_batch)
         done += n
         rows_written += written
         skipped += held

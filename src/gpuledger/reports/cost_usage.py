@@ -37,7 +37,7 @@ Scope = cq.Scope
 
 def read(ledger: Ledger, fn: Callable[[Connection], T]) -> T:
     """Run ``fn`` in one read transaction of the ledger (one consistent snapshot on SQLite)."""
-    return ledger._db.read(fn)  # the ledger's own retrying transaction helper
+    return ledger.read(fn)
 
 
 class RunRow(NamedTuple):

@@ -40,7 +40,7 @@ class Authenticator:
             hit = self._cache.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
-        found = self._ledger._db.read(lambda conn: accounts.authenticate(conn, token))
+        found = self._ledger.read(lambda conn: accounts.authenticate(conn, token))
         if self._cache_s > 0:
             with self._lock:
                 if len(self._cache) >= _CACHE_MAX:

@@ -46,7 +46,7 @@ def recent_alerts(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict[str, Any]]:
     since_t = parse_since(since)
-    rows = request.app.state.ledger._db.read(
+    rows = request.app.state.ledger.read(
         lambda c: server_queries.recent_alerts(c, principal.scope, since=since_t, limit=limit)
     )
     return _finite(rows)

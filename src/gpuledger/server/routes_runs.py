@@ -77,7 +77,7 @@ def list_runs(
 ) -> list[dict[str, Any]]:
     assert status is None or status in RUN_STATUSES
     since_t = parse_since(since)
-    db = ledger_of(request)._db
+    db = ledger_of(request).database
 
     def tx(conn: Any) -> tuple[list[RunRecord], dict[str, tuple[int, float | None]]]:
         runs = server_queries.list_runs(
@@ -119,7 +119,7 @@ def run_intervals(
         raise HTTPException(status_code=422, detail="after_t must be a finite number")
     view, run = visible(request, principal, run_id)
     limit = min(limit, request.app.state.settings.max_page)
-    gpu_rows, host_rows = ledger_of(request)._db.read(
+    gpu_rows, host_rows = ledger_of(request).read(
         lambda c: server_queries.intervals_page(c, run.id, after_t, limit)
     )
     gpu: list[GpuInterval] = [codec.gpu_from_row(r) for r in gpu_rows]
@@ -139,7 +139,7 @@ def run_events(request: Request, principal: Caller, run_id: str) -> list[dict[st
     import sqlalchemy as sa
 
     q = sa.select(e.seq, e.t, e.kind, e.message, e.payload).where(e.run_id == run.id).order_by(e.seq)
-    return _finite([dict(r) for r in ledger_of(request)._db.read(lambda c: list(c.execute(q).mappings()))])
+    return _finite([dict(r) for r in ledger_of(request).read(lambda c: list(c.execute(q).mappings()))])
 
 
 @router.get("/runs/{run_id}/metrics", summary="A run's training metrics in order")

@@ -64,7 +64,7 @@ def _write(request: Request, principal: Principal, batch: IngestBatch) -> Ingest
         metrics.append(row)
     try:
         out = store_ingest.ingest(
-            ledger._db,
+            ledger.database,
             run=_to_run(batch),
             devices=[d.model_dump() for d in batch.devices],
             gpu=[*batch.gpu_rows, *map(gpu_tuple, batch.gpu_intervals)],
@@ -133,7 +133,7 @@ async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str,
 
     def write() -> bool:
         return store_ingest.set_log(
-            ledger._db, run_id=run_id, data=data, truncated=truncated, actor=principal.user, authorize=authorize
+            ledger.database, run_id=run_id, data=data, truncated=truncated, actor=principal.user, authorize=authorize
         )
 
     try:

@@ -39,12 +39,12 @@ class ScopedLedger:
         if self.scope is None:
             return True
         if run_id not in self._visible:
-            found = self._ledger._db.read(lambda c: server_queries.visible_run(c, run_id, self.scope))
+            found = self._ledger.read(lambda c: server_queries.visible_run(c, run_id, self.scope))
             self._visible[run_id] = found is not None
         return self._visible[run_id]
 
     def get_run(self, run_id: str) -> RunRecord:
-        run = self._ledger._db.read(lambda c: server_queries.visible_run(c, run_id, self.scope))
+        run = self._ledger.read(lambda c: server_queries.visible_run(c, run_id, self.scope))
         if run is None:
             raise RunNotFound(run_id)
         self._visible[run_id] = True
@@ -64,7 +64,7 @@ class ScopedLedger:
         labels: Mapping[str, Any] | None = None,
         limit: int | None = None,
     ) -> list[RunRecord]:
-        return self._ledger._db.read(
+        return self._ledger.read(
             lambda c: server_queries.list_runs(
                 c, self.scope, project=project, team=team, user=user, status=status, since=since, labels=labels,
                 limit=limit if limit is not None else 1_000_000,

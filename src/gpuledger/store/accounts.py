@@ -60,7 +60,7 @@ def add_user(ledger: Ledger, name: str, *, actor: str) -> None:
         conn.execute(sa.insert(schema.users).values(name=name, created_at=time.time(), disabled=False))
         audit.append(conn, actor=actor, action="user.added", obj=f"user:{name}")
 
-    ledger._db.write(tx)
+    ledger.write(tx)
 
 
 def add_project(ledger: Ledger, name: str, *, actor: str) -> None:
@@ -72,7 +72,7 @@ def add_project(ledger: Ledger, name: str, *, actor: str) -> None:
         conn.execute(sa.insert(schema.projects).values(name=name, created_at=time.time()))
         audit.append(conn, actor=actor, action="project.added", obj=f"project:{name}")
 
-    ledger._db.write(tx)
+    ledger.write(tx)
 
 
 def add_member(ledger: Ledger, user: str, project: str, *, actor: str) -> None:
@@ -87,7 +87,7 @@ def add_member(ledger: Ledger, user: str, project: str, *, actor: str) -> None:
         conn.execute(sa.insert(schema.memberships).values(user_name=user, project=project))
         audit.append(conn, actor=actor, action="member.added", obj=f"project:{project}", payload={"user": user})
 
-    ledger._db.write(tx)
+    ledger.write(tx)
 
 
 def remove_member(ledger: Ledger, user: str, project: str, *, actor: str) -> bool:
@@ -98,7 +98,7 @@ def remove_member(ledger: Ledger, user: str, project: str, *, actor: str) -> boo
             audit.append(conn, actor=actor, action="member.removed", obj=f"project:{project}", payload={"user": user})
         return bool(gone)
 
-    return ledger._db.write(tx)
+    return ledger.write(tx)
 
 
 def list_users(ledger: Ledger) -> list[dict[str, Any]]:
@@ -109,11 +109,11 @@ def list_users(ledger: Ledger) -> list[dict[str, Any]]:
         users = conn.execute(sa.select(schema.users).order_by(schema.users.c.name)).mappings()
         return [{**dict(u), "projects": members.get(u["name"], [])} for u in users]
 
-    return ledger._db.read(tx)
+    return ledger.read(tx)
 
 
 def list_projects(ledger: Ledger) -> list[str]:
-    return ledger._db.read(
+    return ledger.read(
         lambda c: list(c.scalars(sa.select(schema.projects.c.name).order_by(schema.projects.c.name)))
     )
 
@@ -163,7 +163,7 @@ def issue_token(
         payload = {"user": user, "role": role, "projects": wanted, "expires_at": expires_at}
         audit.append(conn, actor=actor, action="token.issued", obj=f"token:{token_id}", payload=payload)
 
-    ledger._db.write(tx)
+    ledger.write(tx)
     return token_id, format_token(token_id, secret)
 
 
@@ -178,13 +178,13 @@ def revoke_token(ledger: Ledger, token_id: str, *, actor: str) -> None:
         conn.execute(sa.update(schema.api_tokens).where(t.id == token_id).values(revoked_at=time.time()))
         audit.append(conn, actor=actor, action="token.revoked", obj=f"token:{token_id}")
 
-    ledger._db.write(tx)
+    ledger.write(tx)
 
 
 def list_tokens(ledger: Ledger) -> list[TokenInfo]:
     t = schema.api_tokens.c
     cols = (t.id, t.user_name, t.role, t.projects, t.note, t.created_at, t.expires_at, t.revoked_at)
-    rows = ledger._db.read(lambda c: list(c.execute(sa.select(*cols).order_by(t.created_at))))
+    rows = ledger.read(lambda c: list(c.execute(sa.select(*cols).order_by(t.created_at))))
     return [TokenInfo(*row) for row in rows]
 
 

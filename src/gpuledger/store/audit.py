@@ -74,7 +74,7 @@ def record_change(
 ) -> int:
     """Append one audit row in its own transaction: the entry point for other modules
     (e.g. ``action="rate_card.changed", obj="rate_card:<name>", payload={"sha256": ...}``)."""
-    return ledger._db.write(lambda conn: append(conn, actor=actor, action=action, obj=obj, payload=payload))
+    return ledger.write(lambda conn: append(conn, actor=actor, action=action, obj=obj, payload=payload))
 
 
 def rate_card_changed(ledger: Ledger, *, actor: str, name: str, text: str) -> int | None:
@@ -94,7 +94,7 @@ def rate_card_changed(ledger: Ledger, *, actor: str, name: str, text: str) -> in
             conn, actor=actor, action="rate_card.changed", obj=obj, payload={"sha256": digest, "size_b": len(text)}
         )
 
-    return ledger._db.write(tx)
+    return ledger.write(tx)
 
 
 # -- seals ----------------------------------------------------------------------------------------
@@ -162,9 +162,9 @@ def seal_unsealed(ledger: Ledger, *, actor: str) -> list[str]:
     a = T.audit_log.c
     sealed = sa.select(sa.func.substr(a.object, 5)).where(a.action.in_(SEAL_ACTIONS))
     q = sa.select(T.runs.c.id).where(T.runs.c.status != "running", T.runs.c.id.not_in(sealed))
-    ids = ledger._db.read(lambda conn: list(conn.scalars(q)))
+    ids = ledger.read(lambda conn: list(conn.scalars(q)))
     for run_id in ids:
-        ledger._db.write(lambda conn, r=run_id: seal_run(conn, r, actor=actor, reason="sealed later"))
+        ledger.write(lambda conn, r=run_id: seal_run(conn, r, actor=actor, reason="sealed later"))
     return ids
 
 
@@ -188,7 +188,7 @@ class Verification:
 def verify(ledger: Ledger, *, expect_head: str | None = None) -> Verification:
     """Check the chain, then every run against its latest seal. ``expect_head``: ``seq:hash`` of
     a head recorded earlier outside the database; it must still be in the chain."""
-    return ledger._db.read(lambda conn: _verify(conn, expect_head))
+    return ledger.read(lambda conn: _verify(conn, expect_head))
 
 
 def _verify(conn: Connection, expect_head: str | None) -> Verification:

@@ -60,10 +60,6 @@ class RunRow:
         return max(0.0, self.end - self.started_at)
 
 
-def _db(ledger: Ledger) -> Any:
-    return ledger._db
-
-
 def _floor(dialect: str, expr: Any) -> Any:
     if dialect == "postgresql":
         return sa.cast(sa.func.floor(expr), sa.BigInteger)
@@ -182,7 +178,7 @@ def gpu_hours(ledger: Ledger, by: str = "user", per: str = "month", start: float
         out.sort(key=lambda r: (r["period"], r["busy_gpu_hours"]), reverse=True)
         return out
 
-    return _db(ledger).read(tx)
+    return ledger.read(tx)
 
 
 # -- failures -------------------------------------------------------------------------------------
@@ -237,7 +233,7 @@ def failures(ledger: Ledger, start: float | None = None, end: float | None = Non
             "items": listed,
         }
 
-    return _db(ledger).read(tx)
+    return ledger.read(tx)
 
 
 # -- configurations -------------------------------------------------------------------------------
@@ -290,7 +286,7 @@ def configs(ledger: Ledger, start: float | None = None, end: float | None = None
         out.sort(key=lambda r: -(r["map_points_per_busy_gpu_hour"] or -1.0))
         return out
 
-    return _db(ledger).read(tx)
+    return ledger.read(tx)
 
 
 # -- who used a GPU -------------------------------------------------------------------------------
@@ -324,4 +320,4 @@ def gpu_users(ledger: Ledger, uuid: str, start: float | None = None, end: float 
                         "busy_gpu_hours": None if busy is None else float(busy) / 3600})
         return out
 
-    return _db(ledger).read(tx)
+    return ledger.read(tx)

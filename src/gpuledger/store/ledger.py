@@ -9,8 +9,8 @@ simply resend a batch after an error.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -20,6 +20,8 @@ from gpuledger.store import codec, migrations, queries, run_rollup, schema, writ
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import AmbiguousRun, RunNotFound
 from gpuledger.store.url import default_url
+
+T = TypeVar("T")
 
 MIN_PREFIX = 4
 _MAX_CANDIDATES = 10
@@ -67,6 +69,20 @@ class Ledger:
     def dialect(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
         return self._db.dialect
+
+    @property
+    def database(self) -> Database:
+        """The engine wrapper, for store functions that take it (writes that need its dialect helpers)."""
+        return self._db
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(conn)`` in one read transaction (one consistent snapshot), retried on a transient
+        error (a locked SQLite file, a lost PostgreSQL connection). For queries the methods below lack."""
+        return self._db.read(fn)
+
+    def write(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(conn)`` in one write transaction, retried as ``read``; ``fn`` must be safe to rerun."""
+        return self._db.write(fn)
 
     def schema_version(self) -> int:
         return self._db.read(migrations.current_version)

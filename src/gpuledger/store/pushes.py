@@ -52,7 +52,7 @@ def register(ledger: Ledger, server: str, run_ids: Iterable[str]) -> int:
             )
         return len(new)
 
-    return ledger._db.write(tx)
+    return ledger.write(tx)
 
 
 def _state(row: Any) -> PushState:
@@ -65,7 +65,7 @@ def _state(row: Any) -> PushState:
 def get(ledger: Ledger, server: str, run_id: str) -> PushState | None:
     p = schema.push_state.c
     q = sa.select(schema.push_state).where(p.server == server, p.run_id == run_id)
-    row = ledger._db.read(lambda c: c.execute(q).first())
+    row = ledger.read(lambda c: c.execute(q).first())
     return None if row is None else _state(row)
 
 
@@ -73,7 +73,7 @@ def pending(ledger: Ledger, server: str, *, include_rejected: bool = False) -> l
     """Runs not fully pushed to ``server``, oldest run first."""
     p = schema.push_state.c
     q = sa.select(schema.push_state).where(p.server == server, p.done.is_(False)).order_by(p.run_id)
-    states = [_state(r) for r in ledger._db.read(lambda c: list(c.execute(q)))]
+    states = [_state(r) for r in ledger.read(lambda c: list(c.execute(q)))]
     if include_rejected:
         return states
     return [s for s in states if not (s.last_error or "").startswith(REJECTED)]
@@ -83,14 +83,14 @@ def all_states(ledger: Ledger, server: str | None = None) -> list[PushState]:
     q = sa.select(schema.push_state).order_by(schema.push_state.c.run_id)
     if server is not None:
         q = q.where(schema.push_state.c.server == server)
-    return [_state(r) for r in ledger._db.read(lambda c: list(c.execute(q)))]
+    return [_state(r) for r in ledger.read(lambda c: list(c.execute(q)))]
 
 
 def unregistered_runs(ledger: Ledger, server: str) -> list[str]:
     """Local runs never registered for ``server`` (``gpuledger sync --all``)."""
     p, r = schema.push_state.c, schema.runs.c
     q = sa.select(r.id).where(r.id.not_in(sa.select(p.run_id).where(p.server == server))).order_by(r.id)
-    return ledger._db.read(lambda c: list(c.scalars(q)))
+    return ledger.read(lambda c: list(c.scalars(q)))
 
 
 def save(ledger: Ledger, state: PushState) -> None:
@@ -107,7 +107,7 @@ def save(ledger: Ledger, state: PushState) -> None:
         "updated_at": time.time(),
     }
     upd = sa.update(schema.push_state).where(p.server == state.server, p.run_id == state.run_id).values(values)
-    ledger._db.write(lambda c: c.execute(upd))
+    ledger.write(lambda c: c.execute(upd))
 
 
 def _plain_rows(rows: Iterable[Any]) -> list[dict[str, Any]]:
@@ -154,4 +154,4 @@ def rows_after(ledger: Ledger, state: PushState, budget: int) -> dict[str, list[
             out[key] = _plain_rows(conn.execute(q).mappings())
         return out
 
-    return ledger._db.read(tx)
+    return ledger.read(tx)

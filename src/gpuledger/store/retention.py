@@ -139,7 +139,7 @@ def _step(ledger: Ledger, run_id: str, level_s: int, actor: str, report: Report)
         report.rows_before += n_in
         report.rows_after += n_out
 
-    ledger._db.write(tx)
+    ledger.write(tx)
 
 
 def _delete_log(ledger: Ledger, run_id: str, actor: str, report: Report) -> None:
@@ -154,7 +154,7 @@ def _delete_log(ledger: Ledger, run_id: str, actor: str, report: Report) -> None
         audit.seal_run(conn, run_id, actor=actor, reason="log deleted by retention")
         report.logs_deleted += 1
 
-    ledger._db.write(tx)
+    ledger.write(tx)
 
 
 def _delete_run(ledger: Ledger, run_id: str, actor: str, report: Report) -> None:
@@ -167,7 +167,7 @@ def _delete_run(ledger: Ledger, run_id: str, actor: str, report: Report) -> None
         audit.append(conn, actor=actor, action="run.deleted", obj=f"run:{run_id}", payload=payload)
         report.runs_deleted += 1
 
-    ledger._db.write(tx)
+    ledger.write(tx)
 
 
 def run_retention(
@@ -184,7 +184,7 @@ def run_retention(
     report = Report()
     if cost_rollups is not None:
         report.cost_rollups = cost_rollups(ledger)
-    read = ledger._db.read
+    read = ledger.database.read
     for level_s, days in ((60, policy.raw_days), (3600, policy.minute_days)):
         for run_id in read(lambda c, t=now - days * DAY_S: _ended_before(c, t)):
             _step(ledger, run_id, level_s, actor, report)
@@ -206,5 +206,5 @@ def run_retention(
         "runs_deleted": report.runs_deleted,
         "skipped": report.skipped,
     }
-    ledger._db.write(lambda c: audit.append(c, actor=actor, action="retention.run", obj="retention", payload=summary))
+    ledger.write(lambda c: audit.append(c, actor=actor, action="retention.run", obj="retention", payload=summary))
     return report

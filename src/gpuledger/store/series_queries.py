@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["bucketed_gpu", "bucketed_host", "stream_counts"]
 
 
-def _db(ledger: Ledger) -> Any:
-    return ledger._db  # the store package's own engine wrapper (read transactions, retries)
-
-
 def stream_counts(ledger: Ledger, run_id: str) -> dict[str, Any]:
     """``gpu``: intervals per device uuid; ``host``: host intervals; ``t0``/``t1``: the span measured.
 
@@ -68,7 +64,7 @@ def stream_counts(ledger: Ledger, run_id: str) -> dict[str, Any]:
             "t1": max(ends) if ends else None,
         }
 
-    return _db(ledger).read(tx)
+    return ledger.read(tx)
 
 
 def _key(dialect: str, col_t0: Any, seq: Any, plan: Plan) -> Any:
@@ -155,7 +151,7 @@ def _bucketed_device(ledger: Ledger, run_id: str, uuid: str, plan: Plan) -> list
         throttled = list(conn.execute(tq).mappings()) if any(r["throttled"] for r in rows) else []
         return rows, throttled, _ends(conn, run_id, uuid)
 
-    rows, trows, ends = _db(ledger).read(tx)
+    rows, trows, ends = ledger.read(tx)
     throttled = {int(r["key"]): {k: float(r[k]) for k in THROTTLE_REASONS if r[k] is not None} for r in trows}
     out: list[GpuBucket] = []
     for r in rows:
@@ -259,7 +255,7 @@ def bucketed_host(ledger: Ledger, run_id: str, plan: Plan) -> list[HostBucket]:
         .group_by(key)
         .order_by(key)
     )
-    rows = _db(ledger).read(lambda conn: list(conn.execute(q).mappings()))
+    rows = ledger.read(lambda conn: list(conn.execute(q).mappings()))
     out = []
     for r in rows:
         merged = HostInterval(
@@ -325,4 +321,4 @@ def latest(ledger: Ledger, run_id: str, last: int = 3) -> dict[str, Any]:
             out["host"] = [codec.host_from_row(r) for r in conn.execute(q).mappings()]
         return out
 
-    return _db(ledger).read(tx)
+    return ledger.read(tx)
