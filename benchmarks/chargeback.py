@@ -8,9 +8,10 @@ Data: 128 nodes x 8 GPUs (A100 40/80 GB, H100, L4, T4, on-prem V100), jobs of 1-
 each node's free GPUs back to back over 2026 (about 75 % of the GPU-hours allocated), 5 teams,
 12 projects, 200 users, 4 % killed / lost / failed, 1 % resumed attempts, some cloud instance
 labels. Each run is stored as the ledger stores a finished run after ``gpuledger report rollup``:
-its ``runs`` row, labels, ``devices`` and ``gpu_rollups`` rows (one per run, GPU model and UTC day) — no
-raw intervals (a year of 5 s intervals would be ~4 billion rows). Rows go in with bulk inserts
-(executemany on SQLite, COPY on PostgreSQL). Then the chargeback is timed: one month (with its
+its ``runs`` row (flagged rolled_up), labels, ``devices`` and ``gpu_rollups`` rows (one per run, GPU
+model and UTC day, carrying the run's team, project, user and instance type) — no raw intervals
+(a year of 5 s intervals would be ~4 billion rows). Rows go in with bulk inserts (executemany on
+SQLite, COPY on PostgreSQL). Then the chargeback is timed: one month (with its
 3-month trend) and the whole year, by team and by team, project, user and GPU model; the median
 of 3 runs is printed. Targets (issue 4): month < 2 s, year < 10 s.
 """
@@ -172,6 +173,7 @@ def generate(n_runs: int, seed: int = 1) -> Iterator[tuple[dict, list[dict], lis
             "gpu_note": None,
             "project": project,
             "team": team,
+            "rolled_up": True,
         }
         label_rows = [{"run_id": rid, "key": k, "value": v} for k, v in labels.items()]
         devices, rollups = [], []
@@ -198,6 +200,10 @@ def generate(n_runs: int, seed: int = 1) -> Iterator[tuple[dict, list[dict], lis
                     "energy_j": seconds * watts * (0.3 + 0.7 * util),
                     "intervals": g * max(1, int((b - t) // 5)),
                     "share_rule": None,
+                    "team": team,
+                    "project": project,
+                    "user": user,
+                    "instance_type": labels.get("instance_type"),
                 }
             )
             t, day = b, day + 1
@@ -229,6 +235,7 @@ RUN_COLS = [
     "gpu_note",
     "project",
     "team",
+    "rolled_up",
 ]
 LABEL_COLS = ["run_id", "key", "value"]
 DEVICE_COLS = ["run_id", "uuid", "index", "name", "source"]
@@ -245,6 +252,10 @@ ROLLUP_COLS = [
     "energy_j",
     "intervals",
     "share_rule",
+    "team",
+    "project",
+    "user",
+    "instance_type",
 ]
 TABLES = (("runs", RUN_COLS), ("run_labels", LABEL_COLS), ("devices", DEVICE_COLS), ("gpu_rollups", ROLLUP_COLS))
 

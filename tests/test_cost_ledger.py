@@ -15,6 +15,7 @@ from gpuledger.reports.costing import chargeback, month_window, run_costs
 from gpuledger.store import Ledger, schema
 from gpuledger.store import migrations as mig
 from gpuledger.store.engine import Database
+from gpuledger.store.rollup_writes import GROUPING_COLUMNS
 
 CARD = card(
     """
@@ -246,22 +247,69 @@ def test_migration_2_adds_the_rollup_table_to_a_version_1_ledger(ledger_url: str
         columns = db.read(lambda c: [col["name"] for col in sa.inspect(c).get_columns("gpu_rollups")])
     finally:
         db.close()
-    assert columns == [c.name for c in schema.gpu_rollups.columns]  # migration 2 and schema.py agree
+    # Migration 2 and schema.py agree on the table as version 2 made it (migration 5 adds the rest).
+    assert columns == [c.name for c in schema.gpu_rollups.columns if c.name not in GROUPING_COLUMNS]
+
+
+def _back_to_version_4(db: Database) -> None:
+    """Undo migration 5 on a current ledger: what version 4 made."""
+
+    def tx(c: sa.engine.Connection) -> None:
+        c.execute(sa.text("DROP INDEX ix_runs_rolled_up_started_at"))
+        c.execute(sa.text("ALTER TABLE runs DROP COLUMN rolled_up"))
+        for name in GROUPING_COLUMNS:
+            c.execute(sa.text(f'ALTER TABLE gpu_rollups DROP COLUMN "{name}"'))
+        c.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version >= 5))
+
+    db.write(tx)
 
 
 def test_migration_4_adds_the_label_index_to_a_version_3_ledger(ledger_url: str) -> None:
     Ledger(ledger_url).close()
     db = Database(ledger_url)
     try:  # back to what version 3 made: no covering label index
+        _back_to_version_4(db)
         db.write(lambda c: c.execute(sa.text("DROP INDEX ix_run_labels_key_run_value")))
         db.write(lambda c: c.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version == 4)))
     finally:
         db.close()
     with Ledger(ledger_url) as led:
-        assert led.schema_version() == 4
+        assert led.schema_version() == mig.LATEST
     db = Database(ledger_url)
     try:
         indexes = db.read(lambda c: [ix["name"] for ix in sa.inspect(c).get_indexes("run_labels")])
     finally:
         db.close()
     assert "ix_run_labels_key_run_value" in indexes
+
+
+def test_migration_5_flags_rolled_up_runs_and_copies_their_grouping_values(ledger_url: str) -> None:
+    with Ledger(ledger_url) as led:
+        scenario(led)
+        _run(led, "cpu-only", "2026-03-12T00:00", "2026-03-12T01:00")
+        materialise_rollups(led)
+        _run(led, "later", "2026-03-13T00:00", "2026-03-13T01:00")  # finished, not rolled up yet
+        led.add_devices("later", [GpuIdentity(0, "GPU-later", A100_40)])
+        _intervals(led, "later", "GPU-later", ts("2026-03-13T00:00"), ts("2026-03-13T01:00"), 0.5)
+        led.update_run("later", labels={"team": "vision", "project": "det", "instance_type": "p4d.24xlarge"})
+        before = _chargeback_dict(led)
+    db = Database(ledger_url)
+    try:
+        _back_to_version_4(db)
+    finally:
+        db.close()
+    with Ledger(ledger_url) as led:
+        assert led.schema_version() == mig.LATEST
+        flags = dict(led.read(lambda c: list(c.execute(sa.select(schema.runs.c.id, schema.runs.c.rolled_up)))))
+        r = schema.gpu_rollups.c
+        copied = led.read(lambda c: list(c.execute(sa.select(r.run_id, r.team, r.project, r.user, r.instance_type))))
+        assert _chargeback_dict(led) == before  # the report reads the migrated ledger the same way
+    assert flags["solo"] and flags["cpu-only"] and not flags["later"]
+    assert ("shared-b", "nlp", "secret", "zora", None) in copied
+    assert {row[0] for row in copied} >= {"solo", "shared-a", "shared-b"}
+    assert all(row[1] is not None for row in copied)
+
+
+def _chargeback_dict(led: Ledger) -> dict[str, object]:
+    lo, hi = month_window("2026-03")
+    return chargeback(led, scope=None, card=CARD, start=lo, end=hi, by=("team", "project")).as_dict()

@@ -237,9 +237,8 @@ def test_the_fast_path_prices_exactly_like_the_slow_one(runs: list[Usage], basis
         t1 = t0 + min(u.t1 - u.t0, 20 * 3600.0)
         rid = f"r{i}"
         run_map[rid] = _Run(u.instance_type)
-        day_rows.append(
-            (rid, day, u.gpu_name or "", u.mig_profile or "", t0, t1, u.alloc_s, u.busy_s, u.energy_j, None)
-        )
+        name, profile, instance = u.gpu_name or "", u.mig_profile or "", u.instance_type
+        day_rows.append((rid, day, name, profile, t0, t1, u.alloc_s, u.busy_s, u.energy_j, None, instance))
         usages_.append(Usage(rid, u.gpu_name, u.mig_profile, u.instance_type, t0, t1, u.alloc_s, u.busy_s, u.energy_j))
     pricer = Pricer(PRICED, basis)
     days = sorted({r[1] for r in day_rows})

@@ -309,25 +309,24 @@ class Pricer:
         periods: Sequence[tuple[float, bool]],
     ) -> Iterator[Compact]:
         """``price_sums`` straight from rollup rows (run_id, day, gpu_name, mig_profile, t0, t1,
-        alloc_s, busy_s, energy_j, share_rule), one pass, for a year of a large cluster. ``runs``:
-        the runs to price (others are skipped), with their ``instance_type``; ``period_of_day``:
+        alloc_s, busy_s, energy_j, share_rule, instance_type), one pass, for a year of a large
+        cluster. ``runs``: the runs to price (others are skipped); ``period_of_day``:
         day number -> period index. A generator: a year's pieces go straight into the report's
         sums without a list of them."""
         contexts: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         slow: list[tuple[Any, ...]] = []
         basis, lo, hi = self.basis, self.start, self.end
-        get_run, get_ctx = runs.get, contexts.get
-        for run_id, day, name, profile, t0, t1, alloc_s, busy_s, energy_j, rule in rows:
-            run = get_run(run_id)
-            if run is None or (lo is not None and t1 <= lo) or (hi is not None and t0 >= hi):
+        get_ctx = contexts.get
+        for run_id, day, name, profile, t0, t1, alloc_s, busy_s, energy_j, rule, instance in rows:
+            if run_id not in runs or (lo is not None and t1 <= lo) or (hi is not None and t0 >= hi):
                 continue
             period = period_of_day[day]
-            key = (name, profile, run.instance_type, period)
+            key = (name, profile, instance, period)
             ctx = get_ctx(key)
             if ctx is None:
                 at, uniform = periods[period]
                 ctx = contexts[key] = (
-                    self._context(name or None, profile or None, run.instance_type, at) if uniform else ()
+                    self._context(name or None, profile or None, instance, at) if uniform else ()
                 )
             if not ctx or rule or busy_s is None:  # the rare cases: priced like price_sums
                 slow.append(
@@ -335,7 +334,7 @@ class Pricer:
                         run_id,
                         name or None,
                         profile or None,
-                        run.instance_type,
+                        instance,
                         period,
                         t0,
                         t1,
@@ -359,7 +358,7 @@ class Pricer:
                 energy_cost = units * energy_u
                 cost = (alloc if by_alloc else busy) * rate_k + energy_cost
                 v = (alloc, busy, 0, busy * factor, units, cost, (alloc - busy) * rate_k, energy_cost, 0)
-            yield (run_id, model, run.instance_type, month, t0, v, flags)
+            yield (run_id, model, instance, month, t0, v, flags)
         if slow:
             yield from self.price_sums(slow, periods)
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
-import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -299,30 +298,66 @@ def collect_report(
     ``edges``: month starts, price changes and the window's edges; ``cut_times``: the price changes
     and window edges (a day holding one inside it is priced piece by piece); ``group_keys``: the
     run columns the trend groups by. Rollup rows of the window are kept as they are (``rollups``);
-    those of the earlier months are summed per group here (``groups``), which keeps a trend cheap."""
+    those of the earlier months are summed per group and day in SQL (``groups``), so a trend costs
+    one scan of the rollup table and no run rows. Runs not rolled up (``runs.rolled_up``) are read
+    from their intervals, in the window and in the trend months alike."""
     period_days, periods = _periods(sorted(set(edges)), cut_times)
-    rows = cq.run_rows(conn, scope=scope, start=trend_start, end=end)
-    runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type")), scope)
-    usage = UsageSet(runs, [], {}, periods=periods)
+    live_rows = cq.unrolled_runs(conn, scope=scope, start=trend_start, end=end)
+    live_ids = {r[0] for r in live_rows}
+    rows = cq.run_rows(conn, scope=scope, start=start, end=end)
+    if live_rows:  # those of the trend months too
+        in_window = {r[0] for r in rows}
+        rows += [r for r in live_rows if r[0] not in in_window]
     first, last = day_of(start), day_of(end - 1e-6)
+    rollups = cq.rollup_days(conn, scope=scope, first_day=first, last_day=last)
+    if live_ids:
+        rollups = [r for r in rollups if r[0] not in live_ids]
+    # Instance types: rolled-up runs carry theirs on their rows; the others' come from their labels.
+    instances = {r[0]: r[10] for r in rollups if r[10]}
+    if live_ids:
+        instances.update(cq.label_values(conn, "instance_type", ids=sorted(live_ids)))
+    runs = _logical_ids(conn, _run_rows(rows, instances), scope)
+    roots = {r.logical_id for r in runs.values()} - runs.keys()
+    if roots:  # first attempts of resumed runs that began before the window: named in the top runs
+        extra = _run_rows(cq.run_rows(conn, scope=scope, ids=sorted(roots)), instances)
+        runs.update({rid: _with_logical(run, rid) for rid, run in extra.items()})
+    usage = UsageSet(runs, [], {}, rollups=rollups, periods=periods)
     usage.period_of_day = {d: bisect.bisect_right(period_days, d) for d in range(day_of(trend_start), last + 1)}
-    usage.rollups = cq.rollup_days(conn, scope=scope, first_day=first, last_day=last)
-    seen = {r[0] for r in usage.rollups}
+    usage.groups = _trend_groups(conn, scope, group_keys, day_of(trend_start), first - 1, live_ids, period_days)
+    live = [runs[rid] for rid in live_ids if rid in runs]
+    if live:
+        days, usage.devices = interval_day_usage(conn, live, trend_start, end, cut_times)
+        usage.usages = _usages(days, usage.devices, runs)
+    return usage
+
+
+def _trend_groups(
+    conn: Connection,
+    scope: Scope,
+    group_keys: Sequence[str],
+    first_day: int,
+    last_day: int,
+    live_ids: Collection[str],
+    period_days: Sequence[int],
+) -> list[tuple[Any, ...]]:
+    """UsageSet.groups: rollup sums per group, GPU kind and price period of the trend months."""
+    if last_day < first_day:
+        return []
+    n = len(group_keys)
     trend: dict[tuple[Any, ...], list[Any]] = {}
-    # Per run, once: the values it is grouped by, then its instance type.
-    pick = operator.itemgetter(*[RunRow._fields.index(k) for k in (*group_keys, "instance_type")])
-    parts: dict[str, tuple[Any, ...]] = {}
-    period_of_day = usage.period_of_day
-    trend_rows = cq.rollup_days(conn, scope=scope, first_day=day_of(trend_start), last_day=first - 1)
-    seen.update(r[0] for r in trend_rows)
-    for run_id, day, name, profile, t0, t1, alloc, busy, energy, rule in trend_rows:
-        part = parts.get(run_id)
-        if part is None:
-            run = runs.get(run_id)
-            if run is None:
-                continue
-            part = parts[run_id] = pick(run) if group_keys else (run.instance_type,)
-        key = (*part, name or None, profile or None, period_of_day[day])
+    rows = cq.rollup_group_sums(
+        conn,
+        scope=scope,
+        keys=group_keys,
+        first_day=first_day,
+        last_day=last_day,
+        period_days=period_days,
+        exclude=live_ids,
+    )
+    for row in rows:  # '' and None name the same GPU kind: summed into one group
+        name, profile, period = row[n + 1 : n + 4]
+        t0, t1, alloc, busy, energy, rule = row[n + 4 :]
+        key = (*row[:n], row[n], name or None, profile or None, period)
         acc = trend.get(key)
         if acc is None:
             trend[key] = [t0, t1, alloc, busy, energy, rule]
@@ -334,13 +369,4 @@ def collect_report(
             acc[4] = energy if acc[4] is None else acc[4] + energy
         if rule and (acc[5] is None or rule < acc[5]):  # "equal" < "memory" < "sm": keep the weakest
             acc[5] = rule
-    usage.groups = [(*key, *acc) for key, acc in trend.items()]
-    # Runs without rollup rows here: still running, finished since the last rollup, or without
-    # GPUs. Those that really have no rollups are read from their intervals.
-    unseen = [rid for rid in runs if rid not in seen]
-    rolled = cq.rolled_up(conn, unseen) if unseen else set()
-    live = [runs[rid] for rid in unseen if rid not in rolled]
-    if live:
-        days, usage.devices = interval_day_usage(conn, live, trend_start, end, cut_times)
-        usage.usages = _usages(days, usage.devices, runs)
-    return usage
+    return [(*key, *acc) for key, acc in trend.items()]

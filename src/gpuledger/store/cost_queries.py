@@ -28,11 +28,12 @@ __all__ = [
     "last_interval_ends",
     "raw_intervals",
     "readings",
-    "rolled_up",
     "rollup_candidates",
     "rollup_days",
+    "rollup_group_sums",
     "run_rows",
     "tenants_of",
+    "unrolled_runs",
 ]
 
 Scope = frozenset[str] | None  # projects visible; None = every project (must be said explicitly)
@@ -111,6 +112,13 @@ def run_rows(
     return out
 
 
+def unrolled_runs(conn: Connection, *, scope: Scope, start: float, end: float) -> list[tuple[Any, ...]]:
+    """Runs in scope not rolled up (running, or finished since the last rollup) that may have used
+    a GPU in [start, end), as tuples of RUN_COLUMNS: a range of the (rolled_up, started_at) index."""
+    q = sa.select(*(runs.c[c] for c in RUN_COLUMNS)).where(runs.c.rolled_up == sa.false(), *_in_window(start, end))
+    return _fetch(conn, _scoped(q, scope))
+
+
 def label_values(conn: Connection, key: str, ids: Sequence[str] | None = None) -> dict[str, str]:
     """run id -> the value of label ``key``: for ``ids``, or for every run that has it. (Every run's
     is one scan of the label index: cheaper than a probe per run when a report covers many.)"""
@@ -121,14 +129,6 @@ def label_values(conn: Connection, key: str, ids: Sequence[str] | None = None) -
     out: dict[str, str] = {}
     for chunk in _chunks(list(ids)):
         out.update(_fetch(conn, base.where(lab.run_id.in_(chunk))))
-    return out
-
-
-def rolled_up(conn: Connection, ids: Sequence[str]) -> set[str]:
-    """The runs of ``ids`` that have rollup rows."""
-    out: set[str] = set()
-    for chunk in _chunks(list(ids)):
-        out.update(conn.scalars(sa.select(gpu_rollups.c.run_id).where(gpu_rollups.c.run_id.in_(chunk)).distinct()))
     return out
 
 
@@ -299,13 +299,25 @@ def rollup_days(
     conn: Connection, *, scope: Scope, first_day: int | None, last_day: int | None
 ) -> list[tuple[Any, ...]]:
     """Rollup rows of runs in scope from ``first_day`` to ``last_day``, as they are: tuples
-    (run_id, day, gpu_name, mig_profile, t0, t1, alloc_s, busy_s, energy_j, share_rule), with ''
-    for an unknown name and a whole GPU's profile. Summing them in SQL (GROUP BY) costs more than
-    sending them: the caller sums in one pass."""
+    (run_id, day, gpu_name, mig_profile, t0, t1, alloc_s, busy_s, energy_j, share_rule,
+    instance_type), with '' for an unknown name and a whole GPU's profile. Summing them in SQL
+    (GROUP BY) costs more than sending them: the caller sums in one pass."""
     r = gpu_rollups.c
-    q = sa.select(r.run_id, r.day, r.gpu_name, r.mig_profile, r.t0, r.t1, r.alloc_s, r.busy_s, r.energy_j, r.share_rule)
-    if scope is not None:  # a semi-join: rows outside the scope never leave the database
-        q = q.where(r.run_id.in_(_scoped(sa.select(runs.c.id), scope)))
+    q = sa.select(
+        r.run_id,
+        r.day,
+        r.gpu_name,
+        r.mig_profile,
+        r.t0,
+        r.t1,
+        r.alloc_s,
+        r.busy_s,
+        r.energy_j,
+        r.share_rule,
+        r.instance_type,
+    )
+    if scope is not None:  # rows outside the scope never leave the database
+        q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
     if first_day is not None:
         q = q.where(r.day >= first_day)
     if last_day is not None:
@@ -313,11 +325,51 @@ def rollup_days(
     return _fetch(conn, q)
 
 
+def rollup_group_sums(
+    conn: Connection,
+    *,
+    scope: Scope,
+    keys: Sequence[str],
+    first_day: int,
+    last_day: int,
+    period_days: Sequence[int],
+    exclude: Collection[str] = (),
+) -> list[tuple[Any, ...]]:
+    """Rollup rows from ``first_day`` to ``last_day`` summed per (run ``keys`` values...,
+    instance_type, gpu_name, mig_profile, period): each row is those values, then min(t0),
+    max(t1), the sums of alloc_s, busy_s and energy_j, and the weakest share rule. A row's period
+    is the number of ``period_days`` (sorted) at or before its day. One scan of the table by its
+    day index, no join (the rows carry their run's grouping values, migration 5); runs in
+    ``exclude`` (read from their intervals instead) are left out."""
+    r = gpu_rollups.c
+    inside = [d for d in period_days if first_day < d <= last_day]
+    before = sum(1 for d in period_days if d <= first_day)
+    period: sa.ColumnElement[Any] = sa.literal(before)
+    if inside:
+        whens = [(r.day < d, before + i) for i, d in enumerate(inside)]
+        period = sa.case(*whens, else_=before + len(inside))
+    group = [*(r[k] for k in keys), r.instance_type, r.gpu_name, r.mig_profile, period.label("period")]
+    q = sa.select(
+        *group,
+        sa.func.min(r.t0),
+        sa.func.max(r.t1),
+        sa.func.sum(r.alloc_s),
+        sa.func.sum(r.busy_s),
+        sa.func.sum(r.energy_j),
+        sa.func.min(sa.func.nullif(r.share_rule, "")),  # "equal" < "memory" < "sm": the weakest
+    ).where(r.day >= first_day, r.day <= last_day)
+    if scope is not None:
+        q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
+    if exclude:
+        q = q.where(r.run_id.not_in(sorted(exclude)))
+    return _fetch(conn, q.group_by(*group))
+
+
 def rollup_candidates(conn: Connection, *, rebuild: bool, limit: int | None = None) -> list[str]:
-    """Finished runs with GPUs whose rollup rows are not written yet (all of them with ``rebuild``)."""
-    q = sa.select(runs.c.id).where(runs.c.status != "running", sa.exists().where(devices.c.run_id == runs.c.id))
+    """Finished runs not rolled up yet (every finished run with ``rebuild``)."""
+    q = sa.select(runs.c.id).where(runs.c.status != "running")
     if not rebuild:
-        q = q.where(~sa.exists().where(gpu_rollups.c.run_id == runs.c.id))
+        q = q.where(runs.c.rolled_up == sa.false())
     q = q.order_by(runs.c.started_at, runs.c.id)
     if limit is not None:
         q = q.limit(limit)

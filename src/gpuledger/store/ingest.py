@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import RunRecord
-from gpuledger.store import audit, bulk, codec, schema, writes
+from gpuledger.store import audit, bulk, codec, rollup_stale, schema, writes
 from gpuledger.store.engine import Database
 
 FINAL = frozenset({"succeeded", "failed", "killed", "lost", "imported"})
@@ -127,6 +127,11 @@ def ingest(
                 [{**d, "run_id": run.id} for d in devices],
             )
         out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu, gpu_columns)
+        if out.gpu_intervals:  # new rows only: a resent batch changes nothing
+            at = [gpu_columns.index(c) for c in ("device_uuid", "t0", "t1")]
+            rollup_stale.drop_after_append(conn, run.id, [(r[at[0]], r[at[1]], r[at[2]]) for r in gpu])
+        elif devices or (changed and not out.created):
+            rollup_stale.drop_rollups(conn, [run.id])
         out.host_intervals, d2 = bulk.insert_intervals(db, conn, "host", run.id, host, host_columns)
         out.dropped_rolled_up = d1 + d2
         out.events = _insert_numbered(db, conn, schema.events, run.id, [dict(e) for e in events])

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import codec, migrations, queries, run_rollup, schema, writes
+from gpuledger.store import codec, migrations, queries, rollup_stale, run_rollup, schema, writes
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import AmbiguousRun, RunNotFound
 from gpuledger.store.url import default_url
@@ -156,6 +156,8 @@ class Ledger:
                 raise RunNotFound(run_id)
             if "labels" in values:
                 writes.replace_labels(conn, run_id, values["labels"])
+            if fields.keys() & rollup_stale.ROLLUP_FIELDS:
+                rollup_stale.drop_rollups(conn, [run_id])
 
         self._db.write(tx)
 

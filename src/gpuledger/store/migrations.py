@@ -94,11 +94,56 @@ def _add_team_tables(conn: Connection) -> None:
         tables[name].create(conn)
 
 
+def _add_rollup_state(conn: Connection) -> None:
+    # Version 4's shapes, written out: runs gains rolled_up, gpu_rollups the run's grouping values.
+    frozen = sa.MetaData()
+    runs = sa.Table(
+        "runs",
+        frozen,
+        sa.Column("id", sa.String, primary_key=True),
+        sa.Column("status", sa.String),
+        sa.Column("started_at", sa.Double),
+        sa.Column("user", sa.Text),
+        sa.Column("team", sa.Text),
+        sa.Column("project", sa.Text),
+        sa.Column("rolled_up", sa.Boolean),
+    )
+    labels = sa.Table(
+        "run_labels", frozen, sa.Column("run_id", sa.String), sa.Column("key", sa.Text), sa.Column("value", sa.Text)
+    )
+    devices = sa.Table("devices", frozen, sa.Column("run_id", sa.String))
+    rollups = sa.Table(
+        "gpu_rollups",
+        frozen,
+        sa.Column("run_id", sa.String),
+        *(sa.Column(name, sa.Text) for name in ("team", "project", "user", "instance_type")),
+    )
+    conn.execute(sa.text("ALTER TABLE runs ADD COLUMN rolled_up BOOLEAN NOT NULL DEFAULT false"))
+    for name in ("team", "project", "user", "instance_type"):
+        conn.execute(sa.text(f'ALTER TABLE gpu_rollups ADD COLUMN "{name}" TEXT'))
+    sa.Index("ix_runs_rolled_up_started_at", runs.c.rolled_up, runs.c.started_at).create(conn)
+    # Rolled up: finished runs that have rollup rows, or no GPU at all (nothing to roll up).
+    has_rows = sa.exists().where(rollups.c.run_id == runs.c.id)
+    has_gpu = sa.exists().where(devices.c.run_id == runs.c.id)
+    conn.execute(sa.update(runs).where(runs.c.status != "running", sa.or_(has_rows, ~has_gpu)).values(rolled_up=True))
+    run_of = runs.c.id == rollups.c.run_id
+    instance = sa.select(labels.c.value).where(labels.c.run_id == rollups.c.run_id, labels.c.key == "instance_type")
+    conn.execute(
+        sa.update(rollups).values(
+            team=sa.select(runs.c.team).where(run_of).scalar_subquery(),
+            project=sa.select(runs.c.project).where(run_of).scalar_subquery(),
+            user=sa.select(runs.c.user).where(run_of).scalar_subquery(),
+            instance_type=instance.scalar_subquery(),
+        )
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
     Migration(3, "add team tables: users, projects, tokens, audit log, push state, rollup marks", _add_team_tables),
     Migration(4, "add ix_run_labels_key_run_value: a covering label index for cost reports", _add_label_index),
+    Migration(5, "add runs.rolled_up and the runs' grouping values to gpu_rollups", _add_rollup_state),
 )
 LATEST = MIGRATIONS[-1].version
 

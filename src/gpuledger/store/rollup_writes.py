@@ -1,21 +1,23 @@
 """Writing ``gpu_rollups`` (migration 2): the per run, GPU model and day sums cost reports read.
 
-Derived data: a run's rows are replaced as a whole, in one transaction, so a report sees either
-the old rows or the new ones.
+Derived data: a run's rows are replaced as a whole, in one transaction, and the run is marked
+``rolled_up`` in the same transaction, so a report sees either the old state or the new one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.usage import DayUsage, weakest_rule
-from gpuledger.store.schema import gpu_rollups
+from gpuledger.store.schema import gpu_rollups, runs
 
-__all__ = ["replace_rollups", "rollup_rows"]
+__all__ = ["GROUPING_COLUMNS", "replace_rollups", "rollup_rows"]
+
+GROUPING_COLUMNS = ("team", "project", "user", "instance_type")  # copied from the run onto each row
 
 _CHUNK = 2000
 
@@ -57,11 +59,23 @@ def rollup_rows(days: Iterable[DayUsage]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def replace_rollups(conn: Connection, run_ids: Sequence[str], days: Iterable[DayUsage]) -> int:
-    """Delete the rollup rows of ``run_ids`` and insert those of ``days`` (which belong to them)."""
+def replace_rollups(
+    conn: Connection,
+    run_ids: Sequence[str],
+    days: Iterable[DayUsage],
+    grouping: Mapping[str, Mapping[str, Any]],
+) -> int:
+    """Delete the rollup rows of ``run_ids``, insert those of ``days`` (which belong to them) with
+    each run's GROUPING_COLUMNS values from ``grouping``, and mark the runs rolled up (a run
+    without rows too: it used no GPU)."""
     for i in range(0, len(run_ids), _CHUNK):
-        conn.execute(sa.delete(gpu_rollups).where(gpu_rollups.c.run_id.in_(run_ids[i : i + _CHUNK])))
+        chunk = run_ids[i : i + _CHUNK]
+        conn.execute(sa.delete(gpu_rollups).where(gpu_rollups.c.run_id.in_(chunk)))
+        conn.execute(sa.update(runs).where(runs.c.id.in_(chunk)).values(rolled_up=True))
     rows = rollup_rows(days)
+    for row in rows:
+        values = grouping.get(row["run_id"], {})
+        row.update({col: values.get(col) for col in GROUPING_COLUMNS})
     for i in range(0, len(rows), _CHUNK):
         conn.execute(sa.insert(gpu_rollups), rows[i : i + _CHUNK])
     return len(rows)

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import schema
+from gpuledger.store import rollup_stale, schema
 from gpuledger.store.codec import label_rows, run_row, to_row
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import RunNotFound
@@ -62,6 +62,7 @@ def upsert_devices(db: Database, conn: Connection, run_id: str, devices: Sequenc
         ins.on_conflict_do_update(index_elements=list(keys), set_=update),
         [to_row(d, run_id=run_id) for d in devices],
     )
+    rollup_stale.drop_rollups(conn, [run_id])  # a GPU's name or MIG profile is part of the rows
 
 
 def append(
@@ -82,6 +83,7 @@ def append(
         require_run(conn, run_id, lock=bool(numbering))
     if gpu:
         _insert_new(db, conn, schema.gpu_intervals, [to_row(i, run_id=run_id) for i in gpu])
+        rollup_stale.drop_after_append(conn, run_id, [(i.device_uuid, i.t0, i.t1) for i in gpu])
     if host:
         _insert_new(db, conn, schema.host_intervals, [to_row(i, run_id=run_id) for i in host])
     if events:

@@ -1,0 +1,56 @@
+"""Dropping rollups a later write made stale, so cost reports never price an outdated sum.
+
+A run's ``gpu_rollups`` rows sum its GPU intervals as they were when it was rolled up, split
+against the runs it shared a GPU with. They go stale when intervals arrive later (an agent's outbox
+replayed after the run ended), when the run's GPUs or its fields change, and, for a shared GPU,
+when a co-tenant's intervals change. Stale rows are deleted and the run's ``rolled_up`` flag is
+cleared in the writing transaction: reports then read the run from its intervals until the next
+``gpuledger report rollup`` writes fresh rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.store.schema import devices, gpu_rollups, runs
+
+__all__ = ["ROLLUP_FIELDS", "drop_after_append", "drop_rollups"]
+
+# Run fields a rollup depends on: its held span, its status, and the values rows are grouped by.
+ROLLUP_FIELDS = frozenset({"status", "started_at", "ended_at", "labels", "user", "attempt_of"})
+_DAY_S = 86400
+_CHUNK = 2000
+
+
+def drop_rollups(conn: Connection, run_ids: Collection[str]) -> None:
+    """Delete the rollup rows of ``run_ids`` and mark them not rolled up."""
+    ids = sorted(run_ids)
+    for i in range(0, len(ids), _CHUNK):
+        chunk = ids[i : i + _CHUNK]
+        conn.execute(sa.delete(gpu_rollups).where(gpu_rollups.c.run_id.in_(chunk)))
+        conn.execute(sa.update(runs).where(runs.c.id.in_(chunk), runs.c.rolled_up).values(rolled_up=False))
+
+
+def drop_after_append(conn: Connection, run_id: str, spans: Sequence[tuple[str, float, float]]) -> None:
+    """After GPU intervals (device uuid, t0, t1) were added to ``run_id``: drop its rollups and, if
+    it has already ended (a late replay), those of the runs that held one of the same GPUs on the
+    same days. While a run is running nothing overlapping it is rolled up
+    (reports/cost_rollups.py), so the usual append costs three primary-key probes."""
+    if not spans:
+        return
+    stale = {run_id}
+    status = conn.scalar(sa.select(runs.c.status).where(runs.c.id == run_id))
+    if status not in (None, "running"):
+        first = math.floor(min(t0 for _, t0, _ in spans) / _DAY_S)
+        last = math.floor(max(t1 for _, _, t1 in spans) / _DAY_S)
+        uuids = sorted({uuid for uuid, _, _ in spans})
+        tenants = sa.select(devices.c.run_id).where(devices.c.uuid.in_(uuids))
+        q = sa.select(gpu_rollups.c.run_id).where(
+            gpu_rollups.c.run_id.in_(tenants), gpu_rollups.c.day >= first, gpu_rollups.c.day <= last
+        )
+        stale.update(conn.scalars(q.distinct()))
+    drop_rollups(conn, stale)
