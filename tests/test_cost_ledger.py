@@ -313,3 +313,68 @@ def test_migration_5_flags_rolled_up_runs_and_copies_their_grouping_values(ledge
 def _chargeback_dict(led: Ledger) -> dict[str, object]:
     lo, hi = month_window("2026-03")
     return chargeback(led, scope=None, card=CARD, start=lo, end=hi, by=("team", "project")).as_dict()
+
+
+def _rolled(led: Ledger) -> dict[str, bool]:
+    return dict(led.read(lambda c: list(c.execute(sa.select(schema.runs.c.id, schema.runs.c.rolled_up)))))
+
+
+def _rollup_runs(led: Ledger) -> set[str]:
+    return set(led.read(lambda c: list(c.scalars(sa.select(schema.gpu_rollups.c.run_id).distinct()))))
+
+
+def _busy_of(report, team: str) -> float:  # type: ignore[no-untyped-def]
+    return next(g["busy_gpu_h"] for g in report.groups if g["team"] == team)
+
+
+def test_intervals_replayed_after_a_rollup_drop_it_and_are_billed(ledger: Ledger) -> None:
+    materialise_rollups(ledger)
+    assert _rolled(ledger)["solo"] and "solo" in _rollup_runs(ledger)
+    before = _busy_of(_report(ledger), "vision")
+    # An agent's outbox delivers two more hours of the finished run "solo" (seq 36.., 06:00-08:00).
+    t = ts("2026-03-10T06:00")
+    late = [GpuInterval("GPU-solo", 36 + i, t + i * 600, t + (i + 1) * 600, busy_s=600.0) for i in range(12)]
+    ledger.append("solo", gpu=late)
+    assert not _rolled(ledger)["solo"] and "solo" not in _rollup_runs(ledger)  # the append alone drops them
+    ledger.update_run("solo", ended_at=t + 2 * H)  # and the run's end moves with what arrived
+    from_intervals = _busy_of(_report(ledger), "vision")
+    assert from_intervals == pytest.approx(before + 2.0, abs=1e-5)  # billed from the intervals now
+    assert materialise_rollups(ledger)["runs"] == 1  # only the stale run is rolled up again
+    assert _rolled(ledger)["solo"]
+    assert _busy_of(_report(ledger), "vision") == pytest.approx(from_intervals, abs=1e-5)
+
+
+def test_a_late_replay_drops_the_rollups_of_runs_sharing_the_gpu_that_day(ledger: Ledger) -> None:
+    materialise_rollups(ledger)
+    t = ts("2026-03-11T13:00")
+    ledger.append("shared-a", gpu=[GpuInterval("GPU-shared", 99, t, t + 60, busy_s=60.0, proc_sm_util_avg_pct=60.0)])
+    rolled = _rolled(ledger)
+    assert not rolled["shared-a"] and not rolled["shared-b"]  # b's share of the GPU depends on a's
+    assert rolled["solo"] and rolled["mig"]  # other GPUs: untouched
+    assert {"shared-a", "shared-b"}.isdisjoint(_rollup_runs(ledger))
+
+
+def test_a_changed_team_label_regroups_a_rolled_up_run(ledger: Ledger) -> None:
+    materialise_rollups(ledger)
+    ledger.update_run("solo", labels={"team": "ops", "project": "det"})
+    assert not _rolled(ledger)["solo"]
+    materialise_rollups(ledger)
+    report = _report(ledger, by=("team", "project"))
+    ops = next(g for g in report.groups if g["team"] == "ops")
+    assert ops["runs"] == 2  # "solo" moved from vision to ops (with "cross")
+    r = schema.gpu_rollups.c
+    team = ledger.read(lambda c: c.scalar(sa.select(r.team).where(r.run_id == "solo").limit(1)))
+    assert team == "ops"
+
+
+def test_a_running_run_holds_back_only_the_runs_chained_to_it(ledger_url: str) -> None:
+    with Ledger(ledger_url) as led:
+        early = _run(led, "early", "2026-03-01T00:00", "2026-03-01T02:00")
+        live = _run(led, "live", "2026-03-02T00:00", None, status="running")
+        for rid in ("early", "live"):
+            led.add_devices(rid, [GpuIdentity(0, "GPU-x", A100_40)])
+        _intervals(led, "early", "GPU-x", early, early + 2 * H, 0.5)
+        _intervals(led, "live", "GPU-x", live, live + H, 0.5)
+        counts = materialise_rollups(led)
+        assert (counts["runs"], counts["skipped"]) == (1, 0)  # "early" ended a day before "live" began
+        assert _rolled(led) == {"early": True, "live": False}
