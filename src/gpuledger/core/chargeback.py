@@ -14,13 +14,14 @@ from decimal import Decimal
 from typing import Any
 
 from gpuledger.core.chargeback_columns import GROUP_KEYS
+from gpuledger.core.chargeback_fast import FastPart
 from gpuledger.core.chargeback_sections import anomalies, chains, top_runs, top_users, trend_rows, warnings
 from gpuledger.core.chargeback_totals import RunInfo, Totals, as_set, share, sort_key, usage_columns
 from gpuledger.core.cost import Compact, CostLine, compact
 from gpuledger.core.money import money_decimal
 from gpuledger.core.usage import PARTIAL_STATUSES
 
-__all__ = ["Chargeback", "RunInfo", "Totals", "build_chargeback", "build_from_compact", "usage_columns"]
+__all__ = ["Chargeback", "RunInfo", "Totals", "build_chargeback", "build_from_compact", "grouping", "usage_columns"]
 
 
 @dataclass
@@ -62,6 +63,14 @@ def build_chargeback(lines: Iterable[CostLine], runs: Mapping[str, RunInfo], **k
     return build_from_compact((compact(ln) for ln in lines), runs, **kwargs)
 
 
+def grouping(by: Sequence[str]) -> tuple[list[str], bool, bool]:
+    """(the run columns among ``by``, by gpu_model?, by instance_type?); ValueError for a bad key."""
+    bad = [k for k in by if k not in GROUP_KEYS]
+    if bad or not by:
+        raise ValueError(f"group by one or more of {', '.join(GROUP_KEYS)} (got {', '.join(by) or 'nothing'})")
+    return [k for k in by if k not in ("gpu_model", "instance_type")], "gpu_model" in by, "instance_type" in by
+
+
 def build_from_compact(
     items: Iterable[Compact],
     runs: Mapping[str, RunInfo],
@@ -74,22 +83,21 @@ def build_from_compact(
     min_gpu_hours: float = 1.0,
     params: Mapping[str, Any] | None = None,
     trend_items: Iterable[tuple[tuple[Any, ...], str | None, str | None, str, Sequence[int]]] = (),
+    fast: FastPart | None = None,
 ) -> Chargeback:
     """Sum priced pieces by the ``by`` keys. Pieces starting before ``start`` belong to the trend
     only (``months``: the trend's months in order, the report's own months last); so do
     ``trend_items``, (values of the run keys among ``by`` in their order, model, instance type,
-    month, amounts) priced from per-group sums. One pass over the
+    month, amounts) priced from per-group sums; ``fast``: the window's plain rollup rows, priced
+    and summed columnwise (chargeback_fast.py), added to the same sums. One pass over the
     pieces fills (group, month) cells and per-run vectors; everything else is summed from those.
     ``runs`` values need the attributes of RunInfo."""
     by = tuple(by)
-    bad = [k for k in by if k not in GROUP_KEYS]
-    if bad or not by:
-        raise ValueError(f"group by one or more of {', '.join(GROUP_KEYS)} (got {', '.join(by) or 'nothing'})")
-    run_keys = [k for k in by if k not in ("gpu_model", "instance_type")]
-    per_line = len(run_keys) < len(by)  # the key depends on the piece, not only on the run
-    by_model, by_instance = "gpu_model" in by, "instance_type" in by
-    key_cache: dict[str, tuple[Any, ...]] = {}
-    cells: dict[tuple[Any, str, bool], list[int]] = {}
+    run_keys, by_model, by_instance = grouping(by)
+    per_line = by_model or by_instance  # the key depends on the piece, not only on the run
+    key_cache: dict[str, tuple[Any, ...]] = {}  # run -> (its key values, its user)
+    # (group, month, inside) -> the pieces' vectors, summed column by column at the end (in C).
+    cell_pieces: dict[tuple[Any, str, bool], list[Sequence[int]]] = {}
     line_members: dict[tuple[Any, ...], set[str]] = {}  # only when the key depends on the piece
     inner_of: dict[str, Any] = {}  # run -> its inner key, or a set of them (per_line only)
     records: dict[str, Sequence[int]] = {}  # in the window, per run record
@@ -98,24 +106,23 @@ def build_from_compact(
     warn_models: dict[str, int] = {}
     warn_flags: dict[str, set[str]] = {}
     add = operator.add
-    # The loop runs once per priced piece (hundreds of thousands for a year): kept lean on purpose.
-    users: dict[str, list[Any]] = {}  # user -> [summed vector, set of run records]
+    # The loop runs once per priced piece (hundreds of thousands for a year): kept lean on purpose;
+    # vectors are collected, not added, and users are summed from the runs afterwards.
     for run_id, model, instance, month, t0, v, flags in items:
         cached = key_cache.get(run_id)
         if cached is None:
             info = runs.get(run_id)
             run_key = tuple(None if info is None else getattr(info, k) for k in run_keys)
-            user = "" if info is None else info.user
-            cached = key_cache[run_id] = (run_key, users.setdefault(user, [[0] * 9, set()]))
-        key, user_acc = cached
+            cached = key_cache[run_id] = (run_key, "" if info is None else info.user)
+        key = cached[0]
         if per_line:  # an inner key, put in ``by`` order once per group at the end
             key = (key, model if by_model else None, instance if by_instance else None)
         inside = t0 >= start
-        cell = cells.get((key, month, inside))
+        cell = cell_pieces.get((key, month, inside))
         if cell is None:
-            cells[(key, month, inside)] = list(v)
+            cell_pieces[(key, month, inside)] = [v]
         else:
-            cell[:] = map(add, cell, v)
+            cell.append(v)
         if not inside:
             continue
         if per_line:
@@ -137,9 +144,6 @@ def build_from_compact(
                 seen.add(model)
             elif seen != model:
                 models_of[run_id] = {seen, model}
-        user_vector = user_acc[0]
-        user_vector[:] = map(add, user_vector, v)
-        user_acc[1].add(run_id)
         if flags:
             flags_of.setdefault(run_id, set()).update(flags)
             for flag in flags:
@@ -149,11 +153,25 @@ def build_from_compact(
             warn_models[model] = warn_models.get(model, 0) + v[8]
     for run_values, model, instance, month, v in trend_items:
         key = (run_values, model if by_model else None, instance if by_instance else None) if per_line else run_values
-        cell = cells.get((key, month, False))
-        if cell is None:
-            cells[(key, month, False)] = list(v)
-        else:
-            cell[:] = map(add, cell, v)
+        cell_pieces.setdefault((key, month, False), []).append(v)
+    if fast is not None:
+        for (key, month), v in fast.cells.items():
+            cell_pieces.setdefault((key, month, True), []).append(v)
+        for model, instance, flags in fast.context_flags():
+            for flag in flags:
+                if flag in _WARN_FLAGS:
+                    warn_flags.setdefault(flag, set()).add(str(instance if flag == "unknown_instance" else model))
+    cells = {ck: list(map(sum, zip(*vs, strict=True))) for ck, vs in cell_pieces.items()}
+    del cell_pieces
+    user_pieces: dict[str, tuple[list[Sequence[int]], list[str]]] = {}
+    for run_id, rec in records.items():
+        vectors, ids = user_pieces.setdefault(key_cache[run_id][1], ([], []))
+        vectors.append(rec)
+        ids.append(run_id)
+    users = {user: (list(map(sum, zip(*vs, strict=True))), set(ids)) for user, (vs, ids) in user_pieces.items()}
+    for user, (v, ids) in fast.users.items() if fast is not None else ():
+        acc = users.get(user)
+        users[user] = (v, set(ids)) if acc is None else (list(map(add, acc[0], v)), acc[1] | ids)
 
     if per_line:  # inner keys -> keys in ``by`` order (one to one: both hold exactly the ``by`` values)
         order = {k: _line_key(by, *k) for k in {key for key, _, _ in cells}}
@@ -161,6 +179,8 @@ def build_from_compact(
         for run_id, inner_keys in inner_of.items():  # a run is a member of each group it has pieces in
             for inner in inner_keys if isinstance(inner_keys, set) else (inner_keys,):
                 line_members.setdefault(order[inner], set()).add(run_id)
+        for inner, ids in fast.members.items() if fast is not None else ():
+            line_members.setdefault(order[inner], set()).update(ids)
     groups: dict[tuple[Any, ...], Totals] = {}
     trend: dict[tuple[tuple[Any, ...], str], Totals] = {}
     trend_total: dict[str, Totals] = {}
@@ -172,6 +192,9 @@ def build_from_compact(
             groups.setdefault(key, Totals()).add_vec(v)
             total.add_vec(v)
     members = line_members if per_line else _members(records, {rid: c[0] for rid, c in key_cache.items()})
+    if fast is not None and not per_line:
+        for key, ids in fast.members.items():
+            members.setdefault(key, set()).update(ids)
     # Which runs count as what, by set algebra (C speed) rather than a lookup per member.
     resumed = {rid: info.logical_id for rid, info in runs.items() if info.logical_id != rid}
     partial = {rid for rid, info in runs.items() if info.status in PARTIAL_STATUSES}
@@ -195,8 +218,10 @@ def build_from_compact(
     per_run = _per_logical(records, resumed, models_of, flags_of)
     for rid in records.keys() & partial:
         flags_of.setdefault(resumed.get(rid, rid), set()).add(runs[rid].status)
+    if fast is not None and fast.run_ids:
+        per_run = _with_fast_candidates(per_run, fast, resumed, partial, runs, models_of, flags_of, top_n)
     attempts_of = chains(runs)
-    per_user = {user: (acc[0], {resumed.get(r, r) for r in acc[1]}) for user, acc in users.items() if acc[1]}
+    per_user = {user: (acc[0], {resumed.get(r, r) for r in acc[1]}) for user, acc in users.items()}
     return Chargeback(
         params=dict(params or {}),
         groups=group_rows,
@@ -215,6 +240,30 @@ def build_from_compact(
 def _line_key(by: tuple[str, ...], run_key: tuple[Any, ...], model: str, instance: str | None) -> tuple[Any, ...]:
     values = iter(run_key)
     return tuple(model if k == "gpu_model" else instance if k == "instance_type" else next(values) for k in by)
+
+
+def _with_fast_candidates(per_run, fast, resumed, partial, runs, models_of, flags_of, n):  # type: ignore[no-untyped-def]
+    """The logical runs that may rank in the top ``n`` by cost or idle cost, with exact vectors:
+    the per-row part (``per_run``) plus the columnar part. Candidates are chosen by float
+    estimates with a margin far above their rounding error, then computed exactly."""
+    candidates: set[str] = set()
+    for index in (5, 6):
+        candidates |= fast.near_top(index, n, {k: float(v[index]) for k, v in per_run.items()}, resumed)
+    attempts: dict[str, list[str]] = {}
+    for rid, logical in resumed.items():
+        attempts.setdefault(logical, []).append(rid)
+    wanted = [rid for logical in candidates for rid in (logical, *attempts.get(logical, ()))]
+    out = {logical: v for logical, v in per_run.items() if logical in candidates}
+    for rid, (v, models, flags) in fast.exact(wanted).items():
+        logical = resumed.get(rid, rid)
+        acc = out.get(logical)
+        out[logical] = tuple(v) if acc is None else tuple(map(operator.add, acc, v))
+        models_of[logical] = as_set(models_of.get(logical)) | models
+        if flags:
+            flags_of.setdefault(logical, set()).update(flags)
+        if rid in partial:
+            flags_of.setdefault(logical, set()).add(runs[rid].status)
+    return out
 
 
 def _members(records: Mapping[str, Any], key_cache: Mapping[str, tuple[Any, ...]]) -> dict[tuple[Any, ...], set[str]]:

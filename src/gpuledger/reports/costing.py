@@ -17,7 +17,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuledger.core.chargeback import Chargeback, Totals, build_from_compact, usage_columns
+from gpuledger.core.chargeback import Chargeback, Totals, build_from_compact, grouping, usage_columns
+from gpuledger.core.chargeback_fast import price_plain_rows
 from gpuledger.core.cost import CostLine, Pricer, compact, month_bounds, month_of, month_starts
 from gpuledger.core.money import money_decimal
 from gpuledger.core.ratecard import RateCard
@@ -146,36 +147,39 @@ def chargeback(
         "anomaly_threshold": anomaly_threshold,
     }
     pricer = Pricer(card, basis, trend_start, end, cuts=(start,))
+    window = {"scope": scope, "trend_start": trend_start, "start": start, "end": end}
+    window.update(edges=edges, cut_times=cut_times, group_keys=keys)
+    report = {"by": by, "start": start, "months": months, "top_n": top_n, "params": params}
+    report.update(anomaly_threshold=anomaly_threshold, min_gpu_hours=min_gpu_hours)
     with _gc_paused():
-        usage = read(
-            ledger,
-            lambda conn: collect_report(
-                conn,
-                scope=scope,
-                trend_start=trend_start,
-                start=start,
-                end=end,
-                edges=edges,
-                cut_times=cut_times,
-                group_keys=keys,
-            ),
-        )
-        items = itertools.chain(
-            (compact(ln) for ln in pricer.price_all(usage.usages)),
-            pricer.price_rollups(usage.rollups, usage.runs, usage.period_of_day, usage.periods),
-        )
-        return build_from_compact(
-            items,
-            usage.runs,
-            trend_items=_group_items(pricer, usage.groups, usage.periods, by, keys),
-            by=by,
-            start=start,
-            months=months,
-            top_n=top_n,
-            anomaly_threshold=anomaly_threshold,
-            min_gpu_hours=min_gpu_hours,
-            params=params,
-        )
+        # In a function of its own: its millions of rows are freed (by reference counting) when
+        # it returns, before the collector is back, which would otherwise walk them all once.
+        return _priced(ledger, pricer, window, report)
+
+
+def _priced(ledger: Ledger, pricer: Pricer, window: dict[str, Any], report: dict[str, Any]) -> Chargeback:
+    """Read (collect_report's ``window`` arguments), price and sum (build_from_compact's ``report``)."""
+    usage = read(ledger, lambda conn: collect_report(conn, **window))
+    by = report["by"]
+    run_keys, by_model, by_instance = grouping(by)
+    fast, unusual = price_plain_rows(
+        usage.rollups,
+        usage.runs,
+        pricer,
+        usage.period_of_day,
+        usage.periods,
+        start=window["start"],
+        end=window["end"],
+        run_keys=run_keys,
+        by_model=by_model,
+        by_instance=by_instance,
+    )
+    items = itertools.chain(
+        (compact(ln) for ln in pricer.price_all(usage.usages)),
+        pricer.price_rollups(unusual, usage.runs, usage.period_of_day, usage.periods),
+    )
+    trend = _group_items(pricer, usage.groups, usage.periods, by, window["group_keys"])
+    return build_from_compact(items, usage.runs, fast=fast, trend_items=trend, **report)
 
 
 def _group_items(
