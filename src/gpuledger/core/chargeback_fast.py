@@ -168,8 +168,8 @@ def price_plain_rows(
     known = run_codes >= 0
     busy_s = np.array(busy_col, dtype=np.float64)  # None -> nan
     plain = known & ~np.isnan(busy_s)
-    plain &= np.array(t0_col, dtype=np.float64) >= start
-    plain &= np.array(t1_col, dtype=np.float64) <= end
+    t0, t1 = np.array(t0_col, dtype=np.float64), np.array(t1_col, dtype=np.float64)
+    plain &= (t0 >= start) & (t1 <= end) & (t1 > start) & (t0 < end)  # as price_rollups: none at an edge
     if any(rule_col):
         plain &= np.fromiter(map(operator.not_, rule_col), dtype=bool, count=n)
     period_col = list(map(period_of_day.__getitem__, day_col))

@@ -12,7 +12,10 @@ Windows are widened to whole UTC days here; the pricer cuts at the exact window 
 from __future__ import annotations
 
 import bisect
+import functools
+import itertools
 import math
+import operator
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -57,14 +60,18 @@ class RunRow(NamedTuple):
 
 
 def _run_rows(
-    rows: Iterable[tuple[Any, ...]], instances: dict[str, str], override: str | None = None
+    rows: Sequence[tuple[Any, ...]], instances: dict[str, str], override: str | None = None
 ) -> dict[str, RunRow]:
-    # RUN_COLUMNS order, then the instance type and the logical id (the run's own, for now).
-    make = tuple.__new__
-    get = instances.get
+    """RunRows from cost_queries.run_rows tuples (already in RunRow's order, with no instance
+    type and the run's own id as logical id), given ``instances`` (run id -> instance type) or
+    one ``override`` for all. Made in C (a year's report makes half a million)."""
+    make = functools.partial(tuple.__new__, RunRow)
+    out = dict(zip(map(operator.itemgetter(0), rows), map(make, rows), strict=True))
     if override:
-        return {r[0]: make(RunRow, (*r, override, r[0])) for r in rows}
-    return {r[0]: make(RunRow, (*tuple(r), get(r[0]), r[0])) for r in rows}
+        return {rid: run._replace(instance_type=override) for rid, run in out.items()}
+    for rid in instances.keys() & out.keys():
+        out[rid] = out[rid]._replace(instance_type=instances[rid])
+    return out
 
 
 @dataclass
@@ -212,7 +219,7 @@ def _shared_days(
 def _logical_ids(conn: Connection, runs: dict[str, RunRow], scope: Scope) -> dict[str, RunRow]:
     """Each run with ``logical_id`` = the first attempt of its chain (attempt_of links) that the
     scope lets the reader see: a resumed training's attempts are one logical run."""
-    resumed = [r for r in runs.values() if r.attempt_of]
+    resumed = list(itertools.compress(runs.values(), map(_ATTEMPT_OF, runs.values())))
     if not resumed:
         return runs
     known: dict[str, tuple[str | None, str | None]] = {r.id: (r.attempt_of, r.project) for r in resumed}
@@ -234,6 +241,9 @@ def _logical_ids(conn: Connection, runs: dict[str, RunRow], scope: Scope) -> dic
             root = parent
         out[run.id] = _with_logical(run, root)
     return out
+
+
+_ATTEMPT_OF = operator.attrgetter("attempt_of")
 
 
 def _with_logical(run: RunRow, logical: str) -> RunRow:
@@ -312,12 +322,12 @@ def collect_report(
     rollups = cq.rollup_days(conn, scope=scope, first_day=first, last_day=last)
     if live_ids:
         rollups = [r for r in rollups if r[0] not in live_ids]
-    # Instance types: rolled-up runs carry theirs on their rows; the others' come from their labels.
-    instances = {r[0]: r[10] for r in rollups if r[10]}
-    if live_ids:
-        instances.update(cq.label_values(conn, "instance_type", ids=sorted(live_ids)))
+    # Instance types: rolled-up rows carry their run's (and are priced by it); the runs read from
+    # their intervals take theirs from their labels.
+    instances = cq.label_values(conn, "instance_type", ids=sorted(live_ids)) if live_ids else {}
     runs = _logical_ids(conn, _run_rows(rows, instances), scope)
-    roots = {r.logical_id for r in runs.values()} - runs.keys()
+    resumed = itertools.compress(runs.values(), map(_ATTEMPT_OF, runs.values()))
+    roots = {r.logical_id for r in resumed} - runs.keys()
     if roots:  # first attempts of resumed runs that began before the window: named in the top runs
         extra = _run_rows(cq.run_rows(conn, scope=scope, ids=sorted(roots)), instances)
         runs.update({rid: _with_logical(run, rid) for rid, run in extra.items()})

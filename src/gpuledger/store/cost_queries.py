@@ -93,6 +93,12 @@ def _in_window(start: float | None, end: float | None) -> list[sa.ColumnElement[
 RUN_COLUMNS = ("id", "status", "user", "team", "project", "name", "started_at", "ended_at", "attempt_of")
 
 
+def _run_columns() -> list[sa.ColumnElement[Any]]:
+    # RUN_COLUMNS, then NULL for the instance type and the id again as the logical id: the row is
+    # already shaped like reports.cost_usage.RunRow.
+    return [*(runs.c[c] for c in RUN_COLUMNS), sa.null().label("instance_type"), runs.c.id.label("logical_id")]
+
+
 def run_rows(
     conn: Connection,
     *,
@@ -102,8 +108,9 @@ def run_rows(
     ids: Sequence[str] | None = None,
 ) -> list[tuple[Any, ...]]:
     """Runs in scope that may have used a GPU in [start, end) (or the runs ``ids``), as tuples of
-    RUN_COLUMNS. Labels and rollups are asked separately: joined here they cost more than twice."""
-    base = _scoped(sa.select(*(runs.c[c] for c in RUN_COLUMNS)), scope).where(*_in_window(start, end))
+    RUN_COLUMNS, NULL (instance type) and the id again (logical id). Labels and rollups are asked
+    separately: joined here they cost more than twice."""
+    base = _scoped(sa.select(*_run_columns()), scope).where(*_in_window(start, end))
     if ids is None:
         return _fetch(conn, base)
     out: list[tuple[Any, ...]] = []
@@ -114,8 +121,8 @@ def run_rows(
 
 def unrolled_runs(conn: Connection, *, scope: Scope, start: float, end: float) -> list[tuple[Any, ...]]:
     """Runs in scope not rolled up (running, or finished since the last rollup) that may have used
-    a GPU in [start, end), as tuples of RUN_COLUMNS: a range of the (rolled_up, started_at) index."""
-    q = sa.select(*(runs.c[c] for c in RUN_COLUMNS)).where(runs.c.rolled_up == sa.false(), *_in_window(start, end))
+    a GPU in [start, end), as run_rows tuples: a range of the (rolled_up, started_at) index."""
+    q = sa.select(*_run_columns()).where(runs.c.rolled_up == sa.false(), *_in_window(start, end))
     return _fetch(conn, _scoped(q, scope))
 
 
