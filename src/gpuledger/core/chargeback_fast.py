@@ -163,7 +163,7 @@ def price_plain_rows(
     # One pass of dict look-ups over the rows' run ids (each is a cache miss in a large dict):
     # the code of a row's run is its position in ``runs``, -1 for a run not there.
     run_ids = list(runs)
-    position = {rid: i for i, rid in enumerate(run_ids)}
+    position = dict(zip(run_ids, range(len(run_ids)), strict=True))
     run_codes = np.fromiter(map(position.get, run_col, itertools.repeat(-1)), dtype=np.int64, count=n)
     known = run_codes >= 0
     busy_s = np.array(busy_col, dtype=np.float64)  # None -> nan
@@ -235,7 +235,7 @@ def _sum_groups(
     keys, run_key = _codes(values)
     users, run_user = _codes(list(map(operator.attrgetter("user"), infos)))
     ids = np.array(part.run_ids, dtype=object)
-    priced = np.unique(part._run)  # the runs with plain rows
+    priced = np.flatnonzero(np.bincount(part._run, minlength=len(infos)))  # the runs with plain rows
     n_ctx = len(part._contexts)
     quantities = (part._alloc, part._busy, part._units)
 

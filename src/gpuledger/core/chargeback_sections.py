@@ -18,11 +18,12 @@ if TYPE_CHECKING:
 __all__ = ["anomalies", "chains", "top_runs", "top_users", "trend_rows", "warnings"]
 
 
-def chains(runs: Mapping[str, RunInfo]) -> dict[str, list[RunInfo]]:
+def chains(runs: Mapping[str, RunInfo], resumed: Mapping[str, str] | None = None) -> dict[str, list[RunInfo]]:
     """The attempts of each resumed run (logical id -> attempts, first first); runs of one
-    attempt are not listed."""
+    attempt are not listed. ``resumed``: run id -> logical id of the attempts, if known."""
     out: dict[str, list[RunInfo]] = {}
-    for info in runs.values():
+    attempts = (runs[rid] for rid in resumed) if resumed is not None else runs.values()
+    for info in attempts:
         if info.logical_id != info.id:
             out.setdefault(info.logical_id, []).append(info)
     for logical, chain in out.items():

@@ -325,11 +325,26 @@ def rollup_days(
     )
     if scope is not None:  # rows outside the scope never leave the database
         q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
+    day: sa.ColumnElement[Any] = r.day
+    if _most_of_the_table(conn, first_day, last_day):
+        # SQLite would read most of the table through the day index, row by row; "day + 0" is not
+        # an indexed term, so it scans the table in order instead (a third faster for a year).
+        day = r.day + 0
     if first_day is not None:
-        q = q.where(r.day >= first_day)
+        q = q.where(day >= first_day)
     if last_day is not None:
-        q = q.where(r.day <= last_day)
+        q = q.where(day <= last_day)
     return _fetch(conn, q)
+
+
+def _most_of_the_table(conn: Connection, first_day: int | None, last_day: int | None) -> bool:
+    """Whether [first_day, last_day] spans at least half the days of gpu_rollups (SQLite only)."""
+    if conn.dialect.name != "sqlite" or first_day is None or last_day is None:
+        return False
+    day = gpu_rollups.c.day
+    lo = conn.scalar(sa.select(sa.func.min(day)))  # one min() or max() per query: an index look-up
+    hi = conn.scalar(sa.select(sa.func.max(day)))
+    return lo is not None and 2 * (min(last_day, hi) - max(first_day, lo) + 1) >= hi - lo + 1
 
 
 def rollup_group_sums(
