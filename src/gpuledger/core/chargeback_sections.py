@@ -135,8 +135,9 @@ def anomalies(by, trend, months, threshold, min_gpu_hours) -> list[dict[str, Any
         if not history:
             continue
         now = _metrics(t)
+        past = [_metrics(h) for h in history]
         for metric in ("cost_per_a100eq_h", "idle_share"):
-            values = [v for v in (_metrics(h)[metric] for h in history) if v is not None]
+            values = [v for v in (m[metric] for m in past) if v is not None]
             current = now[metric]
             if not values or current is None:
                 continue

@@ -127,13 +127,18 @@ def _add_rollup_state(conn: Connection) -> None:
     has_gpu = sa.exists().where(devices.c.run_id == runs.c.id)
     conn.execute(sa.update(runs).where(runs.c.status != "running", sa.or_(has_rows, ~has_gpu)).values(rolled_up=True))
     run_of = runs.c.id == rollups.c.run_id
-    instance = sa.select(labels.c.value).where(labels.c.run_id == rollups.c.run_id, labels.c.key == "instance_type")
+    instance_of = sa.and_(labels.c.run_id == rollups.c.run_id, labels.c.key == "instance_type")
+    if conn.dialect.name == "postgresql":  # UPDATE ... FROM: a join, minutes faster than subqueries
+        copies = {"team": runs.c.team, "project": runs.c.project, "user": runs.c.user}
+        conn.execute(sa.update(rollups).where(run_of).values(copies))
+        conn.execute(sa.update(rollups).where(instance_of).values(instance_type=labels.c.value))
+        return
     conn.execute(
         sa.update(rollups).values(
             team=sa.select(runs.c.team).where(run_of).scalar_subquery(),
             project=sa.select(runs.c.project).where(run_of).scalar_subquery(),
             user=sa.select(runs.c.user).where(run_of).scalar_subquery(),
-            instance_type=instance.scalar_subquery(),
+            instance_type=sa.select(labels.c.value).where(instance_of).scalar_subquery(),
         )
     )
 
