@@ -256,6 +256,7 @@ def _back_to_version_4(db: Database) -> None:
 
     def tx(c: sa.engine.Connection) -> None:
         c.execute(sa.text("DROP INDEX ix_runs_rolled_up_started_at"))
+        c.execute(sa.text("DROP INDEX ix_runs_cost_window"))
         c.execute(sa.text("ALTER TABLE runs DROP COLUMN rolled_up"))
         for name in GROUPING_COLUMNS:
             c.execute(sa.text(f'ALTER TABLE gpu_rollups DROP COLUMN "{name}"'))

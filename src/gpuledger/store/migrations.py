@@ -103,9 +103,12 @@ def _add_rollup_state(conn: Connection) -> None:
         sa.Column("id", sa.String, primary_key=True),
         sa.Column("status", sa.String),
         sa.Column("started_at", sa.Double),
+        sa.Column("ended_at", sa.Double),
         sa.Column("user", sa.Text),
         sa.Column("team", sa.Text),
         sa.Column("project", sa.Text),
+        sa.Column("attempt_of", sa.String),
+        sa.Column("name", sa.Text),
         sa.Column("rolled_up", sa.Boolean),
     )
     labels = sa.Table(
@@ -122,6 +125,8 @@ def _add_rollup_state(conn: Connection) -> None:
     for name in ("team", "project", "user", "instance_type"):
         conn.execute(sa.text(f'ALTER TABLE gpu_rollups ADD COLUMN "{name}" TEXT'))
     sa.Index("ix_runs_rolled_up_started_at", runs.c.rolled_up, runs.c.started_at).create(conn)
+    window = ("started_at", "ended_at", "id", "status", "user", "team", "project", "attempt_of", "name")
+    sa.Index("ix_runs_cost_window", *(runs.c[c] for c in window)).create(conn)
     # Rolled up: finished runs that have rollup rows, or no GPU at all (nothing to roll up).
     has_rows = sa.exists().where(rollups.c.run_id == runs.c.id)
     has_gpu = sa.exists().where(devices.c.run_id == runs.c.id)
@@ -148,7 +153,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
     Migration(3, "add team tables: users, projects, tokens, audit log, push state, rollup marks", _add_team_tables),
     Migration(4, "add ix_run_labels_key_run_value: a covering label index for cost reports", _add_label_index),
-    Migration(5, "add runs.rolled_up and the runs' grouping values to gpu_rollups", _add_rollup_state),
+    Migration(
+        5, "add runs.rolled_up, a covering index for cost reports, grouping values on gpu_rollups", _add_rollup_state
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 
