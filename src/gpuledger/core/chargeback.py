@@ -169,10 +169,11 @@ def build_from_compact(
         vectors, ids = user_pieces.setdefault(key_cache[run_id][1], ([], []))
         vectors.append(rec)
         ids.append(run_id)
-    users = {user: (list(map(sum, zip(*vs, strict=True))), set(ids)) for user, (vs, ids) in user_pieces.items()}
+    # user -> (summed vector, run ids: a list, maybe with repeats; counted for the top users only)
+    users = {user: (list(map(sum, zip(*vs, strict=True))), ids) for user, (vs, ids) in user_pieces.items()}
     for user, (v, ids) in fast.users.items() if fast is not None else ():
         acc = users.get(user)
-        users[user] = (v, set(ids)) if acc is None else (list(map(add, acc[0], v)), acc[1] | ids)
+        users[user] = (v, ids) if acc is None else (list(map(add, acc[0], v)), [*acc[1], *ids])
 
     if per_line:  # inner keys -> keys in ``by`` order (one to one: both hold exactly the ``by`` values)
         order = {k: _line_key(by, *k) for k in {key for key, _, _ in cells}}
@@ -224,15 +225,18 @@ def build_from_compact(
     if fast is not None and fast.run_ids:
         per_run = _with_fast_candidates(per_run, fast, resumed, partial, runs, models_of, flags_of, top_n)
     attempts_of = chains(runs, resumed)
-    per_user = {user: (acc[0], _logical(acc[1], resumed)) for user, acc in users.items()}
+
+    def logical_count(ids: Iterable[str]) -> int:
+        return len(_logical(set(ids), resumed))
+
     return Chargeback(
         params=dict(params or {}),
         groups=group_rows,
         total=total_row,
         top_runs_by_cost=top_runs(per_run, runs, attempts_of, models_of, flags_of, top_n, 5),
         top_runs_by_idle_cost=top_runs(per_run, runs, attempts_of, models_of, flags_of, top_n, 6),
-        top_users_by_cost=top_users(per_user, top_n, 5),
-        top_users_by_idle_cost=top_users(per_user, top_n, 6),
+        top_users_by_cost=top_users(users, top_n, 5, logical_count),
+        top_users_by_idle_cost=top_users(users, top_n, 6, logical_count),
         trend=trend_rows(by, trend, trend_total, months),
         anomalies=anomalies(by, trend, months, anomaly_threshold, min_gpu_hours),
         warnings=warnings(warn_models, warn_flags, total),

@@ -33,13 +33,13 @@ class FastPart:
     """What the columnar path contributes to a chargeback (all inside the report's window).
 
     ``cells``: (group key, month) -> AMOUNTS vector; ``members``: group key -> run ids;
-    ``users``: user -> (AMOUNTS vector, run ids). Group keys are the run's key values, or with a
+    ``users``: user -> (AMOUNTS vector, list of run ids). Group keys are the run's key values, or with a
     per-piece key (gpu_model / instance_type in ``by``) (run key values, model, instance) as
     build_from_compact makes them."""
 
     cells: dict[tuple[Any, str], list[int]] = field(default_factory=dict)
     members: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)
-    users: dict[str, tuple[list[int], set[str]]] = field(default_factory=dict)
+    users: dict[str, tuple[list[int], list[str]]] = field(default_factory=dict)
     run_ids: list[str] = field(default_factory=list)
     # Per row: run code (index into run_ids), context code, and the integer quantities.
     _run: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -49,6 +49,7 @@ class FastPart:
     _units: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _contexts: list[tuple[Any, ...]] = field(default_factory=list)  # (model, instance, month, terms, flags)
     _position: dict[str, int] = field(default_factory=dict)  # run id -> its index in run_ids
+    _ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))  # run_ids as an array
 
     def context_flags(self) -> list[tuple[str, str | None, tuple[str, ...]]]:
         """(model, instance type, flags) of each price context some row was priced in."""
@@ -73,7 +74,7 @@ class FastPart:
         plus the estimates of ``others`` (logical run -> value, from the per-row path). Chosen
         with a margin far above the estimates' rounding error, ties included; only values > 0."""
         values = self.approx(index)
-        ids = np.array(self.run_ids, dtype=object)
+        ids = self._ids
         # Runs whose logical total gathers more than their own rows go through a dict (few).
         joined = set(logical_of) | set(logical_of.values()) | set(others)
         mixed = np.zeros(len(self.run_ids), dtype=bool)
@@ -125,7 +126,7 @@ def _vector(alloc: int, busy: int, units: int, terms: tuple[int, int, int, int, 
 
 def _sum_by(codes: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Exact int64 sums of ``columns`` per distinct code: (codes, sums per column)."""
-    order = np.argsort(codes, kind="stable")
+    order = np.argsort(codes)  # any order within a code: the sums are of integers
     ordered = codes[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     return ordered[starts], [np.add.reduceat(c[order], starts) for c in columns]
@@ -180,9 +181,9 @@ def price_plain_rows(
     plain &= row_ctx >= 0
     slow = [rows[i] for i in np.flatnonzero(known & ~plain).tolist()]
     take = np.flatnonzero(plain)
-    part = FastPart(run_ids=run_ids, _contexts=contexts, _position=position)
     if not len(take):
-        return part, slow
+        return FastPart(_contexts=contexts), slow
+    part = FastPart(run_ids=run_ids, _contexts=contexts, _position=position)
     part._run = run_codes[take]
     part._ctx = row_ctx[take]
     # The same float operations, in the same order, as Pricer.price_rollups (share is 1: whole GPUs).
@@ -212,13 +213,18 @@ def _context_code(
     return len(contexts) - 1
 
 
-def _sets_by(codes: np.ndarray, ids: np.ndarray) -> dict[int, set[str]]:
-    """code -> the set of ``ids`` (an object array) at the positions holding it."""
-    order = np.argsort(codes, kind="stable")
+def _groups_of(codes: np.ndarray, ids: np.ndarray) -> dict[int, list[str]]:
+    """code -> the list of ``ids`` (an object array) at the positions holding it."""
+    order = np.argsort(codes)
     ordered = codes[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]).tolist()
     bounds = [*starts, len(ordered)]
-    return {int(ordered[a]): set(ids[order[a:b]].tolist()) for a, b in itertools.pairwise(bounds)}
+    return {int(ordered[a]): ids[order[a:b]].tolist() for a, b in itertools.pairwise(bounds)}
+
+
+def _sets_by(codes: np.ndarray, ids: np.ndarray) -> dict[int, set[str]]:
+    """code -> the set of ``ids`` (an object array) at the positions holding it."""
+    return {code: set(members) for code, members in _groups_of(codes, ids).items()}
 
 
 def _sum_groups(
@@ -234,7 +240,7 @@ def _sum_groups(
         values = [()] * len(infos)
     keys, run_key = _codes(values)
     users, run_user = _codes(list(map(operator.attrgetter("user"), infos)))
-    ids = np.array(part.run_ids, dtype=object)
+    ids = part._ids = np.array(part.run_ids, dtype=object)
     priced = np.flatnonzero(np.bincount(part._run, minlength=len(infos)))  # the runs with plain rows
     n_ctx = len(part._contexts)
     quantities = (part._alloc, part._busy, part._units)
@@ -272,5 +278,5 @@ def _sum_groups(
         part.members = {keys[kc]: members for kc, members in _sets_by(run_key[priced], ids[priced]).items()}
     # Users: their summed vectors and their runs.
     user_vectors = vectors(run_user[part._run])
-    by_user = _sets_by(run_user[priced], ids[priced])
+    by_user = _groups_of(run_user[priced], ids[priced])
     part.users = {users[uc]: (user_vectors[uc], members) for uc, members in by_user.items()}

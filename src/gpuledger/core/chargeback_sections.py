@@ -76,11 +76,13 @@ class _neg:
         return self.s > other.s
 
 
-def top_users(per_user, n, index) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+def top_users(per_user, n, index, count=len) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """The ``n`` users with the most ``index`` amount: per_user is user -> (vector, runs), and
+    ``count(runs)`` their number of runs (called for those shown only)."""
     best = heapq.nsmallest(n, per_user.items(), key=lambda kv: (-kv[1][0][index], kv[0]))
     return [
-        {"rank": rank, "user": user, "runs": len(logical), **usage_columns(totals_of(v))}
-        for rank, (user, (v, logical)) in enumerate(best, 1)
+        {"rank": rank, "user": user, "runs": count(runs), **usage_columns(totals_of(v))}
+        for rank, (user, (v, runs)) in enumerate(best, 1)
         if v[index] > 0
     ]
 
