@@ -251,3 +251,17 @@ def test_the_fast_path_prices_exactly_like_the_slow_one(runs: list[Usage], basis
     fast = norm(pricer.price_rollups(day_rows, run_map, period_of_day, periods))
     slow = norm(compact(ln) for ln in Pricer(PRICED, basis).price_all(usages_))
     assert fast == slow
+
+
+@given(st.integers(0, 10**36), st.integers(1, 10**20))
+def test_cost_per_a100eq_hour_is_the_exact_quotient_rounded_half_even(cost: int, a100eq: int) -> None:
+    from decimal import ROUND_HALF_EVEN, Context
+
+    from gpuledger.core.chargeback_totals import A100_SCALE, Totals
+    from gpuledger.core.money import MONEY_SCALE
+
+    t = Totals()
+    t.cost, t.a100eq = cost, a100eq
+    exact = Context(prec=200).divide(Decimal(cost * A100_SCALE), Decimal(a100eq) * Decimal(10) ** MONEY_SCALE)
+    assert t.cost_per_a100eq() == exact.quantize(Decimal("0.000001"), ROUND_HALF_EVEN, Context(prec=200))
+    assert str(t.cost_per_a100eq()).count(".") == 1 and len(str(t.cost_per_a100eq()).split(".")[1]) == 6
