@@ -177,7 +177,9 @@ def test_short_lived_grandchildren_are_counted(backend: str) -> None:
     sampler.read()
     expected = children_cpu_s() - before
     assert expected >= 1.2
-    assert_close(pre_credit, expected, abs_s=0.05)
+    # The last read before the root exits misses only the root's own exit (~50 ms of CPU on a
+    # loaded machine); one missed 0.2 s grandchild would still fail this.
+    assert_close(pre_credit, expected, abs_s=0.1)
     assert_close(sampler.cpu_s(), expected)
 
 
