@@ -253,7 +253,7 @@ def test_the_fast_path_prices_exactly_like_the_slow_one(runs: list[Usage], basis
     assert fast == slow
 
 
-@given(st.integers(0, 10**36), st.integers(1, 10**20))
+@given(st.integers(0, 10**40), st.integers(1, 10**20))
 def test_cost_per_a100eq_hour_is_the_exact_quotient_rounded_half_even(cost: int, a100eq: int) -> None:
     from decimal import ROUND_HALF_EVEN, Context
 
@@ -264,4 +264,4 @@ def test_cost_per_a100eq_hour_is_the_exact_quotient_rounded_half_even(cost: int,
     t.cost, t.a100eq = cost, a100eq
     exact = Context(prec=200).divide(Decimal(cost * A100_SCALE), Decimal(a100eq) * Decimal(10) ** MONEY_SCALE)
     assert t.cost_per_a100eq() == exact.quantize(Decimal("0.000001"), ROUND_HALF_EVEN, Context(prec=200))
-    assert str(t.cost_per_a100eq()).count(".") == 1 and len(str(t.cost_per_a100eq()).split(".")[1]) == 6
+    assert len(format(t.cost_per_a100eq(), "f").split(".")[1]) == 6  # as reports print it

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpuledger.core.cost import CostLine, compact
-from gpuledger.core.money import MONEY_SCALE, UH_PER_H, money_str
+from gpuledger.core.money import EXACT, MONEY_SCALE, UH_PER_H, money_str
 from gpuledger.core.usage import PARTIAL_STATUSES
 
 __all__ = ["RunInfo", "Totals", "as_set", "hours", "sort_key", "totals_of", "usage_columns"]
@@ -107,7 +107,7 @@ class Totals:
         twice, whole = 2 * r, self.a100eq * 10**MONEY_SCALE
         if twice > whole or (twice == whole and q % 2):
             q += 1
-        return Decimal(q).scaleb(-_RATIO_PLACES)
+        return Decimal(q).scaleb(-_RATIO_PLACES, EXACT)  # EXACT: no rounding to 28 digits
 
     def utilization(self) -> float | None:
         measured = self.alloc_uh - self.unmeasured_uh

@@ -121,12 +121,21 @@ def _add_rollup_state(conn: Connection) -> None:
         sa.Column("run_id", sa.String),
         *(sa.Column(name, sa.Text) for name in ("team", "project", "user", "instance_type")),
     )
-    conn.execute(sa.text("ALTER TABLE runs ADD COLUMN rolled_up BOOLEAN NOT NULL DEFAULT false"))
+    # Each piece is skipped when there: a ledger rebuilt to an older version by hand may hold it.
+    inspector = sa.inspect(conn)
+    run_columns = {c["name"] for c in inspector.get_columns("runs")}
+    rollup_columns = {c["name"] for c in inspector.get_columns("gpu_rollups")}
+    run_indexes = {ix["name"] for ix in inspector.get_indexes("runs")}
+    if "rolled_up" not in run_columns:
+        conn.execute(sa.text("ALTER TABLE runs ADD COLUMN rolled_up BOOLEAN NOT NULL DEFAULT false"))
     for name in ("team", "project", "user", "instance_type"):
-        conn.execute(sa.text(f'ALTER TABLE gpu_rollups ADD COLUMN "{name}" TEXT'))
-    sa.Index("ix_runs_rolled_up_started_at", runs.c.rolled_up, runs.c.started_at).create(conn)
+        if name not in rollup_columns:
+            conn.execute(sa.text(f'ALTER TABLE gpu_rollups ADD COLUMN "{name}" TEXT'))
+    if "ix_runs_rolled_up_started_at" not in run_indexes:
+        sa.Index("ix_runs_rolled_up_started_at", runs.c.rolled_up, runs.c.started_at).create(conn)
     window = ("started_at", "ended_at", "id", "status", "user", "team", "project", "attempt_of", "name")
-    sa.Index("ix_runs_cost_window", *(runs.c[c] for c in window)).create(conn)
+    if "ix_runs_cost_window" not in run_indexes:
+        sa.Index("ix_runs_cost_window", *(runs.c[c] for c in window)).create(conn)
     # Rolled up: finished runs that have rollup rows, or no GPU at all (nothing to roll up).
     has_rows = sa.exists().where(rollups.c.run_id == runs.c.id)
     has_gpu = sa.exists().where(devices.c.run_id == runs.c.id)
