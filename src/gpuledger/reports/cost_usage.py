@@ -338,7 +338,35 @@ def collect_report(
     if live:
         days, usage.devices = interval_day_usage(conn, live, trend_start, end, cut_times)
         usage.usages = _usages(days, usage.devices, runs)
+    mid_days = sorted({day_of(t) for t in cut_times if t % DAY_S and start <= t < end})
+    if mid_days:
+        usage.usages += _exact_cut_days(conn, usage, mid_days, cut_times)
     return usage
+
+
+def _exact_cut_days(
+    conn: Connection, usage: UsageSet, days: Sequence[int], cut_times: Sequence[float]
+) -> list[Usage]:
+    """A rollup row sums a whole day, so on a day a price changes within it could only be split
+    in proportion to held time. For runs whose intervals are still there, such rows are replaced
+    by those intervals, cut exactly at the change (the same figures as a run never rolled up)."""
+    wanted = set(days)
+    on_day: dict[int, set[str]] = {}
+    for row in usage.rollups:
+        if row[1] in wanted:
+            on_day.setdefault(row[1], set()).add(row[0])
+    exact = cq.with_intervals(conn, sorted(set().union(*on_day.values()))) if on_day else set()
+    if not exact:
+        return []
+    instances = cq.label_values(conn, "instance_type", ids=sorted(exact))
+    out: list[Usage] = []
+    for day, run_ids in sorted(on_day.items()):
+        rows = [usage.runs[rid]._replace(instance_type=instances.get(rid)) for rid in sorted(run_ids & exact)]
+        found, devices = interval_day_usage(conn, rows, day * DAY_S, (day + 1) * DAY_S, cut_times)
+        usage.devices.update(devices)
+        out += _usages(found, devices, {r.id: r for r in rows})
+    usage.rollups = [r for r in usage.rollups if not (r[1] in wanted and r[0] in exact)]
+    return out
 
 
 def _trend_groups(

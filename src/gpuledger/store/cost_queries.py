@@ -34,6 +34,7 @@ __all__ = [
     "run_rows",
     "tenants_of",
     "unrolled_runs",
+    "with_intervals",
 ]
 
 Scope = frozenset[str] | None  # projects visible; None = every project (must be said explicitly)
@@ -136,6 +137,15 @@ def label_values(conn: Connection, key: str, ids: Sequence[str] | None = None) -
     out: dict[str, str] = {}
     for chunk in _chunks(list(ids)):
         out.update(_fetch(conn, base.where(lab.run_id.in_(chunk))))
+    return out
+
+
+def with_intervals(conn: Connection, ids: Sequence[str]) -> set[str]:
+    """The runs of ``ids`` that still have GPU intervals (one index probe each)."""
+    out: set[str] = set()
+    for chunk in _chunks(list(ids)):
+        has = sa.exists().where(gpu_intervals.c.run_id == runs.c.id)
+        out.update(conn.scalars(sa.select(runs.c.id).where(runs.c.id.in_(chunk), has)))
     return out
 
 
