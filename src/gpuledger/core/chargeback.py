@@ -203,10 +203,11 @@ def build_from_compact(
     moved = map(operator.ne, runs, logical_ids)
     resumed = dict(itertools.compress(zip(runs, logical_ids, strict=True), moved))
     partial = set(itertools.compress(runs, map(PARTIAL_STATUSES.__contains__, map(_STATUS, runs.values()))))
+    attempt_ids = set(resumed)
     for key, ids in members.items():
         g = groups[key]
         g.records = ids
-        g.logical = _logical(ids, resumed)
+        g.logical = _logical(ids, resumed, attempt_ids)
         g.partial = ids & partial
         total.records |= g.records
         total.logical |= g.logical
@@ -227,7 +228,7 @@ def build_from_compact(
     attempts_of = chains(runs, resumed)
 
     def logical_count(ids: Iterable[str]) -> int:
-        return len(_logical(set(ids), resumed))
+        return len(_logical(set(ids), resumed, attempt_ids))
 
     return Chargeback(
         params=dict(params or {}),
@@ -253,9 +254,10 @@ _LOGICAL_ID = operator.attrgetter("logical_id")
 _STATUS = operator.attrgetter("status")
 
 
-def _logical(ids: set[str], resumed: Mapping[str, str]) -> set[str]:
-    """The logical runs of run records ``ids`` (attempts of a resumed run count once)."""
-    attempts = ids & resumed.keys()
+def _logical(ids: set[str], resumed: Mapping[str, str], attempt_ids: set[str]) -> set[str]:
+    """The logical runs of run records ``ids`` (attempts of a resumed run count once);
+    ``attempt_ids``: the keys of ``resumed`` as a set (set & set walks the smaller one)."""
+    attempts = ids & attempt_ids
     return (ids - attempts) | {resumed[r] for r in attempts} if attempts else ids
 
 
