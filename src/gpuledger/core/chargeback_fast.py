@@ -33,9 +33,10 @@ class FastPart:
     """What the columnar path contributes to a chargeback (all inside the report's window).
 
     ``cells``: (group key, month) -> AMOUNTS vector; ``members``: group key -> run ids;
-    ``users``: user -> (AMOUNTS vector, list of run ids). Group keys are the run's key values, or with a
-    per-piece key (gpu_model / instance_type in ``by``) (run key values, model, instance) as
-    build_from_compact makes them."""
+    ``users``: user -> (AMOUNTS vector, list of run ids). Group keys are the run's key values,
+    or with a per-piece key (gpu_model / instance_type in ``by``) (run key values, model,
+    instance) as build_from_compact makes them. ``run_ids``: every run of the report (empty when
+    no row was plain), in the order of the report's runs: rows refer to runs by position."""
 
     cells: dict[tuple[Any, str], list[int]] = field(default_factory=dict)
     members: dict[tuple[Any, ...], set[str]] = field(default_factory=dict)

@@ -127,13 +127,11 @@ def unrolled_runs(conn: Connection, *, scope: Scope, start: float, end: float) -
     return _fetch(conn, _scoped(q, scope))
 
 
-def label_values(conn: Connection, key: str, ids: Sequence[str] | None = None) -> dict[str, str]:
-    """run id -> the value of label ``key``: for ``ids``, or for every run that has it. (Every run's
-    is one scan of the label index: cheaper than a probe per run when a report covers many.)"""
+def label_values(conn: Connection, key: str, ids: Sequence[str]) -> dict[str, str]:
+    """run id -> the value of label ``key``, for the runs ``ids`` that have it. (Rolled-up runs'
+    instance types come with their rollup rows: only the few other runs are asked here.)"""
     lab = run_labels.c
     base = sa.select(lab.run_id, lab.value).where(lab.key == key)
-    if ids is None:
-        return dict(_fetch(conn, base))
     out: dict[str, str] = {}
     for chunk in _chunks(list(ids)):
         out.update(_fetch(conn, base.where(lab.run_id.in_(chunk))))
