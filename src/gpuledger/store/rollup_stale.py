@@ -27,30 +27,32 @@ _CHUNK = 2000
 
 
 def drop_rollups(conn: Connection, run_ids: Collection[str]) -> None:
-    """Delete the rollup rows of ``run_ids`` and mark them not rolled up."""
+    """Delete the rollup rows of ``run_ids`` and mark them not rolled up. Rows exist only for runs
+    flagged rolled up (both are written and dropped together), so for a run not flagged this is
+    one index probe."""
     ids = sorted(run_ids)
     for i in range(0, len(ids), _CHUNK):
         chunk = ids[i : i + _CHUNK]
-        conn.execute(sa.delete(gpu_rollups).where(gpu_rollups.c.run_id.in_(chunk)))
-        conn.execute(sa.update(runs).where(runs.c.id.in_(chunk), runs.c.rolled_up).values(rolled_up=False))
+        unflag = sa.update(runs).where(runs.c.id.in_(chunk), runs.c.rolled_up).values(rolled_up=False)
+        if conn.execute(unflag).rowcount:
+            conn.execute(sa.delete(gpu_rollups).where(gpu_rollups.c.run_id.in_(chunk)))
 
 
 def drop_after_append(conn: Connection, run_id: str, spans: Sequence[tuple[str, float, float]]) -> None:
-    """After GPU intervals (device uuid, t0, t1) were added to ``run_id``: drop its rollups and, if
-    it has already ended (a late replay), those of the runs that held one of the same GPUs on the
-    same days. While a run is running nothing overlapping it is rolled up
-    (reports/cost_rollups.py), so the usual append costs three primary-key probes."""
+    """After GPU intervals (device uuid, t0, t1) were added to ``run_id``: if it has already ended
+    (a late replay), drop its rollups and those of the runs that held one of the same GPUs on the
+    same days. A running run is never rolled up, nor is anything chained to it on its GPUs
+    (reports/cost_rollups.py), so the usual append, while recording, costs one primary-key probe."""
     if not spans:
         return
-    stale = {run_id}
     status = conn.scalar(sa.select(runs.c.status).where(runs.c.id == run_id))
-    if status not in (None, "running"):
-        first = math.floor(min(t0 for _, t0, _ in spans) / _DAY_S)
-        last = math.floor(max(t1 for _, _, t1 in spans) / _DAY_S)
-        uuids = sorted({uuid for uuid, _, _ in spans})
-        tenants = sa.select(devices.c.run_id).where(devices.c.uuid.in_(uuids))
-        q = sa.select(gpu_rollups.c.run_id).where(
-            gpu_rollups.c.run_id.in_(tenants), gpu_rollups.c.day >= first, gpu_rollups.c.day <= last
-        )
-        stale.update(conn.scalars(q.distinct()))
-    drop_rollups(conn, stale)
+    if status in (None, "running"):
+        return
+    first = math.floor(min(t0 for _, t0, _ in spans) / _DAY_S)
+    last = math.floor(max(t1 for _, _, t1 in spans) / _DAY_S)
+    uuids = sorted({uuid for uuid, _, _ in spans})
+    tenants = sa.select(devices.c.run_id).where(devices.c.uuid.in_(uuids))
+    q = sa.select(gpu_rollups.c.run_id).where(
+        gpu_rollups.c.run_id.in_(tenants), gpu_rollups.c.day >= first, gpu_rollups.c.day <= last
+    )
+    drop_rollups(conn, {run_id, *conn.scalars(q.distinct())})
