@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuledger.core.cost import _MWH_PER_J, _UH_PER_S, Pricer
+from gpuledger.core.cost import _MWH_PER_J, _UH_PER_S, Pricer, measured_amounts
 
 __all__ = ["FastPart", "price_plain_rows"]
 
@@ -118,11 +118,7 @@ class FastPart:
 
 
 def _vector(alloc: int, busy: int, units: int, terms: tuple[int, int, int, int, bool]) -> list[int]:
-    """cost.amounts() for a priced, measured piece of a whole GPU, from its integer quantities."""
-    rate_k, _pue_m, energy_u, factor, by_alloc = terms
-    energy_cost = units * energy_u
-    cost = (alloc if by_alloc else busy) * rate_k + energy_cost
-    return [alloc, busy, 0, busy * factor, units, cost, (alloc - busy) * rate_k, energy_cost, 0]
+    return list(measured_amounts(alloc, busy, units, terms))
 
 
 def _sum_by(codes: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -45,6 +45,7 @@ __all__ = [
     "Usage",
     "amounts",
     "compact",
+    "measured_amounts",
     "month_bounds",
     "month_of",
     "month_starts",
@@ -352,12 +353,8 @@ class Pricer:
             energy = None if energy_j is None else round(energy_j * share * _MWH_PER_J)
             if terms is None:
                 v = amounts(basis, line, factor_u, alloc, busy, energy)
-            else:  # amounts() for a priced, measured piece, with the line's constants taken once
-                rate_k, pue_m, energy_u, factor, by_alloc = terms
-                units = 0 if energy is None else energy * pue_m
-                energy_cost = units * energy_u
-                cost = (alloc if by_alloc else busy) * rate_k + energy_cost
-                v = (alloc, busy, 0, busy * factor, units, cost, (alloc - busy) * rate_k, energy_cost, 0)
+            else:
+                v = measured_amounts(alloc, busy, 0 if energy is None else energy * terms[1], terms)
             yield (run_id, model, instance, month, t0, v, flags)
         if slow:
             yield from self.price_sums(slow, periods)
@@ -405,6 +402,18 @@ def amounts(
     cost = gpu_money(billed, line.rate_u) + energy_cost
     idle_cost = gpu_money(alloc - busy_uh - unmeasured, line.rate_u)
     return (alloc, busy_uh, unmeasured, a100eq, energy_units, cost, idle_cost, energy_cost, 0)
+
+
+def measured_amounts(
+    alloc: int, busy: int, units: int, terms: tuple[int, int, int, int, bool]
+) -> tuple[int, int, int, int, int, int, int, int, int]:
+    """amounts() for a priced, measured piece of a whole GPU (or slice), from its integer
+    quantities (``units``: energy x PUE) and its line's constants taken once (Pricer._context's
+    ``terms``). Linear in the quantities: summed quantities give the summed amounts exactly."""
+    rate_k, _pue_m, energy_u, factor, by_alloc = terms
+    energy_cost = units * energy_u
+    cost = (alloc if by_alloc else busy) * rate_k + energy_cost
+    return (alloc, busy, 0, busy * factor, units, cost, (alloc - busy) * rate_k, energy_cost, 0)
 
 
 def compact(ln: CostLine) -> Compact:
