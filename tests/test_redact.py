@@ -148,6 +148,44 @@ def test_mapping_by_key_and_by_value() -> None:
     }
 
 
+def test_tree_redacts_nested_metadata() -> None:
+    meta = {
+        "trainer": {"args": ["--lr", "0.01", "--api-key=abc123"], "wandb": {"api_key": "k", "project": "p"}},
+        "env": [{"HF_TOKEN": "abc"}, "DB_PASSWORD=hunter2"],
+        "epochs": 100,
+        "ok": True,
+        "none": None,
+        "note": "plain text",
+    }
+    assert R.redact_tree(meta) == {
+        "trainer": {
+            "args": ["--lr", "0.01", "--api-key=[REDACTED:secret-flag]"],
+            "wandb": {"api_key": "[REDACTED:secret-key-name]", "project": "p"},
+        },
+        "env": [{"HF_TOKEN": "[REDACTED:secret-key-name]"}, "DB_PASSWORD=[REDACTED:password]"],
+        "epochs": 100,
+        "ok": True,
+        "none": None,
+        "note": "plain text",
+    }
+    assert R.redact_tree(R.redact_tree(meta)) == R.redact_tree(meta)
+
+
+def test_real_gpuledger_tokens_are_redacted_everywhere(tmp_path: Path) -> None:
+    """A token as ``gpuledger admin token issue`` makes it, bare, in argv, labels, metadata and logs."""
+    from gpuledger.store import Ledger, accounts
+
+    with Ledger(tmp_path / "ledger.db") as led:
+        token = accounts.issue_token(led, "root", role="admin", actor="test", create_user=True)[1]
+    token_id, secret = token[4:16], token[17:]
+    kept = f"glt_{token_id}_[REDACTED:gpuledger-token]"
+    assert R.redact_text(f"retrying with {token}.") == f"retrying with {kept}."
+    assert R.redact_argv(["gpuledger", "sync", token]) == ["gpuledger", "sync", kept]
+    assert R.redact_mapping({"note": token}) == {"note": kept}
+    assert R.redact_tree({"deep": [{"x": token}]}) == {"deep": [{"x": kept}]}
+    assert secret.encode() not in R.redact_bytes(b"log: " + token.encode() + b"\nnext line\n")
+
+
 # -- bytes ------------------------------------------------------------------------------------
 
 

@@ -183,6 +183,26 @@ class Redactor:
                 out[key] = self.redact_text(value)
         return out
 
+    def redact_tree(self, value: Any) -> Any:
+        """Redact a JSON-like value (run metadata, git state, event payloads): strings by the text
+        rules, string values under a secret-looking key whole (as ``redact_mapping``), keys by the
+        text rules, lists and dicts recursively; numbers, booleans and None unchanged."""
+        if isinstance(value, str):
+            return self.redact_text(value)
+        if isinstance(value, Mapping):
+            out: dict[Any, Any] = {}
+            for key, item in value.items():
+                secret_key = isinstance(key, str) and self._mapping_key is not None and self._mapping_key.search(key)
+                name = self.redact_text(key) if isinstance(key, str) else key
+                if secret_key and isinstance(item, str) and item:
+                    out[name] = placeholder(self._mapping_rule)
+                else:
+                    out[name] = self.redact_tree(item)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [self.redact_tree(item) for item in value]
+        return value
+
     def stream(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> LineRedactor:
         return LineRedactor(self, max_line_bytes=max_line_bytes)
 
