@@ -157,6 +157,29 @@ def _add_rollup_state(conn: Connection) -> None:
     )
 
 
+def _add_coverage_columns(conn: Connection) -> None:
+    # How each GPU interval's busy time was covered, and how the run's processes were found.
+    existing = {c["name"] for c in sa.inspect(conn).get_columns("gpu_intervals")}
+    kind = "DOUBLE PRECISION" if conn.dialect.name == "postgresql" else "REAL"
+    for name, sql_type in (("util_idle_s", kind), ("util_unknown_s", kind), ("proc_method", "VARCHAR")):
+        if name not in existing:
+            conn.execute(sa.text(f"ALTER TABLE gpu_intervals ADD COLUMN {name} {sql_type}"))
+
+
+def _add_ingest_tables(conn: Connection) -> None:
+    # schema_ingest.define is the shape as version 8 created it (see its docstring). Each table is
+    # skipped when there: a ledger rebuilt to an older version by hand may hold it.
+    from gpuledger.store import schema_ingest
+
+    frozen = sa.MetaData()
+    sa.Table("runs", frozen, sa.Column("id", sa.String, primary_key=True))
+    tables = schema_ingest.define(frozen)
+    existing = set(sa.inspect(conn).get_table_names())
+    for name in schema_ingest.NAMES:
+        if name not in existing:
+            tables[name].create(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
@@ -164,6 +187,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "add ix_run_labels_key_run_value: a covering label index for cost reports", _add_label_index),
     Migration(
         5, "add runs.rolled_up, a covering index for cost reports, grouping values on gpu_rollups", _add_rollup_state
+    ),
+    Migration(
+        6, "add gpu_intervals.util_idle_s, util_unknown_s, proc_method: how busy time was covered",
+        _add_coverage_columns,
+    ),
+    Migration(
+        8, "add quarantined_rows, run_liveness and push_quarantine: partial acceptance of pushes", _add_ingest_tables
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
-from gpuledger.store import schema_team
+from gpuledger.store import schema_ingest, schema_team
 
 metadata = sa.MetaData()
 
@@ -170,6 +170,8 @@ gpu_intervals = sa.Table(
     sa.Column("busy_s", Measured),
     sa.Column("util_method", sa.String),
     sa.Column("util_max_pct", Measured),
+    sa.Column("util_idle_s", Measured),
+    sa.Column("util_unknown_s", Measured),
     sa.Column("energy_j", Measured),
     sa.Column("energy_method", sa.String),
     sa.Column("power_max_w", Measured),
@@ -178,6 +180,7 @@ gpu_intervals = sa.Table(
     sa.Column("mem_reserved_b", sa.BigInteger),
     sa.Column("proc_mem_max_b", sa.BigInteger),
     sa.Column("proc_sm_util_avg_pct", Measured),
+    sa.Column("proc_method", sa.String),
     sa.Column("temp_max_c", Measured),
     sa.Column("sm_clock_avg_mhz", Measured),
     sa.Column("mem_clock_max_mhz", Measured),
@@ -282,5 +285,15 @@ audit_log = _team[schema_team.AUDIT_LOG]
 push_state = _team[schema_team.PUSH_STATE]
 rollup_marks = _team[schema_team.ROLLUP_MARKS]
 
+# Partial acceptance and liveness of pushes (migration 8): quarantined rows, last push per run, and
+# on an agent's local ledger what its servers quarantined.
+_ingest = schema_ingest.define(metadata)
+quarantined_rows = _ingest[schema_ingest.QUARANTINED_ROWS]
+run_liveness = _ingest[schema_ingest.RUN_LIVENESS]
+push_quarantine = _ingest[schema_ingest.PUSH_QUARANTINE]
+
 # Children of a run, in the order they are deleted.
-RUN_CHILDREN = (run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs, gpu_rollups, rollup_marks)
+RUN_CHILDREN = (
+    run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs, gpu_rollups, rollup_marks,
+    quarantined_rows, run_liveness,
+)  # fmt: skip
