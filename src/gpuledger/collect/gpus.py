@@ -1,4 +1,4 @@
-"""Pick the GPU collector for a run: NVML, else nvidia-smi, else none with a plain reason."""
+"""Pick the GPU collector for a run: NVML, else a Jetson's sysfs, else nvidia-smi, else none with a plain reason."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuledger.collect.base import CollectorUnavailable, GpuCollector
+from gpuledger.collect.jetson import JetsonCollector, no_jetson_gpu_reason
 
 NO_GPU_TAIL = "GPU figures are absent; host metrics were recorded"
 
@@ -18,6 +19,7 @@ def open_gpu_collector(
     nvml: Any = None,
     which: Callable[[str], str | None] = shutil.which,
     smi_run: Any = None,
+    sysfs_root: str = "/",
 ) -> tuple[GpuCollector | None, str | None]:
     """The collector for the GPUs the command will see, or (None, why not) — never raises.
 
@@ -25,7 +27,8 @@ def open_gpu_collector(
     run's). With ``replay_trace`` (a path, or the name of a packaged trace such as
     ``"a100x2-example"``) the NVML collector runs on the trace instead of the hardware and marks
     its devices ``source="replay"``. ``nvml``, ``which`` and ``smi_run`` let tests stand in for
-    pynvml, PATH lookup and the nvidia-smi runner.
+    pynvml, PATH lookup and the nvidia-smi runner; ``sysfs_root`` is where a Jetson's sysfs and
+    device tree are looked for (a crafted tree in tests).
     """
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if replay_trace is not None:
@@ -40,9 +43,22 @@ def open_gpu_collector(
     except Exception as exc:  # monitoring never stops the run
         nvml_reason = f"NVML failed: {type(exc).__name__}: {exc}"
     else:
+        if _tegra_only(collector):
+            # JetPack 6's NVML lists the integrated GPU ("Orin (nvgpu)") but answers Not Supported
+            # for utilisation, power and memory: sysfs has those figures.
+            jetson = _jetson(visible, sysfs_root)
+            if jetson is not None:
+                collector.close()
+                return _non_empty(jetson, visible)
         return _non_empty(collector, visible)
+    jetson = _jetson(visible, sysfs_root)  # before nvidia-smi: on a Jetson it reports N/A throughout
+    if jetson is not None:
+        return _non_empty(jetson, visible)
+    jetson_note = no_jetson_gpu_reason(sysfs_root)
+    if jetson_note is not None:
+        nvml_reason = f"{nvml_reason}; {jetson_note}"
     if which("nvidia-smi") is None:
-        if lib_missing:
+        if lib_missing and jetson_note is None:
             why = "no NVIDIA driver found (libnvidia-ml.so not loadable and nvidia-smi not on PATH)"
             return None, f"{why}: {NO_GPU_TAIL}"
         return None, f"{nvml_reason}; nvidia-smi not on PATH: {NO_GPU_TAIL}"
@@ -53,6 +69,18 @@ def open_gpu_collector(
     except Exception as exc:
         return None, f"{nvml_reason}; {exc}: {NO_GPU_TAIL}"
     return _non_empty(smi, visible)
+
+
+def _jetson(visible: str | None, sysfs_root: str) -> GpuCollector | None:
+    try:
+        return JetsonCollector(visible, sysfs_root=sysfs_root)
+    except Exception:  # not a Jetson (CollectorUnavailable), or a sysfs we cannot make sense of
+        return None
+
+
+def _tegra_only(collector: GpuCollector) -> bool:
+    devices = collector.devices()
+    return bool(devices) and all("nvgpu" in d.name.lower() for d in devices)
 
 
 def _non_empty(collector: GpuCollector, visible: str | None) -> tuple[GpuCollector | None, str | None]:
