@@ -1,4 +1,4 @@
-"""Property tests for the pure integrals: any split of a trace sums to the whole."""
+"""Property tests for the pure counter and power integrals: any split of a trace sums to the whole."""
 
 from __future__ import annotations
 
@@ -9,67 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.integrate import busy_seconds_from_samples, counter_delta, trapezoid_energy_j
-
-PERIOD_S = 1 / 6
-
-
-@st.composite
-def sample_traces(draw: st.DrawFn) -> list[tuple[int, float]]:
-    """Sorted, distinct µs timestamps with utilisation percentages (ints, as NVML reports)."""
-    gaps = draw(st.lists(st.integers(1, 2_000_000), min_size=1, max_size=60))
-    values = draw(st.lists(st.integers(0, 100), min_size=len(gaps), max_size=len(gaps)))
-    ts, out = 1_700_000_000_000_000, []
-    for gap, v in zip(gaps, values, strict=True):
-        ts += gap
-        out.append((ts, float(v)))
-    return out
-
-
-def close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-
-
-@given(sample_traces(), st.floats(0, 1), st.floats(0, 1), st.floats(0, 1))
-def test_busy_over_a_split_window_sums_to_the_whole(samples, a, b, c) -> None:
-    lo, hi = samples[0][0] - 1_000_000, samples[-1][0] + 1_000_000
-    t0, tm, t1 = sorted(int(lo + x * (hi - lo)) for x in (a, b, c))
-    whole = busy_seconds_from_samples(samples, t0, t1, PERIOD_S)
-    parts = busy_seconds_from_samples(samples, t0, tm, PERIOD_S) + busy_seconds_from_samples(samples, tm, t1, PERIOD_S)
-    assert close(whole, parts)
-    assert 0 <= whole <= (t1 - t0) / 1e6 + 1e-9
-
-
-@given(sample_traces(), st.lists(st.integers(0, 10_000), max_size=8))
-def test_busy_in_cursor_chunks_equals_whole_buffer(samples, cuts) -> None:
-    """How the collector calls it: each read gets the samples newer than its cursor."""
-    cursor0 = samples[0][0] - 100_000
-    bounds = sorted({c % len(samples) for c in cuts} | {len(samples)})
-    total, cursor, start = 0.0, cursor0, 0
-    for end in bounds:
-        chunk = samples[start:end]
-        if chunk:
-            total += busy_seconds_from_samples(chunk, cursor, chunk[-1][0], PERIOD_S, prev_ts_us=cursor)
-            cursor, start = chunk[-1][0], end
-    whole = busy_seconds_from_samples(samples, cursor0, samples[-1][0], PERIOD_S, prev_ts_us=cursor0)
-    assert close(total, whole)
-
-
-@given(st.integers(0, 100), st.integers(2, 50))
-def test_constant_utilisation_gives_that_share_of_the_window(pct, n) -> None:
-    period = 166_667
-    samples = [(k * period, float(pct)) for k in range(1, n + 1)]
-    busy = busy_seconds_from_samples(samples, 0, n * period, PERIOD_S, prev_ts_us=0)
-    assert close(busy, pct / 100 * n * period / 1e6)
-
-
-def test_first_sample_without_cursor_covers_one_period_hint() -> None:
-    assert close(busy_seconds_from_samples([(1_000_000, 50.0)], 0, 2_000_000, 0.5), 0.25)
-
-
-def test_out_of_range_percent_is_clamped() -> None:
-    assert busy_seconds_from_samples([(1_000_000, 250.0)], 0, 2_000_000, 1.0, prev_ts_us=0) == 1.0
-    assert busy_seconds_from_samples([(1_000_000, -5.0)], 0, 2_000_000, 1.0, prev_ts_us=0) == 0.0
+from gpuledger.core.integrate import counter_delta, trapezoid_energy_j
 
 
 @pytest.mark.parametrize("width", [32, 64])

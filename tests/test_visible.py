@@ -66,5 +66,19 @@ def test_mig_slices() -> None:
     # unset: a MIG-mode GPU contributes its slices, not itself
     assert [d.uuid for d in resolve_visible(None, gpus)] == [M0, M1, G1]
     assert [d.uuid for d in resolve_visible(None, [Candidate(G0, ()), Candidate(G1)])] == [G1]
-    # the R450 form is not supported and stops the list
-    assert resolve_visible(f"1,MIG-{G0}/1/0", gpus) == [VisibleDevice(1, G1)]
+
+
+def test_a_mig_mode_gpu_named_by_index_or_uuid_runs_on_its_first_slice() -> None:
+    # CUDA cannot run work on the parent; one process enumerates one MIG device: its first slice
+    gpus = [Candidate(G0, (M0, M1)), Candidate(G1)]
+    assert resolve_visible("0", gpus) == [VisibleDevice(0, M0, 0, via_parent=True)]
+    assert resolve_visible(f"{G0[:12]},1", gpus) == [VisibleDevice(0, M0, 0, via_parent=True), VisibleDevice(1, G1)]
+    assert resolve_visible("0,1", [Candidate(G0, ()), Candidate(G1)]) == []  # MIG mode, no slice: invalid entry
+
+
+def test_the_r450_mig_form_names_a_slice_by_parent_and_instance_ids() -> None:
+    gpus = [Candidate(G0, (M0, M1), ((1, 0), (2, 0))), Candidate(G1)]
+    assert resolve_visible(f"MIG-{G0}/2/0", gpus) == [VisibleDevice(0, M1, 1)]
+    assert resolve_visible(f"mig-{G0.lower()}/1/0,1", gpus) == [VisibleDevice(0, M0, 0), VisibleDevice(1, G1)]
+    assert resolve_visible(f"1,MIG-{G0}/3/0", gpus) == [VisibleDevice(1, G1)]  # no such slice: the list stops
+    assert resolve_visible(f"MIG-{G0}/x/0", gpus) == []

@@ -2,8 +2,10 @@
 
 ``DeviceFinder(nvml, absent, source).discover(visible)`` lists the GPUs NVML knows with their MIG
 mode and slices, resolves ``visible`` (CUDA_VISIBLE_DEVICES, see visible.py) against them, and
-returns, per visible device in CUDA's order, its ``GpuIdentity`` and the NVML handle to read it
-through: a whole GPU, or a MIG slice (whose identity names its parent GPU and profile). A query
+returns, per visible device in CUDA's order, a ``Found``: its ``GpuIdentity``, the NVML handle to
+read it through (a whole GPU, or a MIG slice whose identity names its parent GPU and profile), the
+minor number of the GPU's device node (/dev/nvidia<minor>) and whether CMD named the slice through
+its parent. A query
 whose absence is fine here (driver and CUDA versions, PCI bus, power limit, memory size, MIG
 profile attributes) leaves its field None. ``mig_slices`` is also how the collector finds a slice
 again when a lost GPU answers and the driver cannot look its MIG UUID up.
@@ -12,6 +14,7 @@ again when a lost GPU answers and the driver cannot look its MIG UUID up.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from gpuledger.collect.visible import Candidate, resolve_visible
@@ -19,6 +22,14 @@ from gpuledger.core.model import GpuIdentity
 
 # (handle, uuid, MIG mode text, MIG slices as (uuid, handle) or None when MIG is off)
 _Gpu = tuple[Any, str, "str | None", "list[tuple[str, Any]] | None"]
+
+
+@dataclass(frozen=True)
+class Found:
+    ident: GpuIdentity
+    handle: Any
+    minor: int | None  # /dev/nvidia<minor> of the (parent) GPU
+    via_parent: bool = False  # a MIG slice CMD named by its parent GPU
 
 
 class DeviceFinder:
@@ -32,8 +43,8 @@ class DeviceFinder:
         self._f_mem = getattr(nvml, "nvmlDeviceGetMemoryInfo", None)
         self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
 
-    def discover(self, visible: str | None) -> list[tuple[GpuIdentity, Any]]:
-        """(identity, handle) of each device ``visible`` exposes, in CUDA's order."""
+    def discover(self, visible: str | None) -> list[Found]:
+        """Each device ``visible`` exposes, in CUDA's order."""
         nv = self._nvml
         driver = self._opt(getattr(nv, "nvmlSystemGetDriverVersion", None))
         common = {
@@ -49,11 +60,27 @@ class DeviceFinder:
             enabled = bool(mode) and mode[0] == nv.NVML_DEVICE_MIG_ENABLE
             mode_text = None if mode is None else "enabled" if enabled else "disabled"
             gpus.append((h, _text(nv.nvmlDeviceGetUUID(h)), mode_text, self.mig_slices(h) if enabled else None))
-        cands = [Candidate(u, None if s is None else tuple(m for m, _ in s)) for _, u, _, s in gpus]
-        return [
-            self._device(index, v.nvml_index, v.mig_index, gpus[v.nvml_index], common)
-            for index, v in enumerate(resolve_visible(visible, cands))
+        cands = [
+            Candidate(u, None if s is None else tuple(m for m, _ in s), () if s is None else self._mig_ids(s))
+            for _, u, _, s in gpus
         ]
+        out = []
+        for index, v in enumerate(resolve_visible(visible, cands)):
+            gpu = gpus[v.nvml_index]
+            ident, handle = self._device(index, v.nvml_index, v.mig_index, gpu, common)
+            minor = self._opt(getattr(nv, "nvmlDeviceGetMinorNumber", None), gpu[0])
+            out.append(Found(ident, handle, None if minor is None else int(minor), v.via_parent))
+        return out
+
+    def _mig_ids(self, slices: list[tuple[str, Any]]) -> tuple[tuple[int, int] | None, ...]:
+        """(GPU instance id, compute instance id) of each slice, for the R450 ``MIG-GPU-<uuid>/<gi>/<ci>`` form."""
+        gi_fn = getattr(self._nvml, "nvmlDeviceGetGpuInstanceId", None)
+        ci_fn = getattr(self._nvml, "nvmlDeviceGetComputeInstanceId", None)
+        out: list[tuple[int, int] | None] = []
+        for _, mh in slices:
+            gi, ci = self._opt(gi_fn, mh), self._opt(ci_fn, mh)
+            out.append(None if gi is None or ci is None else (int(gi), int(ci)))
+        return tuple(out)
 
     def mig_slices(self, h: Any) -> list[tuple[str, Any]]:
         """(uuid, handle) of the MIG slices of the GPU ``h``."""

@@ -17,9 +17,14 @@ Rules (CUDA's, as documented by NVIDIA):
 * entries, comma separated, whitespace ignored: an index (``"0,2"``), a GPU UUID
   (``"GPU-8f2a..."``) or a MIG slice UUID (``"MIG-..."``); a UUID may be shortened to any prefix
   that names exactly one device. Case is ignored.
+* a GPU in MIG mode named by its index or ``GPU-`` UUID cannot run work itself: CUDA runs on
+  its MIG devices, and one process enumerates only one MIG device (MIG user guide, "CUDA device
+  enumeration"), so the entry resolves to the GPU's first slice, marked ``via_parent`` so the
+  collector can say so. A GPU in MIG mode without slices is an invalid entry.
+* the older ``MIG-GPU-<uuid>/<gi>/<ci>`` form (drivers R450/R460) names a slice by its parent's
+  UUID and its GPU- and compute-instance ids.
 * CUDA stops at the first invalid entry: an index out of range, a UUID that matches no device
   or more than one, a device listed twice, anything else. The entries before it stay visible.
-* the old ``MIG-GPU-<uuid>/<gi>/<ci>`` form (driver R450) is not supported and stops the list.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class Candidate:
 
     uuid: str  # "GPU-..."
     mig_uuids: tuple[str, ...] | None = None  # None: not in MIG mode; () MIG mode without slices
+    mig_ids: tuple[tuple[int, int] | None, ...] = ()  # (GPU instance id, compute instance id) per slice
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class VisibleDevice:
     nvml_index: int  # the physical GPU's NVML index
     uuid: str  # "GPU-..." or "MIG-..."
     mig_index: int | None = None  # position of the slice on its parent, for MIG slices
+    via_parent: bool = False  # named by its parent GPU (index or GPU- UUID) in MIG mode
 
 
 def resolve_visible(cuda_visible_devices: str | None, all_devices: Sequence[Candidate | str]) -> list[VisibleDevice]:
@@ -79,8 +86,10 @@ def _everything(gpus: list[Candidate]) -> list[VisibleDevice]:
 def _resolve_token(token: str, gpus: list[Candidate]) -> VisibleDevice | None:
     low = token.lower()
     if low.startswith("gpu-"):
-        hits = [VisibleDevice(i, g.uuid) for i, g in enumerate(gpus) if g.uuid.lower().startswith(low)]
-        return hits[0] if len(hits) == 1 else None
+        hits = [i for i, g in enumerate(gpus) if g.uuid.lower().startswith(low)]
+        return _whole_gpu(hits[0], gpus) if len(hits) == 1 else None
+    if low.startswith("mig-gpu-"):
+        return _legacy_mig(low, gpus)
     if low.startswith("mig-"):
         hits = [
             VisibleDevice(i, m, j)
@@ -91,5 +100,30 @@ def _resolve_token(token: str, gpus: list[Candidate]) -> VisibleDevice | None:
         return hits[0] if len(hits) == 1 else None
     if token.isascii() and token.isdigit():  # no sign: "-1" and "+1" are not indices here
         i = int(token)
-        return VisibleDevice(i, gpus[i].uuid) if i < len(gpus) else None
+        return _whole_gpu(i, gpus) if i < len(gpus) else None
+    return None
+
+
+def _whole_gpu(i: int, gpus: list[Candidate]) -> VisibleDevice | None:
+    gpu = gpus[i]
+    if gpu.mig_uuids is None:
+        return VisibleDevice(i, gpu.uuid)
+    if not gpu.mig_uuids:
+        return None  # MIG mode, no slice: CUDA has no device here
+    return VisibleDevice(i, gpu.mig_uuids[0], 0, via_parent=True)
+
+
+def _legacy_mig(low: str, gpus: list[Candidate]) -> VisibleDevice | None:
+    """``MIG-GPU-<parent uuid>/<gi>/<ci>`` (drivers R450/R460)."""
+    parts = low[len("mig-") :].split("/")
+    if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    parent, ids = parts[0], (int(parts[1]), int(parts[2]))
+    hits = [i for i, g in enumerate(gpus) if g.uuid.lower() == parent]
+    if len(hits) != 1:
+        return None
+    gpu = gpus[hits[0]]
+    for j, slice_ids in enumerate(gpu.mig_ids):
+        if slice_ids == ids and gpu.mig_uuids is not None and j < len(gpu.mig_uuids):
+            return VisibleDevice(hits[0], gpu.mig_uuids[j], j)
     return None

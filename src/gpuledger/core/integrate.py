@@ -1,45 +1,11 @@
-"""Exact integrals from driver sample buffers, cumulative counters and power readings.
+"""Exact integrals from cumulative counters and power readings (busy time: core/busy.py).
 
 Pure functions (stdlib only, no I/O, no clock). Each one is additive: integrating a trace
 piece by piece and summing gives the same figure as integrating it whole, so ticks can be
-re-aggregated into intervals and rollups with a plain sum (DESIGN §2.2).
+re-aggregated into intervals and rollups with a plain sum.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-
-_US = 1_000_000
-
-
-def busy_seconds_from_samples(
-    samples: Iterable[tuple[int, float]],
-    t0_us: int,
-    t1_us: int,
-    period_hint_s: float,
-    prev_ts_us: int | None = None,
-) -> float:
-    """Busy-seconds in the window (t0_us, t1_us] from utilisation samples.
-
-    ``samples`` are ``(timestamp_us, percent)`` pairs sorted by timestamp, as NVML's
-    ``nvmlDeviceGetSamples(..., NVML_GPU_UTILIZATION_SAMPLES, cursor)`` returns them. A sample
-    reports the share of time a kernel ran since the *previous* sample, so sample ``i`` covers
-    ``(ts[i-1], ts[i]]``; the first covers ``(prev_ts_us, ts[0]]`` when the caller knows the
-    timestamp before it (the cursor), else ``(ts[0] - period_hint_s, ts[0]]``. Each span is
-    clipped to the window, so the result is exact for any split of the window. Percentages
-    outside 0-100 are clamped: a bad driver value must not inflate busy time.
-    """
-    hint_us = period_hint_s * _US
-    prev: float | None = prev_ts_us
-    busy_pct_us = 0.0
-    for ts, pct in samples:
-        start = ts - hint_us if prev is None else prev
-        prev = ts
-        lo = start if start > t0_us else t0_us
-        hi = ts if ts < t1_us else t1_us
-        if hi > lo:
-            busy_pct_us += (100.0 if pct > 100.0 else 0.0 if pct < 0.0 else pct) * (hi - lo)
-    return busy_pct_us / (100.0 * _US)
 
 
 def counter_delta(prev: int | None, cur: int, width_bits: int = 64) -> int | None:

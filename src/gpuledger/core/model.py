@@ -54,6 +54,9 @@ class GpuTick:
     busy_s: float | None = None
     util_method: str | None = None
     util_max_pct: float | None = None
+    # How the span was covered when busy time came from the sample buffer (None otherwise):
+    util_idle_s: float | None = None  # unsampled, taken as idle (the driver had nothing to sample)
+    util_unknown_s: float | None = None  # samples lost or unusable: measured by the instant reading, or unmeasured
     energy_j: float | None = None
     energy_method: str | None = None
     power_w: float | None = None
@@ -66,6 +69,7 @@ class GpuTick:
     throttle_s: dict[str, float] | None = None
     proc_mem_b: int | None = None  # GPU memory held by the run's own processes
     proc_sm_util_pct: float | None = None  # the run's processes' share of SM, 0-100
+    proc_method: str | None = None  # how the run's processes were found: "pid", "cgroup", "pidns"
 
 
 @dataclass
@@ -80,6 +84,8 @@ class GpuInterval:
     busy_s: float | None = None
     util_method: str | None = None
     util_max_pct: float | None = None
+    util_idle_s: float | None = None
+    util_unknown_s: float | None = None
     energy_j: float | None = None
     energy_method: str | None = None
     power_max_w: float | None = None
@@ -88,6 +94,7 @@ class GpuInterval:
     mem_reserved_b: int | None = None
     proc_mem_max_b: int | None = None
     proc_sm_util_avg_pct: float | None = None
+    proc_method: str | None = None
     temp_max_c: float | None = None
     sm_clock_avg_mhz: float | None = None
     mem_clock_max_mhz: float | None = None

@@ -144,7 +144,12 @@ def _gpu_summary(
         "max_temperature_c": merged.temp_max_c if merged else None,
         "sm_clock_avg_mhz": merged.sm_clock_avg_mhz if merged else None,
         "util_method": merged.util_method if merged else None,
+        # How busy time was covered (samples method): unsampled time taken as idle, and time the
+        # samples could not cover (measured by the instant reading, else unmeasured).
+        "util_idle_seconds": merged.util_idle_s if merged else None,
+        "util_unknown_seconds": merged.util_unknown_s if merged else None,
         "energy_method": merged.energy_method if merged else None,
+        "process_method": merged.proc_method if merged else None,
         "throttle_seconds": dict(merged.throttle_s) if merged and merged.throttle_s is not None else None,
         "intervals": len(intervals),
     }

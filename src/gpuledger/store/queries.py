@@ -63,6 +63,8 @@ def gpu_totals(conn: Connection, run_id: str) -> dict[str, dict[str, Any]]:
             sa.func.max(g.t1).label("t1"),
             sa.func.sum(g.busy_s).label("busy_s"),
             sa.func.count(g.busy_s).label("busy_count"),
+            sa.func.sum(g.util_idle_s).label("util_idle_s"),
+            sa.func.sum(g.util_unknown_s).label("util_unknown_s"),
             sa.func.sum(g.energy_j).label("energy_j"),
             sa.func.count(g.energy_j).label("energy_count"),
             sa.func.max(g.power_max_w).label("power_max_w"),

@@ -47,12 +47,13 @@ def _gpu_extras(conn: Connection, run_id: str) -> dict[str, dict[str, Any]]:
         ).first()
         extra["mem_used_last_b"], extra["mem_reserved_b"] = (last[0], last[1]) if last else (None, None)
         methods = conn.execute(
-            sa.select(g.util_method, g.energy_method)
+            sa.select(g.util_method, g.energy_method, g.proc_method)
             .where(g.run_id == run_id, g.device_uuid == uuid)
-            .group_by(g.util_method, g.energy_method)
+            .group_by(g.util_method, g.energy_method, g.proc_method)
         ).all()
         extra["util_method"] = merge_methods(m[0] for m in methods)
         extra["energy_method"] = merge_methods(m[1] for m in methods)
+        extra["proc_method"] = merge_methods(m[2] for m in methods)
         extra["throttle_s"] = _throttle_sum(conn, run_id, uuid)
     return extras
 
@@ -86,6 +87,7 @@ def gpu_rollups(conn: Connection, run_id: str) -> tuple[list[GpuInterval], dict[
             GpuInterval(
                 device_uuid=uuid, seq=0, t0=t["t0"], t1=t["t1"], samples=t["samples"] or 0,
                 busy_s=t["busy_s"], util_method=x.get("util_method"), util_max_pct=t["util_max_pct"],
+                util_idle_s=t["util_idle_s"], util_unknown_s=t["util_unknown_s"], proc_method=x.get("proc_method"),
                 energy_j=t["energy_j"], energy_method=x.get("energy_method"), power_max_w=t["power_max_w"],
                 mem_used_max_b=t["mem_used_max_b"], mem_used_last_b=x.get("mem_used_last_b"),
                 mem_reserved_b=x.get("mem_reserved_b"), proc_mem_max_b=t["proc_mem_max_b"],

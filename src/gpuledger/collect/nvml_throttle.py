@@ -1,0 +1,144 @@
+"""Seconds a GPU spent throttled, per reason, from NVML.
+
+Exact where the GPU has cumulative violation counters (nanoseconds per perf policy): read as field
+values (``NVML_FI_DEV_PERF_POLICY_*``, one call for all six) with the deprecated
+``nvmlDeviceGetViolationStatus`` as the fallback. Reading them costs a query, so they are read
+only when the clock-event reason bits showed a slowdown at either end of the tick, and at least
+every tenth tick: a throttle shorter than a tick that starts and ends between two reads is
+counted at that later reading, never lost. The "GPU idle" bit is not a slowdown worth a read:
+an idle GPU would otherwise cost the counters every tick. GPUs without counters: the reason bits
+read at the end of the tick, the whole tick attributed to each active reason (an approximation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuledger.collect.nvml_query import DeviceQueries, Querier
+from gpuledger.core.integrate import counter_delta
+
+# reason key -> (NVML_PERF_POLICY_* constant name, NVML_FI_DEV_PERF_POLICY_* field constant name)
+POLICIES = (
+    ("power", "NVML_PERF_POLICY_POWER", "NVML_FI_DEV_PERF_POLICY_POWER"),
+    ("thermal", "NVML_PERF_POLICY_THERMAL", "NVML_FI_DEV_PERF_POLICY_THERMAL"),
+    ("sync_boost", "NVML_PERF_POLICY_SYNC_BOOST", "NVML_FI_DEV_PERF_POLICY_SYNC_BOOST"),
+    ("board_limit", "NVML_PERF_POLICY_BOARD_LIMIT", "NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT"),
+    ("low_util", "NVML_PERF_POLICY_LOW_UTILIZATION", "NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION"),
+    ("reliability", "NVML_PERF_POLICY_RELIABILITY", "NVML_FI_DEV_PERF_POLICY_RELIABILITY"),
+)
+# Clock-event reason bits (nvml.h nvmlClocksEventReason*, stable ABI) -> the same keys.
+REASON_BITS = {
+    0x1: "low_util",  # GpuIdle
+    0x4: "power",  # SwPowerCap
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "thermal",  # SwThermalSlowdown
+    0x40: "thermal",  # HwThermalSlowdown
+    0x80: "hw_power_brake",
+    0x200: "board_limit",
+    0x400: "reliability",
+}
+_BIT_NAMES = tuple(dict.fromkeys(REASON_BITS.values()))
+_IDLE_BIT = 0x1
+_TRIGGER_BITS = sum(REASON_BITS) & ~_IDLE_BIT  # a real slowdown: read the counters this tick
+SWEEP_TICKS = 9  # otherwise read them at least every tenth tick
+
+
+class ThrottleState:
+    """Per-device counters and reason bits between reads."""
+
+    def __init__(self) -> None:
+        self.viol_ns: dict[str, int] = {}
+        self.names: tuple[str, ...] = ()  # reasons whose counters answer
+        self.prev_bits = 0
+        self.quiet_ticks = 0
+        self.fi_scale = 1  # field values -> ns (calibrated against the classic call at the start)
+
+
+class ThrottleReader:
+    def __init__(self, nv: Any, q: Querier) -> None:
+        self._q = q
+        self._policies = tuple(
+            (name, getattr(nv, pol), getattr(nv, fi, None)) for name, pol, fi in POLICIES if hasattr(nv, pol)
+        )
+        self._f_fields = getattr(nv, "nvmlDeviceGetFieldValues", None)
+        self._f_viol = getattr(nv, "nvmlDeviceGetViolationStatus", None)
+        self._f_reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        self._f_reasons_old = getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+
+    def prime(self, d: DeviceQueries, handle: Any, st: ThrottleState) -> None:
+        st.fi_scale = self._calibrate(d, handle)
+        st.viol_ns = self._counters(d, handle, st.fi_scale)
+        st.names = tuple(name for name, _, _ in self._policies if name in st.viol_ns)
+        st.prev_bits, st.quiet_ticks = self._bits(d, handle) or 0, 0
+
+    def read(self, d: DeviceQueries, handle: Any, st: ThrottleState, dt: float) -> dict[str, float] | None:
+        bits = self._bits(d, handle)
+        if st.names:
+            quiet = bits is not None and not (bits | st.prev_bits) & _TRIGGER_BITS
+            st.prev_bits = bits or 0
+            if quiet and st.quiet_ticks < SWEEP_TICKS:
+                st.quiet_ticks += 1
+                return dict.fromkeys(st.names, 0.0)
+            st.quiet_ticks = 0
+            return self._violations(d, handle, st)
+        if bits is None:
+            return None
+        out = dict.fromkeys(_BIT_NAMES, 0.0)
+        for bit, name in REASON_BITS.items():
+            if bits & bit:
+                out[name] = dt  # "thermal" has two bits: still one tick, not two
+        return out
+
+    def _bits(self, d: DeviceQueries, handle: Any) -> int | None:
+        bits = self._q.call(d, "reasons", self._f_reasons, handle)
+        if bits is None:
+            bits = self._q.call(d, "reasons_old", self._f_reasons_old, handle)
+        return None if bits is None else int(bits)
+
+    def _calibrate(self, d: DeviceQueries, handle: Any) -> int:
+        """The unit of the perf-policy fields, from one reading of both kinds at the start.
+
+        The deprecated call documents nanoseconds; the field values' unit is not documented.
+        Deltas are only right if both agree, so the first policy both answer decides: a ratio
+        near 1000 means the fields count microseconds. Without both, nanoseconds are assumed.
+        """
+        for name, pol, fi in self._policies:
+            if fi is None:
+                continue
+            got = self._q.fields(d, self._f_fields, handle, [fi]).get(fi)
+            if not got:
+                continue  # no field, or nothing counted yet: nothing to compare
+            classic = self._q.call(d, "viol_" + name, self._f_viol, handle, pol)
+            if classic is not None and int(classic.violationTime) > 0:
+                ratio = int(classic.violationTime) / int(got)
+                return 1000 if 300 < ratio < 3000 else 1
+        return 1
+
+    def _counters(self, d: DeviceQueries, handle: Any, scale: int = 1) -> dict[str, int]:
+        """Cumulative violation ns per reason: field values first, the deprecated call for the rest."""
+        ids = {fi: name for name, _, fi in self._policies if fi is not None}
+        got = self._q.fields(d, self._f_fields, handle, list(ids)) if ids else {}
+        out = {ids[fi]: int(v) * scale for fi, v in got.items() if fi in ids}
+        for name, pol, _ in self._policies:
+            if name not in out:
+                v = self._q.call(d, "viol_" + name, self._f_viol, handle, pol)
+                if v is not None:
+                    out[name] = int(v.violationTime)
+        return out
+
+    def _violations(self, d: DeviceQueries, handle: Any, st: ThrottleState) -> dict[str, float]:
+        out = dict.fromkeys(st.names, 0.0)
+        now = self._counters(d, handle, st.fi_scale)
+        for name in st.names:
+            ns = now.get(name)
+            if ns is None:
+                out.pop(name)  # unknown this tick; the next reading covers it
+                continue
+            delta = counter_delta(st.viol_ns.get(name), ns)
+            st.viol_ns[name] = ns
+            if delta is None:
+                out.pop(name)
+            else:
+                out[name] = delta / 1e9
+        return out

@@ -1,0 +1,198 @@
+"""Busy time of one GPU from NVML's utilisation sample buffer, read tick after tick.
+
+The integration rule is core/busy.py's (a sample covers at most one sample period before its
+timestamp; unsampled time is idle when nothing was lost, unknown when samples may be lost). This
+module keeps the per-device state that decides which case a read is in:
+
+* **cursor** — the newest NVML timestamp seen; each read asks for the samples after it. A first
+  read that fails leaves the cursor *closed*: the next successful read opens it at the newest
+  sample without integrating the buffer (it holds time from before the run, and other tenants'
+  work), and that tick's busy time comes from the instant reading.
+* **accounted** — the time classified so far. While the buffer has nothing new (the driver stops
+  or slows sampling on an idle GPU, answering NotFound), time up to ``now - period`` is counted
+  idle tick by tick, so each interval records its own idle time. This needs NVML's timestamps on
+  the host's wall clock (seen on real drivers; checked at run time), else gaps are classified when
+  the next sample arrives.
+* **lost samples** — the ring buffer holds on the order of 100 samples (~16 s at 6 per second). A
+  read after a stall longer than ``STALL_S`` that comes back (nearly) full may have lost the oldest
+  samples: the gap before them is unknown, not idle.
+* **wall-clock steps** — the timestamps are wall-clock microseconds. A step is seen as a change of
+  (wall − monotonic) between reads. Forward: the cursor moves with the clock (no phantom gap).
+  Backward: new samples are older than the cursor and NVML answers NotFound until the clock has
+  caught up; that time is unknown.
+
+Unknown time is measured by the instantaneous reading (``nvmlDeviceGetUtilizationRates``) × its
+length, capped at the time that really elapsed, and the tick's method then includes "instant";
+without that reading it is recorded as unmeasured (``util_unknown_s``) and never charged as busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuledger.collect.nvml_query import NOTHING_NEW, VALUE_MEMBERS
+from gpuledger.core.busy import SamplePeriod, busy_from_samples
+from gpuledger.core.model import UTIL_INSTANT, UTIL_SAMPLES
+
+STALL_S = 8.0  # a read this late may find the ring buffer wrapped (100 samples at 1/6 s: ~16 s)
+STEP_S = 0.5  # a change of (wall - monotonic) beyond this between reads is a clock step
+_FULL = 0.9  # a read returning this share of the deepest buffer seen counts as full
+_WALL_DOMAIN_S = 86_400.0  # NVML timestamps within a day of the host clock: the wall clock
+_US = 1_000_000
+
+
+@dataclass
+class UtilRead:
+    """Busy time for one tick, and how it was measured."""
+
+    busy_s: float | None = None
+    method: str | None = None
+    max_pct: float | None = None
+    idle_s: float | None = None  # unsampled time taken as idle (the driver had nothing to sample)
+    unknown_s: float | None = None  # time the samples could not cover (lost, clock step, first read)
+
+
+class UtilReader:
+    """Per-device sample-buffer state; NVML is reached through the three callables.
+
+    ``samples(cursor_us)`` returns ``(value_type, samples)``, ``NOTHING_NEW`` or None (failed or
+    unsupported); ``instant()`` the instantaneous utilisation percent or None; ``note(key, text)``
+    records a one-time event.
+    """
+
+    def __init__(
+        self,
+        samples: Callable[[int], Any],
+        instant: Callable[[], float | None],
+        note: Callable[[str, str], None],
+    ) -> None:
+        self._samples, self._instant, self._note = samples, instant, note
+        self.period = SamplePeriod()
+        self.cursor_us: int | None = None  # None: closed (no trustworthy read yet)
+        self._accounted_us: float | None = None
+        self._wall: bool | None = None  # NVML timestamps on the host wall clock?
+        self._last: tuple[int, float] | None = None  # newest sample seen
+        self._depth = 0  # the most samples one read returned
+        self._offset: float | None = None  # wall - monotonic at the last read
+        self._last_ok_mono: float | None = None
+        self._blind_until_us: int | None = None  # after a backward step: samples resume past this
+
+    # -- start ---------------------------------------------------------------------------------
+    def prime(self, now: float, mono: float) -> None:
+        """Open the cursor at the newest buffered sample: nothing before the run is counted."""
+        self._offset = now - mono
+        res = self._samples(0)
+        if res is None:
+            self.cursor_us = None  # closed: the next read opens it without integrating
+            return
+        pairs = self._pairs(res)
+        self._open(pairs, now)
+        self._last_ok_mono = mono
+
+    # -- every tick ----------------------------------------------------------------------------
+    def read(self, now: float, mono: float, elapsed_s: float) -> UtilRead | None:
+        """Busy time since the previous read; None when the buffer could not be read this time."""
+        self._check_step(now, mono)
+        if self.cursor_us is None:
+            return self._open_late(now, mono, elapsed_s)
+        res = self._samples(self.cursor_us)
+        if res is None:
+            return None  # a passing failure: the cursor stays, the next read covers this span
+        stalled = self._last_ok_mono is not None and mono - self._last_ok_mono > STALL_S
+        self._last_ok_mono = mono
+        pairs = [p for p in self._pairs(res) if p[0] > self.cursor_us]
+        if not pairs:
+            return self._nothing_new(now, elapsed_s)
+        self._blind_until_us = None
+        full = len(pairs) >= _FULL * self._depth
+        self._depth = max(self._depth, len(pairs))
+        self.period.observe(pairs, self._last)
+        start = self._accounted_us if self._accounted_us is not None else self.cursor_us or None
+        r = busy_from_samples(pairs, None if start is None else int(start), self.period.seconds,
+                              first_gap_unknown=stalled and full)  # fmt: skip
+        if stalled and full:
+            self._note("buffer_overrun", "the utilisation sample buffer wrapped while the reader was stalled; "
+                       "the lost span is measured by the instant reading")  # fmt: skip
+        # Time cannot be classified beyond what really elapsed (a clock step inflates gaps).
+        cap = max(0.0, elapsed_s + self.period.seconds - r.sampled_s - r.idle_s)
+        out = UtilRead(r.busy_s, UTIL_SAMPLES, r.max_pct, r.idle_s, min(r.unknown_s, cap))
+        self.cursor_us = r.last_us
+        self._accounted_us = r.last_us
+        self._last = pairs[-1]
+        return self._fill_unknown(out)
+
+    # -- cases ---------------------------------------------------------------------------------
+    def _open(self, pairs: list[tuple[int, float]], now: float) -> None:
+        if pairs:
+            self._depth = max(self._depth, len(pairs))
+            self.period.observe(pairs)
+            self._last = pairs[-1]
+            self.cursor_us = pairs[-1][0]
+            self._wall = abs(now - pairs[-1][0] / _US) < _WALL_DOMAIN_S
+        else:
+            self.cursor_us = 0  # an empty buffer: every later sample is new
+        # From now on time is the run's: nothing before this instant is classified.
+        self._accounted_us = now * _US if self._wall else None
+
+    def _open_late(self, now: float, mono: float, elapsed_s: float) -> UtilRead | None:
+        res = self._samples(0)
+        if res is None:
+            return None
+        self._open(self._pairs(res), now)
+        self._last_ok_mono = mono
+        return self._fill_unknown(UtilRead(0.0, UTIL_SAMPLES, None, 0.0, elapsed_s))
+
+    def _nothing_new(self, now: float, elapsed_s: float) -> UtilRead:
+        if self._blind_until_us is not None:  # after a backward step: samples are behind the cursor
+            return self._fill_unknown(UtilRead(0.0, UTIL_SAMPLES, None, 0.0, elapsed_s))
+        idle = 0.0
+        if self._wall and self._accounted_us is not None:
+            # A sample taken later covers at most one period before its timestamp, so time up
+            # to now - period can no longer be covered: the driver had nothing to sample.
+            horizon = now * _US - self.period.seconds * _US
+            if horizon > self._accounted_us:
+                idle = (horizon - self._accounted_us) / _US
+                self._accounted_us = horizon
+        return UtilRead(0.0, UTIL_SAMPLES, None, idle, 0.0)
+
+    def _fill_unknown(self, out: UtilRead) -> UtilRead:
+        if not out.unknown_s:
+            return out
+        pct = self._instant()
+        if pct is not None:
+            out.busy_s = (out.busy_s or 0.0) + min(max(pct, 0.0), 100.0) / 100 * out.unknown_s
+            out.method = f"{UTIL_INSTANT},{UTIL_SAMPLES}"
+            out.max_pct = pct if out.max_pct is None else max(out.max_pct, pct)
+        return out
+
+    def _check_step(self, now: float, mono: float) -> None:
+        offset = now - mono
+        step = 0.0 if self._offset is None else offset - self._offset
+        self._offset = offset
+        if abs(step) <= STEP_S or not self._wall:
+            return
+        step_us = round(step * _US)
+        if step > 0:  # forward: move the cursor with the clock, no phantom gap
+            if self.cursor_us:
+                self.cursor_us += step_us
+            if self._accounted_us is not None:
+                self._accounted_us += step_us
+        else:  # backward: samples are behind the cursor until the clock catches up
+            self._blind_until_us = self.cursor_us
+            self._accounted_us = self.cursor_us
+        self._note(f"clock_step_{'fwd' if step > 0 else 'back'}",
+                   f"the wall clock stepped {'forward' if step > 0 else 'back'} by {abs(step):.1f} s; "
+                   "the time around the step is measured by the instant reading")  # fmt: skip
+
+    @staticmethod
+    def _pairs(res: Any) -> list[tuple[int, float]]:
+        if res is NOTHING_NEW or not res:
+            return []
+        vtype, samples = res
+        member = VALUE_MEMBERS[vtype] if 0 <= vtype < len(VALUE_MEMBERS) else "uiVal"
+        pairs = [(int(s.timeStamp), float(getattr(s.sampleValue, member))) for s in samples]
+        if any(pairs[i][0] > pairs[i + 1][0] for i in range(len(pairs) - 1)):
+            pairs.sort()
+        return pairs

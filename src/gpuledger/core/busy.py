@@ -1,0 +1,139 @@
+"""GPU busy time from NVML's utilisation samples, right for any sampling behaviour.
+
+What a sample is (NVML API reference, ``nvmlDeviceGetSamples`` / ``nvmlDeviceGetUtilizationRates``):
+the percent of time over the past *sample period* during which one or more kernels ran on the
+GPU. The period is 1/6 s to 1 s depending on the product. So a sample at ``ts`` describes at most
+``(ts - period, ts]`` — not the whole span since the previous sample: the driver samples less
+often, or stops, while the GPU is idle, and samples can be lost (a full ring buffer, a stalled
+reader, a wall-clock step).
+
+The rule (``busy_from_samples``):
+
+* sample ``i`` covers ``(max(ts_i - P, ts_{i-1}), ts_i]`` at its value, ``P`` the sample period;
+  so consecutive reads tile time without overlap and a tick's busy time never exceeds the time
+  its samples span (at most one period carried across the tick's start);
+* the rest of a gap between two samples is *unsampled*: **idle** when the driver stopped
+  sampling (nothing was lost: the GPU had nothing to sample), **unknown** when samples may have
+  been lost (the caller says so: full buffer, stalled reader, clock step, first read). Unknown
+  time is never charged as busy here; the collector measures it another way (the instant
+  reading) or records it as unmeasured.
+
+``SamplePeriod`` learns ``P`` from the spacing of consecutive samples, because NVML does not
+report it. Pure functions, no I/O, no clock (DESIGN: core/ is where correctness lives).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+_US = 1_000_000
+# NVML documents sample periods "between 1 second and 1/6 second depending on the product".
+PERIOD_MIN_S = 1 / 6
+PERIOD_MAX_S = 1.0
+# A learned period is widened by this much: sample timestamps jitter by a few ms, and a period
+# taken too short would under-count the first sample after every idle span.
+_JITTER = 1.1
+_CLUSTER = 1.5  # spacings up to this multiple of the smallest one are "regular" sampling
+_HISTORY = 32  # spacings remembered across reads
+
+
+@dataclass(frozen=True)
+class SampleBusy:
+    """What one batch of samples says about the span from the cursor to its newest sample."""
+
+    busy_s: float  # Σ value × covered time, in seconds
+    sampled_s: float  # time covered by samples
+    idle_s: float  # unsampled time taken as idle: the driver had nothing to sample
+    unknown_s: float  # unsampled time where samples may be lost: not measured here
+    max_pct: float | None  # the highest sample value (None: no sample)
+    last_us: int | None  # timestamp of the newest sample (the next cursor); None: no sample
+
+
+def busy_from_samples(
+    samples: Sequence[tuple[int, float]],
+    cursor_us: int | None,
+    period_s: float,
+    *,
+    first_gap_unknown: bool = False,
+) -> SampleBusy:
+    """Busy time from ``samples`` (``(timestamp_us, percent)`` sorted by time, all newer than the cursor).
+
+    ``cursor_us`` is the newest sample of the previous batch (None: no previous sample is known,
+    so the first sample covers one period and nothing before it is classified). The gap between
+    the cursor and the first sample is unknown when ``first_gap_unknown`` (samples may have been
+    lost there), else idle; gaps between samples of one batch are idle (the driver's buffer holds
+    every sample it took, in order). Percentages outside 0-100 are clamped.
+    """
+    period_us = period_s * _US
+    prev: float | None = cursor_us
+    busy = sampled = idle = unknown = 0.0
+    top: float | None = None
+    for i, (ts, pct) in enumerate(samples):
+        start = ts - period_us
+        if prev is not None:
+            if start < prev:
+                start = prev
+            elif start > prev:
+                if i == 0 and first_gap_unknown:
+                    unknown += start - prev
+                else:
+                    idle += start - prev
+        span = ts - start
+        if span > 0:
+            value = 100.0 if pct > 100.0 else 0.0 if pct < 0.0 else float(pct)
+            busy += value * span
+            sampled += span
+            top = value if top is None or value > top else top
+        elif top is None:
+            top = min(max(float(pct), 0.0), 100.0)
+        prev = ts
+    return SampleBusy(
+        busy_s=busy / (100.0 * _US),
+        sampled_s=sampled / _US,
+        idle_s=idle / _US,
+        unknown_s=unknown / _US,
+        max_pct=top,
+        last_us=int(samples[-1][0]) if samples else None,
+    )
+
+
+class SamplePeriod:
+    """The device's utilisation sample period, learned from the spacing of its samples.
+
+    Only spacings between two *busy* samples count: while the GPU works the driver samples at its
+    regular rate, while it idles it may slow down or stop (those spacings say nothing about the
+    period). Regular sampling is the cluster of the smallest such spacings; the period is that
+    cluster's median, widened for jitter, kept within NVML's documented range, and it only ever
+    decreases (one burst of slow sampling must not stretch every later sample). Until three busy
+    spacings are seen it is the shortest documented period: a period taken too short
+    under-counts the first sample after an idle span; one taken too long would over-count it.
+    """
+
+    def __init__(self) -> None:
+        self._spacings: deque[float] = deque(maxlen=_HISTORY)
+        self._learned: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        return PERIOD_MIN_S if self._learned is None else self._learned
+
+    @property
+    def learned(self) -> bool:
+        return self._learned is not None
+
+    def observe(self, samples: Iterable[tuple[int, float]], previous: tuple[int, float] | None = None) -> None:
+        """Learn from consecutive ``(timestamp_us, percent)`` samples (``previous``: the one before)."""
+        prev = previous
+        for ts, pct in samples:
+            if prev is not None and ts > prev[0] and pct > 0 and prev[1] > 0:
+                self._spacings.append((ts - prev[0]) / _US)
+            prev = (ts, pct)
+        if len(self._spacings) < 3:
+            return
+        smallest = min(self._spacings)
+        regular = [s for s in self._spacings if s <= smallest * _CLUSTER]
+        estimate = min(max(statistics.median(regular) * _JITTER, PERIOD_MIN_S), PERIOD_MAX_S * _JITTER)
+        self._learned = estimate if self._learned is None else min(self._learned, estimate)

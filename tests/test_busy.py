@@ -1,0 +1,124 @@
+"""Busy time from utilisation samples (core/busy.py): each sample covers at most one period."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuledger.core.busy import PERIOD_MAX_S, PERIOD_MIN_S, SamplePeriod, busy_from_samples
+
+P_US = 166_667
+P_S = P_US / 1e6
+T0 = 1_700_000_000_000_000
+
+
+@st.composite
+def sample_streams(draw: st.DrawFn) -> list[tuple[int, float]]:
+    """Sorted µs timestamps (dense runs and idle gaps) with integer percentages, as NVML reports them."""
+    gaps = draw(st.lists(st.one_of(st.integers(P_US - 3_000, P_US + 3_000), st.integers(1, 30_000_000)),
+                         min_size=1, max_size=80))  # fmt: skip
+    values = draw(st.lists(st.integers(0, 100), min_size=len(gaps), max_size=len(gaps)))
+    ts, out = T0, []
+    for gap, v in zip(gaps, values, strict=True):
+        ts += gap
+        out.append((ts, float(v)))
+    return out
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+@given(sample_streams(), st.lists(st.integers(0, 10_000), max_size=8))
+def test_reads_in_cursor_chunks_sum_to_the_whole_stream(samples, cuts) -> None:
+    """How the collector calls it: each read gets the samples newer than its cursor."""
+    cursor0 = samples[0][0] - 2 * P_US
+    bounds = sorted({c % len(samples) for c in cuts} | {len(samples)})
+    busy = sampled = idle = 0.0
+    cursor, start = cursor0, 0
+    for end in bounds:
+        chunk = samples[start:end]
+        if chunk:
+            r = busy_from_samples(chunk, cursor, P_S)
+            busy, sampled, idle = busy + r.busy_s, sampled + r.sampled_s, idle + r.idle_s
+            assert r.last_us == chunk[-1][0]
+            cursor, start = chunk[-1][0], end
+    whole = busy_from_samples(samples, cursor0, P_S)
+    assert close(busy, whole.busy_s) and close(sampled, whole.sampled_s) and close(idle, whole.idle_s)
+    # every instant from the cursor to the newest sample is either sampled or idle, once
+    assert close(whole.sampled_s + whole.idle_s, (samples[-1][0] - cursor0) / 1e6)
+
+
+@given(sample_streams(), st.booleans())
+def test_busy_never_exceeds_the_time_its_samples_cover(samples, first_gap_unknown) -> None:
+    cursor = samples[0][0] - 5_000_000
+    r = busy_from_samples(samples, cursor, P_S, first_gap_unknown=first_gap_unknown)
+    assert 0 <= r.busy_s <= r.sampled_s + 1e-12
+    assert r.sampled_s <= len(samples) * P_S + 1e-9  # at most one period per sample
+    assert close(r.sampled_s + r.idle_s + r.unknown_s, (samples[-1][0] - cursor) / 1e6)
+
+
+def test_a_sample_after_an_idle_gap_covers_one_period_not_the_gap() -> None:
+    # The driver stopped sampling for 10 s (idle), then a busy sample: 1/6 s of busy time, not 10 s.
+    r = busy_from_samples([(T0 + 10_000_000, 100.0)], T0, P_S)
+    assert close(r.busy_s, P_S)
+    assert close(r.idle_s, 10 - P_S) and r.unknown_s == 0
+    lost = busy_from_samples([(T0 + 10_000_000, 100.0)], T0, P_S, first_gap_unknown=True)
+    assert close(lost.busy_s, P_S) and close(lost.unknown_s, 10 - P_S) and lost.idle_s == 0
+
+
+@given(st.integers(0, 100), st.integers(2, 50))
+def test_constant_utilisation_on_a_grid_gives_that_share(pct, n) -> None:
+    samples = [(T0 + k * P_US, float(pct)) for k in range(1, n + 1)]
+    r = busy_from_samples(samples, T0, P_S)
+    assert close(r.busy_s, pct / 100 * n * P_US / 1e6)
+    assert r.idle_s == 0 and r.max_pct == pct
+
+
+def test_without_a_cursor_the_first_sample_covers_one_period() -> None:
+    r = busy_from_samples([(T0, 50.0)], None, 0.5)
+    assert close(r.busy_s, 0.25) and r.idle_s == 0 and r.unknown_s == 0
+
+
+def test_out_of_range_percent_is_clamped() -> None:
+    assert busy_from_samples([(T0 + 1_000_000, 250.0)], T0, 1.0).busy_s == 1.0
+    assert busy_from_samples([(T0 + 1_000_000, -5.0)], T0, 1.0).busy_s == 0.0
+
+
+def test_no_samples_is_nothing() -> None:
+    r = busy_from_samples([], T0, P_S)
+    assert (r.busy_s, r.sampled_s, r.idle_s, r.unknown_s, r.max_pct, r.last_us) == (0, 0, 0, 0, None, None)
+
+
+# -- the sample period --------------------------------------------------------------------------
+
+
+def grid(start: int, n: int, spacing_us: int, pct: float) -> list[tuple[int, float]]:
+    return [(start + k * spacing_us, pct) for k in range(n)]
+
+
+def test_period_is_learned_from_busy_sampling() -> None:
+    p = SamplePeriod()
+    assert p.seconds == PERIOD_MIN_S and not p.learned
+    p.observe(grid(T0, 6, 1_000_000, 80.0))  # a product that samples once a second
+    assert p.learned and 1.0 <= p.seconds <= PERIOD_MAX_S * 1.1
+
+
+def test_idle_slow_sampling_does_not_stretch_the_period() -> None:
+    p = SamplePeriod()
+    p.observe(grid(T0, 10, 2_000_000, 0.0))  # the driver slowed down on an idle GPU
+    assert not p.learned and p.seconds == PERIOD_MIN_S
+    p.observe(grid(T0 + 30_000_000, 8, P_US, 90.0))
+    assert math.isclose(p.seconds, P_S * 1.1, rel_tol=0.01)
+    p.observe(grid(T0 + 60_000_000, 8, 900_000, 90.0))  # later spacings never lengthen it
+    assert math.isclose(p.seconds, P_S * 1.1, rel_tol=0.01)
+
+
+@settings(max_examples=50)
+@given(st.integers(30_000, 2_000_000), st.integers(-3_000, 3_000))
+def test_learned_period_stays_in_the_documented_range(spacing, jitter) -> None:
+    p = SamplePeriod()
+    p.observe([(T0 + k * spacing + (jitter if k % 2 else 0), 50.0) for k in range(10)])
+    assert PERIOD_MIN_S <= p.seconds <= PERIOD_MAX_S * 1.1
