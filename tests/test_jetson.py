@@ -11,8 +11,10 @@ mW), the thermal class (``type``, ``temp`` in millidegrees C) and the device tre
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,7 +27,7 @@ from gpuledger.collect.base import CollectorUnavailable
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml
 from gpuledger.collect.gpus import NO_GPU_TAIL, open_gpu_collector
 from gpuledger.collect.jetson import JetsonCollector
-from gpuledger.core.model import ENERGY_POWER, UTIL_INSTANT
+from gpuledger.core.model import ENERGY_POWER, UTIL_INSTANT, GpuInterval
 
 T0 = 1_700_000_000.0
 ORIN_RAILS = {"1-0040": ["VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0"], "1-0041": [None, "VDDQ_VDD2_1V8AO", None]}
@@ -455,3 +457,11 @@ def test_totals_are_the_sum_of_load_times_time_and_of_trapezoids(steps: list[tup
     assert sum(t.busy_s for t in ticks) == pytest.approx(busy, rel=1e-9, abs=1e-9)
     assert sum(t.energy_j for t in ticks) == pytest.approx(energy, rel=1e-9, abs=1e-9)
     assert all(0.0 <= t.busy_s <= t.t1 - t.t0 + 1e-9 and t.energy_j >= 0.0 for t in ticks)
+
+
+def test_the_jetson_doc_names_real_interval_fields() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "JETSON.md").read_text()
+    table = doc.split("## What each figure measures", 1)[1].split("Absent", 1)[0]
+    named = re.findall(r"^\| [^|`]*\(`(\w+)`", table, flags=re.MULTILINE)
+    assert len(named) == 6
+    assert set(named) <= {f.name for f in dataclasses.fields(GpuInterval)}
