@@ -50,7 +50,6 @@ class JetsonCollector:
     """GpuCollector over a Jetson module's sysfs (see the module docstring for what it measures)."""
 
     def __init__(self, visible: str | None = None, sysfs_root: str | os.PathLike[str] = "/") -> None:
-        self._root = sysfs_root
         soc = fs.tegra_soc(sysfs_root)
         gpu = fs.find_gpu(sysfs_root) if soc else None
         if gpu is None:

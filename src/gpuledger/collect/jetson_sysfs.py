@@ -112,11 +112,11 @@ def find_gpu(root: str | os.PathLike[str]) -> GpuNodes | None:
     devfreq = under(root, "sys/class/devfreq")
     entries = sorted(_listdir(devfreq))
     for name in entries:
-        if _GPU_DEVICE.search(name) and (devfreq / name / "device" / "load").is_file():
+        if _GPU_DEVICE.search(name) and _is_file(devfreq / name / "device" / "load"):
             return GpuNodes(name, devfreq / name / "device" / "load", devfreq / name / "cur_freq")
     for rel in _LEGACY_GPU_DEVICES:
         load = under(root, rel) / "load"
-        if load.is_file():
+        if _is_file(load):
             named = next((n for n in entries if _GPU_DEVICE.search(n)), None)
             return GpuNodes(named or Path(rel).name, load, None if named is None else devfreq / named / "cur_freq")
     return None
@@ -217,6 +217,13 @@ def pick_gpu_rail(rails: list[Rail]) -> Rail | None:
 def pick_board_rail(rails: list[Rail]) -> Rail | None:
     """The module's input rail (``VDD_IN``, ``POM_5V_IN``, ``VIN_SYS_5V0``), when monitored."""
     return next((r for r in rails if _BOARD_INPUT_TOKENS & set(_tokens(r.label))), None)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a folder we may not search (EACCES) hides nothing we could read anyway
+        return False
 
 
 def _listdir(path: Path) -> list[str]:
