@@ -110,6 +110,8 @@ def test_idle_slow_sampling_does_not_stretch_the_period() -> None:
     p = SamplePeriod()
     p.observe(grid(T0, 10, 2_000_000, 0.0))  # the driver slowed down on an idle GPU
     assert not p.learned and p.seconds == PERIOD_MIN_S
+    p.observe([(T0 + 25_000_000, 0.0), (T0 + 27_000_000, 60.0)])  # idle -> busy after 2 s: not a period
+    assert not p.learned
     p.observe(grid(T0 + 30_000_000, 8, P_US, 90.0))
     assert math.isclose(p.seconds, P_S * 1.1, rel_tol=0.01)
     p.observe(grid(T0 + 60_000_000, 8, 900_000, 90.0))  # later spacings never lengthen it

@@ -253,9 +253,9 @@ def test_a_late_interval_is_waited_for_then_a_lost_one_skipped(ledger_url: str) 
 
 
 def test_throttle_reasons_are_the_ones_the_nvml_collector_records() -> None:
-    from gpuledger.collect import nvml
+    from gpuledger.collect import nvml_throttle
 
-    recorded = {name for name, _ in nvml.THROTTLE_POLICIES} | set(nvml.THROTTLE_BITS.values())
+    recorded = {name for name, _, _ in nvml_throttle.POLICIES} | set(nvml_throttle.REASON_BITS.values())
     assert recorded == set(n.THROTTLE_REASONS)
 
 

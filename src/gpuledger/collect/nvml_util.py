@@ -121,6 +121,8 @@ class UtilReader:
         self.cursor_us = r.last_us
         self._accounted_us = r.last_us
         self._last = pairs[-1]
+        if self._wall is None:  # the buffer was empty at the start: the first samples tell
+            self._wall = abs(now - pairs[-1][0] / _US) < _WALL_DOMAIN_S
         return self._fill_unknown(out)
 
     # -- cases ---------------------------------------------------------------------------------

@@ -107,9 +107,9 @@ class SamplePeriod:
     regular rate, while it idles it may slow down or stop (those spacings say nothing about the
     period). Regular sampling is the cluster of the smallest such spacings; the period is that
     cluster's median, widened for jitter, kept within NVML's documented range, and it only ever
-    decreases (one burst of slow sampling must not stretch every later sample). Until three busy
-    spacings are seen it is the shortest documented period: a period taken too short
-    under-counts the first sample after an idle span; one taken too long would over-count it.
+    decreases (one burst of slow sampling must not stretch every later sample). Until one busy
+    spacing is seen it is the shortest documented period: a period taken too short under-counts
+    the first sample after an idle span; one taken too long would over-count it.
     """
 
     def __init__(self) -> None:
@@ -131,7 +131,7 @@ class SamplePeriod:
             if prev is not None and ts > prev[0] and pct > 0 and prev[1] > 0:
                 self._spacings.append((ts - prev[0]) / _US)
             prev = (ts, pct)
-        if len(self._spacings) < 3:
+        if not self._spacings:
             return
         smallest = min(self._spacings)
         regular = [s for s in self._spacings if s <= smallest * _CLUSTER]
