@@ -1,0 +1,129 @@
+"""Recorded busy time against the ground truth, for any workload and any sampling behaviour.
+
+The scripted NVML (collect/fake_nvml*.py) behaves like the hardware: per-product sample periods,
+sampling that slows or stops while idle, a finite ring buffer, integer percentages. The real
+collector reads it at the recorder's tick cadence and ticks are merged into intervals as the
+recorder does; the sum must be within 1 % of the truth plus one sample period per run, whatever
+the interval (1 s to 60 s). A naive poller — one instantaneous reading every 30 s, standing for
+those 30 s, the way `nvidia-smi -l 30` is used — errs by far more on the same loads.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
+from gpuledger.collect.fake_nvml_profiles import PROFILES
+from gpuledger.collect.nvml import NvmlCollector
+from gpuledger.core.intervals import merge_gpu_ticks
+from gpuledger.recorder.recorder import tick_seconds
+
+T0 = 1_700_000_000.0
+UUID = "GPU-5d3c1f4e-0000-4000-8000-000000000001"
+SAMPLING = [(name, idle) for name in sorted(PROFILES) for idle in ("grid", "slow", "stop")]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def truth(points: list[TracePoint], a: float, b: float) -> float:
+    """Busy-seconds of a stepped utilisation trace over (a, b], trace seconds."""
+    total = 0.0
+    for i, p in enumerate(points):
+        end = points[i + 1].t if i + 1 < len(points) else math.inf
+        lo, hi = max(a, p.t), min(b, end)
+        if hi > lo:
+            total += (p.util_pct or 0) / 100 * (hi - lo)
+    return total
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> list[TracePoint]:
+    """Busy and idle stretches: steady training, input-starved bursts, long idle spans."""
+    points, t = [], 0.0
+    while t < draw(st.floats(20, 240)):
+        util = draw(st.sampled_from([0, 0, 0, 12, 55, 90, 100]))
+        points.append(TracePoint(t, util_pct=util, power_w=100.0 + 3 * util, mem_used_b=2**30))
+        t += draw(st.floats(0.2, 12.0))
+    points.append(TracePoint(t, util_pct=0))
+    return points
+
+
+def record(points: list[TracePoint], profile: str, idle: str, interval_s: float, rnd: random.Random):
+    """(recorded busy-seconds, recorded intervals, end of recording in trace seconds, sample period)."""
+    clock = Clock()
+    gpu = FakeGpu(UUID, name="NVIDIA GPU", points=points, profile=profile, idle_sampling=idle)
+    fake = FakeNvml([gpu], clock=clock, start=T0)
+    col = NvmlCollector(nvml=fake, clock=clock)
+    tick = tick_seconds(interval_s)
+    col.read(set(), clock.t)  # the recorder primes at the start
+    ticks, intervals, start = [], [], clock.t
+    end = T0 + points[-1].t + 2.0
+    while clock.t < end:
+        clock.t += tick * rnd.uniform(0.9, 1.1)  # ticks land a little late or early
+        ticks += col.read(set(), clock.t).ticks
+        if ticks and clock.t - start >= interval_s - tick / 2:  # the recorder's close rule
+            intervals.append(merge_gpu_ticks(UUID, len(intervals), ticks))
+            ticks, start = [], clock.t
+    if ticks:
+        intervals.append(merge_gpu_ticks(UUID, len(intervals), ticks))
+    period = gpu.sample_period_s or PROFILES[profile].sample_period_s
+    return math.fsum(i.busy_s or 0.0 for i in intervals), intervals, clock.t - T0, period
+
+
+def naive_poll(points: list[TracePoint], profile: str, every_s: float, end: float) -> float:
+    """One instantaneous utilisation reading every ``every_s``, standing for the span before it."""
+    clock = Clock()
+    fake = FakeNvml([FakeGpu(UUID, name="NVIDIA GPU", points=points, profile=profile)], clock=clock, start=T0)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    busy, t = 0.0, 0.0
+    while t < end:
+        step = min(every_s, end - t)
+        t += step
+        clock.t = T0 + t
+        busy += fake.nvmlDeviceGetUtilizationRates(h).gpu / 100 * step
+    return busy
+
+
+@pytest.mark.parametrize("interval_s", [1.0, 5.0, 30.0, 60.0])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(points=workloads(), which=st.sampled_from(SAMPLING), seed=st.integers(0, 2**16))
+def test_recorded_busy_time_is_within_one_percent_plus_one_period(points, which, seed, interval_s) -> None:
+    profile, idle = which
+    busy, intervals, end, period = record(points, profile, idle, interval_s, random.Random(seed))
+    expected = truth(points, 0.0, end)
+    assert abs(busy - expected) <= 0.01 * expected + period + 1e-6, (busy, expected)
+    for iv in intervals:  # no interval holds more busy time than its span (plus one period carried in)
+        assert (iv.busy_s or 0.0) <= iv.t1 - iv.t0 + period + 1e-6
+        assert iv.util_method == "samples" and iv.util_unknown_s == 0
+
+
+def test_a_naive_30_s_poller_errs_by_far_more_on_the_same_loads() -> None:
+    rnd = random.Random(7)
+    ours, naive = [], []
+    for _ in range(12):  # input-starved trainings: busy bursts of 1-6 s, idle gaps of 0.5-4 s
+        points, t = [], 0.0
+        while t < 300:
+            points.append(TracePoint(t, util_pct=rnd.choice([85, 100]), power_w=300.0))
+            t += rnd.uniform(1, 6)
+            points.append(TracePoint(t, util_pct=0, power_w=80.0))
+            t += rnd.uniform(0.5, 4)
+        points.append(TracePoint(t, util_pct=0))
+        busy, _, end, _ = record(points, "hopper", "stop", 5.0, rnd)
+        expected = truth(points, 0.0, end)
+        ours.append(abs(busy - expected) / expected)
+        naive.append(abs(naive_poll(points, "hopper", 30.0, end) - expected) / expected)
+    assert max(ours) < 0.01
+    assert sum(naive) / len(naive) > 10 * sum(ours) / len(ours)
+    assert max(naive) > 0.05
