@@ -10,6 +10,11 @@ A seal holds, per part of the run, enough to *name* what changed later:
 
 ``compare(sealed, current)`` lists the differences as sentences naming the run, table, column,
 device and seqs. Both sides must be built by ``seal`` from rows read the same way.
+
+Two rules keep seals valid across gpuledger's own changes (no false alarms): derived columns
+(``runs.rolled_up``: whether the cost rollups hold the run, rewritten by every rollup) are not
+sealed; and a column added to a table after the first seal format (``SEALED_COLUMNS``) is hashed
+only when it holds a value, so a migration that adds a NULL column leaves every seal as it was.
 """
 
 from __future__ import annotations
@@ -27,9 +32,48 @@ HOST_SUMS = ("samples", "cpu_s", "read_b", "write_b")
 
 Row = Mapping[str, Any]
 
+DERIVED_RUN_COLUMNS = frozenset({"rolled_up"})
+
+
+def _columns(names: str) -> frozenset[str]:
+    return frozenset(names.split())
+
+
+# The columns of each sealed table when seals were introduced (schema version 5).
+SEALED_COLUMNS: dict[str, frozenset[str]] = {
+    "runs": _columns(
+        "id attempt_of name status command cwd user host started_at ended_at exit_code signal labels git versions "
+        "meta replayed interval_s recorder_pid log_path status_reason gpu_note project team"
+    ),
+    "devices": _columns(
+        "uuid index name pci_bus_id memory_total_b power_limit_w driver_version cuda_version mig_mode "
+        "mig_parent_uuid mig_profile nvml_index source"
+    ),
+    "gpu_intervals": _columns(
+        "device_uuid seq t0 t1 samples busy_s util_method util_max_pct energy_j energy_method power_max_w "
+        "mem_used_max_b mem_used_last_b mem_reserved_b proc_mem_max_b proc_sm_util_avg_pct temp_max_c "
+        "sm_clock_avg_mhz mem_clock_max_mhz throttle_s"
+    ),
+    "host_intervals": _columns(
+        "seq t0 t1 samples cpu_s rss_max_b read_b write_b threads_max procs_max sys_cpu_util_avg_pct iowait_s "
+        "sys_mem_used_max_b disk_read_b disk_write_b net_rx_b net_tx_b"
+    ),
+    "events": _columns("seq t kind message payload"),
+    "metrics": _columns("seq t key value epoch step"),
+}
+
 
 def _h(obj: Any) -> str:
     return sha256_hex(canonical_json(obj))[:SHORT]
+
+
+def sealed_row(table: str, row: Row) -> dict[str, Any]:
+    """The part of a row a seal covers: every column of the first format, later columns only when
+    they hold a value, derived columns never."""
+    base = SEALED_COLUMNS[table]
+    if table == "runs":
+        return {k: v for k, v in row.items() if k not in DERIVED_RUN_COLUMNS and (k in base or v is not None)}
+    return {k: v for k, v in row.items() if k in base or v is not None}
 
 
 def ranges(seqs: Iterable[int]) -> list[list[int]]:
@@ -52,11 +96,11 @@ def _sum(values: Iterable[Any]) -> float | None:
     return math.fsum(known) if known else None
 
 
-def seal_series(rows: Sequence[Row], sums: Sequence[str]) -> dict[str, Any]:
+def seal_series(rows: Sequence[Row], sums: Sequence[str], table: str = "gpu_intervals") -> dict[str, Any]:
     """Rows of one series, any order (sorted by seq here)."""
     rows = sorted(rows, key=lambda r: r["seq"])
     chunk = max(1, math.ceil(len(rows) / MAX_HASHES))
-    hashes = [_h([dict(r) for r in rows[i : i + chunk]]) for i in range(0, len(rows), chunk)]
+    hashes = [_h([sealed_row(table, r) for r in rows[i : i + chunk]]) for i in range(0, len(rows), chunk)]
     return {
         "n": len(rows),
         "seqs": ranges(r["seq"] for r in rows),
@@ -81,14 +125,20 @@ def seal(
         by_device.setdefault(str(r["device_uuid"]), []).append(r)
     series = {f"gpu_intervals/{uuid}": seal_series(rs, GPU_SUMS) for uuid, rs in sorted(by_device.items())}
     if host:
-        series["host_intervals"] = seal_series(host, HOST_SUMS)
+        series["host_intervals"] = seal_series(host, HOST_SUMS, "host_intervals")
     return {
-        "run": {k: _h(v) for k, v in sorted(run.items())},
+        "run": {k: _h(v) for k, v in sorted(sealed_row("runs", run).items())},
         "run_labels": _h(sorted((r["key"], r["value"]) for r in labels)),
-        "devices": _h(sorted((dict(r) for r in devices), key=lambda d: str(d["uuid"]))),
+        "devices": _h(sorted((sealed_row("devices", r) for r in devices), key=lambda d: str(d["uuid"]))),
         "series": series,
-        "events": {"n": len(events), "h": _h(sorted((dict(r) for r in events), key=lambda e: e["seq"]))},
-        "metrics": {"n": len(metrics), "h": _h(sorted((dict(r) for r in metrics), key=lambda m: m["seq"]))},
+        "events": {
+            "n": len(events),
+            "h": _h(sorted((sealed_row("events", r) for r in events), key=lambda e: e["seq"])),
+        },
+        "metrics": {
+            "n": len(metrics),
+            "h": _h(sorted((sealed_row("metrics", r) for r in metrics), key=lambda m: m["seq"])),
+        },
         "log": log_sha256,
     }
 
@@ -100,6 +150,7 @@ def _fmt(rs: Sequence[Sequence[int]]) -> str:
 def _compare_series(
     name: str, old: Mapping[str, Any], cur: Mapping[str, Any] | None, rows_now: Sequence[Row]
 ) -> list[str]:
+    table = name.split("/", 1)[0]
     if cur is None:
         return [f"{name}: all {old['n']} rows deleted"]
     out: list[str] = []
@@ -115,7 +166,7 @@ def _compare_series(
         seqs = ordered[i * chunk : (i + 1) * chunk]
         if any(s not in by_seq for s in seqs):
             continue  # already reported as deleted
-        if _h([dict(by_seq[s]) for s in seqs]) != want:
+        if _h([sealed_row(table, by_seq[s]) for s in seqs]) != want:
             where = f"row seq {seqs[0]}" if len(seqs) == 1 else f"rows seq {seqs[0]}-{seqs[-1]}"
             out.append(f"{name}: {where} edited")
     for key, was in old["sums"].items():
@@ -130,6 +181,8 @@ def compare(sealed: Mapping[str, Any], current: Mapping[str, Any], rows_now: Map
     rows per series name, to locate edited rows."""
     out: list[str] = []
     for col, h in sealed["run"].items():
+        if col in DERIVED_RUN_COLUMNS:  # sealed by an older gpuledger
+            continue
         if current["run"].get(col) != h:
             out.append(f"runs.{col} edited")
     for col in sorted(set(current["run"]) - set(sealed["run"])):

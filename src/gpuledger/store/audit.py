@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from gpuledger.core import seal as seals
 from gpuledger.core.audit_chain import GENESIS, canonical_json, check_chain, row_hash
-from gpuledger.store import schema
+from gpuledger.store import audit_sign, schema
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -50,11 +50,31 @@ def append(
     payload: Mapping[str, Any] | None = None,
     t: float | None = None,
 ) -> int:
-    """Append one row to the chain in the caller's transaction; returns its seq."""
+    """Append one row to the chain in the caller's transaction, signed with this process's audit
+    key when it has one (store/audit_sign.py); returns its seq."""
     _lock(conn)
-    a = T.audit_log.c
-    last = conn.execute(sa.select(a.seq, a.hash).order_by(a.seq.desc()).limit(1)).first()
-    seq, prev = (1, GENESIS) if last is None else (int(last.seq) + 1, str(last.hash))
+    keys = audit_sign.writer_keys()
+    last = audit_sign.head(conn)
+    unsigned = audit_sign.trusted_head(conn, last, keys)
+    if unsigned is not None:  # rows written without the key: named, signed, before anything else
+        first, upto = unsigned
+        marker = {"first": first, "last": upto, "found_by": keys.signer.key_id if keys else None}
+        last = _insert(conn, last, keys, actor=actor, action=audit_sign.UNSIGNED_ROWS, obj="audit_log", payload=marker)
+    return _insert(conn, last, keys, actor=actor, action=action, obj=obj, payload=payload, t=t).seq
+
+
+def _insert(
+    conn: Connection,
+    last: audit_sign.Head | None,
+    keys: audit_sign.WriterKeys | None,
+    *,
+    actor: str,
+    action: str,
+    obj: str,
+    payload: Mapping[str, Any] | None,
+    t: float | None = None,
+) -> audit_sign.Head:
+    seq, prev = (1, GENESIS) if last is None else (last.seq + 1, last.hash)
     row: dict[str, Any] = {
         "seq": seq,
         "t": time.time() if t is None else float(t),
@@ -65,8 +85,36 @@ def append(
     }
     row["prev_hash"] = prev
     row["hash"] = row_hash(row, prev)
+    row["key_id"] = row["sig"] = None
+    if keys is not None:
+        row["key_id"], row["sig"] = keys.signer.key_id, keys.signer.sign(seq, row["hash"])
+        audit_sign.remember(conn, seq, row["hash"])
     conn.execute(sa.insert(T.audit_log).values(row))
-    return seq
+    return audit_sign.Head(seq, row["hash"], row["key_id"], row["sig"])
+
+
+def start_signing(ledger: Ledger, *, actor: str) -> int:
+    """Begin signing a chain written without a key (an upgraded ledger): one signed row that names
+    the unsigned rows before it. They stay "hash chain only" (docs/AUDIT.md)."""
+    keys = audit_sign.writer_keys()
+    if keys is None:
+        raise audit_sign.AuditKeyError(
+            f"set {audit_sign.ENV_KEY_FILE} to the audit key first (gpuledger audit key new)"
+        )
+
+    def tx(conn: Connection) -> int:
+        _lock(conn)
+        last = audit_sign.head(conn)
+        a = T.audit_log.c
+        signed = conn.scalar(sa.select(sa.func.count()).select_from(T.audit_log).where(a.key_id.is_not(None)))
+        if signed:
+            raise audit_sign.AuditKeyError("this audit trail is signed already; nothing to start")
+        payload = {"key_id": keys.signer.key_id, "public_key": keys.signer.public.text,
+                   "unsigned_before": 1 if last is None else last.seq + 1}  # fmt: skip
+        return _insert(conn, last, keys, actor=actor, action=audit_sign.SIGNING_STARTED, obj="audit_log",
+                       payload=payload).seq  # fmt: skip
+
+    return ledger.write(tx)
 
 
 def record_change(

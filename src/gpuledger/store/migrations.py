@@ -166,6 +166,40 @@ def _add_coverage_columns(conn: Connection) -> None:
             conn.execute(sa.text(f"ALTER TABLE gpu_intervals ADD COLUMN {name} {sql_type}"))
 
 
+def _add_ownership(conn: Connection) -> None:
+    # Version 7: signatures on audit rows, run_owners and gpu_owners (schema_audit.define is the
+    # shape as version 7 created it). Each piece is skipped when there (a ledger rebuilt by hand).
+    from gpuledger.store import schema_audit
+
+    inspector = sa.inspect(conn)
+    audit_columns = {c["name"] for c in inspector.get_columns("audit_log")}
+    for name, sql_type in (("key_id", "VARCHAR(16)"), ("sig", "TEXT")):
+        if name not in audit_columns:
+            conn.execute(sa.text(f"ALTER TABLE audit_log ADD COLUMN {name} {sql_type}"))
+    frozen = sa.MetaData()
+    sa.Table("runs", frozen, sa.Column("id", sa.String, primary_key=True))
+    tables = schema_audit.define(frozen)
+    existing = set(inspector.get_table_names())
+    for name in schema_audit.NAMES:
+        if name not in existing:
+            tables[name].create(conn)
+    # Each GPU (and MIG parent) already stored belongs to the host of the latest run that used it,
+    # for any agent of that host: the cost code's shared-GPU split then counts only that host's runs.
+    conn.execute(
+        sa.text(
+            "INSERT INTO gpu_owners (uuid, host, user_name, since, source) "
+            "SELECT uuid, host, NULL, :now, 'migration' FROM ("
+            "  SELECT g.uuid AS uuid, r.host AS host, "
+            "         ROW_NUMBER() OVER (PARTITION BY g.uuid ORDER BY r.started_at DESC, r.id DESC) AS n"
+            "  FROM (SELECT uuid, run_id FROM devices"
+            "        UNION SELECT mig_parent_uuid, run_id FROM devices WHERE mig_parent_uuid IS NOT NULL) g"
+            "  JOIN runs r ON r.id = g.run_id) latest "
+            "WHERE n = 1 AND uuid NOT IN (SELECT uuid FROM gpu_owners)"
+        ),
+        {"now": time.time()},
+    )
+
+
 def _add_ingest_tables(conn: Connection) -> None:
     # schema_ingest.define is the shape as version 8 created it (see its docstring). Each table is
     # skipped when there: a ledger rebuilt to an older version by hand may hold it.
@@ -191,6 +225,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         6, "add gpu_intervals.util_idle_s, util_unknown_s, proc_method: how busy time was covered",
         _add_coverage_columns,
+    ),
+    Migration(
+        7, "add audit_log.key_id and sig, run_owners, gpu_owners: signed history and ownership", _add_ownership
     ),
     Migration(
         8, "add quarantined_rows, run_liveness and push_quarantine: partial acceptance of pushes", _add_ingest_tables

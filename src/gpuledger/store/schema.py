@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
-from gpuledger.store import schema_ingest, schema_team
+from gpuledger.store import schema_audit, schema_ingest, schema_team
 
 metadata = sa.MetaData()
 
@@ -284,6 +284,15 @@ api_tokens = _team[schema_team.API_TOKENS]
 audit_log = _team[schema_team.AUDIT_LOG]
 push_state = _team[schema_team.PUSH_STATE]
 rollup_marks = _team[schema_team.ROLLUP_MARKS]
+# Signatures of the audit chain (migration 7): each row's Ed25519 signature and the id of the key
+# that made it (core/signing.py); NULL on a chain written without a key.
+audit_log.append_column(sa.Column("key_id", sa.String(16)))
+audit_log.append_column(sa.Column("sig", sa.Text))
+
+# Ownership (migration 7): the principal each run belongs to, the host each GPU belongs to.
+_owners = schema_audit.define(metadata)
+run_owners = _owners[schema_audit.RUN_OWNERS]
+gpu_owners = _owners[schema_audit.GPU_OWNERS]
 
 # Partial acceptance and liveness of pushes (migration 8): quarantined rows, last push per run, and
 # on an agent's local ledger what its servers quarantined.
@@ -295,5 +304,5 @@ push_quarantine = _ingest[schema_ingest.PUSH_QUARANTINE]
 # Children of a run, in the order they are deleted.
 RUN_CHILDREN = (
     run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs, gpu_rollups, rollup_marks,
-    quarantined_rows, run_liveness,
+    quarantined_rows, run_liveness, run_owners,
 )  # fmt: skip
