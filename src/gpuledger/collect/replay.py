@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpuledger.collect.base import GpuCollector, GpuRead
-from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
+from gpuledger.collect.fake_nvml import Failing, FakeGpu, FakeNvml, TracePoint
+from gpuledger.collect.fake_nvml_gpu import PID_TRANSLATIONS, PUTIL_QUIRKS
+from gpuledger.collect.fake_nvml_profiles import IDLE_SAMPLING, PROFILES, REASON_BITS
 from gpuledger.collect.nvml import NvmlCollector
 from gpuledger.core.model import ENERGY_COUNTER, UTIL_SAMPLES, GpuIdentity, GpuTick
 
@@ -29,8 +31,12 @@ _POINT_KEYS = {"t", "gpu", "procs", "throttle", "energy_j"} | {
 _GPU_KEYS = {
     "uuid", "name", "memory_total_b", "memory_reserved_b", "power_limit_w", "pci_bus_id",
     "sample_period_s", "unsupported", "energy_offset_mj", "lost", "mig",
+    # behaviours (docs/replay-format.md, "Hardware behaviour")
+    "profile", "sampling", "buffer_len", "energy_update_s", "power_average_s", "sample_phase_s",
+    "host_pid_offset", "pid_translation", "failing", "unsupported_fields", "process_quirks", "minor_number",
 }  # fmt: skip
-_MIG_KEYS = {"uuid", "profile", "memory_total_b"}
+_MIG_KEYS = {"uuid", "profile", "memory_total_b", "gi", "ci", "process_memory"}
+_FAILING_KEYS = {"call", "field", "from", "to"}
 
 
 class TraceError(ValueError):
@@ -58,11 +64,13 @@ def load_trace(trace: str | Path) -> tuple[dict[str, Any], list[FakeGpu]]:
     """Parse a trace into its header and the FakeGpus it scripts (time axis starting at 0)."""
     path = resolve_trace(trace)
     text = path.read_text(encoding="utf-8")
-    header, points = _split(text, path.name)
+    header, header_line, points = _split(text, path.name)
     if header.get("format", FORMAT) != FORMAT:
         raise TraceError(f"{path.name}: header format is {header.get('format')!r}, expected {FORMAT!r}")
-    t_first = min((float(p["t"]) for _, p in points if isinstance(p, dict) and "t" in p), default=0.0)
-    gpus = [_gpu(g, i, t_first) for i, g in enumerate(header.get("gpus") or [])]
+    times = (p.get("t") for _, p in points if isinstance(p, dict))
+    t_first = min((float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool)), default=0.0)
+    at = f"{path.name}:{header_line}" if header_line else f"{path.name}: header"
+    gpus = [_gpu(g, i, t_first, f"{at}: gpu {i}") for i, g in enumerate(header.get("gpus") or [])]
     if not gpus:
         raise TraceError(f"{path.name}: the header lists no GPU")
     by_ref: dict[Any, FakeGpu] = {}
@@ -77,14 +85,15 @@ def load_trace(trace: str | Path) -> tuple[dict[str, Any], list[FakeGpu]]:
     return header, gpus
 
 
-def _split(text: str, name: str) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]:
+def _split(text: str, name: str) -> tuple[dict[str, Any], int | None, list[tuple[int, dict[str, Any]]]]:
+    """The header, its line (None in a JSON document) and the numbered points."""
     try:
         doc = json.loads(text)  # one JSON document? (a JSON Lines file fails here, fast)
     except json.JSONDecodeError:
         doc = None
     if isinstance(doc, dict) and "points" in doc:
         header = doc.get("header") or {k: v for k, v in doc.items() if k != "points"}
-        return header, [(i + 1, p) for i, p in enumerate(doc["points"])]
+        return header, None, [(i + 1, p) for i, p in enumerate(doc["points"])]
     rows: list[tuple[int, dict[str, Any]]] = []
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip() and not line.lstrip().startswith("#"):
@@ -94,44 +103,168 @@ def _split(text: str, name: str) -> tuple[dict[str, Any], list[tuple[int, dict[s
                 raise TraceError(f"{name}:{n}: not JSON ({exc.msg})") from exc
     if not rows or "gpus" not in rows[0][1]:
         raise TraceError(f"{name}: the first line must be the header, with a 'gpus' list")
-    return rows[0][1], rows[1:]
+    return rows[0][1], rows[0][0], rows[1:]
 
 
-def _gpu(g: dict[str, Any], i: int, t_first: float) -> FakeGpu:
-    _check_keys(g, _GPU_KEYS, f"header gpu {i}")
+def _gpu(g: dict[str, Any], i: int, t_first: float, where: str) -> FakeGpu:
+    _check_keys(g, _GPU_KEYS, where)
     if "uuid" not in g:
-        raise TraceError(f"header gpu {i}: missing 'uuid'")
+        raise TraceError(f"{where}: missing 'uuid'")
     slices = []
-    for j, m in enumerate(g.get("mig") or []):
-        _check_keys(m, _MIG_KEYS, f"header gpu {i} mig {j}")
+    for j, m in enumerate(_list(g, "mig", where)):
+        at = f"{where} mig {j}"
+        _check_keys(m, _MIG_KEYS, at)
+        if "uuid" not in m:
+            raise TraceError(f"{at}: missing 'uuid'")
         slices.append(
-            FakeGpu(uuid=m["uuid"], mig_profile=m.get("profile"), memory_total_b=int(m.get("memory_total_b", 0)))
+            FakeGpu(
+                uuid=m["uuid"],
+                mig_profile=m.get("profile"),
+                memory_total_b=int(m.get("memory_total_b", 0)),
+                gpu_instance_id=_int(m, "gi", at, minimum=0),
+                compute_instance_id=_int(m, "ci", at, minimum=0) or 0,
+                process_memory=_bool(m, "process_memory", at),
+            )
         )
-    plain = ("name", "memory_total_b", "memory_reserved_b", "pci_bus_id", "power_limit_w", "sample_period_s")
+    plain = ("name", "memory_total_b", "memory_reserved_b", "pci_bus_id", "power_limit_w")
     return FakeGpu(
         uuid=g["uuid"],
-        unsupported=frozenset(g.get("unsupported") or ()),
+        unsupported=frozenset(_list(g, "unsupported", where)),
         energy_offset_mj=int(g.get("energy_offset_mj", 0)),
-        lost=[(float(a) - t_first, float(b) - t_first) for a, b in g.get("lost") or []],
+        lost=[_window(w, t_first, f"{where} lost") for w in _list(g, "lost", where)],
         mig=slices,
+        profile=_choice(g, "profile", tuple(PROFILES), where),
+        sample_period_s=_number(g, "sample_period_s", where, positive=True),
+        idle_sampling=_choice(g, "sampling", IDLE_SAMPLING, where),
+        buffer_len=_int(g, "buffer_len", where, minimum=1),
+        energy_update_s=_number(g, "energy_update_s", where),
+        power_average_s=_number(g, "power_average_s", where),
+        sample_phase_s=_number(g, "sample_phase_s", where),
+        host_pid_offset=_int(g, "host_pid_offset", where),
+        pid_translation=_choice(g, "pid_translation", PID_TRANSLATIONS, where),
+        failing=[_failing(f, t_first, f"{where} failing {k}") for k, f in enumerate(_list(g, "failing", where))],
+        unsupported_fields=frozenset(_ints(g, "unsupported_fields", where)),
+        putil_quirks=frozenset(_subset(g, "process_quirks", PUTIL_QUIRKS, where)),
+        minor_number=_int(g, "minor_number", where, minimum=0),
         **{k: g[k] for k in plain if k in g},
     )
+
+
+def _window(w: Any, t_first: float, where: str) -> tuple[float, float]:
+    if not (isinstance(w, list) and len(w) == 2 and all(isinstance(x, (int, float)) for x in w) and w[0] <= w[1]):
+        raise TraceError(f"{where}: each window is [from, to] in seconds, got {w!r}")
+    return float(w[0]) - t_first, float(w[1]) - t_first
+
+
+def _failing(f: Any, t_first: float, where: str) -> Failing:
+    _check_keys(f, _FAILING_KEYS, where)
+    if ("call" in f) == ("field" in f):
+        raise TraceError(f"{where}: give one of 'call' (an NVML function name) or 'field' (a field id)")
+    target: str | int
+    if "call" in f:
+        if not isinstance(f["call"], str) or not f["call"].startswith("nvml"):
+            raise TraceError(f"{where}: 'call' must be an NVML function name, got {f['call']!r}")
+        target = f["call"]
+    else:
+        target = _int(f, "field", where, minimum=0) or 0
+    start, end = _number(f, "from", where, minimum=None), _number(f, "to", where, minimum=None)
+    return Failing(target, None if start is None else start - t_first, None if end is None else end - t_first)
+
+
+def _list(obj: dict[str, Any], key: str, where: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TraceError(f"{where}: '{key}' must be a list, got {value!r}")
+    return value
+
+
+def _number(obj: dict[str, Any], key: str, where: str, minimum: float | None = 0.0, positive: bool = False) -> Any:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TraceError(f"{where}: '{key}' must be a number, got {value!r}")
+    if (positive and value <= 0) or (minimum is not None and value < minimum):
+        raise TraceError(f"{where}: '{key}' must be {'above' if positive else 'at least'} {minimum}, got {value!r}")
+    return float(value)
+
+
+def _bytes(obj: dict[str, Any], key: str, where: str) -> int | None:
+    value = _number(obj, key, where)
+    return None if value is None else int(value)
+
+
+def _int(obj: dict[str, Any], key: str, where: str, minimum: int | None = None) -> Any:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(f"{where}: '{key}' must be a whole number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise TraceError(f"{where}: '{key}' must be at least {minimum}, got {value!r}")
+    return value
+
+
+def _ints(obj: dict[str, Any], key: str, where: str) -> list[int]:
+    values = _list(obj, key, where)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise TraceError(f"{where}: '{key}' must list field ids (whole numbers), got {values!r}")
+    return values
+
+
+def _bool(obj: dict[str, Any], key: str, where: str) -> bool | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise TraceError(f"{where}: '{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _choice(obj: dict[str, Any], key: str, choices: tuple[str, ...], where: str) -> Any:
+    value = obj.get(key)
+    if value is not None and value not in choices:
+        raise TraceError(f"{where}: '{key}' must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _subset(obj: dict[str, Any], key: str, choices: frozenset[str], where: str) -> list[str]:
+    values = _list(obj, key, where)
+    unknown = sorted(str(v) for v in values if v not in choices)
+    if unknown:
+        raise TraceError(
+            f"{where}: '{key}' has unknown value(s) {', '.join(unknown)} (known: {', '.join(sorted(choices))})"
+        )
+    return values
 
 
 def _point(p: dict[str, Any], t_first: float, where: str) -> TracePoint:
     _check_keys(p, _POINT_KEYS, where)
     if "t" not in p:
         raise TraceError(f"{where}: point without 't'")
+    t = _number(p, "t", where, minimum=None)
     procs = None
     if "procs" in p:
         procs = {}
-        for key, v in (p["procs"] or {}).items():
+        table = p["procs"] or {}
+        if not isinstance(table, dict):
+            raise TraceError(f"{where}: 'procs' must be an object of pid: {{mem_b, sm_pct}}")
+        for key, v in table.items():
+            if key != "run" and not key.isdigit():
+                raise TraceError(f'{where}: process key {key!r} is neither a pid nor "run"')
+            _check_keys(v, {"mem_b", "sm_pct"}, f"{where} process {key}")
             pid: int | str = key if key == "run" else int(key)
-            procs[pid] = (v.get("mem_b"), v.get("sm_pct"))
-    throttle = tuple(p["throttle"]) if "throttle" in p else None
-    plain = {k: p[k] for k in ("util_pct", "mem_used_b", "power_w", "energy_j", "temp_c") if k in p}
-    plain.update({k: p[k] for k in ("sm_clock_mhz", "mem_clock_mhz") if k in p})
-    return TracePoint(t=float(p["t"]) - t_first, throttle=throttle, procs=procs, **plain)
+            at = f"{where} process {key}"
+            procs[pid] = (_bytes(v, "mem_b", at), _number(v, "sm_pct", at))
+    throttle = tuple(_subset(p, "throttle", frozenset(REASON_BITS), where)) if "throttle" in p else None
+    plain = {k: _number(p, k, where) for k in ("util_pct", "power_w", "energy_j") if k in p}
+    if "temp_c" in p:
+        plain["temp_c"] = _number(p, "temp_c", where, minimum=None)
+    plain.update({k: _number(p, k, where) for k in ("sm_clock_mhz", "mem_clock_mhz") if k in p})
+    if "util_pct" in p and plain["util_pct"] is not None and plain["util_pct"] > 100:
+        raise TraceError(f"{where}: 'util_pct' is a percentage, got {p['util_pct']!r}")
+    mem = _bytes(p, "mem_used_b", where)
+    return TracePoint(t=t - t_first, throttle=throttle, procs=procs, mem_used_b=mem, **plain)
 
 
 def _check_keys(obj: Any, allowed: set[str], where: str) -> None:
