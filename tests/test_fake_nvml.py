@@ -180,6 +180,10 @@ def test_samples_newer_than_the_cursor_in_buffer_order() -> None:
         fake.nvmlDeviceGetSamples(h, UTIL, ts[-1])
     clock.t += 1000
     assert len(samples(fake, h, ts[-1])) == 120  # the ring keeps the last buffer_len samples
+    for _ in range(6):  # read without a cursor every 5 s: 30 new samples each time, the ring stays full
+        clock.t += 5
+        kept = samples(fake, h, 0)
+        assert len(kept) == 120 and kept[-1][0] - kept[0][0] == 119 * 166_667
 
 
 def test_a_sample_covers_the_period_before_its_timestamp() -> None:
@@ -508,7 +512,7 @@ def test_mig_slices() -> None:
     slices = [
         FakeGpu(
             "MIG-one", mig_profile="3g.40gb", memory_total_b=40 * 2**30, gpu_instance_id=2,
-            points=[TracePoint(0, mem_used_b=7, procs={"run": (5, None)})],
+            points=[TracePoint(0, mem_used_b=7, util_pct=50, power_w=90, temp_c=40, procs={"run": (5, None)})],
         ),
         FakeGpu("MIG-two", mig_profile="3g.40gb", memory_total_b=40 * 2**30, compute_instance_id=1),
     ]  # fmt: skip
@@ -530,8 +534,9 @@ def test_mig_slices() -> None:
     assert fake.nvmlDeviceGetArchitecture(mh) == pynvml.NVML_DEVICE_ARCH_AMPERE
     with pytest.raises(pynvml.NVMLError_NotFound):
         fake.nvmlDeviceGetMigDeviceHandleByIndex(h, 2)
-    for call in (
+    for call in (  # the slice's own trace has utilisation and power: NVML still answers only for the board
         lambda: fake.nvmlDeviceGetPowerUsage(mh),
+        lambda: fake.nvmlDeviceGetTemperature(mh, pynvml.NVML_TEMPERATURE_GPU),
         lambda: fake.nvmlDeviceGetTotalEnergyConsumption(mh),
         lambda: fake.nvmlDeviceGetSamples(mh, UTIL, 0),
         lambda: fake.nvmlDeviceGetUtilizationRates(mh),
