@@ -12,15 +12,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from gpuledger.agent.client import Client, Rejected, Unreachable
 from gpuledger.agent.outbox import drain_run
 from gpuledger.agent.pusher import BACKOFF_MAX_S, Pusher, backoff_s
 from gpuledger.agent.sync import sync
+from gpuledger.cli.main import cli
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
 from gpuledger.server.app import create_app
-from gpuledger.store import Ledger, audit, pushes
+from gpuledger.store import Ledger, audit, pushes, quarantine
 from server_support import NOW, fresh_pg_url, setup_accounts
 
 SERVER = "http://testserver"
@@ -143,6 +145,54 @@ def test_a_422_marks_the_run_refused_until_retried(tmp_path: Path, server) -> No
     assert [s.run_id for s in pushes.pending(local, SERVER, include_rejected=True)] == [run_id]
     report = sync(local, client, retry_rejected=True)
     assert list(report.rejected) == [run_id]
+
+
+def test_one_bad_interval_no_longer_keeps_a_run_out_of_the_server(tmp_path: Path, server) -> None:  # type: ignore[no-untyped-def]
+    """The audit's case: one bad row used to refuse every batch of the run, and --retry was refused
+    again forever. Now the server keeps the rest, the agent records what was refused and moves on."""
+    app_client, url, token = server
+    local = Ledger(tmp_path / "local.db")
+    run_id = _local_run(local, 10)
+    start = NOW - 86400
+    clock_jump = GpuInterval("GPU-0", 10, start + 60, start + 50, 5, busy_s=1.0)  # t1 before t0
+    local.append(run_id, [clock_jump])
+    pushes.register(local, SERVER, [run_id])
+    state = pushes.get(local, SERVER, run_id)
+    assert state is not None
+    state.last_error = pushes.REJECTED + "422 from a server without partial acceptance"
+    pushes.save(local, state)
+    client = Client(SERVER, token, transport=app_client._transport)
+    assert sync(local, client).done == []  # refused runs wait for --retry, as before
+    report = sync(local, client, retry_rejected=True)
+    assert report.done == [run_id] and report.rejected == {} and report.quarantined == {run_id: 1}
+    assert _counts(url, run_id) == (10, 10, 1, 1)
+    with Ledger(url) as remote:
+        assert remote.get_run(run_id).status == "succeeded" and remote.get_log(run_id) == b"all done\n"
+    assert pushes.pending(local, SERVER, include_rejected=True) == []
+    [kept] = quarantine.for_server(local, SERVER)[run_id]
+    assert kept["item"] == "GPU-0 seq 10" and "before t0" in kept["reason"]
+    assert sync(local, client, retry_rejected=True).rows == 0  # nothing is sent twice
+    status = CliRunner().invoke(cli, ["sync", "--server", SERVER, "--status", "--db", str(tmp_path / "local.db")])
+    assert f"{run_id}  done" in status.output
+    assert "quarantined by the server: gpu_rows GPU-0 seq 10: t1" in status.output, status.output
+
+
+def test_a_429_is_retried_after_the_servers_retry_after(tmp_path: Path) -> None:
+    def busy(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, headers={"Retry-After": "7"}, json={"detail": "slow down"}, request=request)
+
+    client = Client(SERVER, "t", transport=httpx.MockTransport(busy))
+    with pytest.raises(Unreachable) as err:
+        client.ingest({"run": {}})
+    assert err.value.retry_after_s == 7.0
+    local = Ledger(tmp_path / "local.db")
+    run_id = _local_run(local, 1)
+    lines: list[str] = []
+    pusher = Pusher(str(tmp_path / "local.db"), SERVER, "t", run_id, warn=lines.append, client=client)
+    before = time.monotonic()
+    pusher.push_once()
+    assert pusher._next_try - before >= 7.0  # backoff alone would wait 0.5-1.5 s
+    assert "HTTP 429" in lines[0]
 
 
 def test_pusher_thread_drains_while_recording_and_after_an_outage(tmp_path: Path, server) -> None:  # type: ignore[no-untyped-def]

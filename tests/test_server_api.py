@@ -60,7 +60,7 @@ def test_ingest_is_idempotent_and_reads_back_what_was_sent(any_api: Api) -> None
     assert first.status_code == 200, first.text
     assert first.json() | {"run_id": None} == {
         "run_id": None, "created": True, "gpu_intervals": 40, "host_intervals": 20, "events": 1, "metrics": 1,
-        "dropped_rolled_up": 0, "sealed": False,
+        "dropped_rolled_up": 0, "sealed": False, "quarantined": [],
     }  # fmt: skip
     again = api.post(t.agent_a, body).json()
     assert (again["created"], again["gpu_intervals"], again["host_intervals"], again["events"]) == (False, 0, 0, 0)

@@ -1,6 +1,7 @@
 """The team server seen from an agent: one small HTTP client, errors translated at the boundary.
 
-- ``Unreachable``: connection refused / reset, timeout, 5xx, 429, 408: try again later.
+- ``Unreachable``: connection refused / reset, timeout, 5xx, 429, 408: try again later (after
+  ``retry_after_s`` when the server said how long, as a 429's Retry-After does).
 - ``Unauthorized``: 401: the token is missing, wrong or revoked; try again after fixing it.
 - ``Forbidden``: 403: the token may not write this run (its project); kept, tried again later.
 - ``Rejected``: any other 4xx: the server will never accept this request as it is.
@@ -9,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +30,9 @@ class ServerError(Exception):
 
 
 class Unreachable(ServerError):
-    pass
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Unauthorized(ServerError):
@@ -49,6 +53,25 @@ class Rejected(ServerError):
 def _short(detail: Any) -> str:
     text = detail if isinstance(detail, str) else json.dumps(detail)
     return text if len(text) < 400 else text[:400] + "..."
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds from a Retry-After header in its seconds form; None when absent or a date."""
+    try:
+        value = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return value if 0 <= value <= 86400 else None
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def normalise_server(url: str) -> str:
@@ -112,7 +135,7 @@ class Client:
         except ValueError:
             detail = response.text
         if status >= 500 or status in (408, 429):
-            raise Unreachable(f"{self.server}: HTTP {status}: {_short(detail)}")
+            raise Unreachable(f"{self.server}: HTTP {status}: {_short(detail)}", _retry_after(response))
         if status == 401:
             raise Unauthorized(f"{self.server}: HTTP 401: {_short(detail)} (check GPULEDGER_TOKEN)")
         if status == 403:
@@ -120,7 +143,10 @@ class Client:
         raise Rejected(status, detail)
 
     def ingest(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        body = json.dumps(batch, separators=(",", ":"), allow_nan=False).encode()
+        try:
+            body = json.dumps(batch, separators=(",", ":"), allow_nan=False).encode()
+        except ValueError:  # a NaN or infinity in a row: sent as text, the server quarantines that row
+            body = json.dumps(_finite(batch), separators=(",", ":"), allow_nan=False).encode()
         headers = {"Content-Type": "application/json"}
         return self._request("POST", "/api/v1/ingest", content=body, headers=headers).json()
 

@@ -4,6 +4,12 @@
 after the server acknowledged a batch, so a crash or a lost reply at any point means the batch
 is sent again, and the server's idempotent ingest makes that harmless. A run is done once it has
 ended, every row is acknowledged, the last batch said ``final`` and its log is stored.
+
+A server that refuses some rows of a batch (partial acceptance) still acknowledges the batch: the
+watermarks move on, and what it quarantined is kept in the local ledger (store/quarantine.py) for
+``gpuledger sync --status``. A refused row is never sent again; resending it could not change the
+answer. The run record is redacted once more before it leaves (metadata from integrations is not
+redacted when it is recorded), with the same rules as the server.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpuledger.agent.client import Client, Rejected
 from gpuledger.core.audit_chain import canonical_json
+from gpuledger.core.redact import Redactor
 from gpuledger.core.wire import GPU_COLUMNS, HOST_COLUMNS
-from gpuledger.store import RunNotFound, pushes
+from gpuledger.store import RunNotFound, pushes, quarantine
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -34,12 +41,23 @@ class DrainResult:
     rows: int = 0
     done: bool = False
     missing: bool = False  # the run is not in the local ledger
+    quarantined: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # rows the server refused
 
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return value
+
+
+def _redacted(run_doc: dict[str, Any]) -> dict[str, Any]:
+    r = Redactor.default()
+    return run_doc | {
+        "command": r.redact_argv(run_doc["command"]),
+        "labels": r.redact_mapping(run_doc["labels"]),
+        "meta": r.redact_tree(run_doc["meta"]),
+        "git": r.redact_tree(run_doc["git"]),
+    }
 
 
 def _signature(run: dict[str, Any], devices: list[dict[str, Any]]) -> str:
@@ -52,7 +70,7 @@ def build_batch(
     """The next batch for this run and the state to save once the server acknowledged it; None
     when there is nothing left to send (the log aside)."""
     run = ledger.get_run(state.run_id)
-    run_doc = dataclasses.asdict(run)
+    run_doc = _redacted(dataclasses.asdict(run))
     devices = [dataclasses.asdict(d) for d in ledger.devices(run.id)]
     sig = _signature(run_doc, devices)
     rows = pushes.rows_after(ledger, state, budget)
@@ -131,11 +149,15 @@ def drain_run(
             return out
         batch, after = built
         try:
-            client.ingest(batch)
+            answer = client.ingest(batch)
         except Rejected as exc:
             state.last_error = pushes.REJECTED + str(exc)
             pushes.save(ledger, state)
             raise
+        refused = (answer.get("quarantined") if isinstance(answer, dict) else None) or []
+        if refused:  # kept before the watermarks move: a crash in between only records it twice
+            quarantine.record_answer(ledger, client.server, state.run_id, refused)
+            out.quarantined += refused
         pushes.save(ledger, after)
         state = after
         out.batches += 1

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpuledger.agent.client import Client, Rejected, ServerError
+from gpuledger.agent.client import Client, Rejected, ServerError, Unreachable
 from gpuledger.agent.outbox import BATCH_ROWS, drain_run
 from gpuledger.store import pushes
 
@@ -117,6 +117,13 @@ class Pusher:
                 should_stop=lambda: self._stop.is_set() and not stopping,
             )
             self.done = result.done
+            if result.quarantined:
+                first = result.quarantined[0]
+                self._warn(
+                    f"gpuledger: the server {self.server} refused {len(result.quarantined)} row(s) of run "
+                    f"{self.run_id} and kept the rest (first: {first.get('series')} {first.get('item')}: "
+                    f"{first.get('reason')}); see gpuledger sync --status"
+                )
         except Rejected as exc:
             self.last_error = str(exc)
             self._warn(f"gpuledger: the server {self.server} refused run {self.run_id}: {exc}; see gpuledger sync")
@@ -125,7 +132,10 @@ class Pusher:
         except (ServerError, Exception) as exc:  # the training must never notice
             self._failures += 1
             self.last_error = str(exc)
-            self._next_try = time.monotonic() + backoff_s(self._failures, min_s=self._backoff_min_s)
+            wait = backoff_s(self._failures, min_s=self._backoff_min_s)
+            if isinstance(exc, Unreachable) and exc.retry_after_s is not None:
+                wait = max(wait, exc.retry_after_s)  # the server said when (429 Retry-After)
+            self._next_try = time.monotonic() + wait
             if not self._said_down:
                 self._said_down = True
                 self._warn(

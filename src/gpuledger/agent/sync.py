@@ -2,7 +2,9 @@
 
 Runs recorded with ``--server`` are in the outbox already; ``all_runs`` adds every other local
 run (recorded without a server, imported, recovered). A run whose recorder died is settled first
-(``lost``, as ``gpuledger show`` would), so the server gets its real end.
+(``lost``, as ``gpuledger show`` would), so the server gets its real end. Rows the server
+quarantines (partial acceptance) are reported and recorded, and the run moves on: a bad interval no
+longer keeps a run out of the server.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class SyncReport:
     rejected: dict[str, str] = field(default_factory=dict)
     forbidden: dict[str, str] = field(default_factory=dict)  # kept in the outbox: tried again next time
     missing: list[str] = field(default_factory=list)
+    quarantined: dict[str, int] = field(default_factory=dict)  # rows the server refused, per run
 
 
 def sync(
@@ -67,6 +70,13 @@ def sync(
             continue
         report.batches += result.batches
         report.rows += result.rows
+        if result.quarantined:
+            report.quarantined[state.run_id] = len(result.quarantined)
+            first = result.quarantined[0]
+            progress(
+                f"{state.run_id}: the server refused {len(result.quarantined)} row(s) and kept the rest "
+                f"(first: {first.get('series')} {first.get('item')}: {first.get('reason')})"
+            )
         if result.batches:
             report.pushed_runs += 1
         if result.done:

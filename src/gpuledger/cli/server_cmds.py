@@ -140,9 +140,14 @@ def sync_cmd(
     ledger = open_ledger(db)
     server = normalise_server(server)
     if show_status:
+        from gpuledger.store import quarantine
+
+        refused_rows = quarantine.for_server(ledger, server)
         for s in pushes.all_states(ledger, server):
             state = "done" if s.done else ("refused" if (s.last_error or "").startswith(pushes.REJECTED) else "pending")
             click.echo(f"{s.run_id}  {state}" + (f"  {s.last_error}" if s.last_error else ""))
+            for row in refused_rows.get(s.run_id, []):
+                click.echo(f"    quarantined by the server: {row['series']} {row['item']}: {row['reason']}")
         return
     with Client(server, token_from(None, token_file)) as client:
         try:

@@ -4,8 +4,8 @@ column names (core/model.py), with limits that turn absurd values into a clear 4
 Checked by pydantic (per field): types, non-negative integrals and byte counts, finite floats (NaN
 and Infinity are refused as JSON tokens; a training metric may say ``"NaN"`` as a string because a
 NaN loss is a result), string lengths, unknown fields. Intervals come as objects (TypedDicts,
-readable) or as compact rows (rows.py, what agents send); ``check_batch`` adds what spans fields:
-t1 >= t0, interval length, busy time and energy within the interval, no timestamp in the future.
+readable) or as compact rows (rows.py, what agents send). batch_check.py validates a push row by
+row (partial acceptance) and adds what spans fields.
 """
 
 from __future__ import annotations
@@ -15,13 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import Required, TypedDict
 
-from gpuledger.server.rows import (
-    GPU_COLUMNS,
-    HOST_COLUMNS,
-    GpuRow,
-    HostRow,
-    check_rows,
-)
+from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, GpuRow, HostRow
 from gpuledger.server.wire_types import (
     FUTURE_SKEW_S,
     MAX_INTERVAL_S,
@@ -40,7 +34,7 @@ from gpuledger.server.wire_types import (
     Watts,
 )
 
-__all__ = ["FUTURE_SKEW_S", "GPU_COLUMNS", "HOST_COLUMNS", "MAX_INTERVAL_S", "MAX_WATTS", "IngestBatch", "check_batch"]
+__all__ = ["FUTURE_SKEW_S", "GPU_COLUMNS", "HOST_COLUMNS", "MAX_INTERVAL_S", "MAX_WATTS", "IngestBatch", "IngestResult"]
 
 
 class _Strict(BaseModel):
@@ -183,6 +177,15 @@ class IngestBatch(_Strict):
     final: bool = False
 
 
+class QuarantinedItem(BaseModel):
+    """One row of the batch that was not stored: where it was, what it said it was, and why."""
+
+    series: str  # gpu_rows, host_rows, gpu_intervals, host_intervals, events or metrics
+    index: int  # its position in that list of the batch
+    item: str  # "GPU-0 seq 7", "seq 3", or "#index" when the row did not say
+    reason: str
+
+
 class IngestResult(BaseModel):
     run_id: str
     created: bool
@@ -192,27 +195,6 @@ class IngestResult(BaseModel):
     metrics: int
     dropped_rolled_up: int = 0
     sealed: bool = False
-
-
-def check_batch(batch: IngestBatch, now: float) -> list[dict[str, Any]]:
-    """Every cross-field and clock check of a validated batch (rows.check_rows and the run's,
-    events' and metrics' timestamps)."""
-    from gpuledger.server.rows import gpu_tuple, host_tuple
-
-    max_t = now + FUTURE_SKEW_S
-    errors = check_rows(batch.gpu_rows, batch.host_rows, now, ("gpu_rows", "host_rows"))
-    errors += check_rows(
-        [gpu_tuple(r) for r in batch.gpu_intervals], [host_tuple(r) for r in batch.host_intervals], now,
-        ("gpu_intervals", "host_intervals"),
-    )  # fmt: skip
-    for name in ("started_at", "ended_at"):
-        value = getattr(batch.run, name)
-        if value is not None and value > max_t:
-            errors.append({"loc": ["body", "run", name], "msg": f"{value} is in the future", "type": "value_error"})
-    for kind, items in (("events", batch.events), ("metrics", batch.metrics)):
-        for i, item in enumerate(items):
-            if item.t > max_t:
-                errors.append(
-                    {"loc": ["body", kind, i, "t"], "msg": f"{item.t} is in the future", "type": "value_error"}
-                )
-    return errors[:20]
+    quarantined: list[QuarantinedItem] = Field(
+        default_factory=list, description="rows refused one by one (kept by the server, not stored with the run)"
+    )

@@ -119,9 +119,7 @@ def run_intervals(
         raise HTTPException(status_code=422, detail="after_t must be a finite number")
     view, run = visible(request, principal, run_id)
     limit = min(limit, request.app.state.settings.max_page)
-    gpu_rows, host_rows = ledger_of(request).read(
-        lambda c: server_queries.intervals_page(c, run.id, after_t, limit)
-    )
+    gpu_rows, host_rows = ledger_of(request).read(lambda c: server_queries.intervals_page(c, run.id, after_t, limit))
     gpu: list[GpuInterval] = [codec.gpu_from_row(r) for r in gpu_rows]
     host: list[HostInterval] = [codec.host_from_row(r) for r in host_rows]
     rows = list(export.interval_rows(run.id, view.devices(run.id), gpu, host))
@@ -148,6 +146,16 @@ def run_metrics(request: Request, principal: Caller, run_id: str) -> list[dict[s
     return _finite(
         [{"t": m.t, "key": m.key, "value": m.value, "epoch": m.epoch, "step": m.step} for m in view.metrics(run.id)]
     )
+
+
+@router.get("/runs/{run_id}/quarantine", summary="Rows of the run's pushes that were refused one by one, and why")
+def run_quarantine(
+    request: Request, principal: Caller, run_id: str, limit: Annotated[int, Query(ge=1, le=1000)] = 1000
+) -> list[dict[str, Any]]:
+    from gpuledger.store import quarantine
+
+    _, run = visible(request, principal, run_id)
+    return ledger_of(request).read(lambda c: quarantine.for_run(c, run.id, limit))
 
 
 @router.get(

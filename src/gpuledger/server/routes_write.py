@@ -1,34 +1,33 @@
 """Write routes: ``POST /api/v1/ingest`` (agent pushes) and ``PUT /api/v1/runs/{id}/log``.
 
-The ingest body is read raw and validated with pydantic's JSON parser straight into row dicts
-(models.py): the OpenAPI document still describes it (``openapi_extra``), but FastAPI's own
-slower body parsing is skipped. Writers are admins and agents; an agent writes only runs whose
+The ingest body is read raw and checked by batch_check.py: the run record must be valid (else 422,
+nothing stored), each row is judged on its own, and the rows that fail are quarantined and listed
+in the answer while the rest is stored (partial acceptance). What is stored is redacted again on
+the server (redaction.py). Writers are admins and agents; an agent writes only runs whose
 ``project`` label is one of its projects (403), and a run that exists in a project it may not
 write is answered 404, as if it did not exist.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import ValidationError
 
 from gpuledger.core.model import RunRecord
+from gpuledger.server import batch_check
 from gpuledger.server.auth import Principal, current_principal, require_writer
-from gpuledger.server.models import IngestBatch, IngestResult, check_batch
+from gpuledger.server.models import IngestBatch, IngestResult, QuarantinedItem
+from gpuledger.server.redaction import redact_batch, redactor
 from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, gpu_tuple, host_tuple
 from gpuledger.store import ingest as store_ingest
+from gpuledger.store import quarantine
 
 router = APIRouter(prefix="/api/v1", tags=["ingest"])
 Caller = Annotated[Principal, Depends(current_principal)]
 
-# \u0000 in a JSON string (an escaped backslash before it does not count): text columns cannot hold NUL.
-_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
-_NUL_ERROR = {"loc": ["body"], "msg": "strings must not contain NUL (\\u0000)", "type": "value_error"}
 _BATCH_SCHEMA = IngestBatch.model_json_schema(ref_template="#/components/schemas/{model}")
 _DEFS = _BATCH_SCHEMA.pop("$defs", {})
 
@@ -55,13 +54,19 @@ def _to_run(batch: IngestBatch) -> RunRecord:
     return RunRecord(**batch.run.model_dump())
 
 
-def _write(request: Request, principal: Principal, batch: IngestBatch) -> IngestResult:
+def actor_of(principal: Principal) -> str:
+    return f"{principal.user} (token {principal.token_id})"
+
+
+def _write(request: Request, principal: Principal, checked: batch_check.CheckedBatch) -> IngestResult:
     ledger = request.app.state.ledger
+    batch = redact_batch(checked.batch)
     metrics = []
     for m in batch.metrics:
         row = m.model_dump()
         row["value"] = float(row["value"])
         metrics.append(row)
+    actor = actor_of(principal)
     try:
         out = store_ingest.ingest(
             ledger.database,
@@ -74,17 +79,23 @@ def _write(request: Request, principal: Principal, batch: IngestBatch) -> Ingest
             events=[e.model_dump() for e in batch.events],
             metrics=metrics,
             final=batch.final,
-            actor=f"{principal.user} (token {principal.token_id})",
+            actor=actor,
             authorize=_authorize_fn(principal),
         )
     except store_ingest.NotYours:
         raise HTTPException(status_code=404, detail=f"no run {batch.run.id!r} in your projects") from None
-    return IngestResult(**out.__dict__)
+    refused = [{"series": r.series, "item": r.item, "reason": r.reason, "raw": r.raw} for r in checked.refused]
+    quarantine.after_push(
+        ledger.database, batch.run.id, refused, actor=actor, token_id=principal.token_id,
+        redact=redactor().redact_text,
+    )  # fmt: skip
+    items = [QuarantinedItem(series=r.series, index=r.index, item=r.item, reason=r.reason) for r in checked.refused]
+    return IngestResult(**out.__dict__, quarantined=items)
 
 
 @router.post(
     "/ingest",
-    summary="Push a run and any new intervals, events and metrics (idempotent)",
+    summary="Push a run and any new intervals, events and metrics (idempotent; bad rows are quarantined)",
     response_model=IngestResult,
     openapi_extra={
         "requestBody": {
@@ -92,24 +103,16 @@ def _write(request: Request, principal: Principal, batch: IngestBatch) -> Ingest
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}},
         }
     },
-    responses={413: {"description": "body over the size limit"}, 422: {"description": "invalid batch"}},
+    responses={413: {"description": "body over the size limit"}, 422: {"description": "invalid run record"}},
 )
 async def ingest(request: Request, principal: Caller) -> IngestResult:
     require_writer(principal)
     body = await request.body()
-    if b"\\u0000" in body and _NUL.search(body):  # the plain test first: the regex is slow on MBs
-        raise HTTPException(status_code=422, detail=[_NUL_ERROR])
     try:
-        batch = await run_in_threadpool(IngestBatch.model_validate_json, body)
-    except ValidationError as exc:
-        detail = exc.errors(include_url=False, include_context=False, include_input=False)
-        for err in detail:
-            err["loc"] = ["body", *err.get("loc", ())]
-        raise HTTPException(status_code=422, detail=detail[:20]) from None
-    problems = check_batch(batch, time.time())
-    if problems:
-        raise HTTPException(status_code=422, detail=problems)
-    return await run_in_threadpool(_write, request, principal, batch)
+        checked = await run_in_threadpool(batch_check.check, body, time.time())
+    except batch_check.BatchInvalid as exc:
+        raise HTTPException(status_code=422, detail=exc.detail) from None
+    return await run_in_threadpool(_write, request, principal, checked)
 
 
 _LOG_BODY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}

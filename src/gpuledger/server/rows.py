@@ -3,7 +3,7 @@
 ``gpu_rows`` / ``host_rows`` carry the same fields as ``gpu_intervals`` / ``host_intervals``
 (objects) in the order of GPU_COLUMNS / HOST_COLUMNS, ``null`` where not measured. It is the
 agents' format: half the bytes, and it is validated straight into tuples that go to PostgreSQL's
-COPY as they are. Both forms may be mixed in one batch. ``check_rows`` adds what the per-field
+COPY as they are. Both forms may be mixed in one batch. ``row_problems`` adds what the per-field
 limits cannot see: t1 >= t0, interval length, busy time and energy within the interval, and no
 timestamp far in the future.
 """
@@ -56,32 +56,27 @@ def host_tuple(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(row.get(c, HOST_DEFAULTS.get(c)) for c in HOST_COLUMNS)
 
 
-def check_rows(
-    gpu: Sequence[Sequence[Any]], host: Sequence[Sequence[Any]], now: float, where: tuple[str, str]
-) -> list[dict[str, Any]]:
-    """Cross-field errors in pydantic's shape (loc, msg, type); ``where`` names the two lists."""
-    errors: list[dict[str, Any]] = []
+def row_problems(rows: Sequence[Sequence[Any]], series: str, now: float) -> dict[int, str]:
+    """Cross-field problems of GPU (``series`` "gpu") or host rows: index -> what is wrong, for
+    every bad row (partial acceptance quarantines each one)."""
+    gpu = series == "gpu"
+    t0_at, t1_at = (G_T0, G_T1) if gpu else (H_T0, H_T1)
     max_t = now + FUTURE_SKEW_S
-
-    def bad(kind: str, i: int, msg: str) -> None:
-        if len(errors) < 20:
-            errors.append({"loc": ["body", kind, i], "msg": msg, "type": "value_error"})
-
-    for kind, rows, t0_at, t1_at, busy_at, energy_at in (
-        (where[0], gpu, G_T0, G_T1, G_BUSY, G_ENERGY),
-        (where[1], host, H_T0, H_T1, None, None),
-    ):
-        for i, r in enumerate(rows):
-            t0, t1 = r[t0_at], r[t1_at]
-            span = t1 - t0
-            if span < 0:
-                bad(kind, i, f"t1 ({t1}) is before t0 ({t0})")
-            elif span > MAX_INTERVAL_S:
-                bad(kind, i, f"an interval of {span:.0f} s is longer than {MAX_INTERVAL_S:.0f} s")
-            if t1 > max_t:
-                bad(kind, i, f"t1 ({t1}) is in the future (server clock {now:.0f})")
-            if busy_at is not None and r[busy_at] is not None and r[busy_at] > 2 * span + 5:
-                bad(kind, i, f"busy_s {r[busy_at]} exceeds the interval's {span:.3f} s")
-            if energy_at is not None and r[energy_at] is not None and r[energy_at] > MAX_WATTS * (span + 5):
-                bad(kind, i, f"energy_j {r[energy_at]} is more than {MAX_WATTS:.0f} W over the interval")
-    return errors
+    problems: dict[int, str] = {}
+    for i, r in enumerate(rows):
+        t0, t1 = r[t0_at], r[t1_at]
+        span = t1 - t0
+        msg = None
+        if span < 0:
+            msg = f"t1 ({t1}) is before t0 ({t0})"
+        elif span > MAX_INTERVAL_S:
+            msg = f"an interval of {span:.0f} s is longer than {MAX_INTERVAL_S:.0f} s"
+        elif t1 > max_t:
+            msg = f"t1 ({t1}) is in the future (server clock {now:.0f})"
+        elif gpu and r[G_BUSY] is not None and r[G_BUSY] > 2 * span + 5:
+            msg = f"busy_s {r[G_BUSY]} exceeds the interval's {span:.3f} s"
+        elif gpu and r[G_ENERGY] is not None and r[G_ENERGY] > MAX_WATTS * (span + 5):
+            msg = f"energy_j {r[G_ENERGY]} is more than {MAX_WATTS:.0f} W over the interval"
+        if msg is not None:
+            problems[i] = msg
+    return problems

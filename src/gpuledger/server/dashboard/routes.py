@@ -23,8 +23,10 @@ PREFIX = "/dashboard"
 API_PREFIX = "/api/v1"
 OPENAPI_PATH = "/openapi.json"
 RUN_ID = re.compile(r"^[0-9A-Za-z-]{1,64}$")
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "font-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "font-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
@@ -33,8 +35,10 @@ SECURITY_HEADERS = {
 }
 # name -> (package, file, media type); nothing else is served.
 STATIC: dict[str, tuple[str, str, str]] = {
-    **{name: ("gpuledger.server.dashboard", f"static/{name}", "text/javascript; charset=utf-8")
-       for name in ("api.js", "login.js", "overview.js", "runs.js", "run.js", "runcharts.js")},
+    **{
+        name: ("gpuledger.server.dashboard", f"static/{name}", "text/javascript; charset=utf-8")
+        for name in ("api.js", "login.js", "overview.js", "runs.js", "run.js", "runcharts.js")
+    },
     "dashboard.css": ("gpuledger.server.dashboard", "static/dashboard.css", "text/css; charset=utf-8"),
     "uPlot.iife.min.js": ("gpuledger.reports", "assets/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
     "uPlot.min.css": ("gpuledger.reports", "assets/uPlot.min.css", "text/css; charset=utf-8"),
@@ -64,9 +68,19 @@ def _static(name: str) -> bytes:
 def _page(request: Request, template: str, page: str, **context: Any) -> HTMLResponse:
     root = request.scope.get("root_path", "").rstrip("/")
     base = root + PREFIX
-    html = _templates().get_template(template).render(
-        base=base, static=f"{base}/static", api=root + API_PREFIX, api_docs=root + "/docs", page=page,
-        version=__version__, statuses=RUN_STATUSES, **context,
+    html = (
+        _templates()
+        .get_template(template)
+        .render(
+            base=base,
+            static=f"{base}/static",
+            api=root + API_PREFIX,
+            api_docs=root + "/docs",
+            page=page,
+            version=__version__,
+            statuses=RUN_STATUSES,
+            **context,
+        )
     )
     return HTMLResponse(html, headers={**SECURITY_HEADERS, "Cache-Control": "no-store"})
 
@@ -103,5 +117,6 @@ def run(request: Request, run_id: str) -> HTMLResponse:
 def static(name: str) -> Response:
     if name not in STATIC:
         raise HTTPException(status_code=404, detail="no such file")
-    return Response(_static(name), media_type=STATIC[name][2],
-                    headers={**SECURITY_HEADERS, "Cache-Control": "public, max-age=3600"})
+    return Response(
+        _static(name), media_type=STATIC[name][2], headers={**SECURITY_HEADERS, "Cache-Control": "public, max-age=3600"}
+    )
