@@ -1,4 +1,8 @@
-"""The real NvmlCollector, run on the scripted NVML."""
+"""The real NvmlCollector, run on the scripted NVML: what each figure is and how it is measured.
+
+Robustness against how hardware misbehaves (clock steps, lost samples, failing fields, containers)
+is in test_nvml_robust.py; accuracy over random workloads in test_busy_accuracy.py.
+"""
 
 from __future__ import annotations
 
@@ -12,65 +16,9 @@ from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
 from gpuledger.collect.gpus import open_gpu_collector
 from gpuledger.collect.nvml import NvmlCollector
 from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, UTIL_SAMPLES
+from nvml_support import PERIOD_US, T0, Clock, GiB, busy_truth, ideal, make, run, standard_points
 
-T0 = 1_700_000_000.0
-PERIOD_US = 166_667
-GiB = 2**30
-
-
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def busy_truth(points: list[TracePoint], a: float, b: float) -> float:
-    """Exact busy-seconds of a stepped utilisation trace over (a, b] (trace seconds)."""
-    total = 0.0
-    for i, p in enumerate(points):
-        end = points[i + 1].t if i + 1 < len(points) else float("inf")
-        lo, hi = max(a, p.t), min(b, end)
-        if hi > lo:
-            total += (p.util_pct or 0) / 100 * (hi - lo)
-    return total
-
-
-def standard_points(n: int = 60, seed: int = 1) -> list[TracePoint]:
-    rnd = random.Random(seed)
-    return [
-        TracePoint(
-            float(t),
-            util_pct=rnd.choice([0, 7, 35, 90, 100]),
-            mem_used_b=(10 + t) * GiB // 10,
-            power_w=rnd.uniform(80, 390),
-            temp_c=40 + t % 30,
-            sm_clock_mhz=1410,
-            mem_clock_mhz=1593,
-            throttle=("power",) if t % 9 == 0 else (),
-            procs={"run": (GiB, 80.0), 4242: (3 * GiB, 15.0)},
-        )
-        for t in range(n)
-    ]
-
-
-def make(gpus: list[FakeGpu], visible: str | None = None, **kw) -> tuple[NvmlCollector, FakeNvml, Clock]:
-    clock = Clock()
-    fake = FakeNvml(gpus, clock=clock, start=clock.t, **kw)
-    return NvmlCollector(nvml=fake, visible=visible, clock=clock), fake, clock
-
-
-def run(col: NvmlCollector, clock: Clock, until: float, step: float = 1.0, pids=frozenset({77})):
-    """Read every ``step`` seconds from now until ``until`` (trace seconds); all ticks, all events."""
-    ticks, events = [], []
-    while True:
-        r = col.read(set(pids), clock.t)
-        ticks += r.ticks
-        events += r.events
-        if clock.t - T0 >= until:
-            return ticks, events
-        clock.t += step
+POLICIES = ("power", "thermal", "sync_boost", "board_limit", "low_util", "reliability")
 
 
 def test_identity() -> None:
@@ -92,7 +40,7 @@ def test_first_read_primes_then_ticks_tile_the_time() -> None:
 
 def test_busy_from_samples_sums_to_ground_truth() -> None:
     points = standard_points()
-    col, _, clock = make([FakeGpu("GPU-a", points=points)])
+    col, _, clock = make([ideal("GPU-a", points=points)])
     rnd = random.Random(3)
     ticks = []
     col.read({77}, clock.t)
@@ -105,15 +53,30 @@ def test_busy_from_samples_sums_to_ground_truth() -> None:
     assert busy == pytest.approx(busy_truth(points, 0, end_us / 1e6), abs=1e-3)
     assert abs(busy - busy_truth(points, 0, clock.t - T0)) <= PERIOD_US / 1e6  # lags at most a period
     assert max(t.util_max_pct for t in ticks) == 100.0
+    assert all(t.util_idle_s == 0 and t.util_unknown_s == 0 for t in ticks)  # a grid: nothing unsampled
+
+
+def test_idle_time_the_driver_did_not_sample_is_recorded_as_idle() -> None:
+    # a Hopper-class GPU stops sampling while idle: 20 s of work, 20 s idle, 20 s of work
+    points = [TracePoint(0, util_pct=100), TracePoint(20, util_pct=0), TracePoint(40, util_pct=100)]
+    col, _, clock = make([FakeGpu("GPU-a", name="NVIDIA H100 80GB HBM3", points=points)])
+    ticks, _ = run(col, clock, 60)
+    busy = sum(t.busy_s for t in ticks)
+    assert abs(busy - 40.0) <= 0.2  # one sample period at most
+    idle = [t.util_idle_s for t in ticks]
+    assert sum(idle[22:38]) == pytest.approx(16.0, abs=0.2)  # counted tick by tick, where it happened
+    assert all(t.busy_s <= t.t1 - t.t0 + 0.2 for t in ticks)
+    assert {t.util_method for t in ticks} == {UTIL_SAMPLES}
 
 
 def test_busy_falls_back_to_instant_utilisation() -> None:
     points = [TracePoint(0, util_pct=30), TracePoint(3, util_pct=80)]
-    gpu = FakeGpu("GPU-a", points=points, unsupported=frozenset({"nvmlDeviceGetSamples"}))
+    gpu = ideal("GPU-a", points=points, unsupported=frozenset({"nvmlDeviceGetSamples"}))
     col, fake, clock = make([gpu])
     ticks, _ = run(col, clock, 6, step=2.0)
     assert {t.util_method for t in ticks} == {UTIL_INSTANT}
     assert [t.busy_s for t in ticks] == pytest.approx([0.6, 1.6, 1.6])  # util at read time x tick length
+    assert all(t.util_idle_s is None and t.util_unknown_s is None for t in ticks)
     assert fake.calls["nvmlDeviceGetSamples"] == 1  # not asked again
 
 
@@ -130,12 +93,16 @@ def test_not_supported_is_absent_not_zero_and_not_asked_again() -> None:
         assert t.power_w is None and t.energy_j is None and t.energy_method is None
         assert t.temp_c is None and t.sm_clock_mhz is None and t.proc_sm_util_pct is None
         assert t.mem_used_b == GiB and t.busy_s is not None
-    for fn in ("nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption"):
+    for fn in ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage"):
         assert fake.calls[fn] == 1, fn
 
 
-def test_passing_errors_are_one_event_and_read_never_raises() -> None:
-    gpu = FakeGpu("GPU-a", points=standard_points(), errors={"nvmlDeviceGetTemperature": pynvml.NVML_ERROR_TIMEOUT})
+def test_a_failing_query_is_reported_once_then_dropped_alone() -> None:
+    gpu = FakeGpu(
+        "GPU-a",
+        points=standard_points(),
+        errors={"nvmlDeviceGetTemperatureV": pynvml.NVML_ERROR_TIMEOUT, "nvmlDeviceGetTemperature": 999},
+    )
     col, fake, clock = make([gpu])
 
     def broken(*_args):
@@ -143,24 +110,42 @@ def test_passing_errors_are_one_event_and_read_never_raises() -> None:
 
     fake.nvmlDeviceGetClockInfo = broken  # type: ignore[method-assign]
     col._f_clock = broken  # the collector binds functions once
-    ticks, events = run(col, clock, 5)
-    assert len(ticks) == 5 and all(t.temp_c is None and t.sm_clock_mhz is None for t in ticks)
-    assert all(t.busy_s is not None and t.energy_j is not None for t in ticks)
-    assert sorted(e.payload["series"] for e in events) == ["mem_clock", "sm_clock", "temp"]
+    ticks, events = run(col, clock, 8)
+    assert len(ticks) == 8 and all(t.temp_c is None and t.sm_clock_mhz is None for t in ticks)
+    assert all(t.busy_s is not None and t.energy_j is not None and t.mem_used_b for t in ticks)
+    errors = sorted(e.payload["series"] for e in events if not e.payload.get("dropped"))
+    dropped = sorted(e.payload["series"] for e in events if e.payload.get("dropped"))
+    assert errors == dropped == ["mem_clock", "sm_clock", "temp", "temp_v"]
     assert {e.kind for e in events} == {"sampler_error"}
-    assert fake.calls["nvmlDeviceGetTemperature"] == 5  # passing errors are asked again, every tick
+    assert fake.calls["nvmlDeviceGetTemperatureV"] == fake.calls["nvmlDeviceGetTemperature"] == 3  # then no more
+
+
+def test_temperature_comes_from_the_current_call_with_the_deprecated_one_as_fallback() -> None:
+    points = [TracePoint(0, temp_c=61)]
+    col, fake, clock = make([FakeGpu("GPU-a", points=points)])
+    assert {t.temp_c for t in run(col, clock, 3)[0]} == {61.0}
+    assert fake.calls["nvmlDeviceGetTemperature"] == 0
+    old = FakeGpu("GPU-a", points=points, unsupported=frozenset({"nvmlDeviceGetTemperatureV"}))
+    col, fake, clock = make([old])
+    assert {t.temp_c for t in run(col, clock, 3)[0]} == {61.0}
+    assert fake.calls["nvmlDeviceGetTemperatureV"] == 1
 
 
 def test_energy_counter_and_power_fallback() -> None:
     points = standard_points()
-    col, _, clock = make([FakeGpu("GPU-a", points=points)])
+    col, _, clock = make([ideal("GPU-a", points=points)])
     ticks, _ = run(col, clock, 30)
     truth = sum(p.power_w for p in points[:30])  # stepped power, 1 s per point
     assert {t.energy_method for t in ticks} == {ENERGY_COUNTER}
     assert sum(t.energy_j for t in ticks) == pytest.approx(truth, abs=0.01)  # mJ resolution
 
+    col, _, clock = make([FakeGpu("GPU-a", points=points)])  # the counter moves every 100 ms
+    ticks, _ = run(col, clock, 30)
+    assert abs(sum(t.energy_j for t in ticks) - truth) <= 0.1 * 400  # at most one update late
+
     flat = [TracePoint(0, power_w=250.0)]
-    gpu = FakeGpu("GPU-a", points=flat, unsupported=frozenset({"nvmlDeviceGetTotalEnergyConsumption"}))
+    gpu = ideal("GPU-a", points=flat, unsupported=frozenset({"nvmlDeviceGetTotalEnergyConsumption"}),
+                unsupported_fields=frozenset({pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION}))  # fmt: skip
     col, _, clock = make([gpu])
     ticks, _ = run(col, clock, 10, step=0.5)
     assert {t.energy_method for t in ticks} == {ENERGY_POWER}
@@ -168,14 +153,29 @@ def test_energy_counter_and_power_fallback() -> None:
     assert ticks[-1].power_w == 250.0
 
 
+def test_power_integration_uses_instant_power_not_the_one_second_average() -> None:
+    # Ampere+ averages GetPowerUsage over 1 s: a 100 -> 400 W step every 2 s is smeared; the
+    # instantaneous field is not. Without an energy counter the integral must use the instant one.
+    points = [TracePoint(float(t), power_w=400.0 if t % 4 < 2 else 100.0) for t in range(40)]
+    no_counter = frozenset({pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION})
+    gpu = FakeGpu("GPU-a", name="NVIDIA H100 80GB HBM3", points=points, unsupported_fields=no_counter,
+                  unsupported=frozenset({"nvmlDeviceGetTotalEnergyConsumption"}))  # fmt: skip
+    col, fake, clock = make([gpu])
+    ticks, _ = run(col, clock, 36, step=0.25)
+    assert {t.energy_method for t in ticks} == {ENERGY_POWER}
+    assert sum(t.energy_j for t in ticks) == pytest.approx(36 * 250.0, rel=0.02)
+    assert max(t.power_w for t in ticks) == 400.0
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 0  # the field answered
+
+
 def test_energy_counter_wrap_and_reset() -> None:
     points = [TracePoint(0, power_w=300.0)]
-    col, _, clock = make([FakeGpu("GPU-a", points=points, energy_offset_mj=(1 << 64) - 1_000_000)])
+    col, _, clock = make([ideal("GPU-a", points=points, energy_offset_mj=(1 << 64) - 1_000_000)])
     ticks, events = run(col, clock, 10)
     assert [t.energy_j for t in ticks] == pytest.approx([300.0] * 10) and events == []  # wrapped at ~3.3 s
 
     points = [TracePoint(0, power_w=100.0, energy_j=9_000.0), TracePoint(5, energy_j=1.0)]  # reset at t=5
-    col, _, clock = make([FakeGpu("GPU-a", points=points)])
+    col, _, clock = make([ideal("GPU-a", points=points)])
     ticks, events = run(col, clock, 8)
     methods = [t.energy_method for t in ticks]
     assert methods == [ENERGY_COUNTER] * 4 + [ENERGY_POWER] + [ENERGY_COUNTER] * 3
@@ -183,25 +183,56 @@ def test_energy_counter_wrap_and_reset() -> None:
     assert [e.kind for e in events] == ["sampler_error"] and "reset" in events[0].message
 
 
-def test_throttle_from_violation_counters_is_exact() -> None:
+def test_throttle_from_violation_counters_is_exact_per_reason() -> None:
+    points = [TracePoint(0, throttle=()), TracePoint(5, throttle=("power",)), TracePoint(8.5, throttle=()),
+              TracePoint(10, throttle=("thermal",)), TracePoint(11.25, throttle=())]  # fmt: skip
+    col, _, clock = make([ideal("GPU-a", points=points)])
+    ticks, _ = run(col, clock, 14)
+    assert sum(t.throttle_s["power"] for t in ticks) == pytest.approx(3.5)
+    assert sum(t.throttle_s["thermal"] for t in ticks) == pytest.approx(1.25)  # power and thermal apart
+    assert ticks[8].throttle_s["power"] == pytest.approx(0.5)  # (8, 9]
+    assert set(ticks[0].throttle_s) == set(POLICIES)
+
+
+def test_throttle_counters_fall_back_to_the_deprecated_call() -> None:
     points = [TracePoint(0, throttle=()), TracePoint(5, throttle=("power",)), TracePoint(8.5, throttle=())]
-    col, _, clock = make([FakeGpu("GPU-a", points=points)])
+    gpu = ideal("GPU-a", points=points, unsupported_fields=frozenset(range(74, 80)))
+    col, fake, clock = make([gpu])
     ticks, _ = run(col, clock, 12)
     assert sum(t.throttle_s["power"] for t in ticks) == pytest.approx(3.5)
-    assert ticks[8].throttle_s["power"] == pytest.approx(0.5)  # (8, 9]
-    assert set(ticks[0].throttle_s) == {"power", "thermal", "sync_boost", "board_limit", "low_util", "reliability"}
+    assert fake.calls["nvmlDeviceGetViolationStatus"] > 0
 
 
 def test_throttle_from_reason_bits_when_counters_are_missing() -> None:
     points = [TracePoint(0, throttle=()), TracePoint(5, throttle=("power", "hw_slowdown")), TracePoint(8.5)]
     points[2].throttle = ()
-    gpu = FakeGpu("GPU-a", points=points, unsupported=frozenset({"nvmlDeviceGetViolationStatus"}))
+    gpu = ideal("GPU-a", points=points, unsupported=frozenset({"nvmlDeviceGetViolationStatus"}),
+                unsupported_fields=frozenset(range(74, 80)))  # fmt: skip
     col, _, clock = make([gpu])
     ticks, _ = run(col, clock, 12)
     # the reasons read at the end of each tick own the whole tick: (4,5] ... (7,8] -> 4 s
     assert sum(t.throttle_s["power"] for t in ticks) == pytest.approx(4.0)
     assert sum(t.throttle_s["hw_slowdown"] for t in ticks) == pytest.approx(4.0)
     assert sum(t.throttle_s["thermal"] for t in ticks) == 0.0
+
+
+def test_violation_counters_are_read_only_when_something_throttles_and_nothing_is_lost() -> None:
+    # a 0.4 s power cap between two reads: the reason bits are clear at both reads; the GPU is idle
+    # (the GpuIdle bit set) throughout, which must not cost a counter read every tick
+    points = [TracePoint(0, util_pct=0, throttle=("low_util",)), TracePoint(3.2, throttle=("low_util", "power")),
+              TracePoint(3.6, throttle=("low_util",))]  # fmt: skip
+    col, fake, clock = make([ideal("GPU-a", points=points)])
+    reads: list[list[int]] = []
+    fields = fake.nvmlDeviceGetFieldValues
+    col._throttle._f_fields = lambda h, ids: (reads.append(list(ids)), fields(h, ids))[1]
+    ticks, _ = run(col, clock, 25)
+    counter_reads = [ids for ids in reads if 74 in ids]
+    assert len(counter_reads) <= 4  # calibration, the prime and two sweeps; not every idle tick
+    power = [t.throttle_s["power"] for t in ticks]
+    assert sum(power) == pytest.approx(0.4)
+    assert power.index(max(power)) == 9  # counted at the sweep, (9, 10]
+    # idle time is counted at the sweeps: up to the last one, (19, 20]
+    assert sum(t.throttle_s["low_util"] for t in ticks) == pytest.approx(20.0)
 
 
 def test_memory_v2_then_v1() -> None:
@@ -220,9 +251,9 @@ def test_memory_v2_then_v1() -> None:
 
 def test_shared_gpu_counts_only_the_runs_processes() -> None:
     procs = {77: (2 * GiB, 55.0), 78: (GiB, 20.0), 4242: (30 * GiB, 25.0)}
-    col, _, clock = make([FakeGpu("GPU-a", points=[TracePoint(0, util_pct=100, mem_used_b=33 * GiB, procs=procs)])])
+    col, _, clock = make([ideal("GPU-a", points=[TracePoint(0, util_pct=100, mem_used_b=33 * GiB, procs=procs)])])
     t = run(col, clock, 2, pids={77, 78, 90})[0][-1]
-    assert t.proc_mem_b == 3 * GiB and t.mem_used_b == 33 * GiB
+    assert t.proc_mem_b == 3 * GiB and t.mem_used_b == 33 * GiB and t.proc_method == "pid"
     assert t.proc_sm_util_pct == pytest.approx(75.0)
     t = run(col, clock, 4, pids={5})[0][-1]
     assert t.proc_mem_b == 0 and t.proc_sm_util_pct == 0.0  # not on this GPU: a true zero
@@ -242,34 +273,6 @@ def test_cuda_visible_devices_by_index_and_uuid() -> None:
     assert make(gpus, visible="")[0].devices() == []
 
 
-def test_mig_slice_identity_and_usage() -> None:
-    slices = [
-        FakeGpu("MIG-s0", mig_profile="3g.40gb", memory_total_b=40 * GiB),
-        FakeGpu(
-            "MIG-s1",
-            mig_profile="3g.40gb",
-            memory_total_b=40 * GiB,
-            points=[TracePoint(0, mem_used_b=9 * GiB, procs={77: (8 * GiB, None), 4242: (GiB, None)})],
-        ),
-    ]
-    col, _, clock = make([FakeGpu("GPU-p", points=standard_points(), mig=slices)], visible="MIG-s1")
-    (d,) = col.devices()
-    assert (d.index, d.uuid, d.mig_parent_uuid, d.mig_profile, d.mig_mode) == (
-        0,
-        "MIG-s1",
-        "GPU-p",
-        "3g.40gb",
-        "enabled",
-    )
-    assert d.memory_total_b == 40 * GiB and d.pci_bus_id == "00000000:07:00.0" and d.power_limit_w is None
-    ticks, events = run(col, clock, 3)
-    assert events == []
-    assert all(t.mem_used_b == 9 * GiB and t.proc_mem_b == 8 * GiB for t in ticks)
-    assert all(t.busy_s is None and t.energy_j is None and t.temp_c is None for t in ticks)  # parent-level: absent
-    col, _, _ = make([FakeGpu("GPU-p", mig=slices), FakeGpu("GPU-q")])
-    assert [d.uuid for d in col.devices()] == ["MIG-s0", "MIG-s1", "GPU-q"]
-
-
 def test_gpu_lost_then_recovered_with_backoff() -> None:
     gpus = [FakeGpu("GPU-a", points=standard_points(), lost=[(9.5, 20.0)]), FakeGpu("GPU-b", points=standard_points())]
     col, fake, clock = make(gpus)
@@ -287,7 +290,7 @@ def test_driver_reload_reinitialises_nvml() -> None:
     col, fake, clock = make(gpus, reloads=[(9.5, 12.0)])
     ticks, events = run(col, clock, 25)
     kinds = [(e.t - T0, e.kind, e.payload["uuid"]) for e in events]
-    # at 13 GPU-a finds NVML uninitialised; GPU-b restarts it and recovers; GPU-a follows at once
+    # every call answers Unknown during the reload: that is the GPU gone, not a field failing
     assert kinds == [
         (10, "gpu_lost", "GPU-a"),
         (10, "gpu_lost", "GPU-b"),
@@ -304,6 +307,7 @@ def test_works_on_real_pynvml_structs() -> None:
     assert events == [] and len(ticks) == 5
     assert col.devices()[0].pci_bus_id == "00000000:07:00.0"
     assert all(t.busy_s is not None and t.mem_used_b and t.throttle_s is not None for t in ticks)
+    assert {t.energy_method for t in ticks} == {ENERGY_COUNTER}
 
 
 def test_no_nvml_library_is_collector_unavailable() -> None:
@@ -344,51 +348,3 @@ def test_real_pynvml_without_a_driver_says_so() -> None:
         NvmlCollector()
     col, why = open_gpu_collector({}, which=lambda _: None)
     assert col is None and why.startswith("no NVIDIA driver found")
-
-
-def test_a_passing_error_neither_loses_nor_double_counts() -> None:
-    points = standard_points()
-    gpu = FakeGpu("GPU-a", points=points)
-    col, _, clock = make([gpu])
-    ticks, _ = run(col, clock, 4)
-    gpu.errors.update(
-        {
-            "nvmlDeviceGetSamples": pynvml.NVML_ERROR_TIMEOUT,
-            "nvmlDeviceGetTotalEnergyConsumption": pynvml.NVML_ERROR_TIMEOUT,
-        }
-    )
-    clock.t += 1
-    bad = col.read({77}, clock.t)
-    gpu.errors.clear()
-    more, _ = run(col, clock, 12)
-    (b,) = bad.ticks
-    assert b.busy_s is None and b.util_method is None  # unknown for this tick ...
-    assert (b.energy_method, b.energy_j) == (
-        ENERGY_POWER,
-        pytest.approx((points[4].power_w + points[5].power_w) / 2, abs=0.01),
-    )
-    k4, k6 = 4_000_000 // PERIOD_US, 6_000_000 // PERIOD_US  # ... the next tick covers both spans from the buffer
-    assert more[0].busy_s == pytest.approx(busy_truth(points, k4 * PERIOD_US / 1e6, k6 * PERIOD_US / 1e6), abs=1e-4)
-    busy = sum(t.busy_s for t in ticks + more)
-    end_us = 12_000_000 // PERIOD_US * PERIOD_US
-    assert busy == pytest.approx(busy_truth(points, 0, end_us / 1e6), abs=1e-3)
-    assert [t.energy_method for t in more[:2]] == [ENERGY_POWER, ENERGY_COUNTER]  # re-based, then exact again
-
-
-def test_mig_slice_lost_and_found_by_uuid() -> None:
-    slices = [FakeGpu("MIG-s0", mig_profile="1g.10gb", points=[TracePoint(0, mem_used_b=GiB)])]
-    col, _, clock = make([FakeGpu("GPU-p", mig=slices, lost=[(2.5, 4.0)])], visible="MIG-s0")
-    ticks, events = run(col, clock, 8)
-    assert [e.kind for e in events] == ["gpu_lost", "gpu_recovered"]
-    assert all(t.mem_used_b == GiB for t in ticks) and ticks[-1].t1 - T0 == 8
-
-
-def test_violation_counters_are_skipped_while_nothing_throttles_but_nothing_is_lost() -> None:
-    # a 0.4 s power cap between two reads: the reason bits are clear at both reads
-    points = [TracePoint(0, throttle=()), TracePoint(3.2, throttle=("power",)), TracePoint(3.6, throttle=())]
-    col, fake, clock = make([FakeGpu("GPU-a", points=points)])
-    ticks, _ = run(col, clock, 25)
-    assert fake.calls["nvmlDeviceGetViolationStatus"] == 6 * 3  # at the prime and two sweeps, not every tick
-    power = [t.throttle_s["power"] for t in ticks]
-    assert sum(power) == pytest.approx(0.4)
-    assert power.index(max(power)) == 9  # counted at the sweep, (9, 10]

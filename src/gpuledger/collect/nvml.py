@@ -71,8 +71,10 @@ class _Device:
 class NvmlCollector:
     """GpuCollector over NVML for the GPUs that ``visible`` (CUDA_VISIBLE_DEVICES) exposes.
 
-    ``clock`` is monotonic (retry backoff, elapsed time, clock-step detection); ``owner`` gathers
-    the /proc facts about the run's processes (a ``PidOwner`` on the real /proc by default).
+    ``clock`` is monotonic (retry backoff, elapsed time); ``wall`` is the host's real wall clock,
+    the clock NVML stamps its samples with (compared with ``clock`` to see it step); the ``now``
+    given to ``read`` only dates the ticks. ``owner`` gathers the /proc facts about the run's
+    processes (a ``PidOwner`` on the real /proc by default).
     """
 
     def __init__(
@@ -82,9 +84,11 @@ class NvmlCollector:
         clock: Callable[[], float] = time.monotonic,
         source: str = "nvml",
         owner: PidOwner | None = None,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         self._nvml = nv = pynvml if nvml is None else nvml
         self._clock = clock
+        self._wall = wall
         self._events: list[Event] = []
         self._now = 0.0
         self._q = Querier(nv, self._events_append, lambda: self._now)
@@ -193,9 +197,10 @@ class NvmlCollector:
     # -- one device, one tick ------------------------------------------------------------------
     def _read_device(self, d: _Device, pids: set[int], now: float) -> GpuTick | None:
         mono = self._clock()
+        wall = now if self._wall is None else self._wall()
         t0 = d.t_last
         if t0 is None:
-            self._prime(d, now, mono)
+            self._prime(d, wall, mono)
             d.t_last, d.mono_last = now, mono
             return None
         if now <= t0:
@@ -203,7 +208,7 @@ class NvmlCollector:
         elapsed = max(0.0, mono - d.mono_last) or now - t0
         tick = GpuTick(uuid=d.uuid, t0=t0, t1=now)
         h = d.handle
-        self._busy(d, tick, now, mono, elapsed)
+        self._busy(d, tick, wall, mono, elapsed)
         self._energy(d, tick)
         self._memory(d, tick)
         tick.temp_c = self._temperature(d)
@@ -216,10 +221,10 @@ class NvmlCollector:
         d.t_last, d.mono_last = now, mono
         return tick
 
-    def _prime(self, d: _Device, now: float, mono: float) -> None:
+    def _prime(self, d: _Device, wall: float, mono: float) -> None:
         """Set every cursor from the device's current counters; the first tick starts here."""
         h = d.handle
-        d.util.prime(now, mono)
+        d.util.prime(wall, mono)
         d.energy_mj, d.power_w = self._power_readings(d)
         self._throttle.prime(d.q, h, d.throttle)
         d.proc_ts = 0
@@ -239,9 +244,9 @@ class NvmlCollector:
                          "busy_unmeasured), as its fraction of the parent GPU",
                          mig_profile=ident.mig_profile)  # fmt: skip
 
-    def _busy(self, d: _Device, tick: GpuTick, now: float, mono: float, elapsed: float) -> None:
+    def _busy(self, d: _Device, tick: GpuTick, wall: float, mono: float, elapsed: float) -> None:
         if "samples" not in d.q.unsupported:
-            r = d.util.read(now, mono, elapsed)
+            r = d.util.read(wall, mono, elapsed)
             if r is not None:
                 tick.busy_s, tick.util_method, tick.util_max_pct = r.busy_s, r.method, r.max_pct
                 tick.util_idle_s, tick.util_unknown_s = r.idle_s, r.unknown_s
@@ -368,7 +373,7 @@ class NvmlCollector:
                 self._restart_nvml()
             d.handle = self._lookup(d)
             d.q.start_read()
-            self._prime(d, now, mono)
+            self._prime(d, now if self._wall is None else self._wall(), mono)
             if d.q.all_failed:
                 raise _NothingAnswered()
         except Exception as exc:

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gpuledger.collect.nvml_query import LOST_ERRORS
 from gpuledger.collect.visible import Candidate, resolve_visible
 from gpuledger.core.model import GpuIdentity
 
@@ -39,6 +40,7 @@ class DeviceFinder:
         self._nvml = nvml
         self._absent = absent
         self._not_found = nvml.NVMLError_NotFound
+        self._lost = tuple(getattr(nvml, n) for n in LOST_ERRORS if hasattr(nvml, n))
         self._source = source
         self._f_mem = getattr(nvml, "nvmlDeviceGetMemoryInfo", None)
         self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
@@ -93,12 +95,14 @@ class DeviceFinder:
         return out
 
     def _opt(self, fn: Any, *args: Any) -> Any:
-        """A discovery-time query whose absence is fine."""
+        """A discovery-time query whose absence is fine; so is its failure (one field, not the GPU)."""
         if fn is None:
             return None
         try:
             return fn(*args)
-        except (*self._absent, self._nvml.NVMLError_InvalidArgument, self._not_found):
+        except self._lost:
+            raise
+        except self._nvml.NVMLError:
             return None
 
     def _device(
