@@ -35,7 +35,14 @@ Trace semantics (times are *trace seconds*: ``clock() - start``):
 * Processes: ``{pid: (mem_b, sm_pct)}``; the key ``"run"`` is the run's process (the smallest of
   ``run_pids``, given in the caller's PID namespace). The driver reports host PIDs: with
   ``host_pid_offset`` the caller is in a PID namespace and the run's process is reported as
-  ``pid + offset``; numeric keys are reported as written.
+  ``pid + offset``; numeric keys are reported as written. ``pid_translation="lists"``: the
+  running-process lists give the caller's pid while utilisation samples keep host pids.
+  ``usedGpuMemory`` is None on MIG slices (unless ``process_memory=True``).
+* Field values (``nvmlDeviceGetFieldValues``): 83 energy (``ullVal``), 185/186 average/instant
+  power (``uiVal``, mW), 74–79 violation counters (``ullVal``, ns), ``extra_fields``; each field
+  carries its own ``nvmlReturn`` (NOT_SUPPORTED where the GPU lacks it, UNKNOWN while failing).
+* ``failing``: a function or a field id answering ``NVMLError_Unknown`` (optionally in a window)
+  while the rest of the GPU answers; ``errors``: a function always raising a given code.
 * GPU lost windows ``(a, b)``: every query on that GPU raises ``NVMLError_GpuIsLost``; after ``b``
   the GPU answers again, but only through a handle looked up anew (old handles stay lost).
 * Driver reload windows ``(a, b)``: calls raise ``NVMLError_Unknown`` during the window
@@ -180,6 +187,7 @@ class FakeNvml(NvmlCore):
     def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int) -> int:
         return self._temperature(*self._enter(handle, "nvmlDeviceGetTemperature"), sensor)
 
+    # pynvml: nvmlDeviceGetTemperature is "DEPRECATED: Use nvmlDeviceGetTemperatureV instead"; both answer.
     def nvmlDeviceGetTemperatureV(self, handle: Handle, sensor: int, version: int = pynvml.nvmlTemperature_v1) -> int:
         if version != pynvml.nvmlTemperature_v1:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)  # as pynvml does
@@ -197,6 +205,7 @@ class FakeNvml(NvmlCore):
             raise pynvml.NVMLError_NotSupported()
         return round(self._needs(dev, column)[dev.idx(t)])
 
+    # Deprecated in pynvml for the NVML_FI_DEV_PERF_POLICY_* field values; both answer, from one counter.
     def nvmlDeviceGetViolationStatus(self, handle: Handle, policy: int) -> Any:
         dev, t = self._enter(handle, "nvmlDeviceGetViolationStatus")
         if policy not in POLICY_REASONS:
@@ -217,6 +226,7 @@ class FakeNvml(NvmlCore):
         dev, t = self._enter(handle, name)
         if not compute:
             return []  # the fake scripts compute processes only
+        # driver 560.35.03 translated these lists into the caller's namespace (HAMi-core #112)
         translated = self._owner_setting(dev, "pid_translation") == "lists"
         gi = dev.gi if dev.parent is not None else _NOT_A_MIG_ID
         ci = dev.gpu.compute_instance_id if dev.parent is not None else _NOT_A_MIG_ID

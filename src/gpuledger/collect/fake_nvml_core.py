@@ -210,7 +210,8 @@ class NvmlCore:
         pid = min(self.run_pids, default=None)
         if pid is None or translated:
             return pid
-        return pid + self._owner_setting(dev, "host_pid_offset")  # the driver sees host pids
+        # "the nvidia-driver itself does not support pid-namespaces" (nvidia-docker #1483)
+        return pid + self._owner_setting(dev, "host_pid_offset")
 
     def _energy_mj(self, dev: Device, t: float) -> int:
         restart = self._restart(t) if self.reloads else None
@@ -331,6 +332,7 @@ class NvmlCore:
             raise pynvml.NVMLError_InvalidArgument()
         return Handle(dev.parent, handle.init_epoch, handle.lost_epoch)
 
+    # NVML API reference: "Get GPU instance ID for the given MIG device handle"; a full GPU has none.
     def nvmlDeviceGetGpuInstanceId(self, handle: Handle) -> int:
         dev = self._enter(handle, "nvmlDeviceGetGpuInstanceId")[0]
         if dev.parent is None:

@@ -49,8 +49,9 @@ class TracePoint:
 class Failing:
     """``target`` (an NVML function name, or a field id) answers NVMLError_Unknown in [start, end).
 
-    Real cards do this: one query failing while the rest of the GPU answers. Times are trace
-    seconds; None means for ever on that side.
+    Real cards do this: one query answering "Unknown Error" while the rest of the GPU answers
+    (nvidia-smi fields reading "[Unknown Error]" alone: tutulino/Megaminer #376, Quake4/MindMiner
+    #627). Times are trace seconds; None means for ever on that side.
     """
 
     target: str | int
@@ -100,7 +101,9 @@ class FakeGpu:
     energy_phase_s: float | None = None
     minor_number: int | None = None  # None: the GPU's index
     extra_fields: dict[int, int | float] = field(default_factory=dict)  # other field ids: constant values
-    process_memory: bool | None = None  # False: usedGpuMemory None; None: False on MIG slices only
+    # False: usedGpuMemory None (NVML_VALUE_NOT_AVAILABLE, which pynvml maps to None). NVML documents it
+    # under WDDM; collectors report it on MIG slices too (undocumented), so slices default to it (None).
+    process_memory: bool | None = None
     putil_quirks: frozenset[str] = frozenset()  # "stale", "over_100" (nvmlDeviceGetProcessUtilization)
     host_pid_offset: int | None = None  # None: the FakeNvml's
     pid_translation: str | None = None  # None: the FakeNvml's
