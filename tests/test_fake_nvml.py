@@ -195,35 +195,40 @@ def test_a_sample_covers_the_period_before_its_timestamp() -> None:
     assert fake.nvmlDeviceGetUtilizationRates(h).gpu == 75  # the last complete period
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
-    steps=st.lists(st.tuples(st.floats(0.01, 5.0), st.integers(0, 100) | st.floats(0, 100)), min_size=1, max_size=12),
+    steps=st.lists(st.tuples(st.floats(0.01, 5.0), st.just(0) | st.integers(0, 100) | st.floats(0, 100)), max_size=12),
     reads=st.lists(st.floats(0.05, 9.0), min_size=1, max_size=15),
     period=st.sampled_from([1 / 6, 0.25, 0.5, 1.0]),
     phase=st.floats(0, 0.999),
+    idle=st.sampled_from(["grid", "slow", "stop"]),
 )
-def test_grid_samples_add_up_to_the_scripted_busy_time(steps, reads, period, phase) -> None:
+def test_samples_add_up_to_the_scripted_busy_time(steps, reads, period, phase, idle) -> None:
     """Sum of value x period over the samples read is the scripted integral of utilisation over
-    the span they cover, to within half a percent of a period per sample (integer rounding)."""
-    t, series = 0.0, []
+    the span they cover, to within half a percent of a period per sample (integer rounding).
+    Time between samples left by slowed or stopped idle sampling holds no work."""
+    t, series = 0.0, [(0.0, 0.0)]
     for gap, util in steps:
-        series.append((t, float(util)))
         t += gap
+        series.append((t, float(util)))
     clock = Clock()
     points = [TracePoint(at, util_pct=u) for at, u in series]
-    fake, h = one_gpu(clock, points=points, sample_period_s=period, sample_phase_s=phase * period, idle_sampling="grid")
+    fake, h = one_gpu(clock, points=points, sample_period_s=period, sample_phase_s=phase * period, idle_sampling=idle)
     got: list[tuple[int, int]] = []
     clock.t += 0.01
-    cursor = max(ts for ts, _ in samples(fake, h, 0))  # what the buffer held before the run: skipped
+    cursor = max((ts for ts, _ in samples(fake, h, 0)), default=0)  # what the buffer held before the run: skipped
     for gap in reads:
         clock.t += gap
         new = samples(fake, h, cursor)
         got += new
         cursor = max([cursor, *(ts for ts, _ in new)])
-    if not got:
+    if not got:  # reads too close together for a new sample, or an idle GPU that stopped sampling
         return
     period_us = round(period * 1e6)
-    assert all(b[0] - a[0] == period_us for a, b in itertools.pairwise(got))  # a grid: nothing skipped
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(got)]
+    assert all(g > 0 and g % period_us == 0 for g in gaps)  # on the grid, in order
+    if idle == "grid":
+        assert set(gaps) <= {period_us}  # nothing skipped
     first, last = (got[0][0] - T0 * 1e6) / 1e6 - period_us / 1e6, (got[-1][0] - T0 * 1e6) / 1e6
     truth = stepped_integral(series, first, last) / 100
     measured = sum(v for _, v in got) / 100 * period_us / 1e6
