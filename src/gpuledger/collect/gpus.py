@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,7 +38,8 @@ def open_gpu_collector(
 
     lib_missing = False
     try:
-        collector: GpuCollector = NvmlCollector(nvml=nvml, visible=visible)
+        # NVML stamps its samples with the host's wall clock (a test's scripted NVML: its own clock)
+        collector: GpuCollector = NvmlCollector(nvml=nvml, visible=visible, wall=time.time if nvml is None else None)
     except CollectorUnavailable as exc:
         nvml_reason, lib_missing = str(exc), isinstance(exc, NvmlLibraryMissing)
     except Exception as exc:  # monitoring never stops the run
