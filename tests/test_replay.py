@@ -69,7 +69,8 @@ def test_replay_runs_the_nvml_code_path_in_trace_time() -> None:
         mine = [t for t in ticks if t.uuid == d.uuid]
         assert len(mine) == 120 and {t.util_method for t in mine} == {UTIL_SAMPLES}
         assert sum(t.busy_s for t in mine) == pytest.approx(busy_truth(g.points, 0, 120), abs=0.2)
-        assert sum(t.energy_j for t in mine) == pytest.approx(sum(p.power_w for p in g.points[:120]), abs=0.1)
+        # the counter moves in 0.1 s steps: the last step may not have landed yet
+        assert sum(t.energy_j for t in mine) == pytest.approx(sum(p.power_w for p in g.points[:120]), abs=0.1 * 400)
     shared = [t for t in ticks if t.uuid == devs[1].uuid][60]
     assert shared.mem_used_b - shared.proc_mem_b == 2 * 2**30 + 300 * 2**20  # someone else's 2 GiB
 
@@ -82,8 +83,11 @@ def test_replay_respects_visibility_and_holds_the_last_point() -> None:
     clock.t += 500  # CMD outlives the 120 s trace
     ticks, _ = read_for(col, clock, 3)
     last = load_trace(EXAMPLE)[1][1].points[-1]
-    assert all(t.power_w == last.power_w and t.energy_j == pytest.approx(last.power_w) for t in ticks)
-    assert all(t.busy_s == pytest.approx(last.util_pct / 100, abs=0.01) for t in ticks)
+    assert all(t.power_w == last.power_w and t.energy_j == pytest.approx(last.power_w, rel=0.1) for t in ticks)
+    assert sum(t.energy_j for t in ticks) == pytest.approx(3 * last.power_w, abs=0.1 * last.power_w)
+    # samples trail the read by up to one period: each tick within a period, the sum exact but for one
+    assert all(t.busy_s == pytest.approx(last.util_pct / 100, abs=0.2) for t in ticks)
+    assert sum(t.busy_s for t in ticks) == pytest.approx(3 * last.util_pct / 100, abs=0.2)
 
 
 def test_json_document_sparse_points_and_absent_series(tmp_path) -> None:
@@ -99,7 +103,7 @@ def test_json_document_sparse_points_and_absent_series(tmp_path) -> None:
     clock = Clock()
     col = open_replay(path, None, clock=clock)
     ticks, _ = read_for(col, clock, 10)
-    assert sum(t.energy_j for t in ticks) == pytest.approx(2000.0)  # counter integrates the held power
+    assert sum(t.energy_j for t in ticks) == pytest.approx(2000.0, abs=0.1 * 200)  # the held power, 0.1 s steps
     assert {t.energy_method for t in ticks} == {ENERGY_COUNTER}
     assert all(t.mem_used_b == 10 and t.temp_c is None and t.sm_clock_mhz is None for t in ticks)
     assert sum(t.busy_s for t in ticks) == pytest.approx(7.5, abs=0.2)
@@ -159,7 +163,7 @@ def test_record_then_replay_round_trip(tmp_path) -> None:
     replayed, _ = read_for(open_replay(path, None, clock=clock3), clock3, 20)
     assert len(replayed) == 20
     assert sum(t.busy_s for t in replayed) == pytest.approx(sum(t.busy_s for t in recorded), abs=0.2)
-    assert sum(t.energy_j for t in replayed) == pytest.approx(sum(t.energy_j for t in recorded), abs=0.01)
+    assert sum(t.energy_j for t in replayed) == pytest.approx(sum(t.energy_j for t in recorded), rel=0.02)
     assert [t.mem_used_b for t in replayed] == [t.mem_used_b for t in recorded]
     assert [t.proc_mem_b for t in replayed][:4] == [0, 0, 5000, 5000]  # "run": whatever pids replay
 

@@ -12,7 +12,7 @@ which method it used; docs/METERING.md says it for users):
   else ``nvmlDeviceGetTotalEnergyConsumption``) with wrap/reset handling; where unsupported, or for
   the one tick after a counter reset or read error, trapezoidal integration of power — the
   instantaneous power field (``NVML_FI_DEV_POWER_INSTANT``) where it exists, because
-  ``nvmlDeviceGetPowerUsage`` is a 1 s average on Ampere and later.
+  ``nvmlDeviceGetPowerUsage`` is a 1 s average on Ampere (except GA100) and later.
 * throttling: cumulative violation counters or reason bits (nvml_throttle.py).
 * memory: v2 API (used excludes driver-reserved memory, reported apart), else v1.
 * temperature: ``nvmlDeviceGetTemperatureV``, else the deprecated ``nvmlDeviceGetTemperature``.
@@ -268,7 +268,7 @@ class NvmlCollector:
         if mj is None and "energy" not in d.q.unsupported:
             mj = self._q.call(d.q, "energy", self._f_energy, d.handle)
         mw = vals.get(self._fi_power) if self._fi_power is not None else None
-        if mw is None:  # no instantaneous field: GetPowerUsage (a 1 s average on Ampere and later)
+        if mw is None:  # no instantaneous field: GetPowerUsage (a 1 s average on Ampere, except GA100, and later)
             mw = self._q.call(d.q, "power", self._f_power, d.handle)
         return (None if mj is None else int(mj)), (None if mw is None else mw / 1000)
 
