@@ -154,8 +154,17 @@ def free_port() -> int:
 class ServerProcess:
     """``gpuledger serve`` in a child process on 127.0.0.1."""
 
-    def __init__(self, db_url: str, port: int | None = None, *, log: Path | None = None, workers: int = 1) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        port: int | None = None,
+        *,
+        log: Path | None = None,
+        workers: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.db_url = db_url
+        self.env = env or {}
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
@@ -164,7 +173,7 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        env = dict(os.environ, GPULEDGER_TOKEN_CACHE_S="0")
+        env = dict(os.environ, GPULEDGER_TOKEN_CACHE_S="0", **self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuledger", "serve", "--db", self.db_url, "--host", "127.0.0.1",
              "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"],

@@ -39,7 +39,9 @@ def db_required(func):  # type: ignore[no-untyped-def]
 def serve_cmd(
     db: str | None, host: str, port: int, workers: int, rates: str | None, max_body_mb: float, log_level: str
 ) -> None:
-    """Serve the team API (docs/SERVER.md). Stateless: run several behind a load balancer."""
+    """Serve the team API (docs/SERVER.md). Stateless: run several behind a load balancer.
+
+    Limits, timeouts and rate limits are GPULEDGER_* environment variables (docs/SERVER.md)."""
     import uvicorn
 
     from gpuledger.store import display_url
@@ -60,6 +62,7 @@ def serve_cmd(
         log_level=log_level,
         access_log=log_level == "debug",
         timeout_graceful_shutdown=10,
+        http="gpuledger.server.http_protocol:TimedHttpProtocol",  # a deadline for request headers
     )
 
 

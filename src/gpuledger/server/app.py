@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from gpuledger import __version__
 from gpuledger.server.auth import Authenticator
-from gpuledger.server.limits import BodyLimit
+from gpuledger.server.limits import Guard
 from gpuledger.server.settings import Settings
 from gpuledger.store import Ledger, LedgerLocked, LedgerUnavailable
 
@@ -67,7 +67,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     )
     app.state.ledger = ledger
     app.state.settings = settings
-    app.state.auth = Authenticator(ledger, settings.token_cache_s)
+    app.state.auth = Authenticator(ledger, settings.token_cache_s, settings.token_cache_size)
     app.state.rate_card = None
     app.include_router(routes_misc.health)
     app.include_router(routes_misc.router)
@@ -92,7 +92,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
         return JSONResponse(status_code=422, content={"detail": f"a value cannot be stored: {first}"})
 
     _add_ingest_schema(app)
-    app.add_middleware(BodyLimit, default_b=settings.max_body_b, put_suffixes={"/log": settings.max_log_b})
+    app.add_middleware(Guard, settings=settings, auth=app.state.auth)
     return app
 
 
@@ -113,13 +113,9 @@ def _add_ingest_schema(app: FastAPI) -> None:
 
 def app_from_env() -> FastAPI:
     """For ``uvicorn --factory gpuledger.server.app:app_from_env`` (``gpuledger serve`` uses it):
-    the database URL comes from GPULEDGER_SERVER_DB."""
+    the database URL comes from GPULEDGER_SERVER_DB, the settings from GPULEDGER_<FIELD>
+    variables (settings.py)."""
     url = os.environ.get("GPULEDGER_SERVER_DB", "")
     if not url:
         raise SystemExit("set GPULEDGER_SERVER_DB to the ledger URL (gpuledger serve does)")
-    settings = Settings(
-        max_body_b=int(os.environ.get("GPULEDGER_MAX_BODY_B", Settings.max_body_b)),
-        token_cache_s=float(os.environ.get("GPULEDGER_TOKEN_CACHE_S", Settings.token_cache_s)),
-        rates=os.environ.get("GPULEDGER_RATES") or None,
-    )
-    return create_app(url, settings=settings)
+    return create_app(url, settings=Settings.from_env())

@@ -1,9 +1,15 @@
 """Who is calling: ``Authorization: Bearer <token>`` -> Principal, for every route.
 
-``current_principal`` is the FastAPI dependency every route takes (the dashboard and /metrics
-routers too). Tokens are looked up in the ledger (accounts.authenticate: constant-time compare of
-the secret's sha256) and the result is cached per token for ``Settings.token_cache_s`` seconds, so
-a revoked token stops working on every replica within that time.
+The request guard (guard.py) authenticates every API request before any of its body is read and
+leaves the principal in the request's state; ``current_principal``, the FastAPI dependency every
+route takes (the dashboard and /metrics routers too), returns it, or authenticates itself when the
+guard did not run. Tokens are looked up in the ledger (accounts.authenticate: constant-time compare
+of the secret's sha256) and the answer is cached for ``Settings.token_cache_s`` seconds, so a
+revoked token stops working on every replica within that time.
+
+The cache is two LRUs: valid tokens, and failed lookups. A flood of made-up tokens only churns the
+second, so it can never push the real tokens out and turn every request into a database lookup;
+text that is not even shaped like a token is refused without a lookup and not cached at all.
 """
 
 from __future__ import annotations
@@ -11,57 +17,102 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from fastapi import HTTPException, Request
 
-from gpuledger.core.access import Principal
+from gpuledger.core.access import Principal, parse_token
 from gpuledger.store import accounts
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
 
-__all__ = ["Authenticator", "Principal", "current_principal", "require_writer"]
+__all__ = ["PRINCIPAL_KEY", "Authenticator", "Principal", "bearer_token", "current_principal", "require_writer"]
 
-_CACHE_MAX = 4096
+PRINCIPAL_KEY = "gpuledger.principal"  # where the guard leaves the caller in the ASGI scope's state
 
 
 class Authenticator:
-    def __init__(self, ledger: Ledger, cache_s: float) -> None:
+    def __init__(self, ledger: Ledger, cache_s: float, size: int = 4096) -> None:
         self._ledger = ledger
         self._cache_s = cache_s
-        self._cache: dict[str, tuple[float, Principal | None]] = {}
+        self._size = max(1, size)
+        self._valid: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
+        self._failed: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
+        self.lookups = 0  # database lookups made (for the tests and the curious)
+
+    @staticmethod
+    def _key(token: str) -> str:
+        return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def cached(self, token: str) -> tuple[bool, Principal | None]:
+        """(known, principal): known is False when only the database can tell."""
+        if parse_token(token) is None:
+            return True, None  # not shaped like a token: no lookup
+        key, now = self._key(token), time.monotonic()
+        with self._lock:
+            hit = self._valid.get(key)
+            if hit is not None and hit[0] > now:
+                self._valid.move_to_end(key)
+                return True, hit[1]
+            failed = self._failed.get(key)
+            if failed is not None and failed > now:
+                return True, None
+        return False, None
 
     def principal(self, token: str) -> Principal | None:
-        key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
-        now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        known, principal = self.cached(token)
+        if known:
+            return principal
         found = self._ledger.read(lambda conn: accounts.authenticate(conn, token))
+        self.lookups += 1
         if self._cache_s > 0:
+            key, until = self._key(token), time.monotonic() + self._cache_s
             with self._lock:
-                if len(self._cache) >= _CACHE_MAX:
-                    self._cache.clear()
-                self._cache[key] = (now + self._cache_s, found)
+                if found is not None:
+                    self._valid.pop(key, None)
+                    self._valid[key] = (until, found)
+                    _trim(self._valid, self._size)
+                else:
+                    self._failed.pop(key, None)
+                    self._failed[key] = until
+                    _trim(self._failed, self._size)
         return found
 
 
-def _unauthorized(detail: str) -> HTTPException:
+def _trim(lru: OrderedDict[str, object], size: int) -> None:
+    while len(lru) > size:
+        lru.popitem(last=False)  # the least recently used
+
+
+def bearer_token(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, else None."""
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def unauthorized(detail: str) -> HTTPException:
     return HTTPException(status_code=401, detail=detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+MISSING_TOKEN = "missing token: send 'Authorization: Bearer <token>' (gpuledger admin token issue)"
+BAD_TOKEN = "invalid, expired or revoked token"
 
 
 def current_principal(request: Request) -> Principal:
     """The caller, or 401. Use as ``Depends(current_principal)``."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise _unauthorized("missing token: send 'Authorization: Bearer <token>' (gpuledger admin token issue)")
-    principal = request.app.state.auth.principal(token.strip())
+    known = request.scope.get("state", {}).get(PRINCIPAL_KEY)
+    if known is not None:
+        return known
+    token = bearer_token(request.headers.get("authorization", ""))
+    if token is None:
+        raise unauthorized(MISSING_TOKEN)
+    principal = request.app.state.auth.principal(token)
     if principal is None:
-        raise _unauthorized("invalid, expired or revoked token")
+        raise unauthorized(BAD_TOKEN)
     return principal
 
 

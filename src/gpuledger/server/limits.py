@@ -1,16 +1,36 @@
-"""Request guards as a plain ASGI middleware: 413 before the app sees an oversized body, 400 for
-a NUL character in the path or query (no database can store one in text).
+"""The request guard, a plain ASGI middleware in front of every route. In this order, and before a
+single byte of the body is read:
 
-A declared Content-Length over the limit is refused at once. Otherwise the body (chunked or not)
-is read here, counted as it streams, refused as soon as it passes the limit, and handed to the app
-in one piece, so no route ever starts work on a body it will not get whole.
+1. a NUL character in the path or query: 400 (no database can store one in text);
+2. the client address's rate limit (``/healthz`` is exempt): 429 with Retry-After;
+3. for the API (``/api/...`` and ``/metrics``): the token. A bad one is 401; a request that
+   carries a body (POST, PUT ...) without a token is 401 too, so nobody without a token can make
+   the server read anything. The principal is left in the scope's state for the routes;
+4. the token's rate limit: 429 with Retry-After;
+5. a declared Content-Length over the limit: 413.
+
+Then the body. Bodies are normally read here, counted as they stream, refused as soon as they pass
+the limit (413), and handed to the app in one piece, so no route starts work on a body it will not
+get whole. Log uploads (``PUT .../log``) are not buffered: the route streams them to disk, and the
+same limit applies as they stream (``BodyTooLarge``). Either way each chunk must come within
+``body_idle_s`` and the whole body within ``body_timeout_s`` (408 otherwise, ``BodyTimeout`` for a
+streaming route), so a client that trickles a body cannot hold a worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from gpuledger.server.auth import BAD_TOKEN, MISSING_TOKEN, PRINCIPAL_KEY, Authenticator, bearer_token
+from gpuledger.server.ratelimit import RateLimiter
+from gpuledger.server.settings import Settings
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -18,69 +38,172 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+UNLIMITED_PATHS = frozenset({"/healthz"})
+STREAMED_PUT_SUFFIX = "/log"
 
-class BodyLimit:
-    """``default_b`` for every request; ``put_suffixes`` maps a PUT path suffix to its own limit."""
 
-    def __init__(self, app: ASGIApp, default_b: int, put_suffixes: dict[str, int] | None = None) -> None:
+class BodyTooLarge(Exception):
+    """A streamed body passed its limit (answer 413)."""
+
+
+class BodyTimeout(Exception):
+    """A streamed body did not arrive in time (answer 408)."""
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, settings: Settings, auth: Authenticator) -> None:
         self.app = app
-        self.default_b = default_b
-        self.put_suffixes = put_suffixes or {}
+        self.settings = settings
+        self.auth = auth
+        self.per_ip = RateLimiter(settings.rate_ip_per_s, settings.rate_ip_burst)
+        self.per_token = RateLimiter(settings.rate_token_per_s, settings.rate_token_burst)
 
     def limit_for(self, path: str, method: str) -> int:
-        if method == "PUT":
-            for suffix, limit in self.put_suffixes.items():
-                if path.endswith(suffix):
-                    return limit
-        return self.default_b
+        if method == "PUT" and path.endswith(STREAMED_PUT_SUFFIX):
+            return self.settings.max_log_b
+        return self.settings.max_body_b
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if "\x00" in scope.get("path", "") or b"%00" in scope.get("query_string", b"").lower():
+        path, method = scope.get("path", ""), scope.get("method", "")
+        if "\x00" in path or b"%00" in scope.get("query_string", b"").lower():
             await reply(send, 400, "NUL characters are not allowed in the path or the query")
             return
-        limit = self.limit_for(scope.get("path", ""), scope.get("method", ""))
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    await reply(send, 400, "Content-Length is not a number")
+        if path in UNLIMITED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client") or ("unknown", 0)
+        if await _limited(send, self.per_ip.take(f"ip:{client[0]}"), "this address"):
+            return
+        headers = dict(scope.get("headers", []))
+        if path.startswith("/api/") or path == "/metrics":
+            header = headers.get(b"authorization", b"").decode("latin-1")
+            has_body = method not in ("GET", "HEAD", "OPTIONS") or b"content-length" in headers
+            if header:
+                token = bearer_token(header)
+                principal = None if token is None else await self._principal(token)
+                if principal is None:
+                    await reply(send, 401, BAD_TOKEN if token else MISSING_TOKEN, authenticate=True)
                     return
-                if declared > limit:
-                    await reply(send, 413, f"request body of {declared} bytes is over the limit of {limit} bytes")
+                if await _limited(send, self.per_token.take(principal.token_id), "this token"):
                     return
+                scope.setdefault("state", {})[PRINCIPAL_KEY] = principal
+            elif has_body:
+                await reply(send, 401, MISSING_TOKEN, authenticate=True)
+                return
+        limit = self.limit_for(path, method)
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                await reply(send, 400, "Content-Length is not a number")
+                return
+            if size > limit:
+                await reply(send, 413, f"request body of {size} bytes is over the limit of {limit} bytes")
+                return
+        timed = _TimedBody(receive, limit, self.settings.body_idle_s, self.settings.body_timeout_s)
+        if method == "PUT" and path.endswith(STREAMED_PUT_SUFFIX):
+            await self.app(scope, timed.receive, send)  # the route streams it (and handles the two errors)
+            return
+        try:
+            whole = await timed.read_all()
+        except BodyTooLarge:
+            await reply(send, 413, f"request body is over the limit of {limit} bytes")
+            return
+        except BodyTimeout as exc:
+            await reply(send, 408, str(exc), close=True)
+            return
+        if whole is None:  # the client went away
+            return
+        await self.app(scope, _replay(whole, receive), send)
+
+    async def _principal(self, token: str) -> Any:
+        known, principal = self.auth.cached(token)
+        if known:
+            return principal
+        return await run_in_threadpool(self.auth.principal, token)
+
+
+class _TimedBody:
+    """``receive`` with the size limit and both timeouts applied."""
+
+    def __init__(self, receive: Receive, limit: int, idle_s: float, total_s: float) -> None:
+        self._receive = receive
+        self._limit = limit
+        self._idle_s = idle_s
+        self._deadline = time.monotonic() + total_s
+        self._total_s = total_s
+        self.seen = 0
+        self.done = False
+
+    async def receive(self) -> Message:
+        if self.done:
+            return await self._receive()  # after the body: wait for the disconnect, as servers do
+        wait = min(self._idle_s, self._deadline - time.monotonic())
+        try:
+            message = await asyncio.wait_for(self._receive(), timeout=max(wait, 0.001))
+        except asyncio.TimeoutError:
+            raise BodyTimeout(
+                f"request body not received in time (at most {self._idle_s:g} s between chunks, "
+                f"{self._total_s:g} s in all)"
+            ) from None
+        if message["type"] == "http.request":
+            self.seen += len(message.get("body", b""))
+            if self.seen > self._limit:
+                raise BodyTooLarge(f"request body is over the limit of {self._limit} bytes")
+            self.done = not message.get("more_body", False)
+        return message
+
+    async def read_all(self) -> bytes | None:
         chunks: list[bytes] = []
-        seen = 0
-        while True:
-            message = await receive()
+        while not self.done:
+            message = await self.receive()
             if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            seen += len(body)
-            if seen > limit:
-                await reply(send, 413, f"request body is over the limit of {limit} bytes")
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
-        whole = b"".join(chunks)
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": whole, "more_body": False}
-            return await receive()  # after the body: wait for the disconnect, as servers do
-
-        await self.app(scope, replay, send)
+                return None
+            chunks.append(message.get("body", b""))
+        return b"".join(chunks)
 
 
-async def reply(send: Send, status: int, detail: str) -> None:
+def _replay(whole: bytes, receive: Receive) -> Receive:
+    delivered = False
+
+    async def replay() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": whole, "more_body": False}
+        return await receive()  # after the body: wait for the disconnect, as servers do
+
+    return replay
+
+
+async def _limited(send: Send, wait_s: float, who: str) -> bool:
+    if wait_s <= 0:
+        return False
+    retry = max(1, math.ceil(wait_s))
+    detail = f"too many requests from {who}; retry in {retry} s"
+    await reply(send, 429, detail, extra=[(b"retry-after", str(retry).encode())])
+    return True
+
+
+async def reply(
+    send: Send,
+    status: int,
+    detail: str,
+    *,
+    authenticate: bool = False,
+    close: bool = False,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if authenticate:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if close:
+        headers.append((b"connection", b"close"))
+    headers += extra or []
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

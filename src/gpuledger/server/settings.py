@@ -1,7 +1,12 @@
-"""Server settings: limits and knobs, with defaults that suit a team server."""
+"""Server settings: limits and knobs, with defaults that suit a team server (docs/SERVER.md lists
+them all). Every field can be set from the environment as ``GPULEDGER_<FIELD>`` (upper case), which
+is how ``gpuledger serve`` hands them to its worker processes."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MiB = 1024 * 1024
@@ -9,8 +14,47 @@ MiB = 1024 * 1024
 
 @dataclass(frozen=True)
 class Settings:
+    # Bodies
     max_body_b: int = 8 * MiB  # any request body larger than this is answered 413
     max_log_b: int = 96 * MiB  # PUT /runs/{id}/log (a stored log is at most 64 MiB plus a note)
+    body_timeout_s: float = 300.0  # a whole body must arrive within this (408 after)
+    body_idle_s: float = 30.0  # ... and no pause between two of its chunks longer than this
+    header_timeout_s: float = 10.0  # request line and headers (gpuledger serve's HTTP protocol)
+    # Tokens
     token_cache_s: float = 5.0  # a revoked token may work this much longer on a replica
+    token_cache_size: int = 4096  # valid tokens kept (LRU); failed lookups have their own LRU
+    # Rate limits (token buckets per process; a rate of 0 turns a limit off)
+    rate_token_per_s: float = 20.0  # requests per second per token, sustained
+    rate_token_burst: float = 200.0  # ... and in a burst
+    rate_ip_per_s: float = 50.0  # requests per second per client address (any token, or none)
+    rate_ip_burst: float = 500.0
+    # Reads
+    max_page: int = 20_000  # most interval rows per series in one /intervals answer
+    max_streams: int = 4  # exports and interval pages streamed at once per process (429 beyond)
+    stream_rows: int = 2_000  # rows fetched per round trip from the database cursor of a stream
+    log_writes: int = 2  # log uploads stored at once per process (each holds its log in memory once)
+    # Liveness: a running run whose agent has pushed nothing for this long becomes "lost"
+    lost_after_s: float = 3600.0  # 0: never
+    sweep_every_s: float = 60.0
     rates: str | None = None  # rate card file for /reports/chargeback (None: the default card)
-    max_page: int = 100_000  # most interval rows per series in one /intervals answer
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Defaults, overridden by GPULEDGER_<FIELD> variables; a bad value names the variable."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in dataclasses.fields(cls):
+            name = f"GPULEDGER_{f.name.upper()}"
+            text = env.get(name)
+            if text is None or text == "":
+                continue
+            kind = type(f.default) if f.default is not None else str
+            try:
+                values[f.name] = kind(float(text)) if kind in (int, float) else text
+            except ValueError:
+                raise SystemExit(f"{name}={text!r}: expected a number") from None
+        return cls(**values)  # type: ignore[arg-type]
+
+
+# Read by the environment-only code path (the HTTP protocol class, which uvicorn creates itself).
+HEADER_TIMEOUT_ENV = "GPULEDGER_HEADER_TIMEOUT_S"
