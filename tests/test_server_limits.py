@@ -6,7 +6,9 @@ checked against a real ``gpuledger serve``."""
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from gpuledger.server.app import create_app
@@ -161,3 +164,51 @@ def test_unauthenticated_uploads_cost_no_memory(tmp_path: Path, pg, capsys) -> N
         print(f"\n[unauthenticated 4 x 94 MB PUT] server RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MB: {answers}")
     assert all(a in (401, "WriteError", "RemoteProtocolError", "ReadError") for a in answers), answers
     assert after - before < 64 * 2**20  # reading even one body would cost 94 MB
+
+
+def test_logs_are_streamed_redacted_capped_and_audited(pg) -> None:  # type: ignore[no-untyped-def]
+    url, t = pg
+    run = run_doc(status="succeeded", ended_at=time.time() - 60, exit_code=0)
+    pulled: list[int] = []
+
+    def chunks(data: bytes, size: int = 7) -> Iterator[bytes]:
+        for i in range(0, len(data), size):  # secrets split across chunks
+            pulled.append(i)
+            yield data[i : i + size]
+
+    def leftovers() -> set[str]:
+        return {p.name for p in Path(tempfile.gettempdir()).glob("gpuledger-log-*.part")}
+
+    before = leftovers()
+    with _client(url, max_log_b=1024 * 1024) as client:
+        assert (
+            client.post("/api/v1/ingest", json=batch(run, n=2, final=True), headers=bearer(t.agent_a)).status_code
+            == 200
+        )
+        path = f"/api/v1/runs/{run['id']}/log"
+        log = f"epoch 1\nexport DB_PASSWORD=hunter2\nlogin with {t.admin} done\n".encode()
+        put = client.put(path, content=chunks(log), headers=bearer(t.agent_a))
+        assert put.status_code == 200, put.text
+        stored = client.get(path, headers=bearer(t.member_a)).content
+        assert b"hunter2" not in stored and t.admin[17:].encode() not in stored
+        assert stored.startswith(b"epoch 1\nexport DB_PASSWORD=[REDACTED:")
+        assert put.json()["sha256"] == hashlib.sha256(stored).hexdigest() and put.json()["size_b"] == len(log)
+        with Ledger(url) as led:
+            last = led.read(
+                lambda c: c.execute(sa.text("SELECT actor FROM audit_log ORDER BY seq DESC LIMIT 1")).scalar()
+            )
+        assert t.agent_a[4:16] in last  # who stored the log: user and token id
+
+        big = b"x" * (2 * 1024 * 1024)
+        over = client.put(path, content=chunks(big, 65536), headers=bearer(t.agent_a))  # no Content-Length
+        assert over.status_code == 413 and "limit" in over.json()["detail"]
+        declared = client.put(path, content=big, headers=bearer(t.agent_a))
+        assert declared.status_code == 413
+        assert client.get(path, headers=bearer(t.member_a)).content == stored  # the stored log is untouched
+        pulled.clear()
+        nobody = client.put("/api/v1/runs/00000000-0000-4000-8000-000000000000/log", content=chunks(log),
+                            headers=bearer(t.agent_a))  # fmt: skip
+        assert nobody.status_code == 404 and pulled == []  # an unknown run: not a byte read
+        theirs = client.put(path, content=chunks(log), headers=bearer(t.agent_b))
+        assert theirs.status_code == 404 and pulled == []
+    assert leftovers() == before  # no temporary file left behind, whatever the outcome

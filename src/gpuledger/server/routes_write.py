@@ -17,13 +17,13 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
 from gpuledger.core.model import RunRecord
-from gpuledger.server import batch_check
+from gpuledger.server import batch_check, log_upload
 from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.models import IngestBatch, IngestResult, QuarantinedItem
 from gpuledger.server.redaction import redact_batch, redactor
 from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, gpu_tuple, host_tuple
 from gpuledger.store import ingest as store_ingest
-from gpuledger.store import quarantine
+from gpuledger.store import quarantine, server_queries
 
 router = APIRouter(prefix="/api/v1", tags=["ingest"])
 Caller = Annotated[Principal, Depends(current_principal)]
@@ -120,29 +120,37 @@ _LOG_BODY = {"application/octet-stream": {"schema": {"type": "string", "format":
 
 @router.put(
     "/runs/{run_id}/log",
-    summary="Store a run's (redacted) log; raw bytes in the body",
+    summary="Store a run's log (redacted again as it streams in); raw bytes in the body",
     openapi_extra={"requestBody": {"required": True, "content": _LOG_BODY}},
-    responses={413: {"description": "log over the size limit"}},
+    responses={408: {"description": "the body stalled"}, 413: {"description": "log over the size limit"}},
 )
 async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str, Any]:
     require_writer(principal)
-    data = await request.body()
-    truncated = request.headers.get("x-gpuledger-log-truncated", "0") in ("1", "true")
     ledger = request.app.state.ledger
+    exists, project = await run_in_threadpool(ledger.read, lambda c: server_queries.run_project(c, run_id))
+    if not exists or not principal.can_write(project):  # before a byte of the log is read
+        raise HTTPException(status_code=404, detail=f"no run {run_id!r} in your projects")
+    upload = await log_upload.receive(request)  # streamed to disk, redacted, capped (413 / 408)
+    truncated = request.headers.get("x-gpuledger-log-truncated", "0") in ("1", "true")
 
     def authorize(project: str | None) -> None:
         if not principal.can_write(project):
             raise store_ingest.NotYours
 
-    def write() -> bool:
+    def write(data: bytes) -> bool:
         return store_ingest.set_log(
-            ledger.database, run_id=run_id, data=data, truncated=truncated, actor=principal.user, authorize=authorize
+            ledger.database,
+            run_id=run_id,
+            data=data,
+            truncated=truncated,
+            actor=actor_of(principal),
+            authorize=authorize,
         )
 
     try:
-        found = await run_in_threadpool(write)
+        found = await upload.store(write)  # a few at a time: each holds its log in memory once
     except store_ingest.NotYours:
         found = False
     if not found:
         raise HTTPException(status_code=404, detail=f"no run {run_id!r} in your projects")
-    return {"run_id": run_id, "size_b": len(data), "truncated": truncated}
+    return {"run_id": run_id, "size_b": upload.size_b, "sha256": upload.sha256, "truncated": truncated}

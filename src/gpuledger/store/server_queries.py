@@ -94,3 +94,9 @@ def recent_alerts(
         item["run_name"] = item.pop("name")
         out.append(item)
     return out
+
+
+def run_project(conn: Connection, run_id: str) -> tuple[bool, str | None]:
+    """(exists, project label) of a run, for a writer's check before it uploads anything."""
+    row = conn.execute(sa.select(schema.runs.c.project).where(schema.runs.c.id == run_id)).first()
+    return (False, None) if row is None else (True, row[0])
