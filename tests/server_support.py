@@ -4,6 +4,7 @@ processes (``gpuledger serve`` on 127.0.0.1, a free port each)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import socket
@@ -73,12 +74,25 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+HOST_A = "gpu-node-1"
+
+
+def host_of(project: str | None) -> str:
+    """Each project's runs on a machine of their own (a GPU belongs to one host and agent)."""
+    return HOST_A if project == "A" else f"gpu-node-{project or 'none'}"
+
+
+def gpu_uuid(d: int, host: str = HOST_A) -> str:
+    """GPU ``d`` of ``host``: GPU-0, GPU-1 ... on HOST_A, prefixed by a hash of the host elsewhere."""
+    return f"GPU-{d}" if host == HOST_A else f"GPU-{hashlib.sha1(host.encode()).hexdigest()[:8]}-{d}"
+
+
 def run_doc(run_id: str | None = None, project: str | None = "A", **fields: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "id": run_id or str(uuid.uuid4()),
         "command": ["python", "train.py"],
         "user": "tester",
-        "host": "gpu-node-1",
+        "host": host_of(project),
         "cwd": "/work",
         "started_at": NOW - 3600,
         "labels": {"team": "vision"} | ({"project": project} if project is not None else {}),
@@ -88,7 +102,7 @@ def run_doc(run_id: str | None = None, project: str | None = "A", **fields: Any)
 
 
 def gpu_rows(
-    n: int, devices: int = 1, start: float = NOW - 3600, step: float = 5.0, first_seq: int = 0
+    n: int, devices: int = 1, start: float = NOW - 3600, step: float = 5.0, first_seq: int = 0, host: str = HOST_A
 ) -> list[dict[str, Any]]:
     rows = []
     for d in range(devices):
@@ -96,7 +110,7 @@ def gpu_rows(
             t0 = start + i * step
             rows.append(
                 {
-                    "device_uuid": f"GPU-{d}",
+                    "device_uuid": gpu_uuid(d, host),
                     "seq": i,
                     "t0": t0,
                     "t1": t0 + step,
@@ -125,9 +139,9 @@ def host_rows(n: int, start: float = NOW - 3600, step: float = 5.0, first_seq: i
     ]  # fmt: skip
 
 
-def devices_doc(devices: int = 1) -> list[dict[str, Any]]:
+def devices_doc(devices: int = 1, host: str = HOST_A) -> list[dict[str, Any]]:
     return [
-        {"index": d, "uuid": f"GPU-{d}", "name": "NVIDIA A100-SXM4-80GB", "memory_total_b": 80 * 2**30}
+        {"index": d, "uuid": gpu_uuid(d, host), "name": "NVIDIA A100-SXM4-80GB", "memory_total_b": 80 * 2**30}
         for d in range(devices)
     ]
 
@@ -135,8 +149,8 @@ def devices_doc(devices: int = 1) -> list[dict[str, Any]]:
 def batch(run: dict[str, Any], n: int = 10, devices: int = 1, **extra: Any) -> dict[str, Any]:
     doc = {
         "run": run,
-        "devices": devices_doc(devices),
-        "gpu_intervals": gpu_rows(n, devices),
+        "devices": devices_doc(devices, run["host"]),
+        "gpu_intervals": gpu_rows(n, devices, host=run["host"]),
         "host_intervals": host_rows(n),
         "events": [{"seq": 0, "t": NOW - 3000, "kind": "alert", "message": "GPU idle", "payload": {"gpu": 0}}],
         "metrics": [{"seq": 0, "t": NOW - 3000, "key": "loss", "value": 0.5, "epoch": 1}],

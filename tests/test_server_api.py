@@ -111,7 +111,9 @@ def test_run_end_label_change_and_late_push_are_audited(api: Api) -> None:
     assert stale["created"] is False and api.get(t.admin, f"/runs/{run['id']}").json()["status"] == "failed"
     with Ledger(api.url) as led:
         actions = [r["action"] for r in led.read(lambda c: list(c.execute(audit.T.audit_log.select()).mappings()))]
-        assert actions[-5:] == ["run.created", "run.labels_changed", "run.ended", "run.sealed", "run.resealed"]
+        assert actions[-7:] == [
+            "gpu.registered", "run.created", "run.changed", "run.changed", "run.ended", "run.sealed", "run.resealed"
+        ]  # fmt: skip
         assert audit.verify(led).ok
 
 

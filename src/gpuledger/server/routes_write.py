@@ -79,18 +79,39 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
             events=[e.model_dump() for e in batch.events],
             metrics=metrics,
             final=batch.final,
-            actor=actor,
+            writer=store_ingest.Writer(principal.user, principal.token_id),
             authorize=_authorize_fn(principal),
         )
     except store_ingest.NotYours:
         raise HTTPException(status_code=404, detail=f"no run {batch.run.id!r} in your projects") from None
+    except store_ingest.PushRefused as exc:  # would rewrite history or take another host's GPU
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    out_of_span = _span_refusals(batch, out.refused)
     refused = [{"series": r.series, "item": r.item, "reason": r.reason, "raw": r.raw} for r in checked.refused]
+    refused += [{"series": r.series, "item": r.item, "reason": r.reason, "raw": r.raw} for r in out_of_span]
     quarantine.after_push(
         ledger.database, batch.run.id, refused, actor=actor, token_id=principal.token_id,
         redact=redactor().redact_text,
     )  # fmt: skip
-    items = [QuarantinedItem(series=r.series, index=r.index, item=r.item, reason=r.reason) for r in checked.refused]
-    return IngestResult(**out.__dict__, quarantined=items)
+    items = [
+        QuarantinedItem(series=r.series, index=r.index, item=r.item, reason=r.reason)
+        for r in [*checked.refused, *out_of_span]
+    ]
+    return IngestResult(**{k: v for k, v in out.__dict__.items() if k != "refused"}, quarantined=items)
+
+
+def _span_refusals(batch: IngestBatch, refused: list[store_ingest.RefusedRow]) -> list[store_ingest.RefusedRow]:
+    """The store's refusals (rows outside the run's span) named by the batch's own lists."""
+    import dataclasses
+
+    out = []
+    for r in refused:
+        series, index = r.series, r.index
+        if series in ("gpu", "host"):
+            compact = len(batch.gpu_rows if series == "gpu" else batch.host_rows)
+            series, index = (f"{series}_rows", index) if index < compact else (f"{series}_intervals", index - compact)
+        out.append(dataclasses.replace(r, series=series, index=index))
+    return out
 
 
 @router.post(
@@ -138,19 +159,17 @@ async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str,
             raise store_ingest.NotYours
 
     def write(data: bytes) -> bool:
+        writer = store_ingest.Writer(principal.user, principal.token_id)
         return store_ingest.set_log(
-            ledger.database,
-            run_id=run_id,
-            data=data,
-            truncated=truncated,
-            actor=actor_of(principal),
-            authorize=authorize,
+            ledger.database, run_id=run_id, data=data, truncated=truncated, writer=writer, authorize=authorize
         )
 
     try:
         found = await upload.store(write)  # a few at a time: each holds its log in memory once
     except store_ingest.NotYours:
         found = False
+    except store_ingest.PushRefused as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
     if not found:
         raise HTTPException(status_code=404, detail=f"no run {run_id!r} in your projects")
     return {"run_id": run_id, "size_b": upload.size_b, "sha256": upload.sha256, "truncated": truncated}

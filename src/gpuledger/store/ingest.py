@@ -5,23 +5,41 @@ Idempotent like the rest of the store: intervals are keyed by (run, device, seq)
 events and metrics by (run, seq) as numbered by the agent's local ledger; a resent batch inserts
 nothing. The run's row is locked first (PostgreSQL: SELECT ... FOR UPDATE), so pushes of one run
 from several replicas are serialised and the bulk path (store/bulk.py) can use COPY safely.
+
+History is immutable (core/run_rules.py): only the run's owner may push it (store/ownership.py),
+its identity and devices never change, a finished run's record is final, GPUs belong to the host
+that reported them first, and rows outside the run's span are refused one by one (``refused``).
+A push that breaks a rule raises PushRefused; the attempt is audited in a transaction of its own.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gpuledger.core import run_rules
 from gpuledger.core.model import RunRecord
-from gpuledger.store import audit, bulk, codec, rollup_stale, schema, writes
+from gpuledger.core.run_rules import FINAL, Span
+from gpuledger.store import audit, bulk, codec, ownership, rollup_stale, schema, writes
 from gpuledger.store.engine import Database
+from gpuledger.store.ownership import PushRefused, Writer
 
-FINAL = frozenset({"succeeded", "failed", "killed", "lost", "imported"})
+__all__ = ["FINAL", "IngestOutcome", "NotYours", "PushRefused", "RefusedRow", "Writer", "ingest", "set_log"]
+
+
+@dataclass(frozen=True)
+class RefusedRow:
+    """A row of the push that was not stored: its list, position in it, what it was, and why."""
+
+    series: str  # gpu | host | events | metrics
+    index: int
+    item: str
+    reason: str
+    raw: Any = None  # the row as sent
 
 
 @dataclass
@@ -34,6 +52,7 @@ class IngestOutcome:
     metrics: int = 0
     dropped_rolled_up: int = 0
     sealed: bool = False
+    refused: list[RefusedRow] = field(default_factory=list)
 
 
 class NotYours(Exception):
@@ -53,51 +72,121 @@ def _chunks(rows: list[dict[str, Any]], n: int) -> list[list[dict[str, Any]]]:
     return [rows[i : i + n] for i in range(0, len(rows), n)]
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    return a == b
-
-
-def _upsert_run(
-    db: Database, conn: Connection, run: RunRecord, actor: str, authorize: Callable[[str | None, str | None], None]
-) -> tuple[bool, bool]:
-    """(created, changed). ``authorize(existing_project, new_project)`` raises to refuse."""
-    r = schema.runs.c
-    q = sa.select(schema.runs).where(r.id == run.id)
-    if db.dialect == "postgresql":
-        q = q.with_for_update()
-    existing = conn.execute(q).mappings().first()
-    new_row = codec.run_row(run)
-    if existing is None:
-        authorize(None, new_row["project"])
-        if writes.insert_run(db, conn, run):
-            info = {k: new_row[k] for k in ("project", "team", "user", "host", "name", "status", "started_at")}
-            audit.append(conn, actor=actor, action="run.created", obj=f"run:{run.id}", payload=info)
-            if run.status in FINAL:
-                _audit_end(conn, actor, run.id, new_row)
-            return True, True
-        existing = conn.execute(q).mappings().first()  # a concurrent push created it just now
-        assert existing is not None
-    authorize(existing["project"], new_row["project"])
-    if existing["status"] in FINAL and new_row["status"] == "running":
-        return False, False  # a stale push never reopens a finished run
-    changes = {k: v for k, v in new_row.items() if k != "id" and not _same(existing[k], v)}
-    if not changes:
-        return False, False
-    conn.execute(sa.update(schema.runs).where(r.id == run.id).values(changes))
-    if "labels" in changes:
-        writes.replace_labels(conn, run.id, changes["labels"])
-        payload = {"old": existing["labels"], "new": changes["labels"]}
-        audit.append(conn, actor=actor, action="run.labels_changed", obj=f"run:{run.id}", payload=payload)
-    if "status" in changes and new_row["status"] in FINAL:
-        _audit_end(conn, actor, run.id, new_row)
-    return False, True
-
-
 def _audit_end(conn: Connection, actor: str, run_id: str, row: Mapping[str, Any]) -> None:
     info = {k: row[k] for k in ("status", "ended_at", "exit_code", "signal", "status_reason")}
     audit.append(conn, actor=actor, action="run.ended", obj=f"run:{run_id}", payload=info)
+
+
+def _lock_run(db: Database, conn: Connection, run_id: str) -> dict[str, Any] | None:
+    q = sa.select(schema.runs).where(schema.runs.c.id == run_id)
+    if db.dialect == "postgresql":
+        q = q.with_for_update()
+    row = conn.execute(q).mappings().first()
+    return None if row is None else dict(row)
+
+
+def _upsert_run(
+    db: Database,
+    conn: Connection,
+    run: RunRecord,
+    writer: Writer,
+    authorize: Callable[[str | None, str | None], None],
+    new_devices: Sequence[Mapping[str, Any]],
+) -> tuple[bool, bool, dict[str, Any]]:
+    """(created, changed, the run's row now). ``authorize(existing_project, new_project)`` raises
+    to refuse; PushRefused for a push that breaks the rules of core/run_rules.py."""
+    existing = _lock_run(db, conn, run.id)
+    new_row = codec.run_row(run)
+    if existing is None:
+        authorize(None, new_row["project"])
+        ownership.check_gpus(conn, run.id, ownership.gpu_uuids(new_devices), writer, run.host)
+        if writes.insert_run(db, conn, run):
+            ownership.record_creator(conn, run.id, writer, run.host)
+            info = {k: new_row[k] for k in ("project", "team", "user", "host", "name", "status", "started_at")}
+            info |= {"owner": writer.user, "token": writer.token_id or None}
+            audit.append(conn, actor=writer.actor, action="run.created", obj=f"run:{run.id}", payload=info)
+            if run.status in FINAL:
+                _audit_end(conn, writer.actor, run.id, new_row)
+            return True, True, new_row
+        existing = _lock_run(db, conn, run.id)  # a concurrent push created it just now
+        assert existing is not None
+    authorize(existing["project"], new_row["project"])
+    ownership.check_pusher(conn, run.id, writer, existing["host"])
+    verdict = run_rules.judge_record(run.id, existing, new_row)
+    if verdict.refusal:
+        raise PushRefused(verdict.refusal)
+    if not verdict.changes:
+        return False, False, existing
+    conn.execute(sa.update(schema.runs).where(schema.runs.c.id == run.id).values(verdict.changes))
+    if "labels" in verdict.changes:
+        writes.replace_labels(conn, run.id, verdict.changes["labels"])
+    payload = {"old": verdict.old, "new": verdict.changes}
+    audit.append(conn, actor=writer.actor, action="run.changed", obj=f"run:{run.id}", payload=payload)
+    if verdict.ended_now:
+        _audit_end(conn, writer.actor, run.id, new_row)
+    return False, True, {**existing, **verdict.changes}
+
+
+def _devices(
+    db: Database, conn: Connection, run_row: Mapping[str, Any], devices: Sequence[Mapping[str, Any]], writer: Writer,
+    created: bool,
+) -> set[str]:  # fmt: skip
+    """Store the run's new devices (GPUs registered to its host) and refuse a changed one; the
+    run's device UUIDs after the push."""
+    run_id = str(run_row["id"])
+    d = schema.devices
+    stored = {r["uuid"]: dict(r) for r in conn.execute(sa.select(d).where(d.c.run_id == run_id)).mappings()}
+    new = []
+    for dev in devices:
+        known = stored.get(dev["uuid"])
+        if known is not None:
+            refusal = run_rules.device_refusal(run_id, known, dev)
+            if refusal:
+                raise PushRefused(refusal)
+        else:
+            new.append(dev)
+    if new:
+        if run_row["status"] in FINAL and not created:
+            names = ", ".join(str(dv["uuid"]) for dv in new)
+            raise PushRefused(f"run {run_id} has ended ({run_row['status']}): it gets no new GPUs ({names})")
+        if not created:  # a new run's GPUs were checked before it was stored
+            ownership.check_gpus(conn, run_id, ownership.gpu_uuids(new), writer, str(run_row["host"]))
+        conn.execute(db.insert(d).on_conflict_do_nothing(), [{**dv, "run_id": run_id} for dv in new])
+    return set(stored) | {str(dv["uuid"]) for dv in new}
+
+
+def _keep_in_span(
+    series: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], span: Span, refused: list[RefusedRow]
+) -> list[Sequence[Any]]:
+    """The rows inside the run's span; the others are added to ``refused``."""
+    seq_at, t0_at, t1_at = (columns.index(c) for c in ("seq", "t0", "t1"))
+    uuid_at = columns.index("device_uuid") if "device_uuid" in columns else None
+    kept = []
+    for i, r in enumerate(rows):
+        item = f"seq {r[seq_at]}" if uuid_at is None else f"{r[uuid_at]} seq {r[seq_at]}"
+        why = span.refusal(float(r[t0_at]), float(r[t1_at]))
+        if why is None:
+            kept.append(r)
+        else:
+            refused.append(RefusedRow(series, i, item, why, dict(zip(columns, r, strict=True))))
+    return kept
+
+
+def _keep_timed(series: str, items: Sequence[Mapping[str, Any]], span: Span, refused: list[RefusedRow]) -> list[dict]:  # type: ignore[type-arg]
+    kept = []
+    for i, item in enumerate(items):
+        why = span.refusal(float(item["t"]), float(item["t"]))
+        if why is None:
+            kept.append(dict(item))
+        else:
+            refused.append(RefusedRow(series, i, f"seq {item.get('seq')}", why, dict(item)))
+    return kept
+
+
+def _late_reason(out: IngestOutcome) -> str:
+    added = [f"{n} {what}" for n, what in ((out.gpu_intervals, "GPU intervals"), (out.host_intervals, "host intervals"),
+                                           (out.events, "events"), (out.metrics, "metrics")) if n]  # fmt: skip
+    return "late push" + (f": {', '.join(added)} added" if added else ": the run record or its devices")
 
 
 def ingest(
@@ -112,52 +201,81 @@ def ingest(
     events: Sequence[Mapping[str, Any]],
     metrics: Sequence[Mapping[str, Any]],
     final: bool,
-    actor: str,
+    writer: Writer,
     authorize: Callable[[str | None, str | None], None],
 ) -> IngestOutcome:
+    """Store one push of ``writer``. Raises PushRefused (nothing stored; the attempt audited)."""
+
     def tx(conn: Connection) -> IngestOutcome:
         out = IngestOutcome(run.id)
-        out.created, changed = _upsert_run(db, conn, run, actor, authorize)
-        if devices:
-            ins = db.insert(schema.devices)
-            keys = ("run_id", "uuid")
-            update = {c.name: ins.excluded[c.name] for c in schema.devices.columns if c.name not in keys}
-            conn.execute(
-                ins.on_conflict_do_update(index_elements=list(keys), set_=update),
-                [{**d, "run_id": run.id} for d in devices],
-            )
-        out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu, gpu_columns)
+        out.created, changed, row = _upsert_run(db, conn, run, writer, authorize, devices)
+        uuids = _devices(db, conn, row, devices, writer, out.created)
+        span = Span.of(row)
+        gpu_in = _keep_in_span("gpu", gpu, gpu_columns, span, out.refused)
+        host_in = _keep_in_span("host", host, host_columns, span, out.refused)
+        uuid_at = gpu_columns.index("device_uuid")
+        # GPUs with intervals but no device row: they belong to this host all the same.
+        ownership.check_gpus(conn, run.id, {r[uuid_at] for r in gpu_in} - uuids, writer, str(row["host"]))
+        events_in = _keep_timed("events", events, span, out.refused)
+        metrics_in = _keep_timed("metrics", metrics, span, out.refused)
+        out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns)
         if out.gpu_intervals:  # new rows only: a resent batch changes nothing
             at = [gpu_columns.index(c) for c in ("device_uuid", "t0", "t1")]
-            rollup_stale.drop_after_append(conn, run.id, [(r[at[0]], r[at[1]], r[at[2]]) for r in gpu])
+            rollup_stale.drop_after_append(conn, run.id, [(r[at[0]], r[at[1]], r[at[2]]) for r in gpu_in])
         elif devices or (changed and not out.created):
             rollup_stale.drop_rollups(conn, [run.id])
-        out.host_intervals, d2 = bulk.insert_intervals(db, conn, "host", run.id, host, host_columns)
+        out.host_intervals, d2 = bulk.insert_intervals(db, conn, "host", run.id, host_in, host_columns)
         out.dropped_rolled_up = d1 + d2
-        out.events = _insert_numbered(db, conn, schema.events, run.id, [dict(e) for e in events])
-        out.metrics = _insert_numbered(db, conn, schema.metrics, run.id, [dict(m) for m in metrics])
-        wrote = changed or bool(devices) or any((out.gpu_intervals, out.host_intervals, out.events, out.metrics))
-        if run.status in FINAL and (final or (wrote and audit.latest_seal(conn, run.id) is not None)):
-            out.sealed = (
-                audit.seal_run(conn, run.id, actor=actor, reason="final push" if final else "late push") is not None
-            )
+        out.events = _insert_numbered(db, conn, schema.events, run.id, events_in)
+        out.metrics = _insert_numbered(db, conn, schema.metrics, run.id, metrics_in)
+        wrote = changed or any((out.gpu_intervals, out.host_intervals, out.events, out.metrics))
+        if row["status"] in FINAL and (final or (wrote and audit.latest_seal(conn, run.id) is not None)):
+            reason = "final push" if final and audit.latest_seal(conn, run.id) is None else _late_reason(out)
+            out.sealed = audit.seal_run(conn, run.id, actor=writer.actor, reason=reason) is not None
         return out
 
-    return db.write(tx)
+    return _refusals_audited(db, run.id, writer, lambda: db.write(tx))
 
 
-def set_log(db: Database, *, run_id: str, data: bytes, truncated: bool, actor: str,
-            authorize: Callable[[str | None], None]) -> bool:  # fmt: skip
-    """Store a run's log; reseal the run when it is sealed. False if the run does not exist."""
+def _refusals_audited(db: Database, run_id: str, writer: Writer, attempt: Callable[[], Any]) -> Any:
+    try:
+        return attempt()
+    except PushRefused as exc:
+        payload = {"reason": str(exc), "token": writer.token_id or None}
+        db.write(lambda c: audit.append(c, actor=writer.actor, action="push.refused", obj=f"run:{run_id}",
+                                        payload=payload))  # fmt: skip
+        raise
+
+
+def set_log(
+    db: Database, *, run_id: str, data: bytes, truncated: bool, writer: Writer,
+    authorize: Callable[[str | None], None],
+) -> bool:  # fmt: skip
+    """Store a run's log (audited, with its sha256); reseal the run when it is sealed. False if the
+    run does not exist. The log of a sealed run that has one already cannot change (PushRefused)."""
+    import hashlib
+
+    digest = hashlib.sha256(data).hexdigest()
 
     def tx(conn: Connection) -> bool:
-        project = conn.execute(sa.select(schema.runs.c.project).where(schema.runs.c.id == run_id)).first()
-        if project is None:
+        row = conn.execute(
+            sa.select(schema.runs.c.project, schema.runs.c.host).where(schema.runs.c.id == run_id)
+        ).first()
+        if row is None:
             return False
-        authorize(project[0])
+        authorize(row.project)
+        ownership.check_pusher(conn, run_id, writer, str(row.host))
+        stored = conn.scalar(sa.select(schema.logs.c.sha256).where(schema.logs.c.run_id == run_id))
+        if stored == digest:
+            return True  # sent again
+        sealed = audit.latest_seal(conn, run_id) is not None
+        if sealed and stored is not None:
+            raise PushRefused(f"run {run_id} is sealed with its log (sha256 {stored[:12]}…): the log cannot change")
         writes.set_log(db, conn, run_id, data, truncated)
-        if audit.latest_seal(conn, run_id) is not None:
-            audit.seal_run(conn, run_id, actor=actor, reason="log stored")
+        payload = {"sha256": digest, "size_b": len(data), "truncated": truncated, "token": writer.token_id or None}
+        audit.append(conn, actor=writer.actor, action="log.stored", obj=f"run:{run_id}", payload=payload)
+        if sealed:
+            audit.seal_run(conn, run_id, actor=writer.actor, reason="log stored")
         return True
 
-    return db.write(tx)
+    return bool(_refusals_audited(db, run_id, writer, lambda: db.write(tx)))

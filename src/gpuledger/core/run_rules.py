@@ -1,0 +1,105 @@
+"""What a push may change of a run already stored (pure): the rules that keep history immutable.
+
+- **Identity is frozen at creation**: the user, host, command, working directory, start time,
+  the recorder's settings and the code and driver versions never change, nor does any stored
+  device (its UUID, name, memory, MIG profile ...).
+- **A finished run's record is final**: its status, end, exit code, labels and the rest cannot
+  change, with one exception: ``lost`` is a verdict drawn from silence (the recorder died, or the
+  server heard nothing for too long), so the run's owner may still report how it really ended.
+- **While a run records**, its other fields (labels, metadata, name, status ...) may change; each
+  change is audited with the old and the new values.
+- **Rows must lie inside the run's span**: no interval, event or metric from before its start or,
+  once it has ended, after its end (so a closed month cannot change; a ``lost`` run has no end
+  yet), and GPU intervals only for the run's own devices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+FINAL = frozenset({"succeeded", "failed", "killed", "lost", "imported"})
+IDENTITY_FIELDS = (
+    "user", "host", "command", "cwd", "started_at", "replayed", "interval_s", "git", "versions", "recorder_pid",
+    "log_path",
+)  # fmt: skip
+# Columns a run row holds that are not the agent's to send (derived, or written by the server).
+NOT_SENT = frozenset({"id", "rolled_up"})
+SPAN_SLACK_S = 5.0  # clock granularity between a run's own timestamps
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return bool(a == b)
+
+
+@dataclass(frozen=True)
+class RecordVerdict:
+    changes: dict[str, Any]  # column -> new value, to apply
+    old: dict[str, Any]  # column -> value before, for the audit row
+    refusal: str | None = None  # why the push is refused as a whole
+    stale: bool = False  # a late copy of the record from before the run ended: ignored
+
+    @property
+    def ended_now(self) -> bool:
+        return "status" in self.changes and self.changes["status"] in FINAL
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def judge_record(run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any]) -> RecordVerdict:
+    """What of the ``sent`` run row may be applied to the ``stored`` one."""
+    frozen = [k for k in IDENTITY_FIELDS if k in sent and not same(stored.get(k), sent[k])]
+    if frozen:
+        shown = "; ".join(f"{k} stored {_show(stored.get(k))}, sent {_show(sent[k])}" for k in frozen)
+        return RecordVerdict(
+            {}, {}, f"run {run_id}: {', '.join(frozen)} cannot change after the run was created ({shown})"
+        )
+    diff = {k: v for k, v in sent.items() if k not in NOT_SENT and not same(stored.get(k), v)}
+    old = {k: stored.get(k) for k in diff}
+    was = stored.get("status")
+    if was in FINAL:
+        if sent.get("status") == "running":
+            return RecordVerdict({}, {}, stale=True)  # an older copy of the record: never reopens a run
+        if diff and not (was == "lost" and sent.get("status") in FINAL - {"lost"}):
+            return RecordVerdict(
+                {},
+                {},
+                f"run {run_id} has ended ({was}): its record is final and cannot change ({', '.join(sorted(diff))})",
+            )
+    return RecordVerdict(diff, old)
+
+
+def device_refusal(run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any]) -> str | None:
+    """Why a device sent again for a run differs from the one stored (None: the same)."""
+    changed = sorted(k for k, v in sent.items() if k in stored and not same(stored[k], v))
+    if not changed:
+        return None
+    return f"run {run_id}: GPU {sent.get('uuid')} cannot change after it was reported ({', '.join(changed)})"
+
+
+@dataclass(frozen=True)
+class Span:
+    """The times a run's rows may have: [start - slack, end + slack] (no end while it records)."""
+
+    start: float
+    end: float | None
+
+    @classmethod
+    def of(cls, run: Mapping[str, Any]) -> Span:
+        # A lost run may still be running somewhere: its owner's late rows are taken.
+        ended = run.get("status") in FINAL - {"lost"} and run.get("ended_at") is not None
+        return cls(float(run["started_at"]), float(run["ended_at"]) if ended else None)
+
+    def refusal(self, t0: float, t1: float) -> str | None:
+        if t0 < self.start - SPAN_SLACK_S:
+            return f"starts at {t0}, before the run started ({self.start})"
+        if self.end is not None and t1 > self.end + SPAN_SLACK_S:
+            return f"ends at {t1}, after the run ended ({self.end})"
+        return None

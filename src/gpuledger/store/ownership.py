@@ -1,0 +1,180 @@
+"""Who may push a run, and which host a GPU belongs to (``run_owners``, ``gpu_owners``), audited.
+
+A run belongs to the user of the token that created it (an agent identity, usually the machine's
+name) and to the host its record names; only that user's tokens may push it again, so another
+agent of the same project cannot rewrite it. A GPU (or the GPU a MIG slice lives on) belongs to the
+host and agent that reported it first; a run of another host or agent reporting the same UUID is
+refused, with an audit row, until an admin re-homes it. Every change here is an audit row in the
+same transaction, so ``gpuledger audit verify`` can check both tables against the trail.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.store import audit, schema
+from gpuledger.store.errors import LedgerError, RunNotFound
+
+if TYPE_CHECKING:
+    from gpuledger.store.ledger import Ledger
+
+
+class PushRefused(LedgerError):
+    """A push that would rewrite history or take what belongs to someone else (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class Writer:
+    """The principal pushing: its user (the agent identity) and token."""
+
+    user: str
+    token_id: str = ""
+
+    @property
+    def actor(self) -> str:
+        return f"{self.user} (token {self.token_id})" if self.token_id else self.user
+
+
+# -- runs -----------------------------------------------------------------------------------------
+
+
+def owner_of(conn: Connection, run_id: str) -> dict[str, Any] | None:
+    o = schema.run_owners.c
+    row = conn.execute(sa.select(schema.run_owners).where(o.run_id == run_id)).mappings().first()
+    return None if row is None else dict(row)
+
+
+def _set_owner(conn: Connection, run_id: str, user: str, token_id: str | None, host: str) -> None:
+    o = schema.run_owners.c
+    conn.execute(sa.delete(schema.run_owners).where(o.run_id == run_id))
+    conn.execute(
+        sa.insert(schema.run_owners).values(
+            run_id=run_id, user_name=user, token_id=token_id, host=host, since=time.time()
+        )
+    )
+
+
+def record_creator(conn: Connection, run_id: str, writer: Writer, host: str) -> None:
+    """The creating push: the run is its writer's (the run.created audit row names the owner)."""
+    _set_owner(conn, run_id, writer.user, writer.token_id or None, host)
+
+
+def check_pusher(conn: Connection, run_id: str, writer: Writer, host: str) -> None:
+    """Refuse a push of ``run_id`` by anyone but its owner. A run stored before runs had owners
+    (migration 7) is claimed by its first pusher, audited."""
+    owner = owner_of(conn, run_id)
+    if owner is None:
+        _set_owner(conn, run_id, writer.user, writer.token_id or None, host)
+        payload = {"owner": writer.user, "token": writer.token_id or None, "host": host}
+        audit.append(conn, actor=writer.actor, action="run.owner_claimed", obj=f"run:{run_id}", payload=payload)
+        return
+    if owner["user_name"] != writer.user:
+        raise PushRefused(
+            f"run {run_id} belongs to {owner['user_name']!r} (host {owner['host']!r}): only that agent's tokens may "
+            f"push it; an admin can transfer it: gpuledger admin run transfer {run_id} --to {writer.user}"
+        )
+
+
+def transfer(ledger: Ledger, run_id: str, to_user: str, *, actor: str, note: str | None = None) -> str:
+    """Give ``run_id`` to ``to_user`` (an admin's decision, audited); returns the previous owner."""
+
+    def tx(conn: Connection) -> str:
+        r = schema.runs.c
+        host = conn.scalar(sa.select(r.host).where(r.id == run_id))
+        if host is None:
+            raise RunNotFound(run_id)
+        if conn.scalar(sa.select(schema.users.c.name).where(schema.users.c.name == to_user)) is None:
+            raise LedgerError(f"no user {to_user!r}; add it with: gpuledger admin user add {to_user}")
+        before = owner_of(conn, run_id)
+        previous = before["user_name"] if before else ""
+        _set_owner(conn, run_id, to_user, None, str(host))
+        payload = {"from": previous or None, "to": to_user, "host": host, "note": note}
+        audit.append(conn, actor=actor, action="run.transferred", obj=f"run:{run_id}", payload=payload)
+        return previous
+
+    return ledger.write(tx)
+
+
+# -- GPUs -----------------------------------------------------------------------------------------
+
+
+def gpu_uuids(devices: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The GPU UUIDs a run's devices name: each device's, and the parent GPU of a MIG slice."""
+    out: set[str] = set()
+    for d in devices:
+        out.add(str(d["uuid"]))
+        if d.get("mig_parent_uuid"):
+            out.add(str(d["mig_parent_uuid"]))
+    return sorted(out)
+
+
+def _insert_new(conn: Connection, table: sa.Table, row: dict[str, Any]) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING; whether the row went in (another push may have just
+    registered the same key)."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    ins = (sqlite.insert if conn.dialect.name == "sqlite" else postgresql.insert)(table).values(row)
+    pk = [c.name for c in table.primary_key.columns]
+    return (
+        conn.execute(ins.on_conflict_do_nothing(index_elements=pk).returning(*table.primary_key.columns)).first()
+        is not None
+    )
+
+
+def check_gpus(conn: Connection, run_id: str, uuids: Iterable[str], writer: Writer, host: str) -> None:
+    """Register the GPUs no one has reported yet to ``host`` and ``writer``; refuse a GPU that
+    belongs to another host or agent (PushRefused)."""
+    wanted = sorted(set(uuids))
+    if not wanted:
+        return
+    g = schema.gpu_owners.c
+    known = {r.uuid: r for r in conn.execute(sa.select(schema.gpu_owners).where(g.uuid.in_(wanted)))}
+    payload = {"host": host, "user": writer.user, "run": run_id}
+    for uuid in wanted:
+        owner = known.get(uuid)
+        if owner is None:
+            row = {"uuid": uuid, "host": host, "user_name": writer.user, "since": time.time(), "source": "push"}
+            if _insert_new(conn, schema.gpu_owners, row):
+                audit.append(conn, actor=writer.actor, action="gpu.registered", obj=f"gpu:{uuid}", payload=payload)
+                continue
+            owner = conn.execute(sa.select(schema.gpu_owners).where(g.uuid == uuid)).first()
+        if owner.host == host and owner.user_name is None:  # known from the runs before migration 7
+            conn.execute(sa.update(schema.gpu_owners).where(g.uuid == uuid).values(user_name=writer.user))
+            audit.append(conn, actor=writer.actor, action="gpu.claimed", obj=f"gpu:{uuid}", payload=payload)
+        elif owner.host != host or owner.user_name != writer.user:
+            raise PushRefused(
+                f"GPU {uuid} belongs to host {owner.host!r} (agent {owner.user_name or 'any'}); run {run_id} of host "
+                f"{host!r} (agent {writer.user!r}) may not report it. If the GPU really moved, an admin re-homes it: "
+                f"gpuledger admin gpu rehome {uuid} --host {host} --agent {writer.user}"
+            )
+
+
+def rehome(ledger: Ledger, uuid: str, host: str, user: str | None, *, actor: str) -> dict[str, Any] | None:
+    """Give GPU ``uuid`` to ``host`` (and agent ``user``; None: any agent of the host), audited;
+    returns the previous owner row, if any."""
+
+    def tx(conn: Connection) -> dict[str, Any] | None:
+        g = schema.gpu_owners.c
+        before = conn.execute(sa.select(schema.gpu_owners).where(g.uuid == uuid)).mappings().first()
+        conn.execute(sa.delete(schema.gpu_owners).where(g.uuid == uuid))
+        conn.execute(
+            sa.insert(schema.gpu_owners).values(uuid=uuid, host=host, user_name=user, since=time.time(), source="admin")
+        )
+        payload = {"host": host, "user": user, "from_host": before["host"] if before else None,
+                   "from_user": before["user_name"] if before else None}  # fmt: skip
+        audit.append(conn, actor=actor, action="gpu.rehomed", obj=f"gpu:{uuid}", payload=payload)
+        return None if before is None else dict(before)
+
+    return ledger.write(tx)
+
+
+def list_gpus(ledger: Ledger) -> list[dict[str, Any]]:
+    g = schema.gpu_owners.c
+    return ledger.read(lambda c: [dict(r) for r in c.execute(sa.select(schema.gpu_owners).order_by(g.host, g.uuid))
+                                  .mappings()])  # fmt: skip
