@@ -171,9 +171,13 @@ def merge_gpu_intervals(intervals: Sequence[GpuInterval], seq: int = 0) -> GpuIn
 
 
 def merge_host_ticks(seq: int, ticks: Sequence[HostTick]) -> HostInterval:
-    """Host ticks (in time order) -> one interval."""
+    """Host ticks (in time order) -> one interval.
+
+    A tick's host-wide utilisation is weighted by the span it really covers, (sys_t0, t1], which is
+    longer than the tick when the host-wide counters were read a few ticks apart.
+    """
     t0, t1 = _span(ticks)
-    weights = [t.t1 - t.t0 for t in ticks]
+    weights = [t.t1 - (t.t0 if t.sys_t0 is None else t.sys_t0) for t in ticks]
     return HostInterval(
         seq=seq,
         t0=t0,

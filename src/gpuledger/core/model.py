@@ -103,7 +103,12 @@ class GpuInterval:
 
 @dataclass
 class HostTick:
-    """What the host collector measured between two reads (t0, t1]."""
+    """What the host collector measured between two reads (t0, t1].
+
+    The tree's figures cover exactly (t0, t1]. The host-wide ones (``sys_*``, ``iowait_s``,
+    ``disk_*``, ``net_*``) are read less often and cover (``sys_t0``, t1]: since the previous
+    host-wide read, which may be several ticks back but never before the interval the tick belongs to.
+    """
 
     t0: float
     t1: float
@@ -120,6 +125,7 @@ class HostTick:
     disk_write_b: int | None = None
     net_rx_b: int | None = None
     net_tx_b: int | None = None
+    sys_t0: float | None = None  # start of the span the host-wide figures cover; None when there are none
 
 
 @dataclass
