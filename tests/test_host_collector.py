@@ -21,10 +21,23 @@ from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuledger.collect.base import HostCollector
 from gpuledger.collect.host import ProcessTreeCollector, Usage
-from gpuledger.core.model import HostTick
+from gpuledger.core.intervals import merge_host_ticks
+from gpuledger.core.model import HostInterval, HostTick
+from host_support import (
+    CPUS,
+    DISK_READ_B_PER_S,
+    DISK_WRITE_B_PER_S,
+    IOWAIT_FRACTION,
+    NET_RX_B_PER_S,
+    NET_TX_B_PER_S,
+    ScriptedSystem,
+    expected_util_pct,
+)
 
 PR_SET_CHILD_SUBREAPER = 36
 MB = 1_000_000
@@ -556,4 +569,116 @@ def test_host_wide_counters_are_read_every_nth_tick_only() -> None:
     ticks = [collector.read(float(i)) for i in range(1, 10)]
     with_system = [i for i, tick in enumerate(ticks, start=1) if tick.sys_mem_used_b is not None]
     assert with_system == [3, 6, 9]  # cumulative counters: their sums stay exact, the cost drops
+    assert [tick.sys_t0 for tick in ticks if tick.sys_t0 is not None] == [0.0, 3.0, 6.0]  # what each covers
+    collector.close()
+
+
+# -- host-wide counters: every delta stays inside the span it is stored for -----------------------
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def assert_host_wide_over(item: HostTick | HostInterval, t0: float, t1: float, system: ScriptedSystem) -> None:
+    """The host-wide figures of ``item`` are exactly the scripted counters' growth over (t0, t1]."""
+    span = t1 - t0
+    assert (item.disk_read_b, item.disk_write_b) == (DISK_READ_B_PER_S * span, DISK_WRITE_B_PER_S * span)
+    assert (item.net_rx_b, item.net_tx_b) == (NET_RX_B_PER_S * span, NET_TX_B_PER_S * span)
+    assert item.iowait_s == pytest.approx(IOWAIT_FRACTION * CPUS * span, abs=1e-9)
+    util = item.sys_cpu_util_pct if isinstance(item, HostTick) else item.sys_cpu_util_avg_pct
+    if span > 0:
+        assert util == pytest.approx(expected_util_pct(system, t0, t1), abs=1e-6)
+
+
+def test_a_read_that_closes_an_interval_reads_the_host_wide_counters_too(backend: str) -> None:
+    clock = ManualClock()
+    system = ScriptedSystem(clock)
+    collector = ProcessTreeCollector(os.getpid(), backend=backend, system_every=5, system=system)
+    assert collector.read(clock.t) is None
+    ticks = []
+    for i in range(1, 13):
+        clock.t = float(i)
+        tick = collector.read(clock.t, closes_interval=i in (3, 7))
+        assert tick is not None
+        ticks.append(tick)
+    # The two closes, then the cheap cadence again: every 5th read since the last host-wide one.
+    assert system.reads == [0.0, 3.0, 7.0, 12.0]
+    assert [(t.sys_t0, t.t1) for t in ticks if t.sys_t0 is not None] == [(0.0, 3.0), (3.0, 7.0), (7.0, 12.0)]
+    for tick in ticks:
+        if tick.sys_t0 is None:
+            assert (tick.iowait_s, tick.disk_write_b, tick.net_rx_b, tick.sys_cpu_util_pct) == (None,) * 4
+        else:
+            assert_host_wide_over(tick, tick.sys_t0, tick.t1, system)
+    collector.close()
+
+
+def test_a_read_that_raises_moves_no_cursor(backend: str) -> None:
+    clock = ManualClock()
+    system = ScriptedSystem(clock)
+    collector = ProcessTreeCollector(os.getpid(), backend=backend, system=system)
+    assert collector.read(clock.t) is None
+    clock.t = 1.0
+    first = collector.read(clock.t, closes_interval=True)
+    burn_until = time.process_time() + 0.05  # tree usage the failed read sees and must not drop
+    while time.process_time() < burn_until:
+        pass
+    clock.t, system.fail_next = 2.0, True
+    with pytest.raises(OSError):
+        collector.read(clock.t, closes_interval=True)
+    clock.t = 3.0
+    after = collector.read(clock.t, closes_interval=True)
+    assert first is not None and after is not None
+    # The failed read left everything to the next one: its tick covers (1, 3], tree and host alike.
+    assert (after.t0, after.sys_t0, after.t1) == (1.0, 1.0, 3.0)
+    assert_host_wide_over(after, 1.0, 3.0, system)
+    assert after.cpu_s >= 0.04  # the failed read's tree usage came with the next one, not lost
+    assert first.cpu_s + after.cpu_s == pytest.approx(collector.totals().cpu_s)
+    collector.close()
+
+
+def test_with_either_reader_the_real_host_wide_counters_come_at_every_close(backend: str) -> None:
+    collector = ProcessTreeCollector(os.getpid(), backend=backend, system_every=1000)
+    start = time.time()
+    assert collector.read(start) is None
+    middle = collector.read(start + 0.1)
+    time.sleep(0.1)
+    closing = collector.read(start + 0.2, closes_interval=True)
+    assert middle is not None and closing is not None
+    assert middle.sys_t0 is None and middle.sys_mem_used_b is None  # between closes: the cheap cadence
+    assert closing.sys_t0 == start and closing.sys_mem_used_b is not None and closing.sys_cpu_util_pct is not None
+    collector.close()
+
+
+_gaps = st.lists(st.integers(1, 2048), min_size=1, max_size=25)  # 1/1024 s up to 2 s between reads
+_phases = st.lists(st.tuples(st.integers(1, 40 * 1024), st.sampled_from([0.0, 0.25, 0.5, 0.75])), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(gaps=_gaps, closes=st.lists(st.booleans(), min_size=25, max_size=25), system_every=st.integers(1, 6),
+       first=st.sampled_from([0.25, 0.5]), phases=_phases)  # fmt: skip
+def test_any_cadence_gives_each_interval_the_host_figures_of_its_own_span(
+    gaps: list[int], closes: list[bool], system_every: int, first: float, phases: list[tuple[int, float]]
+) -> None:
+    clock = ManualClock()
+    script = [(0.0, first), *sorted((k / 1024, fraction) for k, fraction in phases)]
+    system = ScriptedSystem(clock, script)
+    collector = ProcessTreeCollector(os.getpid(), system_every=system_every, system=system)
+    assert collector.read(clock.t) is None
+    intervals, ticks = [], []
+    for n, gap in enumerate(gaps):
+        clock.t += gap / 1024
+        last = n == len(gaps) - 1
+        tick = collector.read(clock.t, closes_interval=closes[n] or last)
+        assert tick is not None
+        ticks.append(tick)
+        if closes[n] or last:  # the recorder ends an interval at this read
+            intervals.append(merge_host_ticks(len(intervals), ticks))
+            ticks = []
+    for iv in intervals:  # host CPU % weighted by the span each reading covers, not by its tick
+        assert_host_wide_over(iv, iv.t0, iv.t1, system)
     collector.close()

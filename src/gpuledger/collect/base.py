@@ -39,8 +39,12 @@ class GpuCollector(Protocol):
 
 
 class HostCollector(Protocol):
-    def read(self, now: float) -> HostTick | None:
-        """Usage of the process tree and the host since the previous read (None on the first)."""
+    def read(self, now: float, closes_interval: bool = False) -> HostTick | None:
+        """Usage of the process tree and the host since the previous read (None on the first).
+
+        ``closes_interval``: the recorder ends an interval with this read; every delta in the
+        returned tick, host-wide counters included, must then stop at ``now``.
+        """
 
     def pids(self) -> set[int]:
         """The live processes of the run's tree as of the last read."""

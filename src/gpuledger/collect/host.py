@@ -41,6 +41,16 @@ When a tracked process is gone (reaped)
     with the psutil reader, a pid reused between two reads (the /proc reader notices).
     A credit lands in the tick of the next ``read``: read once more after the last credit.
 
+Host-wide counters (system.py: CPU split, iowait, memory, disk and network bytes)
+    They are cumulative, so they are read only every ``system_every`` reads and at every read made
+    with ``closes_interval`` (the recorder says which reads end an interval, regular close, epoch cut
+    or stop); their delta since the previous host-wide read lands in the tick that reads them, with
+    ``sys_t0`` saying where that span began. Since every interval ends with a host-wide read, a delta
+    never spans two intervals: each interval's sums are over its own span. A read that raises
+    moves no cursor (tree or host-wide), so the next read covers the time since the last good one; a
+    part that cannot be read (None) leaves its delta absent on both sides of that read, never
+    stretched over a longer span. The psutil fallback reads the same counters, with the same rule.
+
 Cost (DESIGN §7; benchmarks/host_tick.py measures it in the real loop)
     Reading is procfs.py's (per process: a /proc fast path on Linux, psutil elsewhere or with
     ``backend="psutil"``) and system.py's (the host-wide counters). The tree is scanned every
@@ -108,10 +118,12 @@ class ProcessTreeCollector:
         *,
         backend: str = "auto",
         system_every: int = 1,
+        system: SystemReader | None = None,
     ) -> None:
         self.root_pid = root_pid
-        # The host-wide counters are cumulative, so reading them every few ticks keeps their sums
-        # exact while sparing most of their cost (the recorder passes ticks per interval).
+        # The host-wide counters are cumulative, so reading them every few reads keeps their sums
+        # exact while sparing most of their cost; a read that closes an interval reads them too
+        # (module doc: "Host-wide counters").
         self._system_every = max(1, system_every)
         self._reads_since_sys = 0
         self._exclude = set(exclude_pids) - {root_pid}  # the root is governed by include_root
@@ -120,7 +132,7 @@ class ProcessTreeCollector:
         self._clock = clock
         self._include_root = include_root
         self._reader = make_reader(backend)
-        self._system = SystemReader(procfs=self._reader.name == "procfs")
+        self._system = SystemReader(procfs=self._reader.name == "procfs") if system is None else system
         self._lock = threading.Lock()
         self._live: dict[int, _Tracked] = {}  # insertion order: parents before children
         self._gone: dict[int, _Tracked] = {}  # ended, reaped outside the tree: figure kept
@@ -130,6 +142,7 @@ class ProcessTreeCollector:
         self._root_start: float | None = None
         self._prev_t: float | None = None
         self._prev_sys: SysSample | None = None
+        self._prev_sys_t: float | None = None  # when _prev_sys was read
         self._reads_since_scan = 0
         self._pid_at_scan: int | None = None
         self._scans = 0
@@ -138,12 +151,17 @@ class ProcessTreeCollector:
     def backend(self) -> str:
         return self._reader.name
 
-    def read(self, now: float | None = None) -> HostTick | None:
-        """Usage since the previous read; the first read primes the cursors and returns None."""
+    def read(self, now: float | None = None, closes_interval: bool = False) -> HostTick | None:
+        """Usage since the previous read; the first read primes the cursors and returns None.
+
+        ``closes_interval``: this read ends a recording interval, so the host-wide counters are read
+        too and none of their delta crosses the interval's end. A read that raises moves no cursor:
+        the next one covers the time since the last read that returned.
+        """
         now = self._clock() if now is None else now
         with self._lock:
             if self._prev_t is None:
-                self._prime()
+                self._prime(now)
                 self._prev_t = now
                 return None
             vanished = self._refresh()
@@ -152,25 +170,30 @@ class ProcessTreeCollector:
             if vanished or self._reads_since_scan >= self._rescan_every:
                 self._scan(baseline=False)
             total = _max(self._reported, self._tree_total())
+            system = self._system_due(closes_interval)
+            # Nothing above moved a cursor the deltas are taken from: from here on, nothing raises.
             delta, self._reported = _minus(total, self._reported), total
             tick = HostTick(
                 t0=self._prev_t, t1=now, cpu_s=delta.cpu_s, read_b=delta.read_b, write_b=delta.write_b,
                 rss_b=sum(r.rss_b for r in self._live.values()),
                 threads=sum(r.threads for r in self._live.values()), procs=len(self._live),
-                **self._system_delta(),
+                **(self._system_since(system, now) if system is not None else {}),
             )  # fmt: skip
             self._prev_t = now
             return tick
 
-    def _system_delta(self) -> dict:
-        """Host-wide figures since the last system read, every ``system_every`` reads ({} between)."""
-        self._reads_since_sys += 1
-        if self._reads_since_sys < self._system_every:
-            return {}
-        self._reads_since_sys = 0
-        system = self._system.read()
+    def _system_due(self, closes_interval: bool) -> SysSample | None:
+        """A fresh host-wide reading when this read closes an interval or ends the cadence, else None."""
+        if not closes_interval and self._reads_since_sys + 1 < self._system_every:
+            self._reads_since_sys += 1
+            return None
+        return self._system.read()
+
+    def _system_since(self, system: SysSample, now: float) -> dict:
+        """The tick's host-wide fields: what changed since the previous host-wide read, (sys_t0, now]."""
         fields = system_fields(self._prev_sys, system)
-        self._prev_sys = system
+        fields["sys_t0"] = self._prev_sys_t
+        self._prev_sys, self._prev_sys_t, self._reads_since_sys = system, now, 0
         return fields
 
     def pids(self) -> set[int]:
@@ -215,7 +238,7 @@ class ProcessTreeCollector:
 
     # -- internals (called with the lock held) ------------------------------------------------
 
-    def _prime(self) -> None:
+    def _prime(self, now: float) -> None:
         try:
             self._root_start = self._reader.sample(self.root_pid).start
         except (Gone, Unreadable):
@@ -224,7 +247,7 @@ class ProcessTreeCollector:
             self._track(self.root_pid, baseline=True)
         self._scan(baseline=self._include_root)
         self._reads_since_scan = self._rescan_every - 1  # CMD usually starts right after: look again soon
-        self._prev_sys = self._system.read()
+        self._prev_sys, self._prev_sys_t = self._system.read(), now
 
     def _refresh(self) -> list[_Tracked]:
         vanished: list[_Tracked] = []
