@@ -210,6 +210,23 @@ def test_format_fits_one_screen_with_one_line_per_gpu() -> None:
     assert REPLAY_BANNER not in text
 
 
+def test_busy_time_the_samples_could_not_cover_is_said() -> None:
+    gpu = [
+        _gpu_iv(A100.uuid, 0, 0, 60, busy_s=30.0, util_method="samples", util_idle_s=20.0, util_unknown_s=0.0),
+        _gpu_iv(A100.uuid, 1, 60, 120, busy_s=40.0, util_method="instant,samples", util_idle_s=0.0,
+                util_unknown_s=12.5),
+        _gpu_iv(A100_1.uuid, 0, 0, 120, busy_s=None, util_method=None),
+    ]  # fmt: skip
+    s = summarize(_run(status="succeeded", ended_at=T0 + 120), [A100, A100_1], gpu, [], now=T0 + 200)
+    g0 = s["gpus"][0]
+    assert (g0["util_idle_seconds"], g0["util_unknown_seconds"]) == (20.0, 12.5)
+    text = format_summary(s)
+    assert "12.5 s of GPU time the samples could not cover (measured by the instant reading)" in text
+    assert "GPU 1: busy time not reported by the driver (absent, not 0)" in text
+    plain = summarize(_run(status="succeeded", ended_at=T0 + 120), [A100], gpu[:1], [], now=T0 + 200)
+    assert "measured" not in format_summary(plain)  # nothing to say when the samples covered it all
+
+
 # -- units --------------------------------------------------------------------------------------
 
 

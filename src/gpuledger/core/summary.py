@@ -235,6 +235,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  energy     {fmt_kwh(s.get('energy_kwh'))}   peak power {fmt_watts(s.get('peak_power_watts'))}",
     ]
     lines += [_gpu_line(g) for g in gpus]
+    measured = _measured_line(gpus)
+    if measured:
+        lines.append(measured)
     throttled = _throttle_line(gpus)
     if throttled:
         lines.append(throttled)
@@ -267,6 +270,23 @@ def _gpu_line(g: dict[str, Any]) -> str:
         f"{fmt_kwh(g.get('energy_kwh'))}  {fmt_watts(g.get('peak_power_watts'))}  "
         f"{fmt_celsius(g.get('max_temperature_c'))}"
     )
+
+
+def _measured_line(gpus: list[dict[str, Any]]) -> str | None:
+    """Said only when busy time is not all from the sample buffer (docs/METERING.md)."""
+    parts = []
+    unknown = sum(g.get("util_unknown_seconds") or 0.0 for g in gpus)
+    if unknown >= 0.05:
+        by_instant = any("instant" in (g.get("util_method") or "") for g in gpus)
+        how = "measured by the instant reading" if by_instant else "not measured"
+        parts.append(f"{fmt_seconds(unknown)} of GPU time the samples could not cover ({how})")
+    instant_only = [str(g.get("index")) for g in gpus if g.get("util_method") == "instant"]
+    if instant_only:
+        parts.append(f"GPU {', '.join(instant_only)}: busy time from instant readings (no sample buffer)")
+    absent = [str(g.get("index")) for g in gpus if g.get("busy_seconds") is None]
+    if absent:
+        parts.append(f"GPU {', '.join(absent)}: busy time not reported by the driver (absent, not 0)")
+    return f"  measured   {'; '.join(parts)}" if parts else None
 
 
 def _throttle_line(gpus: list[dict[str, Any]]) -> str | None:
