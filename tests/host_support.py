@@ -9,7 +9,6 @@ iowait CPU-seconds summed over all CPUs, memory in use, per-device byte pairs).
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
 from gpuledger.collect.system import SysSample
@@ -43,9 +42,6 @@ class ScriptedSystem:
             done += (self.starts[i + 1] - self.starts[i]) * self.fractions[i]
             i += 1
         return CPUS * (done + (t - self.starts[i]) * self.fractions[i])
-
-    def fraction_at(self, t: float) -> float:
-        return self.fractions[max(0, bisect_right(self.starts, t) - 1)]
 
     def read(self) -> SysSample:
         if self.fail_next:

@@ -170,7 +170,7 @@ def _run() -> RunRecord:
 
 
 class _Host:
-    def read(self, now: float) -> HostTick:
+    def read(self, now: float, closes_interval: bool = False) -> HostTick:
         return HostTick(t0=now - 1, t1=now, cpu_s=0.5, rss_b=GIB, read_b=0, write_b=0, threads=4, procs=1)
 
     def pids(self) -> set[int]:

@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import errno
+import itertools
+import math
+import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuledger.collect.base import GpuRead
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
+from gpuledger.collect.host import ProcessTreeCollector
 from gpuledger.collect.nvml import NvmlCollector
-from gpuledger.core.model import HostTick
-from gpuledger.recorder.recorder import Recorder
+from gpuledger.core.epochs import account
+from gpuledger.core.model import HostInterval, HostTick
+from gpuledger.recorder.recorder import SLIVER_S, Recorder, ticks_per_interval
+from host_support import (
+    CPUS,
+    DISK_READ_B_PER_S,
+    DISK_WRITE_B_PER_S,
+    IOWAIT_FRACTION,
+    NET_RX_B_PER_S,
+    NET_TX_B_PER_S,
+    ScriptedSystem,
+    expected_util_pct,
+)
 
 
 class Clock:
@@ -28,7 +45,7 @@ class ScriptedHost:
         self.clock = clock
         self.last: float | None = None
 
-    def read(self, now: float) -> HostTick | None:
+    def read(self, now: float, closes_interval: bool = False) -> HostTick | None:
         if self.last is None:
             self.last = now
             return None
@@ -69,11 +86,7 @@ def drive(recorder: Recorder, clock: Clock, seconds: int) -> None:
     recorder.flush(force=True)
     for _ in range(seconds):
         clock.t += 1.0
-        recorder.tick()
-        if clock.t - recorder._interval_start >= recorder.interval_s - recorder.tick_s / 2:
-            recorder._close_interval()
-        if clock.t - recorder._last_flush >= recorder._flush_every_s:
-            recorder.flush()
+        recorder.step()
 
 
 @pytest.mark.parametrize(
@@ -139,3 +152,138 @@ def test_gpu_busy_time_flows_from_nvml_into_intervals_exactly() -> None:
     # 10 s at 50 % and 10 s at 100 %, within one driver sample period.
     assert busy == pytest.approx(15.0, abs=0.2)
     assert {iv.util_method for iv in intervals} == {"samples"}
+
+
+# -- host-wide counters and interval edges: every figure over its interval's own span -------------
+
+
+def scripted_recorder(clock: Clock, sink: FlakySink, phases=((0.0, 0.25),)) -> tuple[Recorder, ScriptedSystem]:
+    """A real Recorder over a real ProcessTreeCollector (this process) whose host counters are scripted."""
+    system = ScriptedSystem(clock, phases)
+    host = ProcessTreeCollector(os.getpid(), include_root=True, system_every=ticks_per_interval(5.0), system=system)
+    return Recorder(sink, host=host, interval_s=5.0, clock=clock), system
+
+
+def assert_exact_host_intervals(intervals: list[HostInterval], system: ScriptedSystem, start: float) -> None:
+    """Contiguous from ``start``, and each one's host-wide sums are the counters' growth over its own span."""
+    if not intervals:  # possible only when no reading after the first succeeded
+        assert system.reads == [start]
+        return
+    assert [iv.seq for iv in intervals] == list(range(len(intervals)))
+    assert intervals[0].t0 == start
+    for before, after in itertools.pairwise(intervals):
+        assert before.t1 == after.t0
+    for iv in intervals:
+        # Up to the last host-wide reading inside it: its end, unless the very last reading failed.
+        covered_to = max(t for t in system.reads if t <= iv.t1)
+        assert covered_to == iv.t1 or iv is intervals[-1]
+        if iv.disk_write_b is None:  # nothing host-wide was read inside: absent, not zero
+            assert iv is intervals[-1] and covered_to == iv.t0 and iv.iowait_s is None
+            continue
+        span = covered_to - iv.t0
+        assert (iv.disk_read_b, iv.disk_write_b) == (DISK_READ_B_PER_S * span, DISK_WRITE_B_PER_S * span)
+        assert (iv.net_rx_b, iv.net_tx_b) == (NET_RX_B_PER_S * span, NET_TX_B_PER_S * span)
+        assert iv.iowait_s == pytest.approx(IOWAIT_FRACTION * CPUS * span, abs=1e-9)
+        if span > 0:
+            assert iv.sys_cpu_util_avg_pct == pytest.approx(expected_util_pct(system, iv.t0, covered_to), abs=1e-6)
+
+
+def _cut_at(rec: Recorder, clock: Clock, t: float, kind: str, epoch: int) -> None:
+    """An epoch boundary as messages.handle applies it: the cut, then the event."""
+    clock.t = t
+    rec.cut()
+    rec.event(kind, f"epoch {epoch}", epoch=epoch)
+
+
+def test_a_cut_right_after_a_close_adds_no_interval_and_epochs_stay_exact() -> None:
+    clock = Clock()
+    sink = FlakySink(0, RuntimeError())
+    rec, system = scripted_recorder(clock, sink)
+    start = clock.t
+    ms = 1 / 1024  # times in 1/1024 s keep the scripted counters' arithmetic exact
+    rec.tick()
+    _cut_at(rec, clock, start + 0.25, "epoch_start", 1)
+    for second in range(1, 6):
+        clock.t = start + second
+        rec.step()  # a regular close at start + 5
+    _cut_at(rec, clock, start + 5 + ms, "epoch_end", 1)  # 1 ms after that close: absorbed
+    _cut_at(rec, clock, start + 5 + 2 * ms, "epoch_start", 2)  # handled right after the epoch_end: absorbed
+    _cut_at(rec, clock, start + 5 + 300 * ms, "epoch_end", 2)  # a genuinely short epoch: its own interval
+    _cut_at(rec, clock, start + 5 + 301 * ms, "epoch_start", 3)
+    clock.t = start + 6.0
+    rec.step()
+    _cut_at(rec, clock, start + 6.5, "epoch_end", 3)
+    clock.t = start + 6.75
+    rec.stop()
+    host = sink.all(1)
+    edges = [(iv.t0 - start, iv.t1 - start) for iv in host]
+    assert edges == [(0, 0.25), (0.25, 5), (5, 5 + 300 * ms), (5 + 300 * ms, 6.5), (6.5, 6.75)]
+    assert_exact_host_intervals(host, system, start)
+    usage = account(sink.all(2), [], host, start, clock.t)
+    epochs = [u for u in usage if u.phase == "epoch"]
+    assert [u.epoch for u in epochs] == [1, 2, 3]
+    assert all(u.exact for u in usage)  # each absorbed boundary snaps onto the interval edge
+    assert epochs[1].cpu_s == host[2].cpu_s  # epoch 2 is exactly the 0.3 s interval
+    assert math.fsum(u.cpu_s or 0.0 for u in usage) == pytest.approx(math.fsum(iv.cpu_s for iv in host))
+
+
+def test_a_failed_reading_at_a_boundary_keeps_the_host_interval_open_until_a_good_one() -> None:
+    clock = Clock()
+    sink = FlakySink(0, RuntimeError())
+    warnings: list[str] = []
+    rec, system = scripted_recorder(clock, sink)
+    rec._warn = warnings.append
+    start = clock.t
+    rec.tick()
+    clock.t = start + 1.5
+    system.fail_next = True
+    rec.cut()  # the host-wide counters cannot be read at this boundary
+    clock.t = start + 2.0
+    rec.step()  # the next good reading ends the host interval instead
+    clock.t = start + 2.0 + 1 / 1024
+    rec.cut()  # a millisecond after that host edge: absorbed like any cut right after a close
+    clock.t = start + 3.0
+    rec.stop()
+    host = sink.all(1)
+    assert [(iv.t0 - start, iv.t1 - start) for iv in host] == [(0.0, 2.0), (2.0, 3.0)]
+    assert_exact_host_intervals(host, system, start)
+    assert any("host sampling failed" in w for w in warnings)
+
+
+_ops = st.lists(
+    st.one_of(
+        st.just(("tick", 0)),
+        st.tuples(st.just("cut"), st.integers(1, 1023)),  # 1/1024 s (a sliver) up to almost a tick
+        st.just(("fail", 0)),  # the next host-wide reading raises
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(ops=_ops, stop_after=st.integers(0, 1023), phases=st.lists(st.sampled_from([0.0, 0.5, 0.75]), max_size=8))
+def test_any_mix_of_ticks_cuts_and_failures_keeps_every_host_figure_in_its_interval(
+    ops: list[tuple[str, int]], stop_after: int, phases: list[float]
+) -> None:
+    clock = Clock()
+    sink = FlakySink(0, RuntimeError())
+    start = clock.t
+    script = [(0.0, 0.25), *((start + 1.0 + 2.0 * i, f) for i, f in enumerate(phases))]  # utilisation changes
+    rec, system = scripted_recorder(clock, sink, script)
+    rec.tick()
+    next_tick = start + 1.0  # the loop's grid; cuts arrive between its ticks
+    for op, n in ops:
+        if op == "tick":
+            clock.t, next_tick = next_tick, next_tick + 1.0
+            rec.step()
+        elif op == "cut":
+            clock.t = min(clock.t + n / 1024, next_tick - 1 / 1024)
+            rec.cut()
+        else:
+            system.fail_next = True
+    clock.t += stop_after / 1024
+    rec.stop()
+    host = sink.all(1)
+    assert_exact_host_intervals(host, system, start)
+    assert all(iv.t1 - iv.t0 >= SLIVER_S for iv in host[:-1])  # only the last, closed at stop, may be shorter
+    assert math.fsum(iv.cpu_s for iv in host) == pytest.approx(rec._host.totals().cpu_s)

@@ -3,6 +3,16 @@
 It runs in one background thread and is built so that nothing it does can hurt the training:
 every collector or ledger failure becomes a run event plus one line on stderr, and data that
 could not be written stays buffered and is retried at the next flush.
+
+Intervals end at a reading: a regular close (every ``interval_s``), an epoch cut (``cut``) or the
+end (``stop``). The host collector is told which readings end an interval and reads its host-wide
+counters then too, so every figure an interval stores is over that interval's own span. If that
+reading fails, the host interval goes on to the next good reading rather than let a delta cross
+into the next one (the GPU intervals close as planned). A cut less than ``SLIVER_S`` after the
+latest interval edge (the ``epoch_start`` handled right after an ``epoch_end``, or a cut just after
+a regular close) closes nothing: the boundary is taken to be that edge, so no interval of a
+millisecond appears, whose rates would mean nothing. Only the last interval, closed at ``stop``, may
+be that short: the final reading (with the exact figures of the reaped command) is always kept.
 """
 
 from __future__ import annotations
@@ -25,6 +35,10 @@ FLUSH_EVERY_S = 10.0  # the most an abrupt end (kill -9, power loss) can lose
 MIN_FLUSH_S = 2.0  # short intervals are batched: fewer, larger writes to a shared ledger
 MAX_TICK_S = 1.0
 FIRST_TICK_S = 0.25
+# A cut this soon after the latest interval edge is absorbed (module doc): far below a tick
+# (>= 0.5 s), and below core.epochs.SNAP_S (0.05 s) with room for the message handling, so the
+# boundary event, written just after the cut, is snapped onto that edge and per-epoch sums stay exact.
+SLIVER_S = 0.02
 REPEAT_WINDOW_S = 60.0  # a repeating problem is recorded at most once a minute
 
 
@@ -93,6 +107,11 @@ class Recorder:
         self._gpu_seq: dict[str, int] = {}
         self._host_seq = 0
         self._interval_start: float | None = None
+        self._last_edge: float | None = None  # the latest interval end, GPU or host (see cut)
+        self._last_read_t = 0.0
+        self._closes = False  # the reading just taken ends the interval
+        self._close_requested = False  # the next reading ends it (cut, stop)
+        self._host_close_pending = False  # a closing host reading failed: the host interval goes on
         self._last_flush = 0.0
         self._warned: set[str] = set()
         self._repeats: dict[tuple[str, str], tuple[float | None, int]] = {}
@@ -144,8 +163,9 @@ class Recorder:
             self._thread.join()
         if self._control is not None:
             self._handle_messages()  # whatever CMD said just before it ended
+        self._close_requested = True
         self.tick()
-        self._close_interval()
+        self._close_interval(final=True)
         for (kind, message), (_, repeats) in self._repeats.items():
             if repeats:
                 self.event(kind, message, repeats=repeats)
@@ -164,16 +184,17 @@ class Recorder:
             if next_tick < time.monotonic():  # we were suspended: skip, don't burst
                 next_tick = time.monotonic() + self.tick_s
             try:
-                self.tick()
-                now = self._clock()
-                # Half a tick of slack: ticks land a little late, and a 0.5 s interval must not become 1 s.
-                due = self.interval_s - self.tick_s / 2
-                if self._interval_start is not None and now - self._interval_start >= due:
-                    self._close_interval()
-                if now - self._last_flush >= self._flush_every_s - 1e-6:
-                    self.flush()
+                self.step()
             except Exception as exc:
                 self.problem("sampler_error", f"sampling failed: {exc!r}")
+
+    def step(self) -> None:
+        """One turn of the loop: a reading, the interval closed when due, a flush when due."""
+        self.tick()
+        if self._closes:
+            self._close_interval()
+        if self._clock() - self._last_flush >= self._flush_every_s - 1e-6:
+            self.flush()
 
     def _wait_until(self, deadline: float) -> bool:
         """Sleep until ``deadline`` (monotonic), serving control messages; True when stopping."""
@@ -204,22 +225,27 @@ class Recorder:
     def cut(self) -> None:
         """Close the current interval now (at an epoch boundary), so sums per epoch are exact.
 
-        Only called from the recorder thread (message handling) or after ``stop``.
+        Less than ``SLIVER_S`` after the latest interval edge, nothing is closed: the boundary is
+        taken to be that edge (module doc). Only called from the recorder thread (message handling)
+        or after ``stop``.
         """
+        if self._last_edge is not None and self._clock() - self._last_edge < SLIVER_S:
+            return
+        self._close_requested = True
         self.tick()
         self._close_interval()
 
     def tick(self) -> None:
+        """Read every collector once; the reading ends the interval when one is due or was asked for."""
         now = self._clock()
         if self._interval_start is None:
-            self._interval_start = now
-        try:
-            host_tick = self._host.read(now)
-        except Exception as exc:
-            host_tick = None
-            self.problem("sampler_error", f"host sampling failed: {exc!r}")
-        if host_tick is not None:
-            self._host_ticks.append(host_tick)
+            self._interval_start = self._last_edge = now
+        # Half a tick of slack: ticks land a little late, and a 0.5 s interval must not become 1 s.
+        due = self.interval_s - self.tick_s / 2
+        self._closes = self._close_requested or now - self._interval_start >= due
+        self._close_requested = False
+        self._last_read_t = now
+        self._read_host(now)
         if self._gpu is None:
             return
         try:
@@ -232,20 +258,48 @@ class Recorder:
         for ev in read.events:
             self.problem(ev.kind, ev.message or ev.kind, **ev.payload)
 
-    def _close_interval(self) -> None:
+    def _read_host(self, now: float) -> None:
+        closing = self._closes or self._host_close_pending
+        try:
+            tick = self._host.read(now, closes_interval=closing)
+        except Exception as exc:
+            # Its counters were not read at this boundary: the host interval must not end here.
+            self._host_close_pending = closing
+            self.problem("sampler_error", f"host sampling failed: {exc!r}")
+            return
+        if tick is not None:
+            self._host_ticks.append(tick)
+        if self._host_close_pending:  # the boundary a failed reading missed ends at this good one
+            self._host_close_pending = False
+            if not self._closes:
+                self._last_edge = now
+                self._publish([], self._take_host_interval())
+
+    def _close_interval(self, final: bool = False) -> None:
+        """End the interval at the last reading (the host one stays open if that reading failed)."""
         gpu_intervals = []
         for uuid, ticks in self._gpu_ticks.items():
             if ticks:
                 seq = self._gpu_seq.get(uuid, 0)
                 gpu_intervals.append(merge_gpu_ticks(uuid, seq, ticks))
                 self._gpu_seq[uuid] = seq + 1
-        host_interval = None
-        if self._host_ticks:
-            host_interval = merge_host_ticks(self._host_seq, self._host_ticks)
-            self._host_seq += 1
         self._gpu_ticks = {}
+        host_interval = None
+        if final or not self._host_close_pending:
+            host_interval = self._take_host_interval()
+            self._host_close_pending = False
+        self._interval_start = self._last_edge = self._last_read_t
+        self._publish(gpu_intervals, host_interval)
+
+    def _take_host_interval(self) -> HostInterval | None:
+        if not self._host_ticks:
+            return None
+        interval = merge_host_ticks(self._host_seq, self._host_ticks)
+        self._host_seq += 1
         self._host_ticks = []
-        self._interval_start = self._clock()
+        return interval
+
+    def _publish(self, gpu_intervals: list[GpuInterval], host_interval: HostInterval | None) -> None:
         with self._lock:
             self._pending.gpu.extend(gpu_intervals)
             if host_interval is not None:
