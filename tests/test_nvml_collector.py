@@ -348,3 +348,17 @@ def test_real_pynvml_without_a_driver_says_so() -> None:
         NvmlCollector()
     col, why = open_gpu_collector({}, which=lambda _: None)
     assert col is None and why.startswith("no NVIDIA driver found")
+
+
+def test_the_node_view_reports_every_process_on_every_gpu() -> None:
+    procs = {401: (2 * GiB, 60.0), 402: (GiB, 10.0)}
+    gpus = [ideal("GPU-a", points=[TracePoint(0, util_pct=70, procs=procs)]), ideal("GPU-b", points=[TracePoint(0)])]
+    clock = Clock()
+    fake = FakeNvml(gpus, clock=clock, start=clock.t)
+    col = NvmlCollector(nvml=fake, clock=clock, all_processes=True)
+    col.read(set(), clock.t)
+    clock.t += 1
+    r = col.read(set(), clock.t)
+    seen = {(p.uuid, p.pid): (p.mem_b, p.sm_pct) for p in r.processes}
+    assert seen == {("GPU-a", 401): (2 * GiB, 60.0), ("GPU-a", 402): (GiB, 10.0)}
+    assert len(r.ticks) == 2 and all(t.proc_mem_b is None for t in r.ticks)  # no run of its own

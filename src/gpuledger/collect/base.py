@@ -17,11 +17,23 @@ class CollectorUnavailable(Exception):
     """The collector cannot run on this machine; ``str(exc)`` says why and what to do."""
 
 
+@dataclass(frozen=True)
+class GpuProcess:
+    """One process on one GPU in one read, as the driver reports it (pid: the host's)."""
+
+    uuid: str
+    pid: int
+    mem_b: int | None  # usedGpuMemory; None when the driver cannot tell (MIG)
+    sm_pct: float | None  # mean SM utilisation of its samples in the read; None: no sample
+
+
 @dataclass
 class GpuRead:
     ticks: list[GpuTick] = field(default_factory=list)
     # GPU lost, driver reloaded, NVML errors ... (kind "sampler_error" / "gpu_lost" / "gpu_recovered")
     events: list[Event] = field(default_factory=list)
+    # Every process on every GPU (collectors built to see the whole node, e.g. the node agent's)
+    processes: list[GpuProcess] = field(default_factory=list)
 
 
 class GpuCollector(Protocol):

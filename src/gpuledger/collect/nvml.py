@@ -35,7 +35,7 @@ from typing import Any
 
 import pynvml
 
-from gpuledger.collect.base import CollectorUnavailable, GpuRead
+from gpuledger.collect.base import CollectorUnavailable, GpuProcess, GpuRead
 from gpuledger.collect.nvml_devices import DeviceFinder, Found
 from gpuledger.collect.nvml_query import NOTHING_NEW, DeviceQueries, Querier
 from gpuledger.collect.nvml_throttle import ThrottleReader, ThrottleState
@@ -74,7 +74,8 @@ class NvmlCollector:
     ``clock`` is monotonic (retry backoff, elapsed time); ``wall`` is the host's real wall clock,
     the clock NVML stamps its samples with (compared with ``clock`` to see it step); the ``now``
     given to ``read`` only dates the ticks. ``owner`` gathers the /proc facts about the run's
-    processes (a ``PidOwner`` on the real /proc by default).
+    processes (a ``PidOwner`` on the real /proc by default). ``all_processes``: also report every
+    process on every GPU in ``GpuRead.processes`` (the node agent attributes them itself).
     """
 
     def __init__(
@@ -85,10 +86,12 @@ class NvmlCollector:
         source: str = "nvml",
         owner: PidOwner | None = None,
         wall: Callable[[], float] | None = None,
+        all_processes: bool = False,
     ) -> None:
         self._nvml = nv = pynvml if nvml is None else nvml
         self._clock = clock
         self._wall = wall
+        self._all_processes = all_processes  # report every process on every GPU (the node agent)
         self._events: list[Event] = []
         self._now = 0.0
         self._q = Querier(nv, self._events_append, lambda: self._now)
@@ -172,7 +175,7 @@ class NvmlCollector:
                     continue
                 d.q.start_read()
                 said = len(out.events)
-                tick = self._read_device(d, pids, now)
+                tick = self._read_device(d, pids, now, out)
                 if d.q.all_failed:  # nothing answered: the GPU, not a field, is gone
                     del out.events[said:]
                     self._q.forget_read(d.q)
@@ -195,7 +198,7 @@ class NvmlCollector:
         self._events.append(event)
 
     # -- one device, one tick ------------------------------------------------------------------
-    def _read_device(self, d: _Device, pids: set[int], now: float) -> GpuTick | None:
+    def _read_device(self, d: _Device, pids: set[int], now: float, out: GpuRead) -> GpuTick | None:
         mono = self._clock()
         wall = now if self._wall is None else self._wall()
         t0 = d.t_last
@@ -217,6 +220,8 @@ class NvmlCollector:
         tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed)
         if pids:
             self._processes(d, tick, pids)
+        elif self._all_processes:
+            out.processes += self._every_process(d)
         self._notes(d)
         d.t_last, d.mono_last = now, mono
         return tick
@@ -325,6 +330,27 @@ class NvmlCollector:
             tick.proc_sm_util_pct, d.proc_ts = sm_share(
                 rows, match, d.proc_ts, listed=frozenset(p for p, _ in procs), foreign_ns=owner.foreign_ns
             )
+
+    def _every_process(self, d: _Device) -> list[GpuProcess]:
+        """Every process on the GPU with its memory and mean SM share since the previous read."""
+        procs = self._gpu_processes(d)
+        if procs is None:
+            return []
+        samples = self._q.call(d.q, "putil", self._f_putil, d.handle, d.proc_ts, since=True)
+        sm: dict[int, list[float]] = {}
+        if samples is not None and samples is not NOTHING_NEW:
+            newest = d.proc_ts
+            for s in samples:
+                ts, value = int(s.timeStamp), float(s.smUtil)
+                if ts <= d.proc_ts or not 0 <= value <= 100:
+                    continue  # stale or impossible (core/gpu_procs.py)
+                newest = max(newest, ts)
+                acc = sm.setdefault(int(s.pid), [0.0, 0.0])
+                acc[0] += value
+                acc[1] += 1
+            d.proc_ts = newest
+        idle = 0.0 if samples is NOTHING_NEW else None  # nothing newer: no process ran a kernel
+        return [GpuProcess(d.uuid, pid, mem, (sm[pid][0] / sm[pid][1]) if pid in sm else idle) for pid, mem in procs]
 
     def _gpu_processes(self, d: _Device) -> list[tuple[int, int | None]] | None:
         """(pid, usedGpuMemory) of every process on the GPU (compute, MPS and graphics); None: unknown."""
