@@ -9,9 +9,11 @@ import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 
 from gpuledger.core.model import RUN_STATUSES, RunRecord
+from gpuledger.server import streaming
 from gpuledger.server.auth import Principal, current_principal
 from gpuledger.server.scoped import ScopedLedger
 from gpuledger.store import Ledger, server_queries
@@ -103,29 +105,33 @@ def show_run(request: Request, principal: Caller, run_id: str) -> dict[str, Any]
     return _finite(data)
 
 
-@router.get("/runs/{run_id}/intervals", summary="A run's GPU and host intervals (export columns), oldest first")
-def run_intervals(
+@router.get(
+    "/runs/{run_id}/intervals",
+    summary="A run's GPU and host intervals (export columns), oldest first, a page at a time",
+    responses={200: {"content": {"application/json": {}}}, 429: {"description": "too many streams at once"}},
+)
+async def run_intervals(
     request: Request,
     principal: Caller,
     run_id: str,
     after_t: Annotated[float | None, Query(description="only intervals ending after this (epoch s)")] = None,
-    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
-) -> dict[str, list[dict[str, Any]]]:
-    from gpuledger.core.model import GpuInterval, HostInterval
-    from gpuledger.reports import export
-    from gpuledger.store import codec
+    limit: Annotated[int, Query(ge=1, le=100_000, description="rows per series (at most max_page)")] = 10_000,
+) -> Response:
+    from gpuledger.reports.export import COLUMN_NAMES
 
     if after_t is not None and not math.isfinite(after_t):
         raise HTTPException(status_code=422, detail="after_t must be a finite number")
-    view, run = visible(request, principal, run_id)
-    limit = min(limit, request.app.state.settings.max_page)
-    gpu_rows, host_rows = ledger_of(request).read(lambda c: server_queries.intervals_page(c, run.id, after_t, limit))
-    gpu: list[GpuInterval] = [codec.gpu_from_row(r) for r in gpu_rows]
-    host: list[HostInterval] = [codec.host_from_row(r) for r in host_rows]
-    rows = list(export.interval_rows(run.id, view.devices(run.id), gpu, host))
-    return _finite(
-        {"gpu": [r for r in rows if r["series"] == "gpu"], "host": [r for r in rows if r["series"] == "host"]}
-    )
+    settings = request.app.state.settings
+    _, run = await run_in_threadpool(visible, request, principal, run_id)
+    limit = min(limit, settings.max_page)
+    db = ledger_of(request).database
+
+    def rows(series: str) -> Any:
+        q = server_queries.interval_export_query(run.id, COLUMN_NAMES, series=(series,), after_t=after_t, limit=limit)
+        return lambda: server_queries.stream(db, q, settings.stream_rows)
+
+    parts = streaming.pages_parts([("gpu", rows("gpu")), ("host", rows("host"))])
+    return await streaming.respond(request, parts, "application/json")
 
 
 @router.get("/runs/{run_id}/events", summary="A run's events in order")
@@ -174,15 +180,23 @@ def run_log(request: Request, principal: Caller, run_id: str) -> Response:
 
 @router.get(
     "/runs/{run_id}/export",
-    summary="A run's interval time series as CSV or JSON Lines (columns: docs/EXPORT.md)",
+    summary="A run's interval time series as CSV or JSON Lines (columns: docs/EXPORT.md), streamed",
     response_class=PlainTextResponse,
-    responses={200: {"content": {"text/csv": {}, "application/x-ndjson": {}}}},
+    responses={
+        200: {"content": {"text/csv": {}, "application/x-ndjson": {}}},
+        429: {"description": "too many streams at once"},
+    },
 )
-def run_export(request: Request, principal: Caller, run_id: str, format: Literal["csv", "jsonl"] = "csv") -> Response:
-    from gpuledger.reports import export
+async def run_export(
+    request: Request, principal: Caller, run_id: str, format: Literal["csv", "jsonl"] = "csv"
+) -> Response:
+    from gpuledger.reports.export import COLUMN_NAMES
 
-    view, run = visible(request, principal, run_id)
-    rows = export.interval_rows(run.id, view.devices(run.id), view.gpu_intervals(run.id), view.host_intervals(run.id))
+    settings = request.app.state.settings
+    _, run = await run_in_threadpool(visible, request, principal, run_id)
+    query = server_queries.interval_export_query(run.id, COLUMN_NAMES)
+    rows = server_queries.stream(ledger_of(request).database, query, settings.stream_rows)
     if format == "csv":
-        return Response(content=export.to_csv(rows), media_type="text/csv; charset=utf-8")
-    return Response(content=export.to_jsonl(rows), media_type="application/x-ndjson")
+        parts = streaming.csv_parts(rows, list(COLUMN_NAMES))
+        return await streaming.respond(request, parts, "text/csv; charset=utf-8")
+    return await streaming.respond(request, streaming.jsonl_parts(rows), "application/x-ndjson")

@@ -1,16 +1,20 @@
 """Read queries of the team server, each restricted to a scope (the projects the reader may see;
-None = all) in its WHERE clause, so rows outside it never leave the database."""
+None = all) in its WHERE clause, so rows outside it never leave the database. Large reads (a run's
+intervals) are streamed from a server-side cursor (``stream``)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import RunRecord
 from gpuledger.store import codec, queries, schema
+
+if TYPE_CHECKING:
+    from gpuledger.store.engine import Database
 
 Scope = frozenset[str] | None
 ALERT_KINDS = ("alert", "oom", "nan_loss")
@@ -100,3 +104,61 @@ def run_project(conn: Connection, run_id: str) -> tuple[bool, str | None]:
     """(exists, project label) of a run, for a writer's check before it uploads anything."""
     row = conn.execute(sa.select(schema.runs.c.project).where(schema.runs.c.id == run_id)).first()
     return (False, None) if row is None else (True, row[0])
+
+
+def interval_export_query(
+    run_id: str,
+    columns: Sequence[str],
+    *,
+    series: Sequence[str] = ("gpu", "host"),
+    after_t: float | None = None,
+    limit: int | None = None,
+) -> sa.Select[Any]:
+    """A run's intervals as rows with the given export columns (docs/EXPORT.md), oldest first in
+    the export's order: t0, then series (gpu before host), then GPU index. ``series``: which of the
+    two; ``after_t``: only rows ending after it; ``limit``: at most this many rows."""
+    g, h, d = schema.gpu_intervals, schema.host_intervals, schema.devices
+    gpu_from = g.outerjoin(d, sa.and_(d.c.run_id == g.c.run_id, d.c.uuid == g.c.device_uuid))
+    special = {
+        "gpu": {"series": sa.literal("gpu", sa.String), "gpu_index": d.c["index"], "gpu_uuid": g.c.device_uuid,
+                "gpu_name": d.c.name},
+        "host": {"series": sa.literal("host", sa.String)},
+    }  # fmt: skip
+    kinds = {c.name: c.type for c in (*g.c, *h.c)} | {
+        "gpu_index": sa.Integer(),
+        "gpu_uuid": sa.Text(),
+        "gpu_name": sa.Text(),
+    }
+
+    def absent(c: str) -> sa.ColumnElement[Any]:  # a typed NULL: PostgreSQL cannot guess the type of a bare one
+        return sa.cast(sa.null(), kinds.get(c, sa.Text()))
+
+    selects = []
+    for name, table, source in (("gpu", g, gpu_from), ("host", h, h)):
+        if name not in series:
+            continue
+        picked = [
+            special[name].get(c, table.c[c] if c in table.c and c != "device_uuid" else absent(c)).label(c)
+            for c in columns
+        ]
+        q = sa.select(*picked).select_from(source).where(table.c.run_id == run_id)
+        if after_t is not None:
+            q = q.where(table.c.t1 > after_t)
+        selects.append(q)
+    both = sa.union_all(*selects).subquery() if len(selects) > 1 else selects[0].subquery()
+    key = [both.c.t0, both.c.series, sa.func.coalesce(both.c.gpu_index, -1), both.c.seq]
+    q = sa.select(*both.c).order_by(*key)
+    return q if limit is None else q.limit(limit)
+
+
+def stream(db: Database, query: sa.Select[Any], per_fetch: int) -> Iterator[Mapping[str, Any]]:
+    """The rows of ``query`` from a server-side cursor (PostgreSQL: a named cursor), ``per_fetch``
+    rows per round trip, so a result of any size costs the memory of one fetch. The connection and
+    its read transaction are held until the iterator is exhausted or closed: close it."""
+    conn = db.engine.connect()
+    try:
+        with conn.begin():
+            result = conn.execution_options(yield_per=per_fetch).execute(query)
+            yield from result.mappings()
+    finally:
+        conn.close()
