@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_support import need_module
 from e2e_helpers import GPULEDGER, cli_env, only_run, py, run_cli, runs_json, show_json
 
 pytestmark = pytest.mark.slow
@@ -238,7 +239,7 @@ def test_track_api_meters_the_current_process(tmp_path: Path, env: dict[str, str
 
 
 def test_export_formats_share_the_documented_columns(tmp_path: Path, env: dict[str, str]) -> None:
-    pq = pytest.importorskip("pyarrow.parquet")
+    pq = need_module("pyarrow.parquet", "pip install 'gpuledger[parquet]'")
     from gpuledger.reports.export import COLUMN_NAMES
 
     assert run_cli(["run", "--interval", "0.5", "--", *py("import time; time.sleep(1.2)")], env).returncode == 0

@@ -12,11 +12,12 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from ci_support import need_module
 from gpuledger.server.app import create_app
 from gpuledger.server.settings import Settings
 from server_support import Tokens, fresh_pg_url, setup_accounts
 
-schemathesis = pytest.importorskip("schemathesis", reason="pip install schemathesis (the dev extra)")
+schemathesis = need_module("schemathesis", "pip install schemathesis (the dev extra)")
 
 MAX_EXAMPLES = 20
 
@@ -39,7 +40,7 @@ def test_no_server_errors(api) -> None:  # type: ignore[no-untyped-def]
         @given(case=operation.as_strategy())
         @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
         def check(case) -> None:  # type: ignore[no-untyped-def]
-            response = case.call(headers={"Authorization": f"Bearer {token}"})
+            response = case.call(headers={"Authorization": f"Bearer {token}"})  # noqa: B023 (run at once)
             assert response.status_code < 500, (case.method, case.path, response.status_code, response.text[:500])
 
         check()

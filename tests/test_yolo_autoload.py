@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_support import need_module
 from gpuledger.integrations.autoload import SITE_DIR, autoload_env
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -23,8 +24,9 @@ print("user_site", getattr(sys.modules.get("sitecustomize"), "USER_MARK", None))
 """
 
 
-def _python(code: str, pythonpath: list[str], extra: dict[str, str] | None = None,
-            python: str = sys.executable) -> subprocess.CompletedProcess:
+def _python(
+    code: str, pythonpath: list[str], extra: dict[str, str] | None = None, python: str = sys.executable
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
     env["PYTHONPATH"] = os.pathsep.join(pythonpath)
     env.update(extra or {})
@@ -73,7 +75,7 @@ def test_a_broken_user_sitecustomize_fails_as_it_would_without_gpuledger(tmp_pat
 
 
 def test_ultralytics_trainers_get_the_callbacks_only_inside_a_run() -> None:
-    pytest.importorskip("ultralytics")
+    need_module("ultralytics", "pip install -r requirements-test.txt")
     code = (
         "from ultralytics.utils.callbacks import base\n"
         "from gpuledger.integrations.ultralytics.callbacks import CALLBACKS\n"

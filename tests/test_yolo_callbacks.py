@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ci_support import need_module
 from gpuledger.core.model import RunRecord
 from gpuledger.integrations.ultralytics import attach, callbacks
 from gpuledger.reports.attempts import find_earlier_attempt
@@ -38,8 +39,14 @@ def trainer(tmp_path: Path, epoch: int = 0) -> SimpleNamespace:
     csv = tmp_path / "results.csv"
     csv.write_text("epoch,time,train/box_loss,metrics/mAP50-95(B)\n1,0.5,6.84318,0.0125\n")
     return SimpleNamespace(
-        epoch=epoch, csv=csv, train_loader=SimpleNamespace(dataset=list(range(8))), epoch_time=1.5, batch_size=4,
-        epochs=2, metrics={"metrics/mAP50-95(B)": 0.0125}, tloss=None,
+        epoch=epoch,
+        csv=csv,
+        train_loader=SimpleNamespace(dataset=list(range(8))),
+        epoch_time=1.5,
+        batch_size=4,
+        epochs=2,
+        metrics={"metrics/mAP50-95(B)": 0.0125},
+        tloss=None,
     )
 
 
@@ -93,15 +100,22 @@ def test_attach_is_idempotent_and_picklable_for_ddp() -> None:
     attach(model)
     assert model.callbacks["on_fit_epoch_end"] == [print, callbacks.on_fit_epoch_end]
     assert len(model.callbacks["on_pretrain_routine_start"]) == 2  # own-run starter + ours
-    cloudpickle = pytest.importorskip("cloudpickle")  # how Ultralytics ships callbacks to DDP workers
+    cloudpickle = need_module("cloudpickle", "pip install -r requirements-test.txt")  # how DDP workers get callbacks
     restored = cloudpickle.loads(cloudpickle.dumps(model.callbacks))
     assert restored["on_fit_epoch_end"][1] is callbacks.on_fit_epoch_end
 
 
 def test_earlier_attempt_is_the_newest_run_of_the_same_save_dir(tmp_path: Path) -> None:
     def run(n: int, save_dir: str) -> RunRecord:
-        return RunRecord(id=f"0190abcd-{n:04x}-7000-8000-{n:012x}", command=["yolo"], user="u", host="h", cwd="/",
-                         started_at=1000.0 + n, meta={"save_dir": save_dir})
+        return RunRecord(
+            id=f"0190abcd-{n:04x}-7000-8000-{n:012x}",
+            command=["yolo"],
+            user="u",
+            host="h",
+            cwd="/",
+            started_at=1000.0 + n,
+            meta={"save_dir": save_dir},
+        )
 
     with Ledger(tmp_path / "ledger.db") as ledger:
         for r in (run(1, "/runs/a"), run(2, "/runs/b"), run(3, "/runs/a/"), run(5, "/runs/a")):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_support import need_module
 from gpuledger.core.model import RunRecord
 from gpuledger.importers.ultralytics import import_run_dir
 from gpuledger.reports import epochs as epoch_report
@@ -34,7 +35,7 @@ from gpuledger.reports.attempts import attempt_chain
 from gpuledger.store import Ledger
 from yolo_support import make_dataset, prepare_config_dir, yolo_env
 
-pytest.importorskip("ultralytics")
+need_module("ultralytics", "pip install -r requirements-test.txt")
 
 pytestmark = pytest.mark.slow
 
@@ -137,12 +138,35 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     project = f"project={t.project}"
     yolo = _yolo()
 
-    _timed(t, "cli", [*GPULEDGER, "run", "--interval", "1", "--replay-gpus", TRACE, "--",
-                      yolo, "train", "model=yolov8n.yaml", f"data={data}", "epochs=2", project, "name=cli", *COMMON])
+    _timed(
+        t,
+        "cli",
+        [
+            *GPULEDGER,
+            "run",
+            "--interval",
+            "1",
+            "--replay-gpus",
+            TRACE,
+            "--",
+            yolo,
+            "train",
+            "model=yolov8n.yaml",
+            f"data={data}",
+            "epochs=2",
+            project,
+            "name=cli",
+            *COMMON,
+        ],
+    )
     script = root / "train_interrupted.py"
     script.write_text(textwrap.dedent(INTERRUPTED).replace("TRAIN_ARGS", TRAIN_ARGS))
-    _timed(t, "interrupted", [*GPULEDGER, "run", "--interval", "1", "--", sys.executable, str(script), str(data),
-                              str(t.project)], expect=3)
+    _timed(
+        t,
+        "interrupted",
+        [*GPULEDGER, "run", "--interval", "1", "--", sys.executable, str(script), str(data), str(t.project)],
+        expect=3,
+    )
     last = t.project / "interrupted" / "weights" / "last.pt"
     _timed(t, "resumed", [*GPULEDGER, "run", "--interval", "1", "--", yolo, "train", "resume", f"model={last}"])
     script = root / "train_api.py"
@@ -163,8 +187,11 @@ def _csv_by_epoch(rows: list[dict[str, str]]) -> dict[int, dict[str, float]]:
 def _same(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]]) -> bool:
     if a.keys() != b.keys() or any(a[e].keys() != b[e].keys() for e in a):
         return False
-    return all(x == y or (math.isnan(x) and math.isnan(y)) for e in a for x, y in zip(
-        [a[e][k] for k in sorted(a[e])], [b[e][k] for k in sorted(b[e])], strict=True))
+    return all(
+        x == y or (math.isnan(x) and math.isnan(y))
+        for e in a
+        for x, y in zip([a[e][k] for k in sorted(a[e])], [b[e][k] for k in sorted(b[e])], strict=True)
+    )
 
 
 @pytest.mark.parametrize("name", ["cli", "api", "own"])
@@ -291,7 +318,7 @@ def test_epoch_table_text_and_export(trained: Trained, tmp_path: Path) -> None:
     assert [r["epoch"] for r in csv_rows if r["phase"] == "epoch"] == ["1", "2"]
     jsonl = [json.loads(line) for line in epoch_report.to_jsonl(columns, flat).splitlines()]
     assert len(jsonl) == len(rows)
-    pytest.importorskip("pyarrow")
+    need_module("pyarrow", "pip install 'gpuledger[parquet]'")
     import pyarrow.parquet as pq
 
     epoch_report.write_parquet(columns, flat, str(tmp_path / "epochs.parquet"))
@@ -299,18 +326,6 @@ def test_epoch_table_text_and_export(trained: Trained, tmp_path: Path) -> None:
     assert table.column_names == columns and table.num_rows == len(rows)
 
 
-def _track_registers_its_session() -> bool:
-    import inspect
-
-    import gpuledger.api
-
-    return "active_session" in inspect.getsource(gpuledger.api)
-
-
-@pytest.mark.skipif(
-    not _track_registers_its_session(),
-    reason="issue 3 integration point not wired yet: gpuledger.track() must enter active_session(session)",
-)
 def test_api_run_is_the_track_block(trained: Trained) -> None:
     api, own = trained.run("api"), trained.run("own")
     assert api.name == "api" and api.labels["project"] == "vision" and api.status == "succeeded"
@@ -318,31 +333,28 @@ def test_api_run_is_the_track_block(trained: Trained) -> None:
     assert f"api run {api.id}" in trained.outputs["api"].stdout.decode()
 
 
-def _postrun_wired() -> bool:
-    import inspect
-
-    from gpuledger.recorder import session, wrap
-
-    finish = inspect.signature(session.Session.finish).parameters
-    return "explain" in finish and "explain_run" in inspect.getsource(wrap)
-
-
-needs_postrun = pytest.mark.skipif(
-    not _postrun_wired(),
-    reason="issue 3 integration point not wired yet: Session.finish(explain=explain_run) in wrap.py",
-)
-
-
 def _run_named(trained: Trained, name: str) -> RunRecord:
     with trained.ledger() as ledger:
         return next(r for r in ledger.list_runs() if r.name == name)
 
 
-@needs_postrun
 def test_without_the_callbacks_epochs_are_read_from_the_log(trained: Trained) -> None:
     env = {**trained.env, "GPULEDGER_AUTOLOAD": "0"}
-    argv = [*GPULEDGER, "run", "--name", "logonly", "--", _yolo(), "train", "model=yolov8n.yaml",
-            f"data={trained.data}", "epochs=2", f"project={trained.project}", "name=logonly", *COMMON]
+    argv = [
+        *GPULEDGER,
+        "run",
+        "--name",
+        "logonly",
+        "--",
+        _yolo(),
+        "train",
+        "model=yolov8n.yaml",
+        f"data={trained.data}",
+        "epochs=2",
+        f"project={trained.project}",
+        "name=logonly",
+        *COMMON,
+    ]
     out = subprocess.run(argv, env=env, cwd=trained.root, capture_output=True, timeout=TIMEOUT_S)
     assert out.returncode == 0, out.stderr.decode(errors="replace")[-3000:]
     run = _run_named(trained, "logonly")
@@ -358,10 +370,21 @@ def test_without_the_callbacks_epochs_are_read_from_the_log(trained: Trained) ->
                 assert math.isclose(value, row[key], rel_tol=1e-3, abs_tol=1e-3), (epoch, key)
 
 
-@needs_postrun
 def test_a_missing_dataset_is_why_the_run_failed(trained: Trained) -> None:
-    argv = [*GPULEDGER, "run", "--name", "nodata", "--", _yolo(), "train", "model=yolov8n.yaml",
-            f"data={trained.root / 'missing' / 'data.yaml'}", "epochs=1", f"project={trained.project}", *COMMON]
+    argv = [
+        *GPULEDGER,
+        "run",
+        "--name",
+        "nodata",
+        "--",
+        _yolo(),
+        "train",
+        "model=yolov8n.yaml",
+        f"data={trained.root / 'missing' / 'data.yaml'}",
+        "epochs=1",
+        f"project={trained.project}",
+        *COMMON,
+    ]
     out = subprocess.run(argv, env=trained.env, cwd=trained.root, capture_output=True, timeout=TIMEOUT_S)
     assert out.returncode == 1
     run = _run_named(trained, "nodata")
