@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
+from gpuledger.core.chargeback_columns import GROUP_KEYS
 from gpuledger.server.auth import Principal, current_principal
 from gpuledger.server.routes_runs import _finite, parse_since
 from gpuledger.store import server_queries
@@ -81,6 +81,12 @@ def _card_text(path: str | None) -> str | None:
         return None
 
 
+# Grouping keys of the server's chargeback: those of the cost engine, except "status", which its
+# day rollups do not keep (a month's report reads them for earlier days). Filter runs by status with
+# GET /runs?status= instead.
+SERVER_GROUP_KEYS = tuple(k for k in GROUP_KEYS if k != "status")
+
+
 @router.get("/reports/chargeback", summary="Chargeback of a month for the caller's projects")
 def chargeback(
     request: Request,
@@ -89,27 +95,25 @@ def chargeback(
         str | None, Query(pattern=r"^\d{4}-\d{2}$", description="YYYY-MM (UTC); default this month")
     ] = None,
     by: Annotated[
-        str, Query(max_length=200, description="comma-separated: team, project, user, gpu_model ...")
+        str, Query(max_length=200, description=f"comma-separated, one or more of: {', '.join(SERVER_GROUP_KEYS)}")
     ] = "team",
     format: Literal["json"] = "json",
 ) -> dict[str, Any]:
-    try:
-        costing = importlib.import_module("gpuledger.reports.costing")
-        report = costing.chargeback
-    except (ImportError, AttributeError):
-        raise HTTPException(
-            status_code=501, detail="chargeback reports need the cost module (gpuledger.reports.costing)"
-        ) from None
-    keys = tuple(k.strip() for k in by.split(",") if k.strip())
-    try:
-        from gpuledger.core.chargeback_columns import GROUP_KEYS
+    from gpuledger.reports import costing  # ships with the server: a failure to import is a bug, not a 501
 
-        unknown = [k for k in keys if k not in GROUP_KEYS]
-        if unknown or not keys:
-            raise HTTPException(status_code=422, detail=f"by: use one or more of {', '.join(GROUP_KEYS)}")
+    keys = tuple(k.strip() for k in by.split(",") if k.strip())
+    unknown = [k for k in keys if k not in SERVER_GROUP_KEYS]
+    if unknown or not keys:
+        why = (
+            " (a run's status is not kept in the day rollups; filter runs with /runs?status=)"
+            if "status" in keys
+            else ""
+        )
+        raise HTTPException(status_code=422, detail=f"by: use one or more of {', '.join(SERVER_GROUP_KEYS)}{why}")
+    try:
         start, end = costing.window_from_args(month, None, None, time.time())
     except ValueError as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from None
     card = _rate_card(request, costing)
-    cb = report(request.app.state.ledger, scope=principal.scope, card=card, start=start, end=end, by=keys)
+    cb = costing.chargeback(request.app.state.ledger, scope=principal.scope, card=card, start=start, end=end, by=keys)
     return _finite(cb.as_dict())
