@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from ci_support import need_module
 from gpuledger.core.model import HostInterval, RunRecord
 from gpuledger.recorder.recorder import SLIVER_S
 from gpuledger.store import Ledger
 from test_yolo_training import COMMON, GPULEDGER, SRC, TIMEOUT_S, _yolo
 from yolo_support import make_dataset, prepare_config_dir, yolo_env
 
-pytest.importorskip("ultralytics")
+need_module("ultralytics", "pip install -r requirements-test.txt")
 
 pytestmark = pytest.mark.slow
 
