@@ -40,13 +40,6 @@ def _seed(db: str) -> dict[str, str]:
     hostile text everywhere, and an alert event."""
     now = time.time()
     with Ledger(db) as ledger:
-        _, admin = accounts.issue_token(ledger, "admin", role="admin", actor="test", create_user=True)
-        accounts.add_project(ledger, "vision", actor="test")
-        accounts.add_project(ledger, "secret", actor="test")
-        _, member = accounts.issue_token(ledger, "ann", role="member", actor="test", create_user=True)
-        accounts.add_member(ledger, "ann", "vision", actor="test")
-        _, agent = accounts.issue_token(ledger, "node-1", role="agent", actor="test", create_user=True,
-                                        projects=["vision"])
         for n, project in enumerate(("vision", "secret")):
             run = RunRecord(id=f"01900000-0000-7000-8000-0000000000a{n}", command=["python", EVIL], user=EVIL,
                             host="node", cwd="/w", started_at=now - 600, status="failed", ended_at=now - 300,
@@ -61,6 +54,14 @@ def _seed(db: str) -> dict[str, str]:
                        for e in range(4) for key, value in (("train/box_loss", 1.2), ("metrics/mAP50(B)", 0.1),
                                                             ("lr/pg0", 0.01))]
             ledger.append(run.id, gpu, host, [*epochs, Event(now - 310, "oom", f"out of memory {EVIL}")], metrics)
+        # Accounts last: a ledger with tokens is a team ledger, which takes runs through its server only.
+        _, admin = accounts.issue_token(ledger, "admin", role="admin", actor="test", create_user=True)
+        accounts.add_project(ledger, "vision", actor="test")
+        accounts.add_project(ledger, "secret", actor="test")
+        _, member = accounts.issue_token(ledger, "ann", role="member", actor="test", create_user=True)
+        accounts.add_member(ledger, "ann", "vision", actor="test")
+        _, agent = accounts.issue_token(ledger, "node-1", role="agent", actor="test", create_user=True,
+                                        projects=["vision"])
     return {"admin": admin, "member": member, "agent": agent}
 
 

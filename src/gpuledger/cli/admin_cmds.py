@@ -196,3 +196,58 @@ def token_list(as_json: bool, db: str | None) -> None:
         state = "revoked " + _when(t.revoked_at) if t.revoked_at else "active"
         scope = "(all)" if t.role == "admin" else ",".join(t.projects) if t.projects is not None else "(memberships)"
         click.echo(f"{t.id}  {t.user:<16} {t.role:<7} {scope:<24} created {_when(t.created_at)}  {state}")
+
+
+@admin_group.group("run")
+def run_group() -> None:
+    """Who owns a run (only its owner's tokens may push it)."""
+
+
+@run_group.command("transfer")
+@click.argument("run_id")
+@click.option("--to", "to_user", required=True, help="The user (agent) that owns the run from now on.")
+@click.option("--note", help="Why (kept in the audit trail).")
+@db_required
+@_account_errors
+def run_transfer(run_id: str, to_user: str, note: str | None, db: str | None) -> None:
+    """Give RUN_ID to another agent (e.g. a re-imaged machine with a new agent user); audited."""
+    from gpuledger.store import ownership
+
+    previous = ownership.transfer(server_ledger(db), run_id, to_user, actor=_actor(), note=note)
+    click.echo(f"run {run_id} now belongs to {to_user!r} (was {previous or 'nobody'!r})")
+
+
+@admin_group.group("gpu")
+def gpu_group() -> None:
+    """Which host (and agent) each GPU UUID belongs to."""
+
+
+@gpu_group.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@db_required
+@_account_errors
+def gpu_list(as_json: bool, db: str | None) -> None:
+    from gpuledger.store import ownership
+
+    gpus = ownership.list_gpus(server_ledger(db))
+    if as_json:
+        echo_json(gpus)
+        return
+    for g in gpus:
+        click.echo(f"{g['uuid']}  host {g['host']}  agent {g['user_name'] or '(any)'}  since {_when(g['since'])}  "
+                   f"({g['source']})")  # fmt: skip
+
+
+@gpu_group.command("rehome")
+@click.argument("uuid")
+@click.option("--host", required=True, help="The host the GPU is in now.")
+@click.option("--agent", help="The agent user that reports it (default: any agent of that host).")
+@db_required
+@_account_errors
+def gpu_rehome(uuid: str, host: str, agent: str | None, db: str | None) -> None:
+    """Move GPU UUID to another host / agent (it was moved, or the machine was renamed); audited."""
+    from gpuledger.store import ownership
+
+    before = ownership.rehome(server_ledger(db), uuid, host, agent, actor=_actor())
+    was = "unregistered" if before is None else f"was {before['host']} ({before['user_name'] or 'any agent'})"
+    click.echo(f"GPU {uuid} now belongs to {host} ({agent or 'any agent'}); {was}")

@@ -2,41 +2,97 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from gpuledger.cli.admin_cmds import _account_errors, _actor
+from gpuledger.cli.audit_key_cmds import key_group
 from gpuledger.cli.common import echo_json
 from gpuledger.cli.server_cmds import db_required, server_ledger
 
 
 @click.group("audit")
 def audit_group() -> None:
-    """The tamper-evident audit trail of a team ledger."""
+    """The signed, tamper-evident audit trail of a team ledger (docs/AUDIT.md)."""
+
+
+audit_group.add_command(key_group)
+
+
+def _keyring(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    """The trusted keys: each value a key line or a file of them; none given: the environment's."""
+    from gpuledger.core.signing import Keyring, KeyTextError, parse_public
+    from gpuledger.store import audit_sign
+
+    keys = []
+    try:
+        for value in values:
+            if os.path.isfile(value):
+                with open(value, encoding="utf-8") as fh:
+                    keys += list(Keyring.parse(fh.read()).keys.values())
+            else:
+                keys.append(parse_public(value))
+    except (KeyTextError, OSError) as exc:
+        raise click.ClickException(f"--public-key: {exc}") from exc
+    if keys:
+        return Keyring.of(keys)
+    env = audit_sign.writer_keys()
+    return env.trusted if env is not None else None
+
+
+def _assurance(result) -> str:  # type: ignore[no-untyped-def]
+    from gpuledger.store.audit_verify import ASSURANCE
+
+    if result.assurance != "signed":
+        keys = f" (key {', '.join(result.keys)})" if result.keys and result.assurance == "unchecked" else ""
+        return f"assurance: {ASSURANCE[result.assurance]}{keys}"
+    return (
+        f"assurance: signed: rows up to seq {result.signed_through} are vouched for by a good signature "
+        f"(keys used: {', '.join(result.keys)})"
+    )
 
 
 @audit_group.command("verify")
 @db_required
 @click.option(
+    "--public-key",
+    "public_keys",
+    multiple=True,
+    metavar="KEY|FILE",
+    help="A trusted audit key (ed25519:..., from `gpuledger audit key public`) or a file of them; repeatable. "
+    "Default: the keys of GPULEDGER_AUDIT_KEY_FILE / GPULEDGER_AUDIT_TRUSTED_KEYS, if set.",
+)
+@click.option(
     "--expect-head", metavar="SEQ:HASH", help="A head recorded earlier (gpuledger audit head): must still be there."
 )
+@click.option("--all-signatures", is_flag=True, help="Check every row's signature too (slow), not only the head's.")
 @click.option("--json", "as_json", is_flag=True)
 @_account_errors
-def verify_cmd(db: str | None, expect_head: str | None, as_json: bool) -> None:
-    """Check the hash chain and every sealed run; name each row that differs. Exit 1 on any."""
+def verify_cmd(
+    db: str | None, public_keys: tuple[str, ...], expect_head: str | None, all_signatures: bool, as_json: bool
+) -> None:
+    """Check the signatures, the hash chain, every sealed run and the access, ownership and rollup
+    tables against the audit trail; name each row that differs. Exit 1 on any."""
     from gpuledger.store import audit
 
-    result = audit.verify(server_ledger(db), expect_head=expect_head)
+    keyring = _keyring(public_keys)
+    result = audit.verify(server_ledger(db), expect_head=expect_head, keyring=keyring, all_signatures=all_signatures)
     if as_json:
         echo_json({**result.__dict__, "ok": result.ok})
     else:
         for line in result.problems:
             click.echo(f"TAMPERED  {line}")
+        for line in result.since_head:
+            click.echo(f"SINCE HEAD  {line}")
+        for line in result.notes:
+            click.echo(f"NOTE  {line}")
         click.echo(
             f"{'OK' if result.ok else 'FAILED'}: {result.rows} audit rows, {result.runs_checked} sealed runs checked, "
             f"{result.unsealed_running} running; head {result.head_seq}:{result.head_hash}"
         )
+        click.echo(_assurance(result))
     if not result.ok:
         sys.exit(1)
 
@@ -46,22 +102,59 @@ def verify_cmd(db: str | None, expect_head: str | None, as_json: bool) -> None:
 @_account_errors
 def head_cmd(db: str | None) -> None:
     """Print the chain's head as SEQ:HASH: keep it outside the database (e.g. daily, in a ticket
-    or a git repo); ``verify --expect-head`` then also catches a rewritten tail."""
-    from gpuledger.store import audit
+    or a git repo); ``verify --expect-head`` then also catches a truncated chain and lists every
+    seal made since."""
+    from gpuledger.store import audit_sign
 
-    result = audit.verify(server_ledger(db))
-    click.echo(f"{result.head_seq}:{result.head_hash}")
+    found = server_ledger(db).read(audit_sign.head)
+    click.echo("0:" + "0" * 64 if found is None else f"{found.seq}:{found.hash}")
+
+
+def _run_line(d: dict) -> str:  # type: ignore[type-arg]
+    import datetime as dt
+
+    def when(t: float | None) -> str:
+        return "-" if t is None else dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+    busy = "-" if d["busy_s"] is None else f"{d['busy_s'] / 3600:.2f} busy GPU-h"
+    return (
+        f"{d['id']}  {d['status']:<9} {d['user']} on {d['host']}, project {d['project'] or '-'}, "
+        f"{when(d['started_at'])} to {when(d['ended_at'])} UTC, {d['gpu_intervals']} GPU intervals, {busy}"
+    )
 
 
 @audit_group.command("seal")
 @db_required
+@click.option("--yes", is_flag=True, help="Approve what is listed: seal those runs, record those rollups.")
+@click.option("--run", "runs", multiple=True, metavar="RUN_ID", help="Approve only this run (repeatable).")
+@click.option(
+    "--adopt", multiple=True, metavar="RUN_ID", help="Approve a run written outside gpuledger (after checking it)."
+)
 @_account_errors
-def seal_cmd(db: str | None) -> None:
-    """Seal finished runs whose agent never sent its last batch."""
-    from gpuledger.store import audit
+def seal_cmd(db: str | None, yes: bool, runs: tuple[str, ...], adopt: tuple[str, ...]) -> None:
+    """An admin's approval: list what the trail does not vouch for (finished runs never sealed,
+    runs written outside gpuledger, rollups from before they were audited); with --yes / --run /
+    --adopt, seal exactly that, in your name. Needs the audit key on a signed ledger."""
+    from gpuledger.store import audit_approve
 
-    ids = audit.seal_unsealed(server_ledger(db), actor=_actor())
-    click.echo(f"sealed {len(ids)} runs")
+    ledger = server_ledger(db)
+    todo = audit_approve.pending(ledger)
+    if not (yes or runs or adopt):
+        for d in todo.unsealed:
+            click.echo(f"UNSEALED  {_run_line(d)}")
+        for d in todo.foreign:
+            click.echo(f"FOREIGN   {_run_line(d)}  (no run.created entry: approve one by one with --adopt)")
+        for run_id in todo.rollups:
+            click.echo(f"ROLLUPS   {run_id}  (rolled up before rollups were audited)")
+        click.echo(
+            f"{len(todo.unsealed)} finished runs never sealed, {len(todo.foreign)} runs written outside gpuledger, "
+            f"{len(todo.rollups)} runs with unaudited rollups. Nothing was changed: check them, then approve with "
+            "--yes (the unsealed runs and rollups listed), --run RUN_ID or --adopt RUN_ID."
+        )
+        return
+    chosen = list(runs) or ([d["id"] for d in todo.unsealed] if yes else [])
+    for line in audit_approve.approve(ledger, actor=_actor(), runs=chosen, adopt=list(adopt), rollups=yes):
+        click.echo(line)
 
 
 @click.group("retention")

@@ -79,6 +79,16 @@ def run_cmd(
     from gpuledger.agent.client import token_from
     from gpuledger.recorder.wrap import WrapOptions, run_and_exit_code
 
+    if db:  # a team server's database: refused before CMD starts, not at its first flush
+        from gpuledger.store import Ledger, LedgerError, ownership
+
+        try:
+            with Ledger(db) as led:
+                led.read(lambda conn: ownership.refuse_direct_recording(conn, led.url))
+        except ownership.TeamLedgerRefused as exc:
+            raise click.ClickException(str(exc)) from exc
+        except LedgerError:
+            pass  # unreachable or locked: the recorder keeps the run locally as always
     label_map = parse_labels(labels)
     if project:
         label_map["project"] = project

@@ -3,7 +3,7 @@
 A token is ``glt_<id>_<secret>``: the id (12 hex chars, public, shown in lists) finds the row; only
 the sha256 of the 32-byte random secret is stored and compared in constant time. The token text is
 returned once, by ``issue_token``, and never again. Every change is appended to the audit chain in
-the same transaction.
+the same transaction, with what ``gpuledger audit verify`` checks the tables against (store/audit_state.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 
 from gpuledger.core.access import Principal, check_name, check_role, format_token, parse_token
 from gpuledger.store import audit, schema
+from gpuledger.store.audit_state import secret_check
 from gpuledger.store.errors import LedgerError
 
 if TYPE_CHECKING:
@@ -113,9 +114,7 @@ def list_users(ledger: Ledger) -> list[dict[str, Any]]:
 
 
 def list_projects(ledger: Ledger) -> list[str]:
-    return ledger.read(
-        lambda c: list(c.scalars(sa.select(schema.projects.c.name).order_by(schema.projects.c.name)))
-    )
+    return ledger.read(lambda c: list(c.scalars(sa.select(schema.projects.c.name).order_by(schema.projects.c.name))))
 
 
 def issue_token(
@@ -160,7 +159,9 @@ def issue_token(
                 revoked_at=None,
             )
         )
-        payload = {"user": user, "role": role, "projects": wanted, "expires_at": expires_at}
+        # Everything verify checks the row against; of the secret only a hash of its hash.
+        payload = {"user": user, "role": role, "projects": wanted, "expires_at": expires_at,
+                   "secret": secret_check(_sha(secret))}  # fmt: skip
         audit.append(conn, actor=actor, action="token.issued", obj=f"token:{token_id}", payload=payload)
 
     ledger.write(tx)
@@ -175,8 +176,9 @@ def revoke_token(ledger: Ledger, token_id: str, *, actor: str) -> None:
             raise AccountError(f"no token {token_id!r} (see: gpuledger admin token list)")
         if row.revoked_at is not None:
             return
-        conn.execute(sa.update(schema.api_tokens).where(t.id == token_id).values(revoked_at=time.time()))
-        audit.append(conn, actor=actor, action="token.revoked", obj=f"token:{token_id}")
+        now = time.time()
+        conn.execute(sa.update(schema.api_tokens).where(t.id == token_id).values(revoked_at=now))
+        audit.append(conn, actor=actor, action="token.revoked", obj=f"token:{token_id}", payload={"revoked_at": now})
 
     ledger.write(tx)
 

@@ -1,10 +1,11 @@
-"""The tamper-evident audit trail: appending to the hash chain, sealing runs, verifying both.
+"""The tamper-evident audit trail: appending to the hash chain and sealing runs (docs/AUDIT.md).
 
-Every change the team server makes (run created / ended / labels changed, token issued / revoked,
-rate card changed, rollups, retention deletes) is appended with ``append`` inside the transaction
-that makes the change. A finished run is *sealed*: a digest of its rows (core/seal.py) goes into
-the chain; a later legitimate change (a late push, a rollup) appends a new seal. ``verify`` checks
-the chain, then recomputes every run's seal and names each row that differs.
+Every change the team server makes (run created / changed / ended, token issued / revoked, rate
+card changed, rollups, retention deletes, owners) is appended with ``append`` inside the
+transaction that makes the change, signed with the writer's audit key (store/audit_sign.py). A
+finished run is *sealed*: a digest of its rows (core/seal.py) goes into the chain; a later
+legitimate change (a late push, a rollup) appends a new seal. ``verify`` (store/audit_verify.py)
+checks the signatures and the chain, recomputes every sealed run and names each row that differs.
 
 Appends are serialised per ledger (PostgreSQL: a transaction-scoped advisory lock; SQLite: the
 write lock), so several server replicas extend one chain.
@@ -13,17 +14,17 @@ write lock), so several server replicas extend one chain.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core import seal as seals
-from gpuledger.core.audit_chain import GENESIS, canonical_json, check_chain, row_hash
-from gpuledger.store import audit_sign, schema
+from gpuledger.core.audit_chain import GENESIS, canonical_json, row_hash
+from gpuledger.store import audit_seals, audit_sign, audit_verify, schema
+from gpuledger.store.audit_verify import Verification
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -148,38 +149,12 @@ def rate_card_changed(ledger: Ledger, *, actor: str, name: str, text: str) -> in
 # -- seals ----------------------------------------------------------------------------------------
 
 
-def _rows(conn: Connection, table: sa.Table, run_id: str, drop: tuple[str, ...] = ("run_id",)) -> list[dict[str, Any]]:
-    q = sa.select(*(c for c in table.c if c.name not in drop)).where(table.c.run_id == run_id)
-    return [dict(r) for r in conn.execute(q).mappings()]
-
-
 def current_seal(conn: Connection, run_id: str) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]] | None:
     """The run's seal computed from its rows now, and the rows per series; None if no such run."""
-    run = conn.execute(sa.select(T.runs).where(T.runs.c.id == run_id)).mappings().first()
-    if run is None:
-        return None
-    gpu = _rows(conn, T.gpu_intervals, run_id)
-    host = _rows(conn, T.host_intervals, run_id)
-    log = conn.scalar(sa.select(T.logs.c.data).where(T.logs.c.run_id == run_id))
-    digest = seals.seal(
-        dict(run),
-        _rows(conn, T.run_labels, run_id),
-        _rows(conn, T.devices, run_id),
-        gpu,
-        host,
-        _rows(conn, T.events, run_id),
-        _rows(conn, T.metrics, run_id),
-        None if log is None else hashlib.sha256(bytes(log)).hexdigest(),
-    )
-    by_series: dict[str, list[dict[str, Any]]] = {"host_intervals": host}
-    for r in gpu:
-        by_series.setdefault(f"gpu_intervals/{r['device_uuid']}", []).append(r)
-    return digest, by_series
+    return audit_seals.current_seal(conn, run_id)
 
 
 def latest_seal(conn: Connection, run_id: str) -> dict[str, Any] | None:
-    import json
-
     a = T.audit_log.c
     q = (
         sa.select(a.payload)
@@ -205,95 +180,6 @@ def seal_run(conn: Connection, run_id: str, *, actor: str, reason: str = "run en
     return append(conn, actor=actor, action=action, obj=f"run:{run_id}", payload={"reason": reason, "seal": digest})
 
 
-def seal_unsealed(ledger: Ledger, *, actor: str) -> list[str]:
-    """Seal every finished run that has no seal yet (agents that never sent their last batch)."""
-    a = T.audit_log.c
-    sealed = sa.select(sa.func.substr(a.object, 5)).where(a.action.in_(SEAL_ACTIONS))
-    q = sa.select(T.runs.c.id).where(T.runs.c.status != "running", T.runs.c.id.not_in(sealed))
-    ids = ledger.read(lambda conn: list(conn.scalars(q)))
-    for run_id in ids:
-        ledger.write(lambda conn, r=run_id: seal_run(conn, r, actor=actor, reason="sealed later"))
-    return ids
-
-
-# -- verify ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Verification:
-    problems: list[str] = field(default_factory=list)
-    rows: int = 0
-    head_seq: int = 0
-    head_hash: str = GENESIS
-    runs_checked: int = 0
-    unsealed_running: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-def verify(ledger: Ledger, *, expect_head: str | None = None) -> Verification:
-    """Check the chain, then every run against its latest seal. ``expect_head``: ``seq:hash`` of
-    a head recorded earlier outside the database; it must still be in the chain."""
-    return ledger.read(lambda conn: _verify(conn, expect_head))
-
-
-def _verify(conn: Connection, expect_head: str | None) -> Verification:
-    import json
-
-    out = Verification()
-    a = T.audit_log.c
-    rows = [dict(r) for r in conn.execute(sa.select(T.audit_log).order_by(a.seq)).mappings()]
-    out.rows = len(rows)
-    out.problems += [p.message for p in check_chain(rows)]
-    if rows:
-        out.head_seq, out.head_hash = int(rows[-1]["seq"]), str(rows[-1]["hash"])
-    if expect_head:
-        seq_text, _, want = expect_head.partition(":")
-        match = [r for r in rows if str(r["seq"]) == seq_text.strip()]
-        if not match or match[0]["hash"] != want.strip():
-            out.problems.append(f"audit_log: the recorded head {expect_head} is no longer in the chain (rows removed)")
-    seals_of: dict[str, tuple[int, dict[str, Any]]] = {}
-    created: set[str] = set()
-    deleted: dict[str, int] = {}
-    for r in rows:
-        obj = str(r["object"])
-        if not obj.startswith("run:"):
-            continue
-        run_id = obj[4:]
-        if r["action"] in SEAL_ACTIONS:
-            try:
-                seals_of[run_id] = (int(r["seq"]), json.loads(r["payload"])["seal"])
-            except (ValueError, KeyError, TypeError):
-                continue  # already reported: an edited row
-        elif r["action"] == "run.created":
-            created.add(run_id)
-        elif r["action"] in DELETE_ACTIONS:
-            deleted[run_id] = int(r["seq"])
-    present = {str(r.id): str(r.status) for r in conn.execute(sa.select(T.runs.c.id, T.runs.c.status))}
-    for run_id, (seq, sealed) in sorted(seals_of.items()):
-        if run_id not in present:
-            if deleted.get(run_id, 0) < seq:
-                out.problems.append(f"run {run_id}: deleted (sealed at audit seq {seq}; no run.deleted entry)")
-            continue
-        if deleted.get(run_id, 0) > seq:
-            out.problems.append(f"run {run_id}: present again after its run.deleted entry")
-        found = current_seal(conn, run_id)
-        assert found is not None
-        out.runs_checked += 1
-        for diff in seals.compare(sealed, found[0], found[1]):
-            out.problems.append(f"run {run_id}: {diff}")
-    for run_id, status in sorted(present.items()):
-        if run_id in seals_of:
-            continue
-        if run_id not in created:
-            out.problems.append(f"run {run_id}: inserted outside gpuledger (no run.created entry in the audit log)")
-        elif status == "running":
-            out.unsealed_running += 1
-        else:
-            out.problems.append(f"run {run_id}: {status} but never sealed (run `gpuledger audit seal`)")
-    for run_id in sorted(created - set(present) - set(deleted)):
-        if run_id not in seals_of:
-            out.problems.append(f"run {run_id}: deleted (created in the audit log; no run.deleted entry)")
-    return out
+def verify(ledger: Ledger, *, expect_head: str | None = None, **options: Any) -> Verification:
+    """The ledger checked against its trail (store/audit_verify.py)."""
+    return audit_verify.verify(ledger, expect_head=expect_head, **options)

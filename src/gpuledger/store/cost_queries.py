@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.store.schema import devices, gpu_intervals, gpu_rollups, run_labels, runs
+from gpuledger.store.schema import devices, gpu_intervals, gpu_owners, gpu_rollups, run_labels, runs
 
 __all__ = [
     "RUN_COLUMNS",
@@ -275,15 +275,22 @@ def tenants_of(
     conn: Connection, run_ids: Sequence[str], start: float | None, end: float | None
 ) -> list[dict[str, Any]]:
     """Every run (any project: see the module docstring) holding a GPU that one of ``run_ids``
-    holds, in [start, end): uuid, run_id, status, started_at, ended_at."""
+    holds, in [start, end): uuid, run_id, status, started_at, ended_at. Only runs of the GPU's own
+    host count (``gpu_owners``, store/ownership.py): a run of another machine naming the same UUID
+    must not halve anyone's bill. A GPU without an owner row (a local ledger) counts every run."""
     d2 = devices.alias("mine")
+    own_host = sa.or_(gpu_owners.c.uuid.is_(None), gpu_owners.c.host == runs.c.host)
     out: list[dict[str, Any]] = []
     for chunk in _chunks(list(run_ids)):
         mine = sa.select(d2.c.uuid).where(d2.c.run_id.in_(chunk))
         q = (
             sa.select(devices.c.uuid, runs.c.id.label("run_id"), runs.c.status, runs.c.started_at, runs.c.ended_at)
-            .select_from(devices.join(runs, runs.c.id == devices.c.run_id))
-            .where(devices.c.uuid.in_(mine), *_in_window(start, end))
+            .select_from(
+                devices.join(runs, runs.c.id == devices.c.run_id).outerjoin(
+                    gpu_owners, gpu_owners.c.uuid == devices.c.uuid
+                )
+            )
+            .where(devices.c.uuid.in_(mine), own_host, *_in_window(start, end))
         )
         out.extend(dict(r) for r in conn.execute(q).mappings())
     uniq = {(r["uuid"], r["run_id"]): r for r in out}

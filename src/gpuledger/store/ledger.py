@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import codec, migrations, queries, rollup_stale, run_rollup, schema, writes
+from gpuledger.store import codec, migrations, ownership, queries, rollup_stale, run_rollup, schema, writes
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import AmbiguousRun, RunNotFound
 from gpuledger.store.url import default_url
@@ -101,7 +101,12 @@ class Ledger:
     def create_run(self, run: RunRecord) -> bool:
         """Store a new run; False (and nothing changed) if a run with this id already exists,
         so a replayed creation is harmless. Change an existing run with ``update_run``."""
-        created = self._db.write(lambda conn: writes.insert_run(self._db, conn, run))
+
+        def tx(conn: Connection) -> bool:
+            ownership.refuse_direct_recording(conn, self._db.display)  # a team ledger: via its server only
+            return writes.insert_run(self._db, conn, run)
+
+        created = self._db.write(tx)
         self._known_runs.add(run.id)
         return created
 

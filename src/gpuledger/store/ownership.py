@@ -29,6 +29,21 @@ class PushRefused(LedgerError):
     """A push that would rewrite history or take what belongs to someone else (HTTP 409)."""
 
 
+class TeamLedgerRefused(LedgerError):
+    """A run written straight into a team server's database, around the server."""
+
+
+def refuse_direct_recording(conn: Connection, display: str) -> None:
+    """Refuse to record a run straight into a team ledger (one with API tokens): there it would be
+    neither owned nor audited nor signed, and ``verify`` would rightly call it forged."""
+    if conn.execute(sa.select(schema.api_tokens.c.id).limit(1)).first() is not None:
+        raise TeamLedgerRefused(
+            f"{display} is a team server's ledger: runs go into it through the server, which records who owns them "
+            "and signs their history. Record with `gpuledger run --server URL` (docs/SERVER.md); without --db, "
+            "gpuledger run records into your local ledger"
+        )
+
+
 @dataclass(frozen=True)
 class Writer:
     """The principal pushing: its user (the agent identity) and token."""

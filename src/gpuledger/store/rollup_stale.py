@@ -16,6 +16,7 @@ from collections.abc import Collection, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gpuledger.store import rollup_audit
 from gpuledger.store.schema import devices, gpu_rollups, runs
 
 __all__ = ["ROLLUP_FIELDS", "drop_after_append", "drop_rollups"]
@@ -31,11 +32,15 @@ def drop_rollups(conn: Connection, run_ids: Collection[str]) -> None:
     flagged rolled up (both are written and dropped together), so for a run not flagged this is
     one index probe."""
     ids = sorted(run_ids)
+    dropped: list[str] = []
     for i in range(0, len(ids), _CHUNK):
         chunk = ids[i : i + _CHUNK]
         unflag = sa.update(runs).where(runs.c.id.in_(chunk), runs.c.rolled_up).values(rolled_up=False)
-        if conn.execute(unflag).rowcount:
+        flagged = list(conn.scalars(unflag.returning(runs.c.id)))
+        if flagged:
             conn.execute(sa.delete(gpu_rollups).where(gpu_rollups.c.run_id.in_(chunk)))
+            dropped += flagged
+    rollup_audit.record_dropped(conn, dropped)  # a team ledger's trail says so (store/rollup_audit.py)
 
 
 def drop_after_append(conn: Connection, run_id: str, spans: Sequence[tuple[str, float, float]]) -> None:

@@ -1,7 +1,9 @@
 """Writing ``gpu_rollups`` (migration 2): the per run, GPU model and day sums cost reports read.
 
 Derived data: a run's rows are replaced as a whole, in one transaction, and the run is marked
-``rolled_up`` in the same transaction, so a report sees either the old state or the new one.
+``rolled_up`` in the same transaction, so a report sees either the old state or the new one. On a
+team ledger the same transaction appends their digests to the audit trail (store/rollup_audit.py);
+``rolled_up`` is not part of a run's seal, so writing rollups never breaks one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.usage import DayUsage, weakest_rule
+from gpuledger.store import rollup_audit
 from gpuledger.store.schema import gpu_rollups, runs
 
 __all__ = ["GROUPING_COLUMNS", "replace_rollups", "rollup_rows"]
@@ -78,4 +81,5 @@ def replace_rollups(
         row.update({col: values.get(col) for col in GROUPING_COLUMNS})
     for i in range(0, len(rows), _CHUNK):
         conn.execute(sa.insert(gpu_rollups), rows[i : i + _CHUNK])
+    rollup_audit.record_written(conn, run_ids, rows)  # a team ledger's trail holds their digests
     return len(rows)

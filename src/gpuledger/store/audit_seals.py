@@ -1,0 +1,69 @@
+"""Runs' seals computed from their rows now, many runs per query (core/seal.py does the digest).
+
+``verify`` recomputes the seal of every sealed run: one query per table for a chunk of runs,
+instead of eight per run, so a ledger of a hundred thousand runs is read in a few thousand queries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.core import seal as seals
+from gpuledger.store import schema as T
+
+CHUNK = 200  # runs per query
+Found = tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]  # (seal now, rows per series name)
+
+
+def _by_run(conn: Connection, table: sa.Table, ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    q = sa.select(table).where(table.c.run_id.in_(ids))
+    for row in conn.execute(q).mappings():
+        r = dict(row)
+        out.setdefault(r.pop("run_id"), []).append(r)
+    return out
+
+
+def current_seals(conn: Connection, run_ids: Sequence[str]) -> Iterator[tuple[str, Found]]:
+    """(run id, (seal now, rows per series)) for each of ``run_ids`` that exists, chunk by chunk."""
+    for i in range(0, len(run_ids), CHUNK):
+        ids = list(run_ids[i : i + CHUNK])
+        runs = {r["id"]: dict(r) for r in conn.execute(sa.select(T.runs).where(T.runs.c.id.in_(ids))).mappings()}
+        parts = {t.name: _by_run(conn, t, ids) for t in (T.run_labels, T.devices, T.gpu_intervals, T.host_intervals,
+                                                         T.events, T.metrics)}  # fmt: skip
+        logs = {
+            run_id: hashlib.sha256(bytes(data)).hexdigest()
+            for run_id, data in conn.execute(sa.select(T.logs.c.run_id, T.logs.c.data).where(T.logs.c.run_id.in_(ids)))
+        }
+        for run_id in ids:
+            run = runs.get(run_id)
+            if run is None:
+                continue
+            gpu = parts["gpu_intervals"].get(run_id, [])
+            host = parts["host_intervals"].get(run_id, [])
+            digest = seals.seal(
+                run,
+                parts["run_labels"].get(run_id, []),
+                parts["devices"].get(run_id, []),
+                gpu,
+                host,
+                parts["events"].get(run_id, []),
+                parts["metrics"].get(run_id, []),
+                logs.get(run_id),
+            )
+            by_series: dict[str, list[dict[str, Any]]] = {"host_intervals": host}
+            for r in gpu:
+                by_series.setdefault(f"gpu_intervals/{r['device_uuid']}", []).append(r)
+            yield run_id, (digest, by_series)
+
+
+def current_seal(conn: Connection, run_id: str) -> Found | None:
+    """The run's seal computed from its rows now, and the rows per series; None if no such run."""
+    for _, found in current_seals(conn, [run_id]):
+        return found
+    return None
