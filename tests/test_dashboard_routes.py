@@ -18,8 +18,10 @@ def client(tmp_path_factory: pytest.TempPathFactory):
         yield c
 
 
-@pytest.mark.parametrize("path", ["/dashboard/", "/dashboard/login", "/dashboard/runs",
-                                  "/dashboard/runs/01900000-0000-7000-8000-000000000001"])
+@pytest.mark.parametrize(
+    "path",
+    ["/dashboard/", "/dashboard/login", "/dashboard/runs", "/dashboard/runs/01900000-0000-7000-8000-000000000001"],
+)
 def test_pages_are_shells_with_a_strict_policy(client: TestClient, path: str) -> None:
     resp = client.get(path)
     assert resp.status_code == 200
@@ -61,3 +63,32 @@ def test_dashboard_scripts_never_write_html(client: TestClient) -> None:
             text = client.get(f"/dashboard/static/{name}").text
             for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
                 assert sink not in text, (name, sink)
+
+
+def test_the_api_reference_is_served_here_with_no_script(client: TestClient) -> None:
+    """FastAPI's /docs would load Swagger UI from a CDN onto the origin where the dashboard keeps
+    its token: the server renders its own reference instead, and the CDN pages are gone."""
+    resp = client.get("/docs")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in resp.headers["content-security-policy"]
+    assert "<script" not in resp.text.lower()
+    assert "POST /api/v1/ingest" in resp.text and "PUT /api/v1/runs/{run_id}/log" in resp.text
+    assert "after_t" in resp.text and 'href="/openapi.json"' in resp.text
+    for gone in ("/redoc", "/docs/oauth2-redirect"):
+        assert client.get(gone).status_code == 404, gone
+
+
+def test_no_page_of_the_server_loads_anything_from_elsewhere(client: TestClient) -> None:
+    paths = set()
+    for route in client.app.routes:  # type: ignore[attr-defined]
+        contexts = route.effective_route_contexts() if hasattr(route, "effective_route_contexts") else [route]
+        paths |= {r.path for r in contexts if "GET" in (getattr(r, "methods", None) or ()) and "{" not in r.path}
+    pages = []
+    for path in sorted(paths):
+        got = client.get(path)
+        if got.headers.get("content-type", "").startswith("text/html"):
+            pages.append(path)
+            assert "default-src 'none'" in got.headers["content-security-policy"], path
+            for ref in re.findall(r'(?:src|href)\s*=\s*"([^"]*)"', got.text):
+                assert ref.startswith(("/", "#", "data:")) and not ref.startswith("//"), (path, ref)
+    assert {"/docs", "/dashboard/", "/dashboard/login"} <= set(pages)

@@ -4,10 +4,17 @@ Templates are Jinja2 package data with autoescape on, so every piece of user tex
 labels, commands, metric keys, event messages) is escaped. The chart data travels as JSON in a
 ``<script type="application/json">`` block with ``<``, ``>`` and ``&`` escaped as ``\\u003c``...,
 so no string in it can close the script element.
+
+Every page carries a Content-Security-Policy (a ``<meta>`` at the top of its head): scripts and
+style sheets run only when they are the bundled ones, named by their sha256, nothing may be
+fetched from anywhere, and a link cannot submit a form. So a report opened from a share or a mail
+attachment cannot be made to run anything else, even by a run name that got past the escaping.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 from datetime import datetime, timezone
@@ -36,6 +43,22 @@ def assets() -> dict[str, str]:
         "report_css": _read("templates", "report.css"),
         "charts_js": _read("templates", "charts.js"),
     }
+
+
+def _source_hash(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
+
+
+@cache
+def content_security_policy() -> str:
+    """The report's policy: only the inlined uPlot and chart script and the two style sheets."""
+    a = assets()
+    scripts = " ".join(_source_hash(a[k]) for k in ("uplot_js", "charts_js"))
+    styles = " ".join(_source_hash(a[k]) for k in ("uplot_css", "report_css"))
+    return (
+        f"default-src 'none'; script-src {scripts}; style-src {styles}; img-src data:; "
+        "base-uri 'none'; form-action 'none'"
+    )
 
 
 def _clock(t: float | None) -> str:
@@ -88,13 +111,18 @@ def _finite(value: Any) -> Any:
 
 
 def _page(template: str, model: dict[str, Any], page_data: dict[str, Any], **context: Any) -> str:
-    return environment().get_template(template).render(
-        m=model,
-        assets=assets(),
-        version=__version__,
-        generated_at=model.get("generated_at"),
-        data_json=script_json(page_data),
-        **context,
+    return (
+        environment()
+        .get_template(template)
+        .render(
+            m=model,
+            assets=assets(),
+            csp=content_security_policy(),
+            version=__version__,
+            generated_at=model.get("generated_at"),
+            data_json=script_json(page_data),
+            **context,
+        )
     )
 
 
@@ -105,8 +133,9 @@ def render_run(model: dict[str, Any]) -> str:
     page_data = {
         "charts": model["charts"],
         "marks": model["marks"],
-        "findings": [{"number": f["number"], "severity": f["severity"], "evidence": f["evidence"]}
-                     for f in model["findings"]],
+        "findings": [
+            {"number": f["number"], "severity": f["severity"], "evidence": f["evidence"]} for f in model["findings"]
+        ],
         "xmin": start,
         "xmax": end,
     }

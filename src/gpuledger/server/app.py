@@ -48,7 +48,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
 
     ``app.state``: ``ledger`` (Ledger), ``settings``, ``auth`` (token -> Principal, cached).
     """
-    from gpuledger.server import routes_misc, routes_runs, routes_write
+    from gpuledger.server import api_docs, routes_misc, routes_runs, routes_write
 
     settings = settings or Settings()
     ledger = Ledger(db_url, migrate=migrate)  # SchemaOutdated unless migrated (gpuledger db migrate)
@@ -63,6 +63,8 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
         title="gpuledger team server",
         version=__version__,
         openapi_url=OPENAPI_PATH,
+        docs_url=None,  # FastAPI's pages load scripts from a CDN: api_docs.py serves /docs instead
+        redoc_url=None,
         description="Runs, intervals, metrics, events and logs of GPU training runs; docs/SERVER.md.",
     )
     app.state.ledger = ledger
@@ -73,6 +75,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     app.include_router(routes_misc.router)
     app.include_router(routes_runs.router)
     app.include_router(routes_write.router)
+    app.include_router(api_docs.router)
     _optional_routers(app)
 
     @app.exception_handler(RequestValidationError)
