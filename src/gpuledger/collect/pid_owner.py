@@ -12,7 +12,8 @@
   can be the run's.
 * **Job scope.** A process outside the run's tree but inside the same container (a 64-hex
   container id in its cgroup path) or Slurm job (``job_<id>``) — an ``srun`` step, say — is the
-  run's by cgroup. Only visible where the host's processes are (initial namespace).
+  run's by cgroup. Only visible where the host's processes are (initial namespace). The paths are
+  read by ``core/cgroup_path.py``, the parser the node agent attributes processes with.
 
 File descriptors and cgroups are read at most every ``REFRESH_S`` per process: they change when a
 process initialises CUDA, not every tick.
@@ -25,23 +26,16 @@ import re
 import time
 from collections.abc import Callable, Iterable
 
+from gpuledger.core.cgroup_path import read_cgroup
 from gpuledger.core.gpu_procs import PROC_CGROUP, PROC_PID
 
 REFRESH_S = 30.0
 _NVIDIA_NODE = re.compile(r"^/dev/nvidia(\d+)$")
-_CONTAINER_ID = re.compile(r"(?:^|[-_/:.])([0-9a-f]{64})(?:\.scope)?$")
-_SLURM_JOB = re.compile(r"^job_\d+$")
 
 
 def job_scope(cgroup_lines: Iterable[str]) -> str | None:
     """The container or Slurm-job part of a process's cgroup path, or None (a shared session)."""
-    for line in cgroup_lines:
-        path = line.strip().split(":", 2)[-1]
-        parts = [p for p in path.split("/") if p]
-        for i, part in enumerate(parts):
-            if _CONTAINER_ID.search(part) or _SLURM_JOB.match(part):
-                return "/" + "/".join(parts[: i + 1])
-    return None
+    return read_cgroup(cgroup_lines).job_scope
 
 
 class PidOwner:

@@ -3,7 +3,8 @@
 Attribution (``core/owners.py``) is a pure function of two kinds of facts:
 
 * ``ProcFacts`` — what /proc says about one GPU process (who, when, which cgroup, whether a
-  ``gpuledger run`` wraps it);
+  ``gpuledger run`` wraps it: its environment's run id, its ancestors); ``node/procfacts.py``
+  reads them;
 * ``Claims`` — what the platforms say: containers (Docker Engine API), pods and their device
   allocations (kubelet pod-resources, API server labels), Slurm jobs and their allocated GPUs.
 
@@ -11,7 +12,12 @@ Each platform adapter is a ``ClaimSource``: it keeps its own connection, refresh
 at most as often as it needs, never raises from ``claims()`` (a platform that went away answers
 with what it last knew and says so in ``status()``), and is closed at exit. Allocation ("who may
 use a GPU") is kept apart from use ("who does": NVML's process lists): a process using a GPU its
-owner was not allocated is an event, not a silent guess.
+owner was not allocated is an event, not a silent guess. Only ``Claims.allocations`` is compared
+with use, so an adapter that knows a container's or job's GPUs resolves them to NVML UUIDs there.
+
+The agent (``node/agent.py``) polls each source in its own thread: a source that is slow or hangs
+delays only its own claims (the agent keeps using the last ones it got), and one that raises
+despite the contract is caught, reported as its status and polled again later.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ class ProcFacts:
     cgroup: tuple[str, ...]  # the lines of /proc/<pid>/cgroup, as read
     run_id: str | None = None  # GPULEDGER_RUN_ID from its environment: a wrapped run owns it
     cmdline: tuple[str, ...] = ()
+    # Added for attribution (core/owners.py); defaults keep older callers valid.
+    ancestors: tuple[int, ...] = ()  # parent, grandparent ... up to (not including) pid 1
+    wrapper_pid: int | None = None  # nearest ancestor whose command line is ``gpuledger run``
+    environ_readable: bool = True  # False: /proc/<pid>/environ could not be read (run_id unknown)
 
 
 @dataclass(frozen=True)
