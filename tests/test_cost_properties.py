@@ -212,7 +212,12 @@ def _union_length(spans: list[tuple[float, float]]) -> float:
 def test_day_rows_keep_every_second_busy_second_and_joule(raw: list[tuple[float, float, float]]) -> None:
     segments = [Segment(T0 + a, T0 + a + n, n, n * u, n * 100.0) for a, n, u in raw]
     days = days_from_segments("r", "g", segments)
-    for attr, expected in (("alloc_s", sum(n for _, n, _ in raw)), ("energy_j", sum(n * 100 for _, n, _ in raw))):
+    totals = (
+        ("alloc_s", sum(n for _, n, _ in raw)),
+        ("busy_s", sum(n * u for _, n, u in raw)),
+        ("energy_j", sum(n * 100 for _, n, _ in raw)),
+    )
+    for attr, expected in totals:
         got = sum(getattr(d, attr) for d in days)
         assert abs(got - expected) < 1e-6 * max(1.0, expected)
     assert all(d.t1 - d.t0 <= 86400 and d.busy_s <= d.alloc_s + 1e-9 for d in days)

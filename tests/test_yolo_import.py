@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -14,11 +15,15 @@ from click.testing import CliRunner
 
 from gpuledger.cli.import_cmd import import_cmd
 from gpuledger.importers.ultralytics import NotARunDirectory, import_run_dir
-from gpuledger.integrations.ultralytics.describe import sha256_file
 from gpuledger.reports.epochs import metrics_by_epoch
 from gpuledger.store import Ledger
 
 DATA = Path(__file__).parent / "data" / "yolo"
+
+
+def sha256_of(path) -> str:  # type: ignore[no-untyped-def]
+    """Computed here with hashlib, independently of the code under test, over the whole file."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def make_run_dir(root: Path, name: str = "train", fixture: str = "yolo11n_segment") -> Path:
@@ -34,8 +39,17 @@ def make_run_dir(root: Path, name: str = "train", fixture: str = "yolo11n_segmen
     run = root / "runs" / "segment" / name
     (run / "weights").mkdir(parents=True)
     shutil.copy(DATA / f"{fixture}.results.csv", run / "results.csv")
-    args = {"task": "segment", "mode": "train", "model": "yolo11n-seg.yaml", "data": str(dataset / "shapes.yaml"),
-            "epochs": 2, "imgsz": 64, "batch": 4, "device": "cpu", "save_dir": str(run)}
+    args = {
+        "task": "segment",
+        "mode": "train",
+        "model": "yolo11n-seg.yaml",
+        "data": str(dataset / "shapes.yaml"),
+        "epochs": 2,
+        "imgsz": 64,
+        "batch": 4,
+        "device": "cpu",
+        "save_dir": str(run),
+    }
     (run / "args.yaml").write_text(yaml.safe_dump(args, sort_keys=False))
     (run / "weights" / "best.pt").write_bytes(b"best weights")
     (run / "weights" / "last.pt").write_bytes(b"last weights")
@@ -57,16 +71,25 @@ def test_import_stores_epochs_and_configuration(tmp_path: Path, ledger_url: str)
         assert not ledger.host_intervals(run.id) and not ledger.events(run.id)
     assert run.status == "imported" and run.ended_at >= run.started_at
     assert run.labels == {"model": "yolo11n-seg", "dataset": "shapes", "team": "vision"}
-    assert run.command == ["yolo", "segment", "train", "model=yolo11n-seg.yaml", f"data={tmp_path}/shapes/shapes.yaml",
-                           "epochs=2", "imgsz=64", "batch=4", "device=cpu"]
+    assert run.command == [
+        "yolo",
+        "segment",
+        "train",
+        "model=yolo11n-seg.yaml",
+        f"data={tmp_path}/shapes/shapes.yaml",
+        "epochs=2",
+        "imgsz=64",
+        "batch=4",
+        "device=cpu",
+    ]
     meta = run.meta
     assert meta["save_dir"] == str(run_dir) and meta["task"] == "segment" and meta["args_yaml"]["epochs"] == 2
     assert meta["dataset"]["classes"] == ["square", "disc"] and meta["dataset"]["images"]["train"] == 3
-    assert meta["dataset"]["sha256"] == sha256_file(tmp_path / "shapes" / "shapes.yaml")
+    assert meta["dataset"]["sha256"] == sha256_of(tmp_path / "shapes" / "shapes.yaml")
     assert meta["result"]["best_epoch"] == 2 and meta["result"]["epochs_completed"] == 2
     assert {w["name"]: w["sha256"] for w in meta["weights"]} == {
-        "best.pt": sha256_file(run_dir / "weights" / "best.pt"),
-        "last.pt": sha256_file(run_dir / "weights" / "last.pt"),
+        "best.pt": sha256_of(run_dir / "weights" / "best.pt"),
+        "last.pt": sha256_of(run_dir / "weights" / "last.pt"),
     }
 
 
@@ -125,8 +148,9 @@ def test_cli(tmp_path: Path) -> None:
     first, second = make_run_dir(tmp_path, "train"), make_run_dir(tmp_path / "b", "train2")
     db = str(tmp_path / "ledger.db")
     runner = CliRunner()
-    out = runner.invoke(import_cmd, ["ultralytics", str(first), str(tmp_path / "nothing"), "--db", db,
-                                     "--project", "p1"])
+    out = runner.invoke(
+        import_cmd, ["ultralytics", str(first), str(tmp_path / "nothing"), "--db", db, "--project", "p1"]
+    )
     assert out.exit_code == 1
     assert out.stdout.startswith("imported ") and "2 epochs" in out.stdout
     assert "nothing: no such directory" in out.stderr

@@ -167,7 +167,9 @@ class ProcessTreeCollector:
             vanished = self._refresh()
             self._settle(vanished)
             self._reads_since_scan += 1
-            if vanished or self._reads_since_scan >= self._rescan_every:
+            # An empty tree is scanned at every read: a command that started just after the
+            # previous scan (a slow exec under load) must not go unseen until the next one.
+            if vanished or not self._live or self._reads_since_scan >= self._rescan_every:
                 self._scan(baseline=False)
             total = _max(self._reported, self._tree_total())
             system = self._system_due(closes_interval)
