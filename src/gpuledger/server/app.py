@@ -8,13 +8,16 @@ says to run ``gpuledger db migrate``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
@@ -55,7 +58,12 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(_sweep_forever(ledger, settings)) if settings.lost_after_s > 0 else None
         yield
+        if sweeper is not None:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
         ledger.close()
 
     app = FastAPI(
@@ -97,6 +105,19 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     _add_ingest_schema(app)
     app.add_middleware(Guard, settings=settings, auth=app.state.auth)
     return app
+
+
+async def _sweep_forever(ledger: Ledger, settings: Settings) -> None:
+    """Mark runs whose agent went silent as lost (store/liveness_sweep.py), every sweep_every_s."""
+    from gpuledger.store import liveness_sweep
+
+    await asyncio.sleep(settings.sweep_delay_s)
+    while True:
+        try:
+            await run_in_threadpool(liveness_sweep.sweep, ledger.database, lost_after_s=settings.lost_after_s)
+        except Exception as exc:  # the database may be away for a while: try again next time
+            logging.getLogger("gpuledger.server").warning("liveness sweep failed: %s", exc)
+        await asyncio.sleep(settings.sweep_every_s)
 
 
 def _add_ingest_schema(app: FastAPI) -> None:

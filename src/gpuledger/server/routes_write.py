@@ -23,7 +23,7 @@ from gpuledger.server.models import IngestBatch, IngestResult, QuarantinedItem
 from gpuledger.server.redaction import redact_batch, redactor
 from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, gpu_tuple, host_tuple
 from gpuledger.store import ingest as store_ingest
-from gpuledger.store import quarantine, server_queries
+from gpuledger.store import liveness_sweep, quarantine, server_queries
 
 router = APIRouter(prefix="/api/v1", tags=["ingest"])
 Caller = Annotated[Principal, Depends(current_principal)]
@@ -67,6 +67,9 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
         row["value"] = float(row["value"])
         metrics.append(row)
     actor = actor_of(principal)
+    writer = store_ingest.Writer(principal.user, principal.token_id)
+    if batch.run.status == "running":  # the agent is alive: undo the liveness sweep's verdict, if any
+        liveness_sweep.revive(ledger.database, batch.run.id, writer)
     try:
         out = store_ingest.ingest(
             ledger.database,
@@ -79,7 +82,7 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
             events=[e.model_dump() for e in batch.events],
             metrics=metrics,
             final=batch.final,
-            writer=store_ingest.Writer(principal.user, principal.token_id),
+            writer=writer,
             authorize=_authorize_fn(principal),
         )
     except store_ingest.NotYours:

@@ -35,7 +35,8 @@ class Settings:
     log_writes: int = 2  # log uploads stored at once per process (each holds its log in memory once)
     # Liveness: a running run whose agent has pushed nothing for this long becomes "lost"
     lost_after_s: float = 3600.0  # 0: never
-    sweep_every_s: float = 60.0
+    sweep_every_s: float = 60.0  # how often each server process looks for silent runs
+    sweep_delay_s: float = 300.0  # the first look after a start: agents that waited out an outage push first
     rates: str | None = None  # rate card file for /reports/chargeback (None: the default card)
 
     @classmethod
