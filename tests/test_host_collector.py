@@ -144,6 +144,11 @@ def assert_close(measured: float, expected: float, rel: float = 0.02, abs_s: flo
 
 def test_implements_the_protocol() -> None:
     collector: HostCollector = ProcessTreeCollector(os.getpid())
+    t = time.time()
+    assert collector.read(t) is None  # the first read primes
+    tick = collector.read(t + 1.0)
+    assert tick is not None and (tick.t0, tick.t1) == (t, t + 1.0) and tick.rss_b > 0
+    assert os.getpid() in collector.pids()
     collector.close()
 
 
