@@ -17,10 +17,8 @@ vouches for every row below it (docs/AUDIT.md).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -94,19 +92,19 @@ def remember(conn: Connection, seq: int, row_hash: str) -> None:
     conn.info[_HEAD_INFO] = (seq, row_hash)
 
 
-def _rows_down_from(conn: Connection, seq: int) -> Iterator[Any]:
-    a = schema.audit_log.c
-    q = sa.select(a.seq, a.hash, a.key_id, a.sig, a.action).where(a.seq <= seq).order_by(a.seq.desc())
-    yield from conn.execution_options(yield_per=1000).execute(q)
-
-
 def last_trusted_seq(conn: Connection, keyring: Keyring, below: int) -> int:
     """The highest seq at or below ``below`` whose row carries a good signature of ``keyring``;
     0 when there is none (the chain was never signed with these keys)."""
-    for row in _rows_down_from(conn, below):
-        if keyring.verify(int(row.seq), row.key_id, str(row.hash), row.sig):
-            return int(row.seq)
-    return 0
+    a = schema.audit_log.c
+    q = sa.select(a.seq, a.hash, a.key_id, a.sig).where(a.seq <= below).order_by(a.seq.desc())
+    result = conn.execute(q.execution_options(yield_per=1000))
+    try:
+        for row in result:
+            if keyring.verify(int(row.seq), row.key_id, str(row.hash), row.sig):
+                return int(row.seq)
+        return 0
+    finally:
+        result.close()  # a server-side cursor: closed before the connection writes again
 
 
 def trusted_head(conn: Connection, last: Head | None, keys: WriterKeys | None) -> tuple[int, int] | None:

@@ -191,7 +191,7 @@ def check_rollups(conn: Connection, state: TrailState) -> list[str]:
     """Each run's rollup rows against the digest the trail holds for it, and its rolled_up flag."""
     out: list[str] = []
     digests, flags = rollup_audit.stored_digests(conn)
-    hint = "written before rollups were audited? approve them with `gpuledger audit seal`"
+    hint = "set outside gpuledger, or rolled up before rollups were audited: see `gpuledger audit seal`"
     for run_id in sorted(set(digests) | {r for r, f in flags.items() if f}):
         flagged, now, said = flags.get(run_id), digests.get(run_id), state.rollups.get(run_id)
         if flagged is None:
@@ -199,7 +199,7 @@ def check_rollups(conn: Connection, state: TrailState) -> list[str]:
         if not flagged:  # gpuledger writes and drops rows and flag together
             out.append(f"run {run_id}: gpu_rollups present but runs.rolled_up is false (changed outside gpuledger)")
         elif said is None:
-            out.append(f"run {run_id}: rolled up, but its gpu_rollups are not in the audit trail ({hint})")
+            out.append(f"run {run_id}: rolled up, but the audit trail holds no rollups for it ({hint})")
         elif said[0] is None:
             out.append(f"run {run_id}: rolled up, though its rollups were dropped at audit seq {said[1]} (by SQL)")
         elif (now or rollup_audit.digest(())) != said[0]:

@@ -86,7 +86,7 @@ def verify(
 def _stream(conn: Connection) -> Iterator[dict[str, Any]]:
     a = T.audit_log.c
     q = sa.select(*(a[c] for c in _COLUMNS), a.sig).order_by(a.seq)
-    for row in conn.execution_options(yield_per=5000).execute(q):
+    for row in conn.execute(q.execution_options(yield_per=5000)):
         yield dict(zip((*_COLUMNS, "sig"), row, strict=True))
 
 

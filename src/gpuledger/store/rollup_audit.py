@@ -82,7 +82,7 @@ def stored_digests(conn: Connection) -> tuple[dict[str, str], dict[str, bool]]:
     digests: dict[str, str] = {}
     current: str | None = None
     rows: list[Mapping[str, Any]] = []
-    for row in conn.execution_options(yield_per=5000).execute(q).mappings():
+    for row in conn.execute(q.execution_options(yield_per=5000)).mappings():
         if row["run_id"] != current:
             if current is not None:
                 digests[current] = digest(rows)
