@@ -101,11 +101,8 @@ def test_dashboard_shows_a_run_recorded_during_the_test(tmp_path: Path) -> None:
         _login(page, base, tokens["admin"])
         wait_js(page, "window.gpuledgerOverview && window.gpuledgerOverview.loads > 0", what="the overview")
         assert page.inner_text("#who") == "admin (admin)"
-        cost = page.evaluate("window.gpuledgerOverview.cost")
-        if cost == "missing":
-            assert "cost module is not installed" in page.inner_text("#cost-team")
-        else:
-            assert page.locator("#cost-team table").count() == 1 and page.locator("#cost-project table").count() == 1
+        assert page.evaluate("window.gpuledgerOverview.cost") == "installed"  # the cost module ships: no fallback
+        assert page.locator("#cost-team table").count() == 1 and page.locator("#cost-project table").count() == 1
         assert "out of memory" in page.inner_text("#alerts")
         _no_markup_ran(page)
         shot(page, "dashboard-overview.png")

@@ -67,28 +67,7 @@
     return [GL.el("h3", {}, "Users by cost"), users, GL.el("h3", {}, "Runs by cost"), runs];
   }
 
-  /* Without the cost module: busy GPU-hours of the runs started this month, per user. */
-  function topFromRuns(month) {
-    return GL.get("/runs", { since: month + "-01", limit: 1000 }).then(function (rows) {
-      var by = {};
-      rows.forEach(function (r) {
-        var u = (by[r.user] = by[r.user] || { user: r.user, runs: 0, busy: 0 });
-        u.runs += 1;
-        u.busy += r.busy_gpu_hours || 0;
-      });
-      var list = Object.keys(by).map(function (k) { return by[k]; }).sort(function (a, b) { return b.busy - a.busy; });
-      return [GL.note("Busy GPU-hours of the runs started this month (no prices: the cost module is not installed)."),
-              GL.table([
-                { head: "User", cls: "text", get: function (u) { return u.user; } },
-                { head: "Runs", num: true, get: function (u) { return u.runs; } },
-                { head: "Busy GPU-h", num: true, get: function (u) { return GL.num(u.busy, 3); } },
-              ], list.slice(0, 10), "No run this month.")];
-    });
-  }
-
   function loadCost(month) {
-    var missing = "The cost module is not installed on this server, so there are no prices. " +
-                  "GPU-hours are on the runs page.";
     return Promise.all([
       GL.get("/reports/chargeback", { month: month, by: "team", format: "json" }),
       GL.get("/reports/chargeback", { month: month, by: "project", format: "json" }),
@@ -98,12 +77,6 @@
       GL.replace("cost-project", costTable("project", reports[1]));
       [document.getElementById("cost-team"), document.getElementById("cost-project")].forEach(sizeBars);
       GL.replace("top", topFromCost(reports[0]));
-    }, function (err) {
-      if (!(err instanceof GL.ApiError) || (err.status !== 501 && err.status !== 404)) throw err;
-      state.cost = "missing";
-      GL.replace("cost-team", GL.note(missing, "note"));
-      GL.replace("cost-project", GL.note(missing, "note"));
-      return topFromRuns(month).then(function (nodes) { GL.replace("top", nodes); });
     });
   }
 
