@@ -20,6 +20,7 @@ from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, 
 from gpuledger.core.redact import Redactor
 from gpuledger.recorder import metadata
 from gpuledger.recorder.alerting import LiveAlerts
+from gpuledger.recorder.clock import SteadyClock
 from gpuledger.recorder.control import ControlServer
 from gpuledger.recorder.messages import handle as handle_message
 from gpuledger.recorder.recorder import Recorder
@@ -82,7 +83,7 @@ class Session:
         gpu: GpuCollector | None,
         gpu_note: str | None = None,
         warn: Callable[[str], None] = stderr_line,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         control: ControlServer | None = None,
         on_interval: Callable[[list[GpuInterval], HostInterval | None], None] | None = None,
         after_flush: Callable[[], None] | None = None,
@@ -95,6 +96,9 @@ class Session:
         self._ledger_lock = threading.Lock()
         self._gpu = gpu
         self._host = host
+        # Ticks are dated by a clock that never steps (recorder/clock.py): a wall-clock step
+        # while the run records must not make an interval end before it starts.
+        clock = SteadyClock() if clock is None else clock
         self._clock = clock
         self.devices: list[GpuIdentity] = gpu.devices() if gpu is not None else []
         if not self.devices and gpu_note is None:
@@ -249,7 +253,8 @@ class Session:
 
         pending = self.recorder.pending
         try:
-            path = write_spool(self.run, self.devices, pending.gpu, pending.host, pending.events, pending.metrics)
+            path = write_spool(self.run, self.devices, pending.gpu, pending.host, pending.events, pending.metrics,
+                               ledger_url=self._url)
         except OSError as exc:
             stderr_line(f"gpuledger: could not keep the run locally either ({exc}); its record is lost")
             return
