@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection
 from gpuledger.core import seal as seals
 from gpuledger.core.audit_chain import GENESIS, check_chain
 from gpuledger.core.signing import Keyring
-from gpuledger.store import audit_seals, audit_sign, audit_state
+from gpuledger.store import audit_seals, audit_sign, audit_state, liveness_sweep
 from gpuledger.store import schema as T
 
 if TYPE_CHECKING:
@@ -271,7 +271,12 @@ def _sealed_payloads(conn: Connection, seqs: list[int]) -> dict[int, dict[str, A
 
 
 def _check_runs(conn: Connection, trail: _RunTrail, out: Verification) -> None:
-    present = {str(r.id): str(r.status) for r in conn.execute(sa.select(T.runs.c.id, T.runs.c.status))}
+    r = T.runs.c
+    present, silenced = {}, set()
+    for run_id, status, reason in conn.execute(sa.select(r.id, r.status, r.status_reason)):
+        present[str(run_id)] = str(status)
+        if liveness_sweep.swept(status, reason):  # lost by the server's verdict: its agent may still report
+            silenced.add(str(run_id))
     to_check = []
     for run_id, seq in sorted(trail.seals.items()):
         if run_id not in present:
@@ -295,7 +300,7 @@ def _check_runs(conn: Connection, trail: _RunTrail, out: Verification) -> None:
             continue
         if run_id not in trail.created:
             out.problems.append(f"run {run_id}: inserted outside gpuledger (no run.created entry in the audit log)")
-        elif status == "running":
+        elif status == "running" or run_id in silenced:
             out.unsealed_running += 1
         else:
             out.problems.append(f"run {run_id}: {status} but never sealed (see `gpuledger audit seal`)")
