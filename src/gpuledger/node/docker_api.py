@@ -1,0 +1,238 @@
+"""A read-only Docker Engine API client: the few GET endpoints the node agent needs.
+
+Only ``GET`` is ever sent, so the agent works through a read-only socket proxy (docs/AGENT.md):
+``/version``, ``/containers/json``, ``/containers/{id}/json``, ``/containers/{id}/logs`` and
+``/events``. The daemon is reached over its unix socket (``DOCKER_HOST=unix:///path``, default
+``/var/run/docker.sock``) or, for a proxy, plain HTTP (``DOCKER_HOST=tcp://host:port``).
+
+Streams (events, logs) are read without a read timeout by default, since a quiet container or a
+quiet node sends nothing for hours; ``interrupt()`` shuts their sockets from another thread so a
+blocked reader returns at once (closing the httpx client alone does not wake it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import httpx
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+REQUEST_TIMEOUT_S = 10.0
+
+
+class DockerConfigError(ValueError):
+    """DOCKER_HOST names something this client cannot use; the message says what to set instead."""
+
+
+class DockerApiError(Exception):
+    """The daemon (or a proxy in front of it) answered with an error status."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class DockerUnavailable(DockerApiError):
+    """The daemon could not be reached, or the connection broke mid-stream."""
+
+
+def docker_host(env: Mapping[str, str]) -> tuple[str, str | None]:
+    """(base URL, unix socket path or None) from ``DOCKER_HOST``; raises DockerConfigError."""
+    host = (env.get("DOCKER_HOST") or "").strip() or f"unix://{DEFAULT_SOCKET}"
+    if host.startswith("unix://"):
+        path = host[len("unix://") :]
+        if not path.startswith("/"):
+            raise DockerConfigError(
+                f"DOCKER_HOST={host}: a unix socket needs an absolute path (unix:///run/docker.sock)"
+            )
+        return "http://docker", path
+    if host.startswith(("tcp://", "http://")):
+        if env.get("DOCKER_TLS_VERIFY") or env.get("DOCKER_CERT_PATH"):
+            raise DockerConfigError(
+                "DOCKER_TLS_VERIFY/DOCKER_CERT_PATH are set: TLS to the daemon is not supported; "
+                "run the agent on the node against the unix socket or a read-only socket proxy"
+            )
+        rest = host.split("://", 1)[1].rstrip("/")
+        if not rest:
+            raise DockerConfigError(f"DOCKER_HOST={host}: no host:port")
+        has_port = ":" in rest.rsplit("]", 1)[-1]  # "[::1]:2375" has one, "[::1]" has not
+        return f"http://{rest if has_port else rest + ':2375'}", None  # 2375: Docker's plain-HTTP port
+    raise DockerConfigError(
+        f"DOCKER_HOST={host}: only unix:///path and tcp://host:port (plain HTTP, e.g. a socket proxy) are supported"
+    )
+
+
+def _why(exc: Exception, where: str) -> str:
+    """One line saying why the daemon could not be reached, with the usual fix."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, PermissionError) or getattr(cause, "errno", None) == errno.EACCES:
+            return (
+                f"permission denied on {where} (the agent's user needs access to the Docker socket, "
+                "or point DOCKER_HOST at a read-only socket proxy)"
+            )
+        if isinstance(cause, FileNotFoundError) or getattr(cause, "errno", None) == errno.ENOENT:
+            return f"no Docker socket at {where}"
+        if isinstance(cause, ConnectionRefusedError) or getattr(cause, "errno", None) == errno.ECONNREFUSED:
+            return f"connection refused at {where} (is dockerd running?)"
+        cause = cause.__cause__ or cause.__context__
+    return f"{where}: {type(exc).__name__}: {exc}"
+
+
+class DockerClient:
+    """GET requests to one daemon. Thread-safe: each stream uses its own connection."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        base_url, self.socket_path = docker_host(os.environ if env is None else env)
+        self.where = self.socket_path or base_url
+        transport = httpx.HTTPTransport(uds=self.socket_path) if self.socket_path else httpx.HTTPTransport()
+        # read=None for streams is set per request; plain requests keep the full timeout.
+        self._http = httpx.Client(transport=transport, base_url=base_url, timeout=httpx.Timeout(timeout_s))
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._closed = False
+
+    # -- plain requests ---------------------------------------------------------------------------
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
+        try:
+            response = self._http.get(path, params=params)
+        except httpx.HTTPError as exc:
+            raise DockerUnavailable(_why(exc, self.where)) from exc
+        if response.status_code >= 400:
+            raise DockerApiError(_error_text(path, response), response.status_code)
+        return response
+
+    def _json(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        response = self._get(path, params)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise DockerApiError(f"GET {path}: the answer is not JSON (is {self.where} a Docker daemon?)") from exc
+
+    def version(self) -> dict[str, Any]:
+        return self._json("/version")
+
+    def containers(self, *, all: bool = False) -> list[dict[str, Any]]:
+        """The container list (``/containers/json``): running ones, or every one with ``all``."""
+        return self._json("/containers/json", {"all": "1" if all else "0"})
+
+    def inspect(self, container_id: str) -> dict[str, Any] | None:
+        """``/containers/{id}/json``; None when the container no longer exists."""
+        try:
+            return self._json(f"/containers/{container_id}/json")
+        except DockerApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # -- streams ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _stream(self, path: str, params: Mapping[str, Any], read_timeout_s: float | None) -> Iterator[httpx.Response]:
+        timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=read_timeout_s)
+        try:
+            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise DockerApiError(_error_text(path, response), response.status_code)
+                sock = _socket_of(response)
+                self._track(sock, add=True)
+                try:
+                    yield response
+                finally:
+                    self._track(sock, add=False)
+        except httpx.HTTPError as exc:
+            if self._closed:
+                raise DockerUnavailable("closed") from exc
+            raise DockerUnavailable(_why(exc, self.where)) from exc
+
+    def _track(self, sock: socket.socket | None, *, add: bool) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            if add:
+                self._open.add(sock)
+            else:
+                self._open.discard(sock)
+            closed = self._closed
+        if add and closed:
+            _shutdown(sock)
+
+    @contextlib.contextmanager
+    def events(
+        self, filters: Mapping[str, list[str]], since: str | None = None, read_timeout_s: float | None = None
+    ) -> Iterator[Iterator[dict[str, Any]]]:
+        """``/events`` as an iterator of event objects (one JSON object per line)."""
+        params: dict[str, str] = {"filters": json.dumps(dict(filters))}
+        if since:
+            params["since"] = since
+        with self._stream("/events", params, read_timeout_s) as response:
+            yield _json_lines(response)
+
+    @contextlib.contextmanager
+    def logs(
+        self, container_id: str, *, since: str | None = None, follow: bool = True, read_timeout_s: float | None = None
+    ) -> Iterator[Iterator[bytes]]:
+        """``/containers/{id}/logs`` with timestamps, both streams, as raw chunks (see docker_logs.py)."""
+        params = {"stdout": "1", "stderr": "1", "timestamps": "1", "follow": "1" if follow else "0"}
+        if since:
+            params["since"] = since
+        with self._stream(f"/containers/{container_id}/logs", params, read_timeout_s) as response:
+            yield response.iter_raw()
+
+    def interrupt(self) -> None:
+        """Wake every reader blocked on a stream (they see DockerUnavailable)."""
+        with self._lock:
+            socks = list(self._open)
+        for sock in socks:
+            _shutdown(sock)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.interrupt()
+        self._http.close()
+
+
+def _json_lines(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    for line in response.iter_lines():
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue  # not an event: a proxy's banner or a cut line; the next one is whole
+        if isinstance(doc, dict):
+            yield doc
+
+
+def _error_text(path: str, response: httpx.Response) -> str:
+    """The daemon's ``{"message": ...}``, or a proxy's status line (HAProxy answers 403 in HTML)."""
+    message = ""
+    with contextlib.suppress(ValueError, AttributeError):
+        message = str(response.json().get("message") or "")
+    if not message:
+        message = response.reason_phrase or "error"
+    hint = " (refused by a socket proxy? allow this endpoint)" if response.status_code == 403 else ""
+    return f"GET {path}: {response.status_code} {message.strip()[:300]}{hint}"
+
+
+def _socket_of(response: httpx.Response) -> socket.socket | None:
+    stream = response.extensions.get("network_stream")
+    if stream is None:
+        return None
+    with contextlib.suppress(Exception):
+        sock = stream.get_extra_info("socket")
+        return sock if isinstance(sock, socket.socket) else None
+    return None
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
