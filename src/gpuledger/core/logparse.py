@@ -204,3 +204,28 @@ def parse_lines(lines: list[str]) -> ParsedLog:
         parser.line(line)
         parser.out.line_epochs.append(parser.current)
     return parser.result()
+
+
+class LineParser:
+    """``parse_lines`` one screen line at a time, for output still being written (a followed
+    container log). ``line`` returns the epochs that line showed finished; ``result`` is a fresh
+    ``ParsedLog`` at any point (without ``line_epochs``, which would grow with the output)."""
+
+    def __init__(self) -> None:
+        self._parser = _Parser()
+
+    def line(self, line: str) -> list[int]:
+        before, done = self._parser.current, len(self._parser.done)
+        self._parser.line(line)
+        return [before] if before is not None and len(self._parser.done) > done else []
+
+    def result(self) -> ParsedLog:
+        out = self._parser.result()
+        return ParsedLog(
+            format=out.format,
+            epochs=[ParsedEpoch(e.epoch, dict(e.metrics)) for e in out.epochs],
+            total_epochs=out.total_epochs,
+            last_epoch=out.last_epoch,
+            final=dict(out.final),
+            nonfinite={k: list(v) for k, v in out.nonfinite.items()},
+        )

@@ -1,0 +1,323 @@
+"""A container's log as ``/containers/{id}/logs?timestamps=1`` streams it, decoded and parsed.
+
+Wire format (Docker Engine API, "Get container logs"; observed on Engine 20.10):
+
+* Without a TTY the stream is multiplexed: frames of an 8-byte header — stream type (0 stdin,
+  1 stdout, 2 stderr, 3 the daemon's own error), three zero bytes, the payload length as a
+  big-endian uint32 — then the payload. A frame may be split across reads, and one read may
+  hold many frames. Each frame is one log message: ``<RFC 3339 nano time> <bytes>``.
+* With a TTY (``Config.Tty``) the stream is raw: the messages are simply concatenated.
+* A message is a line the program wrote, ending in ``\\n`` — or, for a line longer than the log
+  driver's buffer (16 KiB for json-file), a *partial* message without ``\\n``, each with its own
+  timestamp. A tqdm bar redrawn with ``\\r`` and no ``\\n`` for a whole epoch is such a line, so
+  in the raw stream a timestamp can appear in the middle of a line: it is removed here.
+
+What comes out (``ContainerLog``) is what ``gpuledger run`` keeps for a wrapped run: the
+program's bytes, redacted by ``core/redact.py`` before anything is stored, written to an optional
+file, and parsed line by line by ``core/logparse.py`` into YOLO epochs and metrics (``\\r``
+redraws reduced to the last, as a terminal shows them). Lines are capped, so binary garbage or a
+100 MB line without a newline costs bounded memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from gpuledger.core.logparse import LineParser, ParsedLog, screen_lines
+from gpuledger.core.redact import LineRedactor, Redactor
+from gpuledger.node.docker_inspect import docker_time_ns
+
+STDOUT, STDERR, SYSTEMERR = 1, 2, 3
+MAX_LINE_BYTES = 64 * 1024  # longer screen lines are cut: no training prints such a line
+MAX_LOG_BYTES = 256 * 1024 * 1024  # the file copy stops here; parsing goes on
+
+# A message's leading timestamp. Docker writes RFC3339NanoFixed; other fractions are accepted.
+_LEADING_TS = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)) ")
+# A partial message's timestamp inside a raw (TTY) line: only Docker's exact fixed form.
+_INNER_TS = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z ")
+_TS_CHARS = re.compile(rb"[0-9T:.Z+\-]*")
+_TS_MAX = 36  # "2006-01-02T15:04:05.999999999+07:00 "
+
+
+@dataclass(frozen=True)
+class Message:
+    """A piece of one stream: ``stream`` 1 stdout / 2 stderr; ``t_ns`` when the daemon logged it."""
+
+    stream: int
+    t_ns: int | None
+    data: bytes
+
+
+def _split_timestamp(payload: bytes) -> tuple[int | None, bytes]:
+    m = _LEADING_TS.match(payload)
+    if m is None:
+        return None, payload
+    return docker_time_ns(m.group(1)), payload[m.end() :]
+
+
+class FrameDecoder:
+    """The multiplexed stream. A header that cannot be one (a stream type above 3, non-zero
+    padding) means the stream is raw after all: the rest is handed to a ``RawDecoder``."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._raw: RawDecoder | None = None
+
+    @property
+    def fell_back_to_raw(self) -> bool:
+        return self._raw is not None
+
+    def feed(self, data: bytes) -> list[Message]:
+        if self._raw is not None:
+            return self._raw.feed(data)
+        self._buf += data
+        out: list[Message] = []
+        while len(self._buf) >= 8:
+            kind, pad, size = self._buf[0], bytes(self._buf[1:4]), int.from_bytes(self._buf[4:8], "big")
+            if kind > SYSTEMERR or pad != b"\0\0\0":
+                self._raw = RawDecoder()
+                rest, self._buf = bytes(self._buf), bytearray()
+                return out + self._raw.feed(rest)
+            if len(self._buf) < 8 + size:
+                break
+            payload = bytes(self._buf[8 : 8 + size])
+            del self._buf[: 8 + size]
+            t_ns, body = _split_timestamp(payload)
+            out.append(Message(kind, t_ns, body))
+        return out
+
+
+class RawDecoder:
+    """The TTY stream: messages concatenated, each ``<time> <bytes>``, ending in ``\\n`` unless partial."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._at_start = True
+        self._t_ns: int | None = None
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buf += data
+        out: list[Message] = []
+        while self._buf:
+            if self._at_start:
+                m = _LEADING_TS.match(self._buf)
+                if m is None and len(self._buf) < _TS_MAX and _TS_CHARS.fullmatch(self._buf):
+                    break  # the timestamp is still arriving
+                if m is not None:
+                    self._t_ns = docker_time_ns(m.group(1))
+                    del self._buf[: m.end()]
+                self._at_start = False
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buf[: end + 1])
+                del self._buf[: end + 1]
+                self._at_start = True
+                out.append(Message(STDOUT, self._t_ns, _INNER_TS.sub(b"", line)))
+                continue
+            cut = self._safe_cut()
+            if cut > 0:
+                out.append(Message(STDOUT, self._t_ns, _INNER_TS.sub(b"", bytes(self._buf[:cut]))))
+                del self._buf[:cut]
+            break
+        return out
+
+    def _safe_cut(self) -> int:
+        """How much of an unfinished line can go now: all but a tail that may be a timestamp's start."""
+        cut = len(self._buf) - _TS_MAX
+        for m in _INNER_TS.finditer(self._buf, max(0, cut - _TS_MAX)):
+            if m.start() < cut < m.end():
+                cut = m.start()
+        return max(cut, 0)
+
+
+class ScreenLines:
+    """Bytes of one stream → the lines a terminal would finally show, one at a time.
+
+    A line still being drawn is kept reduced: once it passes ``max_bytes`` only its last finished
+    ``\\r`` redraw that shows something (what a terminal shows) and the redraw in progress are
+    kept; a redraw longer than that is cut to the cap (``cut_lines`` counts the cuts).
+    """
+
+    def __init__(self, max_bytes: int = MAX_LINE_BYTES) -> None:
+        self._max = max_bytes
+        self._buf = bytearray()
+        self._cutting = False
+        self.cut_lines = 0
+
+    def feed(self, data: bytes) -> list[str]:
+        out: list[str] = []
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                self._append(data[start:])
+                return out
+            self._append(data[start:end])
+            out.append(self._take())
+            start = end + 1
+
+    def flush(self) -> list[str]:
+        return [self._take()] if self._buf else []
+
+    def _take(self) -> str:
+        line = screen_lines(bytes(self._buf))[0]
+        self._buf.clear()
+        self._cutting = False
+        return line
+
+    def _append(self, data: bytes) -> None:
+        if self._cutting:  # dropping the rest of an over-long redraw, up to its next \r
+            cr = data.find(b"\r")
+            if cr < 0:
+                return
+            data, self._cutting = data[cr:], False
+        self._buf += data
+        if len(self._buf) <= self._max:
+            return
+        last_cr = self._buf.rfind(b"\r")
+        if last_cr > 0:  # finished redraws: only the last one showing something matters
+            self._buf[:last_cr] = screen_lines(bytes(self._buf[:last_cr]))[0].encode()[: self._max // 2]
+        if len(self._buf) > self._max:  # the redraw in progress alone is too long
+            del self._buf[self._max :]
+            self._cutting = True
+            self.cut_lines += 1
+
+
+@dataclass
+class LogView:
+    """What a followed log has shown so far (a snapshot; the follower keeps going)."""
+
+    container_id: str
+    parsed: ParsedLog
+    epoch_times: dict[int, float] = field(default_factory=dict)  # epoch -> when the log showed it finished
+    lines: int = 0
+    bytes: int = 0
+    cut_lines: int = 0  # lines longer than the cap, cut
+    path: Path | None = None  # the redacted copy, when kept
+    file_cut: bool = False  # the copy stopped at its size cap
+    done: bool = False  # the container stopped and its log was read to the end
+    error: str | None = None  # why the log could not be read (a proxy refusing it, a driver without reads)
+
+
+class ContainerLog:
+    """One container's log: fed ``Message`` s by its follower, read by the agent through ``view()``."""
+
+    def __init__(
+        self,
+        container_id: str,
+        *,
+        redactor: Redactor | None = None,
+        path: Path | None = None,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        max_file_bytes: int = MAX_LOG_BYTES,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.container_id = container_id
+        self._redactor = redactor or Redactor.default()
+        self._streams: dict[int, tuple[LineRedactor, ScreenLines]] = {}
+        self._max_line = max_line_bytes
+        self._parser = LineParser()
+        self._lock = threading.Lock()
+        self._wall = wall
+        self._path = path
+        self._file: BinaryIO | None = None
+        self._max_file = max_file_bytes
+        self._view = LogView(container_id, ParsedLog(), path=path)
+        self.last_t_ns: int | None = None  # the newest message's time: where a new follow resumes
+        self._skip_through: int | None = None
+
+    # -- fed by the follower ------------------------------------------------------------------------
+    def resume(self) -> str | None:
+        """``since`` for a new follow: from the newest message seen; what was seen is skipped again."""
+        with self._lock:
+            self._skip_through = self.last_t_ns
+            self._view.done = False
+            t = self.last_t_ns
+        return None if t is None else f"{t // 1_000_000_000}.{t % 1_000_000_000:09d}"
+
+    def add(self, messages: list[Message]) -> None:
+        with self._lock:
+            for msg in messages:
+                self._add(msg)
+
+    def _add(self, msg: Message) -> None:
+        if msg.t_ns is not None:
+            if self._skip_through is not None and msg.t_ns <= self._skip_through:
+                return  # seen before the reconnect ("since" is inclusive)
+            self._skip_through = None
+            self.last_t_ns = max(self.last_t_ns or 0, msg.t_ns)
+        if msg.stream == SYSTEMERR:
+            self._view.error = "the daemon reported: " + msg.data.decode("utf-8", "replace").strip()[:300]
+            return
+        self._view.bytes += len(msg.data)
+        redactor, screen = self._stream(msg.stream)
+        clean = redactor.feed(msg.data)
+        self._keep(clean)
+        self._parse(screen.feed(clean), msg.t_ns)
+
+    def _stream(self, stream: int) -> tuple[LineRedactor, ScreenLines]:
+        if stream not in self._streams:
+            self._streams[stream] = (LineRedactor(self._redactor, 4 * self._max_line), ScreenLines(self._max_line))
+        return self._streams[stream]
+
+    def _parse(self, lines: list[str], t_ns: int | None) -> None:
+        when = t_ns / 1e9 if t_ns is not None else self._wall()
+        for line in lines:
+            self._view.lines += 1
+            for epoch in self._parser.line(line):
+                self._view.epoch_times.setdefault(epoch, when)
+
+    def _keep(self, data: bytes) -> None:
+        if not data or self._path is None or self._view.file_cut:
+            return
+        try:
+            if self._file is None:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._file = os.fdopen(fd, "ab")
+            if self._file.tell() + len(data) > self._max_file:
+                self._view.file_cut = True
+                return
+            self._file.write(data)
+            self._file.flush()
+        except OSError as exc:
+            self._view.file_cut = True
+            self._view.error = f"cannot write {self._path}: {exc.strerror or exc}"
+
+    def finish(self, error: str | None = None) -> None:
+        """The log ended (the container stopped) or cannot be read (``error``)."""
+        with self._lock:
+            for redactor, screen in self._streams.values():
+                tail = redactor.flush()
+                self._keep(tail)
+                self._parse(screen.feed(tail) + screen.flush(), self.last_t_ns)
+            self._view.done = error is None
+            if error is not None:
+                self._view.error = error
+            if self._file is not None:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._file = None
+
+    # -- read by the agent ----------------------------------------------------------------------------
+    @property
+    def error(self) -> str | None:
+        with self._lock:
+            return self._view.error
+
+    def view(self) -> LogView:
+        with self._lock:
+            out = copy.copy(self._view)
+            out.parsed = self._parser.result()
+            out.epoch_times = dict(self._view.epoch_times)
+            out.cut_lines = sum(screen.cut_lines for _, screen in self._streams.values())
+            return out
