@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gpuledger.agent.client import Client, Rejected
 from gpuledger.core.audit_chain import canonical_json
 from gpuledger.core.redact import Redactor
+from gpuledger.core.run_rules import is_final
 from gpuledger.core.wire import GPU_COLUMNS, HOST_COLUMNS
 from gpuledger.store import RunNotFound, pushes, quarantine
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from gpuledger.store import Ledger
 
 BATCH_ROWS = 5000  # intervals per push (~2.5 MB of JSON): well under the server's 8 MiB limit
-FINAL = ("succeeded", "failed", "killed", "lost", "imported")
+FINAL = ("succeeded", "failed", "killed", "lost", "imported")  # and a discovered run once it has an end
 MAX_MESSAGE = 65536  # the server's limit for an event message; a longer one is cut, not refused
 
 
@@ -75,7 +76,7 @@ def build_batch(
     sig = _signature(run_doc, devices)
     rows = pushes.rows_after(ledger, state, budget)
     n = sum(len(v) for v in rows.values())
-    ended = run.status in FINAL
+    ended = is_final(run.status, run.ended_at)
     more = (
         len(rows["gpu_intervals"]) + len(rows["host_intervals"]) >= budget
         or max(len(rows["events"]), len(rows["metrics"])) >= budget
@@ -142,7 +143,7 @@ def drain_run(
             return out
         if built is None:
             run = ledger.get_run(state.run_id)
-            if run.status in FINAL and state.log_sig is not None and not state.done:
+            if is_final(run.status, run.ended_at) and state.log_sig is not None and not state.done:
                 state = push_log(ledger, client, state)
                 pushes.save(ledger, state)
             out.done = state.done

@@ -29,7 +29,9 @@ def _fail_on_lookup(func):
 @click.option("--project")
 @click.option("--team")
 @click.option("--user")
-@click.option("--status", type=click.Choice(["running", "succeeded", "failed", "killed", "lost", "imported"]))
+@click.option(
+    "--status", type=click.Choice(["running", "succeeded", "failed", "killed", "lost", "imported", "discovered"])
+)
 @click.option("--since", help="Only runs started since: 2026-11-01, an ISO timestamp, or 3d / 12h / 30m.")
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")

@@ -19,8 +19,9 @@ from gpuledger.core.chargeback_fast import FastPart
 from gpuledger.core.chargeback_sections import anomalies, chains, top_runs, top_users, trend_rows, warnings
 from gpuledger.core.chargeback_totals import RunInfo, Totals, as_set, share, sort_key, usage_columns
 from gpuledger.core.cost import Compact, CostLine, compact
+from gpuledger.core.model import DISCOVERED
 from gpuledger.core.money import money_decimal
-from gpuledger.core.usage import PARTIAL_STATUSES
+from gpuledger.core.usage import PARTIAL_STATUSES, partial_flag
 
 __all__ = ["Chargeback", "RunInfo", "Totals", "build_chargeback", "build_from_compact", "grouping", "usage_columns"]
 
@@ -203,6 +204,7 @@ def build_from_compact(
     moved = map(operator.ne, runs, logical_ids)
     resumed = dict(itertools.compress(zip(runs, logical_ids, strict=True), moved))
     partial = set(itertools.compress(runs, map(PARTIAL_STATUSES.__contains__, map(_STATUS, runs.values()))))
+    partial.update(rid for rid, r in runs.items() if r.status == DISCOVERED and r.ended_at is None)  # still open
     attempt_ids = set(resumed)
     for key, ids in members.items():
         g = groups[key]
@@ -222,7 +224,7 @@ def build_from_compact(
 
     per_run = _per_logical(records, resumed, models_of, flags_of)
     for rid in records.keys() & partial:
-        flags_of.setdefault(resumed.get(rid, rid), set()).add(runs[rid].status)
+        flags_of.setdefault(resumed.get(rid, rid), set()).add(_flag(runs[rid]))
     if fast is not None and fast.run_ids:
         per_run = _with_fast_candidates(per_run, fast, resumed, partial, runs, models_of, flags_of, top_n)
     attempts_of = chains(runs, resumed)
@@ -254,6 +256,10 @@ _LOGICAL_ID = operator.attrgetter("logical_id")
 _STATUS = operator.attrgetter("status")
 
 
+def _flag(run: RunInfo) -> str:
+    return partial_flag(run.status, run.ended_at) or run.status
+
+
 def _logical(ids: set[str], resumed: Mapping[str, str], attempt_ids: set[str]) -> set[str]:
     """The logical runs of run records ``ids`` (attempts of a resumed run count once);
     ``attempt_ids``: the keys of ``resumed`` as a set (set & set walks the smaller one)."""
@@ -281,7 +287,7 @@ def _with_fast_candidates(per_run, fast, resumed, partial, runs, models_of, flag
         if flags:
             flags_of.setdefault(logical, set()).update(flags)
         if rid in partial:
-            flags_of.setdefault(logical, set()).add(runs[rid].status)
+            flags_of.setdefault(logical, set()).add(_flag(runs[rid]))
     return out
 
 

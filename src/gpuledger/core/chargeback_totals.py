@@ -10,7 +10,7 @@ from typing import Any
 
 from gpuledger.core.cost import CostLine, compact
 from gpuledger.core.money import EXACT, MONEY_SCALE, UH_PER_H, money_str
-from gpuledger.core.usage import PARTIAL_STATUSES
+from gpuledger.core.usage import partial_flag
 
 __all__ = ["RunInfo", "Totals", "as_set", "hours", "sort_key", "totals_of", "usage_columns"]
 
@@ -29,6 +29,7 @@ class RunInfo:
     project: str | None = None
     name: str | None = None
     started_at: float = 0.0
+    ended_at: float | None = None
 
 
 class Totals:
@@ -72,7 +73,7 @@ class Totals:
         self.records.add(ln.run_id)
         if info is not None:
             self.logical.add(info.logical_id)
-            if info.status in PARTIAL_STATUSES:
+            if partial_flag(info.status, info.ended_at) is not None:
                 self.partial.add(info.id)
 
     def merge(self, other: Totals) -> None:

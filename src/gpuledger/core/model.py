@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-RUN_STATUSES = ("running", "succeeded", "failed", "killed", "lost", "imported")
+RUN_STATUSES = ("running", "succeeded", "failed", "killed", "lost", "imported", "discovered")
+# Found by the node agent (``gpuledger agent``) with no wrapper: open while ``ended_at`` is None,
+# finished (for rollups, cost and chargeback) once its agent set an end.
+DISCOVERED = "discovered"
+
+
+def run_is_open(status: str | None, ended_at: float | None) -> bool:
+    """Still being recorded: ``running``, or ``discovered`` without an end yet."""
+    return status == "running" or (status == DISCOVERED and ended_at is None)
+
 
 # How a GPU's busy time was measured, per interval.
 UTIL_SAMPLES = "samples"  # integrated from the driver's utilisation sample buffer

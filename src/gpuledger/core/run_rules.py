@@ -3,8 +3,9 @@
 - **Identity is frozen at creation**: the user, host, command, working directory, start time,
   the recorder's settings and the code and driver versions never change, nor does any stored
   device (its UUID, name, memory, MIG profile ...).
-- **A finished run's record is final**: its status, end, exit code, labels and the rest cannot
-  change, with one exception: ``lost`` is a verdict drawn from silence (the recorder died, or the
+- **A finished run's record is final** (a ``discovered`` run has finished once its agent set its
+  end): its status, end, exit code, labels and the rest cannot change, with one exception:
+  ``lost`` is a verdict drawn from silence (the recorder died, or the
   server heard nothing for too long), so the run's owner may still report how it really ended.
 - **While a run records**, its other fields (labels, metadata, name, status ...) may change; each
   change is audited with the old and the new values.
@@ -20,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuledger.core.model import DISCOVERED, run_is_open
+
 FINAL = frozenset({"succeeded", "failed", "killed", "lost", "imported"})
 IDENTITY_FIELDS = (
     "user", "host", "command", "cwd", "started_at", "replayed", "interval_s", "git", "versions", "recorder_pid",
@@ -28,6 +31,11 @@ IDENTITY_FIELDS = (
 # Columns a run row holds that are not the agent's to send (derived, or written by the server).
 NOT_SENT = frozenset({"id", "rolled_up"})
 SPAN_SLACK_S = 5.0  # clock granularity between a run's own timestamps
+
+
+def is_final(status: str | None, ended_at: float | None) -> bool:
+    """The run has finished: a FINAL status, or a discovered run with an end."""
+    return status in FINAL or (status == DISCOVERED and ended_at is not None)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -42,10 +50,7 @@ class RecordVerdict:
     old: dict[str, Any]  # column -> value before, for the audit row
     refusal: str | None = None  # why the push is refused as a whole
     stale: bool = False  # a late copy of the record from before the run ended: ignored
-
-    @property
-    def ended_now(self) -> bool:
-        return "status" in self.changes and self.changes["status"] in FINAL
+    ended_now: bool = False  # this push ends the run
 
 
 def _show(value: Any) -> str:
@@ -64,8 +69,8 @@ def judge_record(run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any]
     diff = {k: v for k, v in sent.items() if k not in NOT_SENT and not same(stored.get(k), v)}
     old = {k: stored.get(k) for k in diff}
     was = stored.get("status")
-    if was in FINAL:
-        if sent.get("status") == "running":
+    if is_final(was, stored.get("ended_at")):
+        if run_is_open(sent.get("status"), sent.get("ended_at")):
             return RecordVerdict({}, {}, stale=True)  # an older copy of the record: never reopens a run
         if diff and not (was == "lost" and sent.get("status") in FINAL - {"lost"}):
             return RecordVerdict(
@@ -73,7 +78,8 @@ def judge_record(run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any]
                 {},
                 f"run {run_id} has ended ({was}): its record is final and cannot change ({', '.join(sorted(diff))})",
             )
-    return RecordVerdict(diff, old)
+    after = {**stored, **diff}
+    return RecordVerdict(diff, old, ended_now=bool(diff) and is_final(after.get("status"), after.get("ended_at")))
 
 
 def device_refusal(run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any]) -> str | None:
@@ -94,7 +100,7 @@ class Span:
     @classmethod
     def of(cls, run: Mapping[str, Any]) -> Span:
         # A lost run may still be running somewhere: its owner's late rows are taken.
-        ended = run.get("status") in FINAL - {"lost"} and run.get("ended_at") is not None
+        ended = run.get("status") != "lost" and is_final(run.get("status"), run.get("ended_at"))
         return cls(float(run["started_at"]), float(run["ended_at"]) if ended else None)
 
     def refusal(self, t0: float, t1: float) -> str | None:

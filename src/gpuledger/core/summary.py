@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuledger.core.intervals import merge_gpu_intervals, merge_host_intervals
-from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval, RunRecord
+from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval, RunRecord, run_is_open
 from gpuledger.core.units import (
     J_PER_KWH,
     NA,
@@ -96,7 +96,7 @@ def _measured_end(run: RunRecord, gpu: Sequence[GpuInterval], host: Sequence[Hos
     """Where the run's wall time stops: now while running; the last measurement for a lost run
     (its recorder died, so ended_at, if set, is when someone noticed, not when it stopped)."""
     last = max((i.t1 for i in (*gpu, *host)), default=None)
-    if run.status == "running":
+    if run_is_open(run.status, run.ended_at):
         return now
     if run.status == "lost":
         return last if last is not None else run.ended_at

@@ -13,6 +13,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gpuledger.core.model import DISCOVERED
+
 __all__ = [
     "DAY_S",
     "PARTIAL_STATUSES",
@@ -21,6 +23,7 @@ __all__ = [
     "day_of",
     "days_from_segments",
     "held_span",
+    "partial_flag",
     "period_of",
     "split_days",
 ]
@@ -28,6 +31,14 @@ __all__ = [
 DAY_S = 86400
 # Runs priced only up to their last recorded interval (and flagged in reports).
 PARTIAL_STATUSES = frozenset({"killed", "lost", "failed", "running"})
+
+
+def partial_flag(status: str, ended_at: float | None) -> str | None:
+    """The flag of a run priced only up to its last interval (None: priced to its end): its status,
+    and ``running`` for a discovered run its agent has not ended yet."""
+    if status in PARTIAL_STATUSES:
+        return status
+    return "running" if status == DISCOVERED and ended_at is None else None
 
 
 @dataclass(slots=True)

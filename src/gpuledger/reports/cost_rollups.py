@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from gpuledger.core.model import run_is_open
 from gpuledger.core.usage import held_span
 from gpuledger.reports.cost_usage import _run_rows, interval_day_usage
 from gpuledger.store import cost_queries as cq
@@ -32,14 +33,15 @@ def _unsettled(conn: Connection, ids: list[str]) -> set[str]:
     split works on such chains, core/share.py): their share is not final yet. Runs that ended
     before the chain began are settled."""
     tenants = cq.tenants_of(conn, ids, None, None)
-    busy_uuids = {t["uuid"] for t in tenants if t["status"] == "running"}
+    busy_uuids = {t["uuid"] for t in tenants if run_is_open(t["status"], t["ended_at"])}
     if not busy_uuids:
         return set()
     chained = [t for t in tenants if t["uuid"] in busy_uuids]
-    last = cq.last_interval_ends(conn, sorted({t["run_id"] for t in chained if t["status"] != "running"}))
+    ended = {t["run_id"] for t in chained if not run_is_open(t["status"], t["ended_at"])}
+    last = cq.last_interval_ends(conn, sorted(ended))
     by_uuid: dict[str, list[tuple[float, float, str, bool]]] = {}
     for t in chained:
-        running = t["status"] == "running"
+        running = run_is_open(t["status"], t["ended_at"])
         end = math.inf if running else held_span(t["status"], t["started_at"], t["ended_at"], last.get(t["run_id"]))[1]
         by_uuid.setdefault(t["uuid"], []).append((t["started_at"], end, t["run_id"], running))
     out: set[str] = set()

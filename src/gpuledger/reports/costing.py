@@ -23,7 +23,7 @@ from gpuledger.core.cost import CostLine, Pricer, compact, month_bounds, month_o
 from gpuledger.core.money import money_decimal
 from gpuledger.core.ratecard import RateCard
 from gpuledger.core.ratecard_load import RateCardError, default_rate_card, parse_rate_card
-from gpuledger.core.usage import PARTIAL_STATUSES
+from gpuledger.core.usage import PARTIAL_STATUSES, partial_flag
 from gpuledger.core.value import ValueForMoney, value_for_money, yolo_inputs
 from gpuledger.reports.cost_usage import Scope, collect_report, collect_runs, read
 
@@ -280,8 +280,9 @@ def run_costs(
         per_gpu: dict[str | None, list[CostLine]] = {}
         for ln in lines:
             per_gpu.setdefault(ln.device_uuid, []).append(ln)
+        flag = partial_flag(run.status, run.ended_at)  # an open discovered run is flagged "running"
         gpus = [
-            _cost_row(rid, ls, usage.devices.get((rid, uuid or "")), run.status)
+            _cost_row(rid, ls, usage.devices.get((rid, uuid or "")), flag)
             for uuid, ls in sorted(per_gpu.items(), key=lambda kv: _index_key(usage.devices.get((rid, kv[0] or ""))))
         ]
         chain = chains.get(rid, [rid])
@@ -294,9 +295,9 @@ def run_costs(
                 "run_id": rid,
                 "name": run.name,
                 "status": run.status,
-                "partial": run.status in PARTIAL_STATUSES,
+                "partial": flag is not None,
                 "gpus": gpus,
-                "total": _cost_row(rid, lines, None, run.status),
+                "total": _cost_row(rid, lines, None, flag),
                 "logical_run": logical,
             }
         )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from gpuledger.core import epochs as core_epochs
 from gpuledger.core import series
 from gpuledger.core.diagnose import RunFacts, Trace
-from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
+from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord, run_is_open
 from gpuledger.core.summary import summarize
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def load(ledger: Ledger, run: RunRecord, now: float | None = None, max_points: i
 
 
 def _end(run: RunRecord, counts: dict[str, Any], now: float) -> float:
-    if run.status == "running":
+    if run_is_open(run.status, run.ended_at):
         return now
     if run.status == "lost" and counts["t1"] is not None:
         return counts["t1"]

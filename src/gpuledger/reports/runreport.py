@@ -113,7 +113,7 @@ def cards(summary: dict[str, Any], epochs: list[dict[str, Any]], findings: list[
     s = summary
     gpus = s.get("gpus") or []
     names = sorted({g.get("name") or "unknown GPU" for g in gpus})
-    status_tone = {"succeeded": "good", "running": "info"}.get(s.get("status") or "", "bad")
+    status_tone = {"succeeded": "good", "running": "info", "discovered": "info"}.get(s.get("status") or "", "bad")
     out = [
         _card("Status", str(s.get("status")), s.get("status_reason") or "", status_tone),
         _card("Wall time", fmt_duration(s.get("wall_seconds")), f"started {s.get('started_at') or 'n/a'}"),

@@ -1,7 +1,8 @@
 """``gpuledger top``: what the runs recording on this machine are doing now.
 
 A run is shown when it is ``running``, was recorded on this host and its recorder process is
-alive (recorder/liveness.py). Figures are those of each GPU's latest recorded interval (the
+alive (recorder/liveness.py), or when the node agent of this host discovered it and has not ended
+it yet (``discovered`` without an end). Figures are those of each GPU's latest recorded interval (the
 recorder flushes at least every 10 s); the epoch and ETA come from the epoch events: remaining
 epochs times the median epoch so far.
 """
@@ -12,6 +13,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from gpuledger.core.epochs import EPOCH, spans
+from gpuledger.core.model import DISCOVERED, run_is_open
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -27,8 +29,12 @@ def snapshot(ledger: Ledger, now: float, host: str | None = None) -> list[dict[s
 
     host = host or host_name()
     out = []
-    for run in ledger.list_runs(status="running", limit=SCAN):
-        if run.host != host or recorder_alive(run) is not True:
+    found = ledger.list_runs(status="running", limit=SCAN) + ledger.list_runs(status=DISCOVERED, limit=SCAN)
+    found.sort(key=lambda r: (r.started_at, r.id), reverse=True)
+    for run in found:
+        if run.host != host or not run_is_open(run.status, run.ended_at):
+            continue
+        if run.status == "running" and recorder_alive(run) is not True:
             continue
         recent = latest(ledger, run.id, last=1)
         devices = {d.uuid: d for d in ledger.devices(run.id)}

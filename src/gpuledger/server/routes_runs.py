@@ -73,7 +73,7 @@ def list_runs(
     project: str | None = None,
     team: str | None = None,
     user: str | None = None,
-    status: Literal["running", "succeeded", "failed", "killed", "lost", "imported"] | None = None,
+    status: Literal["running", "succeeded", "failed", "killed", "lost", "imported", "discovered"] | None = None,
     since: Annotated[str | None, Query(description="epoch seconds, a date, or 3d / 12h / 30m")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[dict[str, Any]]:

@@ -24,6 +24,6 @@ Watts = Annotated[float, Field(ge=0, le=MAX_WATTS, allow_inf_nan=False)]
 Celsius = Annotated[float, Field(ge=-100, le=300, allow_inf_nan=False)]
 Short = Annotated[str, Field(max_length=256)]
 Text = Annotated[str, Field(max_length=65536)]
-Status = Literal["running", "succeeded", "failed", "killed", "lost", "imported"]
-assert set(RUN_STATUSES) == {"running", "succeeded", "failed", "killed", "lost", "imported"}
+Status = Literal["running", "succeeded", "failed", "killed", "lost", "imported", "discovered"]
+assert set(RUN_STATUSES) == {"running", "succeeded", "failed", "killed", "lost", "imported", "discovered"}
 RunId = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]

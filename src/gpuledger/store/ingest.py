@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from gpuledger.core import run_rules
 from gpuledger.core.model import RunRecord
-from gpuledger.core.run_rules import FINAL, Span
+from gpuledger.core.run_rules import FINAL, Span, is_final
 from gpuledger.store import audit, bulk, codec, ownership, rollup_stale, schema, writes
 from gpuledger.store.engine import Database
 from gpuledger.store.ownership import PushRefused, Writer
@@ -105,7 +105,7 @@ def _upsert_run(
             info = {k: new_row[k] for k in ("project", "team", "user", "host", "name", "status", "started_at")}
             info |= {"owner": writer.user, "token": writer.token_id or None}
             audit.append(conn, actor=writer.actor, action="run.created", obj=f"run:{run.id}", payload=info)
-            if run.status in FINAL:
+            if is_final(run.status, run.ended_at):
                 _audit_end(conn, writer.actor, run.id, new_row)
             return True, True, new_row
         existing = _lock_run(db, conn, run.id)  # a concurrent push created it just now
@@ -146,7 +146,7 @@ def _devices(
         else:
             new.append(dev)
     if new:
-        if run_row["status"] in FINAL and not created:
+        if is_final(run_row["status"], run_row["ended_at"]) and not created:
             names = ", ".join(str(dv["uuid"]) for dv in new)
             raise PushRefused(f"run {run_id} has ended ({run_row['status']}): it gets no new GPUs ({names})")
         if not created:  # a new run's GPUs were checked before it was stored
@@ -229,7 +229,8 @@ def ingest(
         out.events = _insert_numbered(db, conn, schema.events, run.id, events_in)
         out.metrics = _insert_numbered(db, conn, schema.metrics, run.id, metrics_in)
         wrote = changed or any((out.gpu_intervals, out.host_intervals, out.events, out.metrics))
-        if row["status"] in FINAL and (final or (wrote and audit.latest_seal(conn, run.id) is not None)):
+        ended = is_final(row["status"], row["ended_at"])
+        if ended and (final or (wrote and audit.latest_seal(conn, run.id) is not None)):
             reason = "final push" if final and audit.latest_seal(conn, run.id) is None else _late_reason(out)
             out.sealed = audit.seal_run(conn, run.id, actor=writer.actor, reason=reason) is not None
         return out

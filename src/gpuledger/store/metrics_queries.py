@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gpuledger.store.queries import open_run
 from gpuledger.store.schema import devices, gpu_intervals, host_intervals, runs
 
 Scope = frozenset[str] | None
@@ -31,7 +32,7 @@ def live_runs(conn: Connection, *, ended_since: float, limit: int, scope: Scope)
     r = runs.c
     q = (
         sa.select(r.id, r.name, r.status, r.user, r.project, r.team, r.started_at, r.ended_at)
-        .where(sa.or_(r.status == "running", r.ended_at >= ended_since))
+        .where(sa.or_(open_run(r), r.ended_at >= ended_since))
         .order_by(r.started_at.desc(), r.id)
         .limit(limit)
     )

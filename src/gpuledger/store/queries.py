@@ -12,7 +12,19 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gpuledger.core.model import DISCOVERED
 from gpuledger.store.schema import gpu_intervals, host_intervals, run_labels, runs
+
+
+def open_run(c: Any = runs.c) -> sa.ColumnElement[bool]:
+    """SQL for core.model.run_is_open: ``running``, or ``discovered`` without an end yet."""
+    return sa.or_(c.status == "running", sa.and_(c.status == DISCOVERED, c.ended_at.is_(None)))
+
+
+def open_discovered_on(conn: Connection, host: str) -> list[Any]:
+    """Rows of the discovered runs of ``host`` that have no end yet (a node agent resumes them)."""
+    q = sa.select(runs).where(runs.c.status == DISCOVERED, runs.c.ended_at.is_(None), runs.c.host == host)
+    return list(conn.execute(q.order_by(runs.c.started_at, runs.c.id)).mappings())
 
 
 def _sum_int(col: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:

@@ -16,6 +16,7 @@ from collections.abc import Collection, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gpuledger.core.model import run_is_open
 from gpuledger.store import rollup_audit
 from gpuledger.store.schema import devices, gpu_rollups, runs
 
@@ -50,8 +51,8 @@ def drop_after_append(conn: Connection, run_id: str, spans: Sequence[tuple[str, 
     (reports/cost_rollups.py), so the usual append, while recording, costs one primary-key probe."""
     if not spans:
         return
-    status = conn.scalar(sa.select(runs.c.status).where(runs.c.id == run_id))
-    if status in (None, "running"):
+    row = conn.execute(sa.select(runs.c.status, runs.c.ended_at).where(runs.c.id == run_id)).first()
+    if row is None or run_is_open(row.status, row.ended_at):
         return
     first = math.floor(min(t0 for _, t0, _ in spans) / _DAY_S)
     last = math.floor(max(t1 for _, _, t1 in spans) / _DAY_S)
