@@ -41,18 +41,31 @@ def _seed(db: str) -> dict[str, str]:
     now = time.time()
     with Ledger(db) as ledger:
         for n, project in enumerate(("vision", "secret")):
-            run = RunRecord(id=f"01900000-0000-7000-8000-0000000000a{n}", command=["python", EVIL], user=EVIL,
-                            host="node", cwd="/w", started_at=now - 600, status="failed", ended_at=now - 300,
-                            name=f"{project} {EVIL}", labels={"project": project, "team": EVIL})
+            run = RunRecord(
+                id=f"01900000-0000-7000-8000-0000000000a{n}",
+                command=["python", EVIL],
+                user=EVIL,
+                host="node",
+                cwd="/w",
+                started_at=now - 600,
+                status="failed",
+                ended_at=now - 300,
+                name=f"{project} {EVIL}",
+                labels={"project": project, "team": EVIL},
+            )
             ledger.create_run(run)
             ledger.add_devices(run.id, [GpuIdentity(index=0, uuid=f"GPU-{n}", name="NVIDIA A100-SXM4-80GB")])
-            gpu = [GpuInterval(f"GPU-{n}", s, now - 600 + 30 * s, now - 570 + 30 * s, busy_s=15.0, power_max_w=200.0)
-                   for s in range(10)]
+            gpu = [
+                GpuInterval(f"GPU-{n}", s, now - 600 + 30 * s, now - 570 + 30 * s, busy_s=15.0, power_max_w=200.0)
+                for s in range(10)
+            ]
             host = [HostInterval(s, now - 600 + 30 * s, now - 570 + 30 * s, cpu_s=1.0) for s in range(10)]
             epochs = [Event(now - 540 + 60 * e, "epoch_end", "", {"epoch": e}) for e in range(4)]
-            metrics = [Metric(now - 540 + 60 * e, key, value / (e + 1), epoch=e)
-                       for e in range(4) for key, value in (("train/box_loss", 1.2), ("metrics/mAP50(B)", 0.1),
-                                                            ("lr/pg0", 0.01))]
+            metrics = [
+                Metric(now - 540 + 60 * e, key, value / (e + 1), epoch=e)
+                for e in range(4)
+                for key, value in (("train/box_loss", 1.2), ("metrics/mAP50(B)", 0.1), ("lr/pg0", 0.01))
+            ]
             ledger.append(run.id, gpu, host, [*epochs, Event(now - 310, "oom", f"out of memory {EVIL}")], metrics)
         # Accounts last: a ledger with tokens is a team ledger, which takes runs through its server only.
         _, admin = accounts.issue_token(ledger, "admin", role="admin", actor="test", create_user=True)
@@ -60,8 +73,9 @@ def _seed(db: str) -> dict[str, str]:
         accounts.add_project(ledger, "secret", actor="test")
         _, member = accounts.issue_token(ledger, "ann", role="member", actor="test", create_user=True)
         accounts.add_member(ledger, "ann", "vision", actor="test")
-        _, agent = accounts.issue_token(ledger, "node-1", role="agent", actor="test", create_user=True,
-                                        projects=["vision"])
+        _, agent = accounts.issue_token(
+            ledger, "node-1", role="agent", actor="test", create_user=True, projects=["vision"]
+        )
     return {"admin": admin, "member": member, "agent": agent}
 
 
@@ -84,9 +98,10 @@ def test_dashboard_shows_a_run_recorded_during_the_test(tmp_path: Path) -> None:
     tokens = _seed(db)
     trace = write_constant_trace(tmp_path / "constant.jsonl")
     with uvicorn_server(db, tmp_path / "server.log") as base, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                    args=["--headless", "--no-sandbox", "--disable-gpu",
-                                          "--disable-background-networking"])
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         problems = watch(page, base)
 
@@ -119,10 +134,28 @@ def test_dashboard_shows_a_run_recorded_during_the_test(tmp_path: Path) -> None:
         else:
             env, where = cli_env(tmp_path / "home", db), []
         run = subprocess.Popen(
-            [*GPULEDGER, "run", *where, "--interval", "1", "--project", "vision", "--team", "cv",
-             "--name", "live <b>run</b>", "--replay-gpus", str(trace), "--",
-             sys.executable, "-c", f"import time; time.sleep({RUN_S})"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                *GPULEDGER,
+                "run",
+                *where,
+                "--interval",
+                "1",
+                "--project",
+                "vision",
+                "--team",
+                "cv",
+                "--name",
+                "live <b>run</b>",
+                "--replay-gpus",
+                str(trace),
+                "--",
+                sys.executable,
+                "-c",
+                f"import time; time.sleep({RUN_S})",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         try:
             # The list refreshes itself: the new run appears without a reload.
