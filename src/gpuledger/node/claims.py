@@ -15,9 +15,12 @@ use a GPU") is kept apart from use ("who does": NVML's process lists): a process
 owner was not allocated is an event, not a silent guess. Only ``Claims.allocations`` is compared
 with use, so an adapter that knows a container's or job's GPUs resolves them to NVML UUIDs there.
 
-The agent (``node/agent.py``) polls each source in its own thread: a source that is slow or hangs
-delays only its own claims (the agent keeps using the last ones it got), and one that raises
-despite the contract is caught, reported as its status and polled again later.
+How the agent finds an adapter: the module ``gpuledger.node.docker`` / ``.kubelet`` / ``.slurm``
+offers ``open_source(options: SourceOptions) -> ClaimSource``. It may block (connecting) but
+should not raise for a platform that is absent: it returns a source whose ``status()`` says so.
+The agent (``node/sources.py``) opens and polls each source in its own thread: a source that is
+slow or hangs delays only its own claims (the agent keeps using the last ones it got), and one that
+raises despite the contract is caught, reported as its status and polled again later.
 """
 
 from __future__ import annotations
@@ -114,6 +117,17 @@ class Claims:
             {**self.jobs, **other.jobs},
             [*self.allocations, *other.allocations],
         )
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What ``gpuledger agent`` hands every adapter's ``open_source`` (its command-line options)."""
+
+    docker_socket: str = "/var/run/docker.sock"
+    kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    proc_root: str = "/proc"
+    # The node's GPUs as NVML lists them, (index, uuid), MIG slices included: resolve indices with it
+    gpus: tuple[tuple[int, str], ...] = ()
 
 
 class ClaimSource(Protocol):
