@@ -204,7 +204,7 @@ def test_format_fits_one_screen_with_one_line_per_gpu() -> None:
     assert "NVIDIA A100-SXM4-80GB" in gpu_lines[0] and "GPU-a100-0" in gpu_lines[0]
     assert "succeeded (exit 0)" in lines[0] and "yolov8n-coco" in lines[0]
     for expected in ("2:00:00", "allocated 4.00", "busy 2.50", "idle 1.50", "mean 62%", "peak 100%",
-                     "42.0 GiB device", "40.0 GiB this run", "1.50 kWh", "352 W", "1,234.5 s",
+                     "42.0 GiB device", "40.0 GiB this run", "1.50 kWh", "352 W", "1,235 s",
                      "4.00 GiB", "read 12.0 GiB", "written 150 MiB", "busy 75%"):  # fmt: skip
         assert expected in text, expected
     assert REPLAY_BANNER not in text
@@ -234,11 +234,11 @@ def test_units() -> None:
     assert [fmt_bytes(v) for v in (None, 0, 1023, 1536, 10 * GIB, 150 * 2**20, 3 * 2**40)] == [
         "n/a", "0 B", "1023 B", "1.50 KiB", "10.0 GiB", "150 MiB", "3.00 TiB",
     ]  # fmt: skip
-    assert [fmt_duration(v) for v in (None, 0, 59.6, 3723, 26 * 3600 + 187)] == [
-        "n/a", "0:00:00", "0:01:00", "1:02:03", "26:03:07",
+    assert [fmt_duration(v) for v in (None, 0, 0.412, 59.6, 59.97, 3723, 26 * 3600 + 187)] == [
+        "n/a", "0 s", "0.412 s", "59.6 s", "0:01:00", "1:02:03", "26:03:07",
     ]  # fmt: skip
-    assert (fmt_hours(4.68), fmt_hours(0.0042), fmt_hours(0.0), fmt_hours(None)) == ("4.68", "0.0042", "0.00", "n/a")
-    assert (fmt_kwh(1.5), fmt_kwh(0.0002), fmt_kwh(None)) == ("1.50 kWh", "0.0002 kWh", "n/a")
+    assert (fmt_hours(4.68), fmt_hours(0.0042), fmt_hours(0.0), fmt_hours(None)) == ("4.68", "0.00420", "0", "n/a")
+    assert (fmt_kwh(1.5), fmt_kwh(0.0002), fmt_kwh(None)) == ("1.50 kWh", "0.000200 kWh", "n/a")
     assert (fmt_pct(0.625), fmt_pct(None), fmt_pct(float("nan"))) == ("62%", "n/a", "n/a")
     assert iso_utc(0) == "1970-01-01T00:00:00.000Z" and iso_utc(None) is None
     assert seconds_to_hours(5400) == 1.5 and joules_to_kwh(3.6e6) == 1.0 and joules_to_kwh(None) is None

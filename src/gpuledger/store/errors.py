@@ -28,7 +28,7 @@ class AmbiguousRun(LedgerError):
         self.ref = ref
         self.candidates = candidates
         listed = ", ".join(candidates) + (", ..." if more else "")
-        super().__init__(f"{ref!r} matches several runs ({listed}); use a longer prefix")
+        super().__init__(f"{ref!r} matches several runs ({listed}); use a longer prefix or the full id")
 
 
 class LedgerLocked(LedgerError):

@@ -179,19 +179,26 @@ class Ledger:
     # -- reads ---------------------------------------------------------------------------------
 
     def resolve(self, ref: str) -> str:
-        """The full id of the run ``ref`` names: a full id, or a unique prefix of at least 4 chars."""
+        """The full id of the run ``ref`` names: a full id, its short id (core/ids.py), or a unique
+        prefix of at least 4 chars. A ref that is both a prefix and a short id matches both ways."""
+        from gpuledger.core.ids import tail_of_short_id
+
         ref = ref.strip()
         ids = schema.runs.c.id
+        tail = tail_of_short_id(ref)
 
         def tx(conn: Connection) -> str:
             if conn.scalar(sa.select(ids).where(ids == ref)) is not None:
                 return ref
             if len(ref) < MIN_PREFIX:
-                hint = f"give the full run id or a prefix of at least {MIN_PREFIX} characters"
+                hint = f"give the full run id, its short id or a prefix of at least {MIN_PREFIX} characters"
                 raise RunNotFound(ref, hint)
+            match = ids.startswith(ref, autoescape=True)
+            if tail is not None:
+                match = sa.or_(match, ids.endswith(tail))
             q = (
                 sa.select(ids)
-                .where(ids.startswith(ref, autoescape=True))
+                .where(match)
                 .order_by(schema.runs.c.started_at.desc(), ids.desc())
                 .limit(_MAX_CANDIDATES + 1)
             )
