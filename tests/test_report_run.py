@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuledger.cli.main import cli
+from gpuledger.core.ids import short_id
 from gpuledger.reports import runreport
 from gpuledger.store import Ledger
 from report_support import NASTY_NAME, write_run
@@ -78,7 +79,7 @@ def test_html_default_file_name(db: str, tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(cli, ["report", "run", RUN, "--db", db])
     assert result.exit_code == 0
-    assert (tmp_path / f"gpuledger-{RUN[:13]}.html").is_file()
+    assert (tmp_path / f"gpuledger-{short_id(RUN)}.html").is_file()  # the short id people type
 
 
 def test_unknown_run_is_a_one_line_error(db: str) -> None:

@@ -1,8 +1,17 @@
-"""Options and helpers shared by the commands."""
+"""Options and helpers shared by the commands, and the one way a user's mistake becomes an error line.
+
+Exit codes follow click: 2 for a usage error (a bad option or argument, caught before any work),
+1 for a failure (an unknown run, an unreachable ledger, a broken rate card, a missing extra).
+Either way the user sees one ``Error: ...`` message, never a traceback: commands raise the
+exceptions their layers define, and ``friendly`` turns those into click's exceptions (the
+``cli_errors`` decorator on a command, and the top-level group for every command).
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -10,6 +19,37 @@ from typing import Any, TypeVar
 import click
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def friendly(exc: BaseException) -> click.ClickException | None:
+    """The one-line error for an exception a user can cause, or None for one that is a bug."""
+    from gpuledger.core.ratecard_load import RateCardError
+    from gpuledger.extras import MissingExtra
+    from gpuledger.store.errors import LedgerError
+
+    if isinstance(exc, LedgerError | MissingExtra):
+        return click.ClickException(str(exc))
+    if isinstance(exc, RateCardError):
+        return click.ClickException("the rate card has problems:\n" + str(exc))
+    return None
+
+
+def cli_errors(func: F) -> F:
+    """Turn the errors ``friendly`` knows into click's one-line errors (exit 1)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            translated = friendly(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+
+    return wrapper  # type: ignore[return-value]
 
 
 def db_option(func: F) -> F:
@@ -21,7 +61,60 @@ def db_option(func: F) -> F:
     )(func)
 
 
-def parse_labels(items: Iterable[str]) -> dict[str, str]:
+def format_option(*choices: str, default: str = "table") -> Callable[[F], F]:
+    """``--format CHOICE`` and ``--json`` (the same as ``--format json``): every read command takes
+    both, so scripts written for either spelling keep working. The command receives ``fmt``."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            as_json = kwargs.pop("as_json")
+            if as_json:
+                source = click.get_current_context().get_parameter_source("fmt")
+                if source is click.core.ParameterSource.COMMANDLINE and kwargs["fmt"] != "json":
+                    raise click.UsageError(f"--json and --format {kwargs['fmt']} contradict each other: give one")
+                kwargs["fmt"] = "json"
+            return func(*args, **kwargs)
+
+        wrapper = click.option("--json", "as_json", is_flag=True, help="Print JSON (the same as --format json).")(
+            wrapper
+        )
+        return click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(list(choices)),
+            default=default,
+            show_default=True,
+            help="Output format.",
+        )(wrapper)  # type: ignore[return-value]
+
+    return decorate
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (which compare false with any bound)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def check_ledger_url(url: str | None, param_hint: str = "--db") -> None:
+    """Refuse a ledger URL that can never work (not a URL, an unsupported database, a driver that
+    is not installed) before anything starts; a server that is down is not refused (a run keeps its
+    record in the spool until it is back)."""
+    from gpuledger.store import LedgerError, default_url
+    from gpuledger.store.engine import Database
+
+    try:
+        Database(url or default_url()).close()
+    except LedgerError as exc:
+        raise click.BadParameter(str(exc), param_hint=param_hint) from exc
+
+
+def parse_labels(items: Iterable[str], param_hint: str = "--label") -> dict[str, str]:
     from gpuledger.recorder.metadata import parse_label
 
     labels = {}
@@ -29,18 +122,44 @@ def parse_labels(items: Iterable[str]) -> dict[str, str]:
         try:
             key, value = parse_label(item)
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--label") from exc
+            raise click.BadParameter(str(exc), param_hint=param_hint) from exc
         labels[key] = value
     return labels
 
 
-def open_ledger(url: str | None):
+def open_ledger(url: str | None):  # type: ignore[no-untyped-def]
     from gpuledger.store import Ledger, LedgerError
 
     try:
         return Ledger(url)
     except LedgerError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def resolve_run(ledger, ref: str | None) -> str:  # type: ignore[no-untyped-def]
+    """The full id of RUN (full id, short id or unique prefix), or of the newest run when RUN is omitted."""
+    if ref is not None:
+        return ledger.resolve(ref)
+    newest = ledger.list_runs(limit=1)
+    if not newest:
+        raise click.ClickException("no runs yet: record one with gpuledger run -- COMMAND")
+    return newest[0].id
+
+
+def rate_card(path: str | None):  # type: ignore[no-untyped-def]
+    """The rate card at ``path`` (None: the example card); a broken card is an error naming file and line."""
+    from gpuledger.reports.costing import load_rate_card
+
+    return load_rate_card(path)
+
+
+def check_report_rate_card(with_cost: bool) -> None:
+    """Reports price runs with ``$GPULEDGER_RATES``: a broken card there is refused exactly as
+    ``gpuledger cost`` refuses it, instead of quietly leaving the money out."""
+    import os
+
+    if with_cost:
+        rate_card(os.environ.get("GPULEDGER_RATES") or None)
 
 
 def echo_json(obj: object) -> None:

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuledger.cli.common import db_option, open_ledger
+from gpuledger.cli.common import FiniteFloat, cli_errors, db_option, format_option, open_ledger, rate_card
+from gpuledger.cli.output import OutputPath, write_text
 from gpuledger.cli.report_group import report_group  # shared with ``report run`` (cli/report_cmds.py)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,27 +42,8 @@ def _common(func: F) -> F:
     return db_option(func)
 
 
-def _card(path: str | None):  # type: ignore[no-untyped-def]
-    from gpuledger.core.ratecard_load import RateCardError
-    from gpuledger.reports.costing import load_rate_card
-
-    try:
-        return load_rate_card(path)
-    except RateCardError as exc:
-        raise click.ClickException("the rate card has problems:\n" + str(exc)) from exc
-
-
 def _scope(projects: tuple[str, ...]) -> frozenset[str] | None:
     return frozenset(projects) if projects else None
-
-
-def _write(text: str, output: str | None) -> None:
-    if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        click.echo(f"wrote {output}", err=True)
-    else:
-        sys.stdout.write(text)
 
 
 @click.command("cost")
@@ -71,8 +53,9 @@ def _write(text: str, output: str | None) -> None:
     metavar="TYPE",
     help="Price as this cloud instance type (default: the run's instance_type label).",
 )
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@format_option("table", "json", "csv")
 @_common
+@cli_errors
 def cost_cmd(
     runs: tuple[str, ...],
     instance_type: str | None,
@@ -82,33 +65,32 @@ def cost_cmd(
     rates: str | None,
     db: str | None,
 ) -> None:
-    """What runs cost, per GPU and in total (RUN: id or unique prefix; default: the newest run).
+    """What runs cost, per GPU and in total.
+
+    RUN is a run id, its short id (the ID column of gpuledger runs) or a unique id prefix;
+    default: the newest run (of --project, when given).
 
     Shows allocated, busy and idle GPU-hours, A100-equivalent hours, energy, cost and idle cost.
     A resumed training also gets the total of all its attempts.
     """
     from gpuledger.reports.cost_render import cost_csv, cost_text, to_json
     from gpuledger.reports.costing import run_costs
-    from gpuledger.store import LedgerError
 
-    card = _card(rates)
+    card = rate_card(rates)
     scope = _scope(projects)
     ledger = open_ledger(db)
-    try:
-        if runs:
-            ids = [ledger.resolve(r) for r in runs]
-        else:
-            newest = (
-                ledger.list_runs(limit=1)
-                if scope is None
-                else [r for p in scope for r in ledger.list_runs(project=p, limit=1)]
-            )
-            if not newest:
-                raise click.ClickException("no runs yet: record one with gpuledger run -- COMMAND")
-            ids = [max(newest, key=lambda r: r.started_at).id]
-        report = run_costs(ledger, ids, scope=scope, card=card, basis=basis, instance_type=instance_type)
-    except LedgerError as exc:
-        raise click.ClickException(str(exc)) from exc
+    if runs:
+        ids = [ledger.resolve(r) for r in runs]
+    else:
+        newest = (
+            ledger.list_runs(limit=1)
+            if scope is None
+            else [r for p in scope for r in ledger.list_runs(project=p, limit=1)]
+        )
+        if not newest:
+            raise click.ClickException("no runs yet: record one with gpuledger run -- COMMAND")
+        ids = [max(newest, key=lambda r: r.started_at).id]
+    report = run_costs(ledger, ids, scope=scope, card=card, basis=basis, instance_type=instance_type)
     if fmt == "json":
         sys.stdout.write(to_json(report))
     elif fmt == "csv":
@@ -145,13 +127,14 @@ def cost_cmd(
 )
 @click.option(
     "--anomaly-threshold",
-    type=click.FloatRange(0),
+    type=FiniteFloat(0),
     default=0.25,
     show_default=True,
     help="Flag a group whose cost per A100-eq hour or idle share rose by more than this (0.25 = 25%).",
 )
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="File to write (default: stdout).")
+@click.option("-o", "--output", type=OutputPath(), help="File to write (default: stdout).")
 @_common
+@cli_errors
 def chargeback_cmd(
     month: str | None,
     start: str | None,
@@ -172,7 +155,6 @@ def chargeback_cmd(
     from gpuledger.core.chargeback_columns import GROUP_KEYS
     from gpuledger.reports import cost_render
     from gpuledger.reports.costing import chargeback, window_from_args
-    from gpuledger.store import LedgerError
 
     keys = tuple(k.strip() for k in by.split(",") if k.strip())
     unknown = [k for k in keys if k not in GROUP_KEYS]
@@ -182,23 +164,20 @@ def chargeback_cmd(
         lo, hi = window_from_args(month, start, end, time.time())
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    card = _card(rates)
+    card = rate_card(rates)
     ledger = open_ledger(db)
-    try:
-        cb = chargeback(
-            ledger,
-            scope=_scope(projects),
-            card=card,
-            start=lo,
-            end=hi,
-            by=keys,
-            basis=basis,
-            trend_months=trend_months,
-            top_n=top_n,
-            anomaly_threshold=anomaly_threshold,
-        )
-    except LedgerError as exc:
-        raise click.ClickException(str(exc)) from exc
+    cb = chargeback(
+        ledger,
+        scope=_scope(projects),
+        card=card,
+        start=lo,
+        end=hi,
+        by=keys,
+        basis=basis,
+        trend_months=trend_months,
+        top_n=top_n,
+        anomaly_threshold=anomaly_threshold,
+    )
     if fmt == "json":
         text = cost_render.to_json(cb.as_dict())
     elif fmt == "csv":
@@ -211,21 +190,19 @@ def chargeback_cmd(
         text = chargeback_html(cb, top_n)
     else:
         text = cost_render.chargeback_text(cb, min(top_n, 5))
-    _write(text, output)
+    write_text(output, text, announce=True)
 
 
 @report_group.command("rollup")
 @click.option("--rebuild", is_flag=True, help="Rewrite the rollups of every finished run.")
 @db_option
+@cli_errors
 def rollup_cmd(rebuild: bool, db: str | None) -> None:
     """Sum the intervals of finished runs per GPU and day, so cost reports over months stay fast."""
+    from gpuledger.core.units import fmt_count
     from gpuledger.reports.cost_rollups import materialise_rollups
-    from gpuledger.store import LedgerError
 
     ledger = open_ledger(db)
-    try:
-        counts = materialise_rollups(ledger, rebuild=rebuild)
-    except LedgerError as exc:
-        raise click.ClickException(str(exc)) from exc
-    note = f" ({counts['skipped']} wait for a co-tenant still running)" if counts["skipped"] else ""
-    click.echo(f"rolled up {counts['runs']} runs into {counts['rows']} rows{note}")
+    counts = materialise_rollups(ledger, rebuild=rebuild)
+    note = f" ({fmt_count(counts['skipped'], 'run')} wait for a co-tenant still running)" if counts["skipped"] else ""
+    click.echo(f"rolled up {fmt_count(counts['runs'], 'run')} into {fmt_count(counts['rows'], 'row')}{note}")

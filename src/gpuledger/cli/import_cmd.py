@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from gpuledger.cli.common import db_option, echo_json, open_ledger, parse_labels
+from gpuledger.cli.common import cli_errors, db_option, echo_json, format_option, open_ledger, parse_labels
+from gpuledger.core.units import fmt_count
 
 
 @click.group("import")
@@ -21,15 +22,16 @@ def import_cmd() -> None:
 @click.option("--project", help="Project label for the imported runs.")
 @click.option("--team", help="Team label for the imported runs.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="A free label; repeatable.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per directory.")
+@format_option("table", "json")
 @db_option
+@cli_errors
 def import_ultralytics(
     paths: tuple[Path, ...],
     recursive: bool,
     project: str | None,
     team: str | None,
     labels: tuple[str, ...],
-    as_json: bool,
+    fmt: str,
     db: str | None,
 ) -> None:
     """Import Ultralytics run directories (results.csv, args.yaml, weights/).
@@ -71,11 +73,11 @@ def import_ultralytics(
                 "also_recorded_as": result.also_recorded_as,
             }
         )
-        if not as_json:
+        if fmt != "json":
             what = "imported" if result.created else "already imported"
             note = f" (also recorded live as run {result.also_recorded_as})" if result.also_recorded_as else ""
-            click.echo(f"{what:16} {result.run_id}  {result.path}  {result.epochs} epochs{note}")
-    if as_json:
+            click.echo(f"{what:16} {result.run_id}  {result.path}  {fmt_count(result.epochs, 'epoch')}{note}")
+    if fmt == "json":
         echo_json(results)
     if failed:
         sys.exit(1)

@@ -53,6 +53,20 @@ class LazyGroup(click.Group):
         command = getattr(importlib.import_module(module_name), attr)
         return command
 
+    def invoke(self, ctx: click.Context) -> object:
+        """Every subcommand's user-caused errors become one ``Error:`` line (cli/common.py)."""
+        from gpuledger.cli.common import friendly
+
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            translated = friendly(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuledger")

@@ -1,4 +1,4 @@
-"""``gpuledger runs | show | logs | export``: reading the ledger back."""
+"""``gpuledger runs | show | logs | export | recover``: reading the ledger back."""
 
 from __future__ import annotations
 
@@ -6,108 +6,119 @@ import sys
 
 import click
 
-from gpuledger.cli.common import db_option, echo_json, open_ledger
+from gpuledger.cli.common import (
+    cli_errors,
+    db_option,
+    echo_json,
+    format_option,
+    open_ledger,
+    parse_labels,
+    resolve_run,
+)
+from gpuledger.cli.output import OutputPath, write_text, write_with
 
-
-def _fail_on_lookup(func):
-    """Turn ledger lookup errors (unknown or ambiguous run) into one-line CLI errors."""
-    import functools
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        from gpuledger.store import LedgerError
-
-        try:
-            return func(*args, **kwargs)
-        except LedgerError as exc:
-            raise click.ClickException(str(exc)) from exc
-
-    return wrapper
+STATUSES = ["running", "succeeded", "failed", "killed", "lost", "imported", "discovered"]
 
 
 @click.command("runs")
 @click.option("--project")
 @click.option("--team")
 @click.option("--user")
-@click.option(
-    "--status", type=click.Choice(["running", "succeeded", "failed", "killed", "lost", "imported", "discovered"])
-)
+@click.option("--status", type=click.Choice(STATUSES))
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Only runs with this label; repeatable.")
 @click.option("--since", help="Only runs started since: 2026-11-01, an ISO timestamp, or 3d / 12h / 30m.")
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@format_option("table", "json")
 @click.option("--server", metavar="URL", help="List from a team server instead of the local ledger.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="Server token file.")
 @db_option
-@_fail_on_lookup
-def runs_cmd(project, team, user, status, since, limit, as_json, server, token_file, db) -> None:
-    """List runs, newest first."""
+@cli_errors
+def runs_cmd(project, team, user, status, labels, since, limit, fmt, server, token_file, db) -> None:  # type: ignore[no-untyped-def]
+    """List runs, newest first. The ID column is each run's short id: give it to show, logs, cost ..."""
+    from gpuledger.cli.render import runs_table
+
+    label_map = parse_labels(labels)
+    given = [
+        f"--{k} {v}"
+        for k, v in (("project", project), ("team", team), ("user", user), ("status", status), ("since", since))
+        if v
+    ]
+    given += [f"--label {k}={v}" for k, v in label_map.items()]
     if server:
+        if label_map:
+            raise click.UsageError(
+                "--label filters the local ledger only; a team server filters by project, "
+                "team, user, status and --since"
+            )
         from gpuledger.agent.remote import list_remote_runs
 
         rows = list_remote_runs(server, token_file, project=project, team=team, user=user, status=status,
                                 since=since, limit=limit)  # fmt: skip
-        if as_json:
-            echo_json(rows)
-        else:
-            from gpuledger.cli.render import runs_table
+        empty_ledger = not rows and not given
+    else:
+        from gpuledger.reports.runview import list_rows, parse_since
 
-            runs_table(rows)
-        return
-    from gpuledger.reports.runview import list_rows, parse_since
-
-    try:
-        since_t = parse_since(since) if since else None
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--since") from exc
-    ledger = open_ledger(db)
-    runs = ledger.list_runs(project=project, team=team, user=user, status=status, since=since_t, limit=limit)
-    rows = list_rows(ledger, runs)
-    if status:  # a run may have turned "lost" while being read
-        rows = [r for r in rows if r["status"] == status]
-    if as_json:
+        try:
+            since_t = parse_since(since) if since else None
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--since") from exc
+        ledger = open_ledger(db)
+        runs = ledger.list_runs(project=project, team=team, user=user, status=status, since=since_t,
+                                labels=label_map or None, limit=limit)  # fmt: skip
+        rows = list_rows(ledger, runs)
+        if status:  # a run may have turned "lost" while being read
+            rows = [r for r in rows if r["status"] == status]
+        empty_ledger = not rows and not ledger.list_runs(limit=1)
+    if fmt == "json":
         echo_json(rows)
-        return
-    from gpuledger.cli.render import runs_table
-
-    runs_table(rows)
+    elif rows:
+        runs_table(rows)
+    elif empty_ledger:
+        click.echo("no runs yet: record one with gpuledger run -- COMMAND")
+    else:
+        click.echo(f"no run matches {' '.join(given)}" if given else "no run matches")
 
 
 @click.command("show")
-@click.argument("run")
-@click.option("--json", "as_json", is_flag=True, help="Print the full record as JSON.")
+@click.argument("run", required=False)
+@format_option("table", "json")
 @db_option
-@_fail_on_lookup
-def show_cmd(run: str, as_json: bool, db: str | None) -> None:
-    """Show one run: RUN is an id or a unique id prefix."""
+@cli_errors
+def show_cmd(run: str | None, fmt: str, db: str | None) -> None:
+    """Show one run: summary, epochs and attempts; --json gives the full record.
+
+    RUN is a run id, its short id (the ID column of gpuledger runs) or a unique id prefix;
+    default: the newest run."""
     from gpuledger.core.summary import format_summary
+    from gpuledger.reports import epochs as epochs_report
     from gpuledger.reports.runview import load_run, summary
 
     ledger = open_ledger(db)
-    record = load_run(ledger, run)
+    record = load_run(ledger, resolve_run(ledger, run))
     data = summary(ledger, record)
-    from gpuledger.reports import epochs as epochs_report
-
-    if as_json:
+    if fmt == "json":
         data.update(epochs_report.show_json(ledger, record))  # "epochs" and "attempts"
         echo_json(data)
-    else:
-        click.echo(format_summary(data))
-        extra = epochs_report.show_text(ledger, record)
-        if extra:
-            click.echo("\n" + extra)
+        return
+    click.echo(format_summary(data))
+    extra = epochs_report.show_text(ledger, record)
+    if extra:
+        click.echo("\n" + extra)
 
 
 @click.command("logs")
-@click.argument("run")
+@click.argument("run", required=False)
 @db_option
-@_fail_on_lookup
-def logs_cmd(run: str, db: str | None) -> None:
-    """Print a run's archived (redacted) output."""
+@cli_errors
+def logs_cmd(run: str | None, db: str | None) -> None:
+    """Print a run's archived (redacted) output.
+
+    RUN is a run id, its short id or a unique id prefix; default: the newest run."""
     from gpuledger.recorder.liveness import fresh_log
     from gpuledger.reports.runview import load_run
 
     ledger = open_ledger(db)
-    record = load_run(ledger, run)
+    record = load_run(ledger, resolve_run(ledger, run))
     data = fresh_log(ledger, record)
     if data is None:
         raise click.ClickException(f"run {record.id} has no archived log")
@@ -116,28 +127,31 @@ def logs_cmd(run: str, db: str | None) -> None:
 
 
 @click.command("export")
-@click.argument("run")
+@click.argument("run", required=False)
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default="csv", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write (default: stdout).")
+@click.option("-o", "--output", type=OutputPath(), help="File to write (default: stdout).")
 @click.option(
     "--metrics", is_flag=True, help="The per-epoch table (metrics and each epoch's resources; columns: docs/YOLO.md)."
 )
 @db_option
-@_fail_on_lookup
-def export_cmd(run: str, fmt: str, output: str | None, metrics: bool, db: str | None) -> None:
-    """Export a run's interval time series (columns: docs/EXPORT.md), or with --metrics its epochs."""
+@cli_errors
+def export_cmd(run: str | None, fmt: str, output: str | None, metrics: bool, db: str | None) -> None:
+    """Export a run's interval time series (columns: docs/EXPORT.md), or with --metrics its epochs.
+
+    RUN is a run id, its short id or a unique id prefix; default: the newest run.
+    Parquet needs the [parquet] extra: pip install 'gpuledger[parquet]'."""
     from gpuledger.reports import epochs as er
     from gpuledger.reports import export
     from gpuledger.reports.runview import load_run
 
-    ledger = open_ledger(db)
-    record = load_run(ledger, run)
-    if fmt == "parquet" and not output:
+    if fmt == "parquet" and output in (None, "-"):
         raise click.UsageError("Parquet is binary: give a file with -o FILE")
+    ledger = open_ledger(db)
+    record = load_run(ledger, resolve_run(ledger, run))
     if metrics:
         columns, epoch_rows = er.export_rows(record.id, er.epoch_table(ledger, record))
         if fmt == "parquet":
-            er.write_parquet(columns, epoch_rows, output)
+            write_with(output, lambda tmp: er.write_parquet(columns, epoch_rows, tmp))  # type: ignore[arg-type]
             return
         text = er.to_csv(columns, epoch_rows) if fmt == "csv" else er.to_jsonl(columns, epoch_rows)
     else:
@@ -145,41 +159,46 @@ def export_cmd(run: str, fmt: str, output: str | None, metrics: bool, db: str | 
             record.id, ledger.devices(record.id), ledger.gpu_intervals(record.id), ledger.host_intervals(record.id)
         )
         if fmt == "parquet":
-            try:
-                export.write_parquet(rows, output)
-            except RuntimeError as exc:
-                raise click.ClickException(str(exc)) from exc
+            write_with(output, lambda tmp: export.write_parquet(rows, tmp))  # type: ignore[arg-type]
             return
         text = export.to_csv(rows) if fmt == "csv" else export.to_jsonl(rows)
-    if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
+    write_text(output, text)
 
 
 @click.command("recover")
 @click.argument("files", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 @db_option
+@cli_errors
 def recover_cmd(files: tuple[str, ...], db: str | None) -> None:
-    """Write runs kept in the local spool (the ledger was unreachable when they ended) into the ledger."""
+    """Write runs kept in the local spool (the ledger was unreachable when they ended) into the ledger.
+
+    Each run goes to the ledger it was recorded for; --db on the command line sends them all elsewhere."""
     from pathlib import Path
 
-    from gpuledger.recorder.spool import recover, spool_dir
+    from gpuledger.recorder.spool import read_target, recover, spool_dir
+    from gpuledger.store import display_url
 
     paths = [Path(f) for f in files] or sorted(spool_dir().glob("*.json"))
     if not paths:
         click.echo(f"nothing to recover: {spool_dir()} holds no spooled runs")
         return
-    ledger = open_ledger(db)
+    source = click.get_current_context().get_parameter_source("db")
+    override = db if source is click.core.ParameterSource.COMMANDLINE else None
+    ledgers: dict[str | None, object] = {}
     failed = 0
     for path in paths:
         try:
-            run_id = recover(path, ledger)
-        except Exception as exc:
+            target = override or read_target(path) or db
+            if target not in ledgers:
+                ledgers[target] = open_ledger(target)
+            run_id = recover(path, ledgers[target])
+        except Exception as exc:  # one bad spool file must not stop the others
             failed += 1
             click.echo(f"{path}: {exc}", err=True)
             continue
-        click.echo(f"recovered run {run_id}")
+        where = f" into {display_url(target)}" if target else ""
+        click.echo(f"recovered run {run_id}{where}")
+    for ledger in ledgers.values():
+        ledger.close()  # type: ignore[attr-defined]
     if failed:
         raise SystemExit(1)

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+
+from gpuledger.cli.render import console as terminal
+from gpuledger.core.units import NA, fmt_number
 
 _VERDICT = {"better": "green", "worse": "red"}
 
 
 def compare_table(model: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or terminal()
     table = Table(title="gpuledger compare (differences against the first run)", show_lines=False)
     table.add_column("figure", style="bold")
     for run in model["runs"]:
@@ -30,24 +35,33 @@ def compare_table(model: dict[str, Any], console: Console | None = None) -> None
         console.print(f"[dim]{note}[/dim]")
 
 
-def rows_table(title: str, columns: list[tuple[str, str]], rows: list[dict[str, Any]],
-               console: Console | None = None) -> None:
-    """A plain table of dict rows: ``columns`` = [(key, header)]; numbers right-aligned."""
-    console = console or Console()
-    table = Table(title=title)
+def rows_table(
+    title: str,
+    columns: list[tuple[str, str]],
+    rows: list[dict[str, Any]],
+    console: Console | None = None,
+    whole: tuple[str, ...] = (),
+) -> None:
+    """A plain table of dict rows: ``columns`` = [(key, header)]; numbers right-aligned. Columns in
+    ``whole`` (ids, statuses) and numbers are never cut or wrapped: text columns give way."""
+    console = console or terminal()
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     numeric = {k for k, _ in columns if any(isinstance(r.get(k), int | float) for r in rows)}
-    for key, header in columns:
-        table.add_column(header, justify="right" if key in numeric else "left")
-    for r in rows:
-        table.add_row(*(_cell(r.get(k)) for k, _ in columns))
+    cells = [[_cell(r.get(k)) for k, _ in columns] for r in rows]
+    for i, (key, header) in enumerate(columns):
+        widest = max([len(header), *(len(c[i]) for c in cells)])
+        keep = {"no_wrap": True, "min_width": widest} if key in whole or key in numeric else {}
+        table.add_column(header, justify="right" if key in numeric else "left", **keep)  # type: ignore[arg-type]
+    for row in cells:
+        table.add_row(*(escape(c) for c in row))
     console.print(table)
 
 
 def _cell(value: Any) -> str:
     if value is None:
-        return "n/a"
+        return NA
     if isinstance(value, float):
-        return f"{value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.2g}"
+        return fmt_number(value)
     if isinstance(value, list | tuple):
         return ", ".join(str(v) for v in value)
     return str(value)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from gpuledger.cli.common import db_option, parse_labels
+from gpuledger.cli.common import FiniteFloat, check_ledger_url, db_option, parse_labels
 from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 
 
@@ -20,7 +20,7 @@ from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="A free label; repeatable.")
 @click.option(
     "--interval",
-    type=click.FloatRange(MIN_INTERVAL_S, MAX_INTERVAL_S),
+    type=FiniteFloat(MIN_INTERVAL_S, MAX_INTERVAL_S),
     default=5.0,
     show_default=True,
     help="Recording interval in seconds.",
@@ -39,9 +39,7 @@ from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
     type=click.IntRange(0, 65535),
     help="Serve Prometheus /metrics from this process on PORT while the run records (see docs/PROMETHEUS.md).",
 )
-@click.option(
-    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port to listen on."
-)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port to listen on.")
 @click.option(
     "--server",
     envvar="GPULEDGER_SERVER",
@@ -79,6 +77,8 @@ def run_cmd(
     from gpuledger.agent.client import token_from
     from gpuledger.recorder.wrap import WrapOptions, run_and_exit_code
 
+    label_map = parse_labels(labels)
+    check_ledger_url(db)  # a ledger that can never be written is refused before COMMAND starts
     if db:  # a team server's database: refused before CMD starts, not at its first flush
         from gpuledger.store import Ledger, LedgerError, ownership
 
@@ -89,7 +89,6 @@ def run_cmd(
             raise click.ClickException(str(exc)) from exc
         except LedgerError:
             pass  # unreachable or locked: the recorder keeps the run locally as always
-    label_map = parse_labels(labels)
     if project:
         label_map["project"] = project
     if team:

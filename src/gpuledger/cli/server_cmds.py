@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from gpuledger.cli.common import echo_json
+from gpuledger.cli.common import FiniteFloat, cli_errors, echo_json, format_option
 
 
 def server_ledger(url: str | None):
@@ -34,17 +34,22 @@ def db_required(func):  # type: ignore[no-untyped-def]
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Worker processes.")
 @click.option("--rates", type=click.Path(exists=True, dir_okay=False), help="Rate card for chargeback reports.")
-@click.option("--max-body-mb", type=click.FloatRange(0.001, 1024), default=8.0, show_default=True)
+@click.option("--max-body-mb", type=FiniteFloat(0.001, 1024), default=8.0, show_default=True)
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info")
+@cli_errors
 def serve_cmd(
     db: str | None, host: str, port: int, workers: int, rates: str | None, max_body_mb: float, log_level: str
 ) -> None:
     """Serve the team API (docs/SERVER.md). Stateless: run several behind a load balancer.
 
-    Limits, timeouts and rate limits are GPULEDGER_* environment variables (docs/SERVER.md)."""
-    import uvicorn
-
+    Needs the [server] extra: pip install 'gpuledger[server]'. Limits, timeouts and rate limits
+    are GPULEDGER_* environment variables (docs/SERVER.md)."""
+    from gpuledger.extras import require
     from gpuledger.store import display_url
+
+    for module in ("fastapi", "pydantic", "uvicorn"):
+        require(module, extra="server", purpose="gpuledger serve")
+    import uvicorn
 
     server_ledger(db).close()  # refuses an outdated schema with the command to fix it
     assert db is not None
@@ -73,9 +78,10 @@ def db_group() -> None:
 
 @db_group.command("migrate")
 @db_required
+@cli_errors
 def db_migrate_cmd(db: str | None) -> None:
     """Apply pending schema migrations (safe with several processes; each runs once)."""
-    from gpuledger.store import LedgerError, migrations
+    from gpuledger.store import migrations
     from gpuledger.store.engine import Database
 
     if not db:
@@ -84,8 +90,6 @@ def db_migrate_cmd(db: str | None) -> None:
     try:
         before = database.read(migrations.current_version)
         after = migrations.upgrade(database)
-    except LedgerError as exc:
-        raise click.ClickException(str(exc)) from exc
     finally:
         database.close()
     if after == before:
@@ -96,10 +100,11 @@ def db_migrate_cmd(db: str | None) -> None:
 
 @db_group.command("status")
 @db_required
-@click.option("--json", "as_json", is_flag=True)
-def db_status_cmd(db: str | None, as_json: bool) -> None:
+@format_option("table", "json")
+@cli_errors
+def db_status_cmd(db: str | None, fmt: str) -> None:
     """The schema version of the ledger and the migrations still to apply (exit 1 if any)."""
-    from gpuledger.store import LedgerError, migrations
+    from gpuledger.store import migrations
     from gpuledger.store.engine import Database
 
     if not db:
@@ -107,12 +112,10 @@ def db_status_cmd(db: str | None, as_json: bool) -> None:
     database = Database(db)
     try:
         version = database.read(migrations.current_version)
-    except LedgerError as exc:
-        raise click.ClickException(str(exc)) from exc
     finally:
         database.close()
     pending = [m for m in migrations.MIGRATIONS if m.version > version]
-    if as_json:
+    if fmt == "json":
         echo_json({"version": version, "latest": migrations.LATEST, "pending": [m.version for m in pending]})
     else:
         click.echo(f"{database.display}: schema version {version} (this gpuledger: {migrations.LATEST})")
@@ -131,6 +134,7 @@ def db_status_cmd(db: str | None, as_json: bool) -> None:
 @click.option("--retry", is_flag=True, help="Try again runs the server refused before.")
 @click.option("--status", "show_status", is_flag=True, help="Only show the outbox, push nothing.")
 @click.option("--db", envvar="GPULEDGER_DB", metavar="URL", help="The local ledger (default: the user's).")
+@cli_errors
 def sync_cmd(
     server: str, token_file: str | None, all_runs: bool, retry: bool, show_status: bool, db: str | None
 ) -> None:

@@ -66,6 +66,7 @@ def launch(argv: list[str], env: Mapping[str, str], log_path: str, use_pty: bool
         master = None
         sources, child_out, child_err, writers = {out_r: 1, err_r: 2}, out_w, err_w, [out_w, err_w]
     relay_pid = start_relay(sources, log_path, close_in_child=writers)
+    failure: OSError | None = None
     try:
         proc = subprocess.Popen(
             argv,
@@ -76,8 +77,7 @@ def launch(argv: list[str], env: Mapping[str, str], log_path: str, use_pty: bool
             close_fds=True,
         )
     except OSError as exc:
-        code = 127 if exc.errno == errno.ENOENT else 126
-        raise LaunchError(f"cannot start {argv[0]!r}: {exc.strerror}", code) from exc
+        failure = exc
     finally:
         # The relay sees EOF only once every writer is closed; ours must go now.
         for fd in writers:
@@ -85,6 +85,23 @@ def launch(argv: list[str], env: Mapping[str, str], log_path: str, use_pty: bool
         for fd in sources:
             if fd != master:
                 os.close(fd)
+    if failure is not None:
+        _discard_relay(relay_pid, master, log_path)
+        code = 127 if failure.errno == errno.ENOENT else 126
+        raise LaunchError(f"cannot start {argv[0]!r}: {failure.strerror}", code) from failure
     # We reap CMD ourselves with wait4 (to get its rusage); Popen must not race us for it.
     proc.returncode = 0
     return Launched(pid=proc.pid, relay_pid=relay_pid, pty_master=master)
+
+
+def _discard_relay(relay_pid: int, master: int | None, log_path: str) -> None:
+    """CMD never started: let the relay reach EOF and end, and remove the log it opened (empty: no
+    run was recorded, so a log file would be an orphan no run points to)."""
+    if master is not None:
+        with contextlib.suppress(OSError):
+            os.close(master)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(relay_pid, 0)
+    with contextlib.suppress(OSError):
+        if os.path.getsize(log_path) == 0:
+            os.unlink(log_path)

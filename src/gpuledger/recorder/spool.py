@@ -1,9 +1,10 @@
 """When the ledger cannot be written at the end of a run, keep the run in a local spool file.
 
 The spool holds everything the recorder still had in memory (the run record, its devices and all
-pending intervals, events and metrics) as JSON in ``<data dir>/spool/<run id>.json``.
-``gpuledger recover`` writes spooled runs into a ledger once it is reachable again; appends are
-idempotent, so a run that was partly written before is completed, not duplicated.
+pending intervals, events and metrics) and the ledger it was meant for, as JSON in
+``<data dir>/spool/<run id>.json``. ``gpuledger recover`` writes spooled runs into that ledger once
+it is reachable again; appends are idempotent, so a run that was partly written before is
+completed, not duplicated.
 """
 
 from __future__ import annotations
@@ -33,11 +34,18 @@ def write_spool(
     events: list[Event],
     metrics: list[Metric],
     env: Mapping[str, str] | None = None,
+    ledger_url: str | None = None,
 ) -> Path:
+    """Keep the run in the spool. ``ledger_url``: the ledger the run was recorded for (None: the
+    default one, resolved now, since ``GPULEDGER_DB`` may differ when ``recover`` runs)."""
+    from gpuledger.store.url import default_url, normalise_url
+
     folder = spool_dir(env)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     doc = {
         "format": FORMAT,
+        # The spool folder is private (0700): a password in the URL stays with its owner.
+        "ledger": normalise_url(ledger_url) if ledger_url else default_url(env),
         "run": dataclasses.asdict(run),
         "devices": [dataclasses.asdict(d) for d in devices],
         "gpu_intervals": [dataclasses.asdict(i) for i in gpu],
@@ -47,7 +55,7 @@ def write_spool(
     }
     path = folder / f"{run.id}.json"
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
         json.dump(doc, fh, default=str)
         fh.flush()
         os.fsync(fh.fileno())
@@ -60,14 +68,25 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def recover(path: Path, ledger) -> str:
-    """Write one spooled run into ``ledger`` and delete the spool file; returns the run id."""
+def _read(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable spool file ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{path}: not a gpuledger spool file (expected format {FORMAT!r})")
+    return doc
+
+
+def read_target(path: Path) -> str | None:
+    """The ledger URL the spooled run was recorded for (None in spool files from before it was kept)."""
+    target = _read(path).get("ledger")
+    return target if isinstance(target, str) and target else None
+
+
+def recover(path: Path, ledger) -> str:
+    """Write one spooled run into ``ledger`` and delete the spool file; returns the run id."""
+    doc = _read(path)
     run = _build(RunRecord, doc["run"])
     ledger.create_run(run)
     ledger.update_run(

@@ -61,9 +61,11 @@ def _status(wait_status: int, forwarded: int | None) -> tuple[str, int, int | No
         how = " (forwarded by gpuledger)" if forwarded == sig else ""
         return "killed", 128 + sig, sig, f"killed by {name}{how}"
     code = os.WEXITSTATUS(wait_status)
+    # CMD may catch a forwarded signal and exit on its own (a checkpoint, then exit 0 or 1): say so.
+    after = f" after {signal.Signals(forwarded).name} (forwarded by gpuledger)" if forwarded else ""
     if code == 0:
-        return "succeeded", 0, None, None
-    return "failed", code, None, f"exited with code {code}"
+        return "succeeded", 0, None, f"exited with code 0{after}" if after else None
+    return "failed", code, None, f"exited with code {code}{after}"
 
 
 def stored_log(path: str) -> bytes | None:
@@ -109,7 +111,11 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     control = ControlServer(control_socket_path(run_id))
     cmd_env = child_env(env, run_id, opts.db_url, control.path)
     become_subreaper()
-    launched = launch(list(argv), cmd_env, log_path, use_pty=opts.use_pty)  # CMD runs from here on
+    try:
+        launched = launch(list(argv), cmd_env, log_path, use_pty=opts.use_pty)  # CMD runs from here on
+    except LaunchError:
+        control.close()  # no run: leave no socket behind
+        raise
 
     forwarded: list[int] = []
 

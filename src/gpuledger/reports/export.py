@@ -38,7 +38,12 @@ COLUMNS: tuple[Column, ...] = (
     Column("util_method", "str", "", "'samples' (driver buffer), 'instant', or both comma-joined"),
     Column("util_max_pct", "float", "%", "highest utilisation seen"),
     Column("util_idle_s", "float", "s", "time the driver did not sample, taken as idle (samples method)"),
-    Column("util_unknown_s", "float", "s", "time the samples could not cover: measured by the instant reading, else unmeasured"),
+    Column(
+        "util_unknown_s",
+        "float",
+        "s",
+        "time the samples could not cover: measured by the instant reading, else unmeasured",
+    ),
     Column("energy_j", "float", "J", "GPU energy (integral)"),
     Column("energy_method", "str", "", "'counter' (hardware counter) or 'power' (integrated)"),
     Column("power_max_w", "float", "W", "highest power draw seen"),
@@ -150,11 +155,10 @@ def to_jsonl(rows: Iterable[dict[str, object]]) -> str:
 
 
 def write_parquet(rows: Iterable[dict[str, object]], path: str) -> None:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise RuntimeError("Parquet export needs pyarrow: pip install 'gpuledger[parquet]'") from exc
+    from gpuledger.extras import require
+
+    pa = require("pyarrow", extra="parquet", purpose="Parquet export")
+    pq = require("pyarrow.parquet", extra="parquet", purpose="Parquet export")
     types = {"str": pa.string(), "int": pa.int64(), "float": pa.float64()}
     schema = pa.schema([pa.field(c.name, types[c.kind]) for c in COLUMNS])
     materialised = list(rows)
