@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from diag_support import T0
 from gpuledger.cli.main import cli
 from gpuledger.core import compare as core_compare
+from gpuledger.core.ids import short_id
 from gpuledger.store import Ledger
 from report_support import write_run
 
@@ -24,10 +25,10 @@ def test_rows_diff_against_the_first_run_with_verdicts() -> None:
         {"wall_seconds": 125.0, "best_map": 0.44, "gpus": "2 × A100", "cost": "12.50 USD"},
     ])}
     wall = rows["wall_seconds"]["cells"][1]
-    assert wall["diff"] == "+25.0 %" and wall["verdict"] == "worse"
+    assert wall["diff"] == "+25.0%" and wall["verdict"] == "worse"
     assert rows["best_map"]["cells"][1]["verdict"] == "better"
     assert rows["gpus"]["cells"][1]["diff"] is None  # text: no percentage
-    assert rows["cost"]["cells"][1]["diff"] == "+25.0 %"  # money kept as decimal strings still compares
+    assert rows["cost"]["cells"][1]["diff"] == "+25.0%"  # money kept as decimal strings still compares
     assert "energy_kwh" not in rows  # no run has it
 
 
@@ -52,18 +53,20 @@ def test_compare_json_has_figures_and_epoch_curves(db: str) -> None:
     assert [r["id"] for r in model["runs"]] == [A, B]
     rows = {r["key"]: r for r in model["rows"]}
     per_epoch = rows["sec_per_epoch"]["cells"]
-    assert per_epoch[0]["value"] == pytest.approx(300.0) and per_epoch[1]["diff"] == "+25.0 %"
+    assert per_epoch[0]["value"] == pytest.approx(300.0) and per_epoch[1]["diff"] == "+25.0%"
     assert per_epoch[1]["verdict"] == "worse"
     assert rows["mean_utilization"]["cells"][1]["verdict"] == "worse"
     charts = {c["id"]: c for c in model["charts"]}
     assert charts["map"]["x"] == [1, 2, 3, 4] and charts["map"]["time"] is False
-    assert [s["label"] for s in charts["epoch_time"]["series"]] == ["baseline (0190c0c0)", "slower (0190c0c0)"]
+    # Labelled by short id: the ids share their first 8 digits (a timestamp), not their tail.
+    labels = [s["label"] for s in charts["epoch_time"]["series"]]
+    assert labels == [f"baseline ({short_id(A)})", f"slower ({short_id(B)})"] and short_id(A) != short_id(B)
 
 
 def test_compare_table_md_and_html(db: str, tmp_path: Path) -> None:
     runner = CliRunner()
     table = runner.invoke(cli, ["compare", A, B, "--db", db], env={"COLUMNS": "200"})
-    assert table.exit_code == 0 and "time per epoch" in table.stdout and "+25.0 %" in table.stdout
+    assert table.exit_code == 0 and "time per epoch" in table.stdout and "+25.0%" in table.stdout
     md = runner.invoke(cli, ["compare", A, B, "--format", "md", "--db", db]).stdout
     assert md.startswith("### gpuledger compare") and "| time per epoch (median) |" in md
     html = tmp_path / "c.html"

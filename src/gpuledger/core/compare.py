@@ -11,7 +11,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuledger.core.units import fmt_bytes, fmt_duration, fmt_hours, fmt_kwh, fmt_pct
+from gpuledger.core.units import (
+    change_pct,
+    fmt_bytes,
+    fmt_change,
+    fmt_duration,
+    fmt_hours,
+    fmt_kwh,
+    fmt_money,
+    fmt_number,
+    fmt_pct,
+    fmt_seconds,
+)
 
 
 @dataclass(frozen=True)
@@ -23,8 +34,20 @@ class Figure:
     diff: bool = True  # False for text figures (no % difference)
 
 
-def _num(digits: int) -> Callable[[Any], str]:
-    return lambda v: "n/a" if v is None else f"{v:,.{digits}f}"
+def _num(significant: int = 3) -> Callable[[Any], str]:
+    return lambda v: fmt_number(v, significant)
+
+
+def _count(v: Any) -> str:
+    return "n/a" if v is None else f"{v:,}"
+
+
+def _money(v: Any) -> str:
+    """A priced figure kept exact as "AMOUNT CURRENCY", shown in cents."""
+    if v is None or v == "":
+        return "n/a"
+    amount, _, currency = str(v).partition(" ")
+    return fmt_money(amount, currency or None)
 
 
 def _text(v: Any) -> str:
@@ -36,9 +59,9 @@ FIGURES: tuple[Figure, ...] = (
     Figure("gpus", "GPUs", _text, diff=False),
     Figure("config", "model · imgsz · batch · workers", _text, diff=False),
     Figure("wall_seconds", "wall time", fmt_duration, "lower"),
-    Figure("epochs", "epochs", _num(0)),
+    Figure("epochs", "epochs", _count),
     Figure("sec_per_epoch", "time per epoch (median)", fmt_duration, "lower"),
-    Figure("images_per_s", "images / s (median epoch)", _num(1), "higher"),
+    Figure("images_per_s", "images / s (median epoch)", _num(), "higher"),
     Figure("best_map", "best mAP50-95", _num(4), "higher"),
     Figure("busy_gpu_hours", "busy GPU-hours", fmt_hours, "lower"),
     Figure("allocated_gpu_hours", "allocated GPU-hours", fmt_hours, "lower"),
@@ -46,12 +69,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure("mean_utilization", "mean GPU utilisation", fmt_pct, "higher"),
     Figure("peak_memory_bytes", "peak VRAM", fmt_bytes),
     Figure("energy_kwh", "energy", fmt_kwh, "lower"),
-    Figure("cpu_seconds", "CPU (process tree)", lambda v: "n/a" if v is None else f"{v:,.0f} s"),
+    Figure("cpu_seconds", "CPU (process tree)", fmt_seconds),
     Figure("peak_rss_bytes", "peak RSS", fmt_bytes),
-    Figure("busy_h_per_map_point", "busy GPU-h per mAP point", _num(4), "lower"),
-    Figure("cost", "cost", _text, "lower"),
-    Figure("cost_per_map_point", "cost per mAP point", _text, "lower"),
-    Figure("cost_per_epoch", "cost per epoch", _text, "lower"),
+    Figure("busy_h_per_map_point", "busy GPU-h per mAP point", _num(), "lower"),
+    Figure("cost", "cost", _money, "lower"),
+    Figure("cost_per_map_point", "cost per mAP point", _money, "lower"),
+    Figure("cost_per_epoch", "cost per epoch", _money, "lower"),
     Figure("findings", "findings (critical / warning / info)", _text, diff=False),
 )
 
@@ -69,10 +92,8 @@ def _number(value: Any) -> float | None:
 
 
 def diff_pct(value: Any, base: Any) -> float | None:
-    v, b = _number(value), _number(base)
-    if v is None or b is None or b == 0:
-        return None
-    return (v - b) / abs(b) * 100
+    """The change against ``base`` in percent; None against nothing or against zero."""
+    return change_pct(_number(value), _number(base))
 
 
 def rows(sides: Sequence[Mapping[str, Any]], figures: Sequence[Figure] = FIGURES) -> list[dict[str, Any]]:
@@ -88,11 +109,17 @@ def rows(sides: Sequence[Mapping[str, Any]], figures: Sequence[Figure] = FIGURES
         cells = []
         for i, value in enumerate(values):
             pct = None if i == 0 or not fig.diff else diff_pct(value, values[0])
-            cell: dict[str, Any] = {"value": value, "text": fig.fmt(value), "diff_pct": pct,
-                                    "diff": None if pct is None else f"{pct:+.1f} %", "verdict": None}
+            cell: dict[str, Any] = {
+                "value": value,
+                "text": fig.fmt(value),
+                "diff_pct": pct,
+                "diff": None if pct is None else fmt_change(pct),
+                "verdict": None,
+            }
             if pct is not None and fig.better:
-                cell["verdict"] = "same" if abs(pct) < 0.5 else (
-                    "better" if (pct < 0) == (fig.better == "lower") else "worse")
+                cell["verdict"] = (
+                    "same" if abs(pct) < 0.5 else ("better" if (pct < 0) == (fig.better == "lower") else "worse")
+                )
             cells.append(cell)
         out.append({"key": fig.key, "label": fig.label, "better": fig.better, "cells": cells})
     return out

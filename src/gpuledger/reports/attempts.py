@@ -10,7 +10,9 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpuledger.core.ids import short_id
 from gpuledger.core.model import RunRecord
+from gpuledger.core.units import fmt_count, fmt_duration, fmt_hours, fmt_kwh, fmt_seconds
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -109,15 +111,14 @@ def format_chain(chain: dict[str, Any]) -> str:
         elif a["first_epoch"] is not None:
             epochs = f", epochs {a['first_epoch']}-{a['last_epoch']}"
         here = " (this run)" if i == chain["position"] else ""
-        parts.append(f"{a['id'][:13]} {a['status']}{epochs}{here}")
+        parts.append(f"{short_id(a['id'])} {a['status']}{epochs}{here}")
     t = chain["totals"]
-    wall = round(t["wall_seconds"] or 0)
-    figures = [f"wall {wall // 3600}:{wall % 3600 // 60:02d}:{wall % 60:02d}"]
+    figures = [f"wall {fmt_duration(t['wall_seconds'] or 0)}"]
     if t["gpu_busy_seconds"] is not None:
-        figures.append(f"busy {t['gpu_busy_seconds'] / 3600:.2f} GPU-h")
+        figures.append(f"busy {fmt_hours(t['gpu_busy_seconds'] / 3600)} GPU-h")
     if t["gpu_energy_joules"] is not None:
-        figures.append(f"energy {t['gpu_energy_joules'] / 3.6e6:.3f} kWh")
+        figures.append(f"energy {fmt_kwh(t['gpu_energy_joules'] / 3.6e6)}")
     if t["cpu_seconds"] is not None:
-        figures.append(f"CPU {t['cpu_seconds']:.0f} s")
-    figures.append(f"{t['epochs']} epochs")
+        figures.append(f"CPU {fmt_seconds(t['cpu_seconds'])}")
+    figures.append(fmt_count(t["epochs"], "epoch"))
     return f"Attempts ({t['attempts']}): " + " -> ".join(parts) + "\nAcross attempts: " + ", ".join(figures)

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuledger.core.model import GpuIdentity
 from gpuledger.core.series import GpuBucket, HostBucket, Plan, x_of
+from gpuledger.reports.epochs import NOT_TRAINING_METRICS
 from gpuledger.reports.rundata import RunData
 
 GIB = 2**30
@@ -28,8 +29,15 @@ def _r(value: float | int | None, digits: int) -> float | None:
     return value if value - value == 0 else None  # NaN and inf are not JSON numbers: a gap
 
 
-def _series(label: str, unit: str, values: list, lo: list | None = None, hi: list | None = None,
-            gpu: int | None = None, dash: bool = False) -> dict[str, Any]:
+def _series(
+    label: str,
+    unit: str,
+    values: list,
+    lo: list | None = None,
+    hi: list | None = None,
+    gpu: int | None = None,
+    dash: bool = False,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"label": label, "unit": unit, "values": values}
     if lo is not None and any(v is not None for v in lo):
         out["lo"], out["hi"] = lo, hi
@@ -83,26 +91,64 @@ def gpu_charts(data: RunData) -> list[dict[str, Any]]:
     def pct(value: float | None) -> float | None:
         return None if value is None else value * 100
 
-    chart("gpu_util", "GPU utilisation (busy share; band: least and most busy interval)", lambda u, lbl, i: [
-        _series(lbl, "%", grid.column(u, lambda b: pct(b.util_mean), 1),
+    chart(
+        "gpu_util",
+        "GPU utilisation (busy share; band: least and most busy interval)",
+        lambda u, lbl, i: [
+            _series(
+                lbl,
+                "%",
+                grid.column(u, lambda b: pct(b.util_mean), 1),
                 grid.column(u, lambda b: pct(b.util_min), 1) if band else None,
-                grid.column(u, lambda b: pct(b.util_max), 1) if band else None, i)])
-    chart("vram", "GPU memory: device (solid) and this run's processes (dashed)", lambda u, lbl, i: [
-        _series(lbl, "GiB", grid.column(u, lambda b: _gib(b.merged.mem_used_max_b), 3),
+                grid.column(u, lambda b: pct(b.util_max), 1) if band else None,
+                i,
+            )
+        ],
+    )
+    chart(
+        "vram",
+        "GPU memory: device (solid) and this run's processes (dashed)",
+        lambda u, lbl, i: [
+            _series(
+                lbl,
+                "GiB",
+                grid.column(u, lambda b: _gib(b.merged.mem_used_max_b), 3),
                 grid.column(u, lambda b: _gib(b.mem_min_b), 3) if band else None,
-                grid.column(u, lambda b: _gib(b.merged.mem_used_max_b), 3) if band else None, i),
-        _series(f"{lbl} run", "GiB", grid.column(u, lambda b: _gib(b.merged.proc_mem_max_b), 3), gpu=i, dash=True),
-    ])
-    chart("power", "GPU power (peak per interval)", lambda u, lbl, i: [
-        _series(lbl, "W", grid.column(u, lambda b: b.merged.power_max_w, 1), gpu=i)])
-    chart("temp", "GPU temperature (peak)", lambda u, lbl, i: [
-        _series(lbl, "°C", grid.column(u, lambda b: b.merged.temp_max_c, 1), gpu=i)])
-    chart("clocks", "SM clock (mean; band down to the lowest interval)", lambda u, lbl, i: [
-        _series(lbl, "MHz", grid.column(u, lambda b: b.merged.sm_clock_avg_mhz, 0),
+                grid.column(u, lambda b: _gib(b.merged.mem_used_max_b), 3) if band else None,
+                i,
+            ),
+            _series(f"{lbl} run", "GiB", grid.column(u, lambda b: _gib(b.merged.proc_mem_max_b), 3), gpu=i, dash=True),
+        ],
+    )
+    chart(
+        "power",
+        "GPU power (peak per interval)",
+        lambda u, lbl, i: [_series(lbl, "W", grid.column(u, lambda b: b.merged.power_max_w, 1), gpu=i)],
+    )
+    chart(
+        "temp",
+        "GPU temperature (peak)",
+        lambda u, lbl, i: [_series(lbl, "°C", grid.column(u, lambda b: b.merged.temp_max_c, 1), gpu=i)],
+    )
+    chart(
+        "clocks",
+        "SM clock (mean; band down to the lowest interval)",
+        lambda u, lbl, i: [
+            _series(
+                lbl,
+                "MHz",
+                grid.column(u, lambda b: b.merged.sm_clock_avg_mhz, 0),
                 grid.column(u, lambda b: b.sm_clock_min_mhz, 0) if band else None,
-                grid.column(u, lambda b: b.merged.sm_clock_avg_mhz, 0) if band else None, i)])
-    chart("throttle", "Throttled by power or thermal limits (share of time)", lambda u, lbl, i: [
-        _series(lbl, "%", grid.column(u, _throttle_pct, 1), gpu=i)])
+                grid.column(u, lambda b: b.merged.sm_clock_avg_mhz, 0) if band else None,
+                i,
+            )
+        ],
+    )
+    chart(
+        "throttle",
+        "Throttled by power or thermal limits (share of time)",
+        lambda u, lbl, i: [_series(lbl, "%", grid.column(u, _throttle_pct, 1), gpu=i)],
+    )
     return charts
 
 
@@ -130,34 +176,76 @@ def host_charts(data: RunData, cpu_cores: int | None) -> list[dict[str, Any]]:
         def f(b: HostBucket) -> float | None:
             v = get(b)
             return None if v is None or b.covered_s <= 0 else v / b.covered_s / scale
+
         return f
 
-    cpu = [_series("training processes", "cores", col(rate(lambda b: b.merged.cpu_s), 2),
-                   col(lambda b: b.cpu_rate_min, 2) if band else None,
-                   col(lambda b: b.cpu_rate_max, 2) if band else None),
-           _series("host iowait", "cores", col(rate(lambda b: b.merged.iowait_s), 2), dash=True)]
+    cpu = [
+        _series(
+            "training processes",
+            "cores",
+            col(rate(lambda b: b.merged.cpu_s), 2),
+            col(lambda b: b.cpu_rate_min, 2) if band else None,
+            col(lambda b: b.cpu_rate_max, 2) if band else None,
+        ),
+        _series("host iowait", "cores", col(rate(lambda b: b.merged.iowait_s), 2), dash=True),
+    ]
     if cpu_cores:
-        cpu.append(_series("whole host", "cores", col(lambda b: _scale(b.merged.sys_cpu_util_avg_pct,
-                                                                         cpu_cores / 100), 2), dash=True))
+        cpu.append(
+            _series(
+                "whole host",
+                "cores",
+                col(lambda b: _scale(b.merged.sys_cpu_util_avg_pct, cpu_cores / 100), 2),
+                dash=True,
+            )
+        )
     else:
         cpu.append(_series("whole host", "%", col(lambda b: b.merged.sys_cpu_util_avg_pct, 1), dash=True))
     charts = [
-        {"id": "cpu", "title": "CPU" + (f" ({cpu_cores} cores)" if cpu_cores else ""), "group": "host", "x": x,
-         "series": cpu},
-        {"id": "ram", "title": "Memory: training processes (RSS) and whole host", "group": "host", "x": x,
-         "series": [_series("training processes", "GiB", col(lambda b: _gib(b.merged.rss_max_b), 3),
-                            col(lambda b: _gib(b.rss_min_b), 3) if band else None,
-                            col(lambda b: _gib(b.merged.rss_max_b), 3) if band else None),
-                    _series("whole host", "GiB", col(lambda b: _gib(b.merged.sys_mem_used_max_b), 3), dash=True)]},
-        {"id": "disk", "title": "Storage I/O", "group": "host", "x": x,
-         "series": [_series("processes read", "MB/s", col(rate(lambda b: b.merged.read_b, MB), 3)),
-                    _series("processes write", "MB/s", col(rate(lambda b: b.merged.write_b, MB), 3)),
-                    _series("host disk read", "MB/s", col(rate(lambda b: b.merged.disk_read_b, MB), 3), dash=True),
-                    _series("host disk write", "MB/s", col(rate(lambda b: b.merged.disk_write_b, MB), 3),
-                            dash=True)]},
-        {"id": "net", "title": "Network (host)", "group": "host", "x": x,
-         "series": [_series("received", "MB/s", col(rate(lambda b: b.merged.net_rx_b, MB), 3)),
-                    _series("sent", "MB/s", col(rate(lambda b: b.merged.net_tx_b, MB), 3))]},
+        {
+            "id": "cpu",
+            "title": "CPU" + (f" ({cpu_cores} cores)" if cpu_cores else ""),
+            "group": "host",
+            "x": x,
+            "series": cpu,
+        },
+        {
+            "id": "ram",
+            "title": "Memory: training processes (RSS) and whole host",
+            "group": "host",
+            "x": x,
+            "series": [
+                _series(
+                    "training processes",
+                    "GiB",
+                    col(lambda b: _gib(b.merged.rss_max_b), 3),
+                    col(lambda b: _gib(b.rss_min_b), 3) if band else None,
+                    col(lambda b: _gib(b.merged.rss_max_b), 3) if band else None,
+                ),
+                _series("whole host", "GiB", col(lambda b: _gib(b.merged.sys_mem_used_max_b), 3), dash=True),
+            ],
+        },
+        {
+            "id": "disk",
+            "title": "Storage I/O",
+            "group": "host",
+            "x": x,
+            "series": [
+                _series("processes read", "MB/s", col(rate(lambda b: b.merged.read_b, MB), 3)),
+                _series("processes write", "MB/s", col(rate(lambda b: b.merged.write_b, MB), 3)),
+                _series("host disk read", "MB/s", col(rate(lambda b: b.merged.disk_read_b, MB), 3), dash=True),
+                _series("host disk write", "MB/s", col(rate(lambda b: b.merged.disk_write_b, MB), 3), dash=True),
+            ],
+        },
+        {
+            "id": "net",
+            "title": "Network (host)",
+            "group": "host",
+            "x": x,
+            "series": [
+                _series("received", "MB/s", col(rate(lambda b: b.merged.net_rx_b, MB), 3)),
+                _series("sent", "MB/s", col(rate(lambda b: b.merged.net_tx_b, MB), 3)),
+            ],
+        },
     ]
     return [c for c in charts if any(any(v is not None for v in s["values"]) for s in c["series"])]
 
@@ -183,6 +271,8 @@ def metric_charts(data: RunData) -> list[dict[str, Any]]:
             epoch_t[e.payload["epoch"]] = e.t
     by_key: dict[str, dict[float, float]] = {}
     for m in data.metrics:
+        if m.key in NOT_TRAINING_METRICS:
+            continue
         t = epoch_t.get(m.epoch, m.t) if m.epoch is not None else m.t
         by_key.setdefault(m.key, {})[round(t, 3)] = m.value
     groups: dict[str, list[str]] = {}
@@ -196,9 +286,24 @@ def metric_charts(data: RunData) -> list[dict[str, Any]]:
             continue
         points = {k: _thin(by_key[k]) for k in keys}
         x = sorted({t for p in points.values() for t in p})
-        charts.append({"id": gid, "title": title, "group": "metrics", "x": x,
-                       "series": [_series(k, "", [_r(points[k].get(t), 6) for t in x]) for k in keys]})
+        charts.append(
+            {
+                "id": gid,
+                "title": title,
+                "group": "metrics",
+                "x": x,
+                "series": [_series(k, "", [_significant(points[k].get(t)) for t in x]) for k in keys],
+            }
+        )
     return charts
+
+
+def _significant(value: float | None, digits: int = 6) -> float | None:
+    """A metric for the chart: six significant digits, so a learning rate of 1e-7 is not rounded to 0."""
+    if value is None:
+        return None
+    value = float(f"{value:.{digits}g}")
+    return value if value - value == 0 else None  # NaN and inf are not JSON numbers: a gap
 
 
 def _thin(points: dict[float, float]) -> dict[float, float]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gpuledger import __version__
 from gpuledger.core import compare as core_compare
 from gpuledger.core.diagnose import diagnose
+from gpuledger.core.ids import short_id
 from gpuledger.core.units import iso_utc
 from gpuledger.reports import costhook, rundata
 
@@ -27,8 +28,12 @@ CURVES = (
     ("map", "mAP50-95 per epoch", "", lambda r: _metric(r, rundata.MAP_KEYS)),
     ("box_loss", "Training box loss per epoch", "", lambda r: _metric(r, ("train/box_loss", "train/loss"))),
     ("gpu_busy", "GPU busy per epoch (all GPUs)", "GPU-s", lambda r: r.get("gpu_busy_s")),
-    ("vram", "Peak VRAM per epoch", "GiB", lambda r: None if r.get("gpu_mem_peak_b") is None
-     else r["gpu_mem_peak_b"] / 2**30),
+    (
+        "vram",
+        "Peak VRAM per epoch",
+        "GiB",
+        lambda r: None if r.get("gpu_mem_peak_b") is None else r["gpu_mem_peak_b"] / 2**30,
+    ),
 )
 
 
@@ -41,7 +46,7 @@ def _metric(row: dict[str, Any], keys: tuple[str, ...]) -> float | None:
 
 
 def label_of(run: RunRecord) -> str:
-    return f"{run.name} ({run.id[:8]})" if run.name else run.id[:13]
+    return f"{run.name} ({short_id(run.id)})" if run.name else short_id(run.id)
 
 
 def side(
@@ -89,7 +94,7 @@ def side(
             if value.get(key_) is not None:
                 fig[key_] = f"{value[key_]} {value.get('currency') or currency}".strip()
         if "cost_per_map_point" not in fig and total and best:
-            fig["cost_per_map_point"] = f"{total[0] / (best * 100):.4f} {currency}".strip()
+            fig["cost_per_map_point"] = f"{total[0] / (best * 100):.6f} {currency}".strip()
     return fig, epochs
 
 
@@ -99,16 +104,26 @@ def build(ledger: Ledger, runs: list[RunRecord], now: float | None = None, with_
     figures = [f for f, _ in sides]
     charts = []
     for cid, title, unit, get in CURVES:
-        per_run = [{r["epoch"]: get(r) for r in rows if r["phase"] == "epoch" and r["epoch"] is not None}
-                   for _, rows in sides]
+        per_run = [
+            {r["epoch"]: get(r) for r in rows if r["phase"] == "epoch" and r["epoch"] is not None} for _, rows in sides
+        ]
         epochs, values = core_compare.aligned_curves(per_run)
         if not epochs or all(v is None for vs in values for v in vs):
             continue
-        charts.append({
-            "id": cid, "title": title, "group": "compare", "time": False, "xlabel": "epoch", "x": epochs,
-            "series": [{"label": label_of(run), "unit": unit, "values": [_round(v) for v in vs]}
-                       for run, vs in zip(runs, values, strict=True)],
-        })
+        charts.append(
+            {
+                "id": cid,
+                "title": title,
+                "group": "compare",
+                "time": False,
+                "xlabel": "epoch",
+                "x": epochs,
+                "series": [
+                    {"label": label_of(run), "unit": unit, "values": [_round(v) for v in vs]}
+                    for run, vs in zip(runs, values, strict=True)
+                ],
+            }
+        )
     notes = []
     keys = {rundata.config_key(r) for r in runs}
     if len(keys) > 1:
@@ -120,8 +135,18 @@ def build(ledger: Ledger, runs: list[RunRecord], now: float | None = None, with_
         "version": 1,
         "generated_at": iso_utc(now),
         "gpuledger_version": __version__,
-        "runs": [{"id": r.id, "label": label_of(r), "name": r.name, "status": r.status,
-                  "started_at": iso_utc(r.started_at), "user": r.user, "host": r.host} for r in runs],
+        "runs": [
+            {
+                "id": r.id,
+                "label": label_of(r),
+                "name": r.name,
+                "status": r.status,
+                "started_at": iso_utc(r.started_at),
+                "user": r.user,
+                "host": r.host,
+            }
+            for r in runs
+        ],
         "rows": core_compare.rows(figures),
         "charts": charts,
         "notes": notes,

@@ -11,11 +11,12 @@ import io
 import json
 import re
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 
 from gpuledger.core.chargeback import Chargeback
 from gpuledger.core.chargeback_columns import COLUMNS, group_columns
+from gpuledger.core.ids import short_id
+from gpuledger.core.units import fmt_count, fmt_money, fmt_number, fmt_pct
 
 __all__ = ["SECTIONS", "chargeback_csv", "chargeback_markdown", "chargeback_text", "cost_csv", "cost_text", "to_json"]
 
@@ -91,14 +92,18 @@ _SHORT = {
 
 
 def _cell(column: str, value: Any) -> str:
+    """One cell for people (core/units.py): money in cents, shares in percent, quantities with
+    three significant digits; machine formats keep the exact values."""
     if value is None:
         return "—"
     if column in ("cost", "idle_cost", "energy_cost", "cost_per_a100eq_h") or _MONTH.fullmatch(column):
-        return f"{Decimal(value).quantize(Decimal('0.01')):,}"
+        return fmt_money(value)
     if column in ("mean_utilization", "share", "idle_share", "change"):
-        return f"{float(value) * 100:.1f}%"
+        return fmt_pct(float(value))
+    if column == "run_id":
+        return short_id(str(value))
     if isinstance(value, float):
-        return f"{value:,.2f}"
+        return fmt_number(value)
     return str(value)
 
 
@@ -124,7 +129,7 @@ def _plain(table: list[list[str]], indent: str = "  ") -> str:
 
 
 def _numeric(cell: str) -> bool:
-    return bool(cell) and (cell[0].isdigit() or cell[0] in "-—") and cell != "-"
+    return bool(cell) and (cell[0].isdigit() or cell[0] in "-—<>") and cell != "-"
 
 
 _GROUP_VIEW = [
@@ -198,8 +203,7 @@ def chargeback_text(cb: Chargeback, top: int = 5) -> str:
         ("Top users by idle cost", cb.top_users_by_idle_cost, _USER_VIEW),
     ):
         if rows:
-            shown = [{**r, "run_id": str(r.get("run_id", ""))[:13]} if "run_id" in r else r for r in rows[:top]]
-            parts += ["", title, _plain(_table(view, shown))]
+            parts += ["", title, _plain(_table(view, rows[:top]))]
     columns, rows = _trend_pivot(cb)
     if len(columns) > len(by) + 1:
         parts += [
@@ -267,10 +271,10 @@ def cost_text(report: dict[str, Any]) -> str:
     for run in report["runs"]:
         for g in run["gpus"]:
             rows.append({**g, "run_id": ""})
-        rows.append({**run["total"], "run_id": run["run_id"][:13], "gpu_index": "all"})
+        rows.append({**run["total"], "run_id": run["run_id"], "gpu_index": "all"})
         if run["logical_run"]:
             n = len(run["logical_run"]["attempts"])
-            rows.append({**run["logical_run"], "run_id": f"{n} attempts", "gpu_index": "all"})
+            rows.append({**run["logical_run"], "run_id": fmt_count(n, "attempt"), "gpu_index": "all"})
     if len(report["runs"]) > 1:
         rows.append({**report["total"], "gpu_index": ""})
     head = f"Cost (basis {report['basis']}; {report['currency']}; rate card: {report['rate_card']})"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuledger.core import epochs as core_epochs
 from gpuledger.core.model import Metric, RunRecord
+from gpuledger.core.units import fmt_number
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -114,6 +115,12 @@ _PREFERRED = (
     "val/loss",
 )
 MAX_METRIC_COLUMNS = 5
+# results.csv's "time" is the epoch's wall clock (Ultralytics 8.1+), shown as "wall s" already;
+# "epoch" is the row itself.
+NOT_TRAINING_METRICS = frozenset({"time", "epoch"})
+# Other YOLO columns (the rest of the losses, precision, recall, the learning rates) stay in
+# --json and export: the table keeps room for metrics a user logged themselves.
+_YOLO_PREFIXES = ("metrics/", "train/", "val/", "lr/")
 
 
 @dataclass(frozen=True)
@@ -122,19 +129,34 @@ class _Col:
     get: Any  # row -> text
 
 
-def _num(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def _num(value: Any) -> str:
+    """A figure of the table (units.py policy); absent is "-", a NaN metric (a diverged loss) "nan"."""
+    if value is None:
         return "-"
-    return format(value, fmt)
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return fmt_number(value)
+
+
+def _metric(value: Any) -> str:
+    """A training metric: four significant digits (a loss of 0.02513 or an mAP of 0.4127 needs them)."""
+    return _num(value) if value is None or (isinstance(value, float) and math.isnan(value)) else fmt_number(value, 4)
 
 
 def _mib(value: Any) -> str:
     return "-" if value is None else f"{value / 2**20:,.0f}"
 
 
-def _metric_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
-    present = {k for r in rows for k in r["metrics"]}
-    return [k for k in _PREFERRED if k in present][:MAX_METRIC_COLUMNS]
+def metric_columns(rows: Sequence[dict[str, Any]], limit: int = MAX_METRIC_COLUMNS) -> list[str]:
+    """The metrics a table shows: the telling YOLO ones first (_PREFERRED), then any other metric
+    the run logged (``track().log_metric``), in order of first appearance, up to ``limit``."""
+    seen: list[str] = []
+    for r in rows:
+        seen += [k for k in r["metrics"] if k not in seen and k not in NOT_TRAINING_METRICS]
+    preferred = [k for k in _PREFERRED if k in seen]
+    # In a YOLO run the other YOLO columns are left out; any run's own metrics keep some room.
+    own = [k for k in seen if k not in preferred and not (preferred and k.startswith(_YOLO_PREFIXES))]
+    return (preferred[: max(2, limit - len(own))] + own)[:limit]
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -150,23 +172,23 @@ def format_epoch_table(rows: Sequence[dict[str, Any]]) -> str:
     cols = [_Col("epoch", _label)]
     if measured:
         cols += [
-            _Col("wall s", lambda r: _num(r["wall_s"], ".1f")),
-            _Col("img/s", lambda r: _num(r["images_per_s"], ".1f")),
+            _Col("wall s", lambda r: _num(r["wall_s"])),
+            _Col("img/s", lambda r: _num(r["images_per_s"])),
         ]
     if gpu:
         cols += [
-            _Col("GPU busy s", lambda r: _num(r["gpu_busy_s"], ".1f")),
-            _Col("energy Wh", lambda r: _num(None if r["gpu_energy_j"] is None else r["gpu_energy_j"] / 3600, ".2f")),
+            _Col("GPU busy s", lambda r: _num(r["gpu_busy_s"])),
+            _Col("energy Wh", lambda r: _num(None if r["gpu_energy_j"] is None else r["gpu_energy_j"] / 3600)),
             _Col("VRAM MiB", lambda r: _mib(r["gpu_mem_peak_b"])),
         ]
     if measured:
         cols += [
-            _Col("CPU s", lambda r: _num(r["cpu_s"], ".1f")),
+            _Col("CPU s", lambda r: _num(r["cpu_s"])),
             _Col("RSS MiB", lambda r: _mib(r["rss_peak_b"])),
         ]
-    for key in _metric_columns(rows):
+    for key in metric_columns(rows):
         title = key.removeprefix("metrics/")
-        cols.append(_Col(title, lambda r, k=key: _num(r["metrics"].get(k), ".4g")))
+        cols.append(_Col(title, lambda r, k=key: _metric(r["metrics"].get(k))))
     shown = [r for r in rows if r["phase"] == core_epochs.EPOCH or not _negligible(r)]
     if measured:
         shown.append(_total_row(rows))
@@ -272,11 +294,10 @@ def to_jsonl(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
 
 
 def write_parquet(columns: Sequence[str], rows: Iterable[dict[str, Any]], path: str) -> None:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise RuntimeError("Parquet export needs pyarrow: pip install 'gpuledger[parquet]'") from exc
+    from gpuledger.extras import require
+
+    pa = require("pyarrow", extra="parquet", purpose="Parquet export")
+    pq = require("pyarrow.parquet", extra="parquet", purpose="Parquet export")
 
     types = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
 

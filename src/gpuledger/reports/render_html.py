@@ -25,9 +25,8 @@ from typing import Any
 import jinja2
 
 from gpuledger import __version__
-from gpuledger.core.units import fmt_bytes, fmt_duration
+from gpuledger.core.units import fmt_bytes, fmt_duration, fmt_number
 
-PREFERRED_METRICS = ("metrics/mAP50-95(B)", "metrics/mAP50(B)", "train/box_loss", "train/cls_loss", "val/box_loss")
 MAX_METRIC_COLUMNS = 4
 
 
@@ -67,15 +66,17 @@ def _clock(t: float | None) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M:%S")
 
 
-def _num(value: Any, digits: int = 2) -> str:
+def _num(value: Any, significant: int = 3) -> str:
+    """A figure (core/units.py policy: three significant digits; metrics ask for four)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
-    return f"{value:,.{digits}f}"
+    return fmt_number(value, significant)
 
 
 def _metric_keys(rows: list[dict[str, Any]]) -> list[str]:
-    present = {k for r in rows for k in (r.get("metrics") or {})}
-    return [k for k in PREFERRED_METRICS if k in present][:MAX_METRIC_COLUMNS]
+    from gpuledger.reports.epochs import metric_columns
+
+    return metric_columns(rows, MAX_METRIC_COLUMNS)
 
 
 @cache

@@ -10,10 +10,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from gpuledger.core.units import fmt_bytes, fmt_duration
+from gpuledger.core.ids import short_id
+from gpuledger.core.units import fmt_bytes, fmt_duration, fmt_number
 
 _SPECIAL = re.compile(r"([\\`*_\[\]|<>])")
-PREFERRED_METRICS = ("metrics/mAP50-95(B)", "metrics/mAP50(B)", "train/box_loss", "val/box_loss")
+MAX_METRIC_COLUMNS = 4
 
 
 def esc(value: Any) -> str:
@@ -27,8 +28,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return out
 
 
-def _num(value: Any, digits: int = 3) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
+def _metric(value: Any) -> str:
+    return "–" if value is None else fmt_number(value, 4)
 
 
 def render_run(model: dict[str, Any]) -> str:
@@ -51,21 +52,47 @@ def render_run(model: dict[str, Any]) -> str:
         lines += ["", "#### GPUs", ""]
         lines += table(
             ["#", "GPU", "busy", "busy h", "idle h", "energy", "peak VRAM", "peak VRAM (run)", "max temp", "throttled"],
-            [(g["index"], g["name"], g["busy"], g["busy_h"], g["idle_h"], g["energy"], g["peak_vram"],
-              g["peak_run_vram"], g["max_temp"], g["throttled"]) for g in model["gpus"]],
+            [
+                (
+                    g["index"],
+                    g["name"],
+                    g["busy"],
+                    g["busy_h"],
+                    g["idle_h"],
+                    g["energy"],
+                    g["peak_vram"],
+                    g["peak_run_vram"],
+                    g["max_temp"],
+                    g["throttled"],
+                )
+                for g in model["gpus"]
+            ],
         )
     epochs = [e for e in model["epochs"] if e["phase"] == "epoch"]
     if epochs:
-        present = {k for e in epochs for k in e["metrics"]}
-        keys = [k for k in PREFERRED_METRICS if k in present]
+        from gpuledger.reports.epochs import metric_columns
+
+        keys = metric_columns(epochs, MAX_METRIC_COLUMNS)
         lines += ["", "#### Epochs", ""]
         lines += table(
             ["epoch", "wall", "GPU busy", "peak VRAM", *keys],
-            [(e["epoch"], fmt_duration(e["wall_s"]), fmt_duration(e["gpu_busy_s"]), fmt_bytes(e["gpu_mem_peak_b"]),
-              *(_num(e["metrics"].get(k), 4) for k in keys)) for e in epochs],
+            [
+                (
+                    e["epoch"],
+                    fmt_duration(e["wall_s"]),
+                    fmt_duration(e["gpu_busy_s"]),
+                    fmt_bytes(e["gpu_mem_peak_b"]),
+                    *(_metric(e["metrics"].get(k)) for k in keys),
+                )
+                for e in epochs
+            ],
         )
-    lines += ["", f"<sub>gpuledger {esc(model['gpuledger_version'])} · {esc(model['generated_at'])} · "
-              f"`gpuledger report run {esc(r['id'][:13])}` for the full report with charts</sub>", ""]
+    lines += [
+        "",
+        f"<sub>gpuledger {esc(model['gpuledger_version'])} · {esc(model['generated_at'])} · "
+        f"`gpuledger report run {esc(short_id(r['id']))}` for the full report with charts</sub>",
+        "",
+    ]
     return "\n".join(lines)
 
 

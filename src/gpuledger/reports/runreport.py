@@ -17,7 +17,10 @@ from gpuledger.core.units import (
     fmt_duration,
     fmt_hours,
     fmt_kwh,
+    fmt_money,
+    fmt_number,
     fmt_pct,
+    fmt_percent,
     fmt_seconds,
     fmt_watts,
     iso_utc,
@@ -34,17 +37,28 @@ QUIET_KINDS = ("epoch_start", "epoch_end", "phase", "resumed")
 MAX_EVENTS = 200
 # The cost block shows these (when the cost engine gives them); the JSON keeps everything.
 COST_ROWS = (
-    ("total", "cost"), ("basis", "billing basis"), ("rate_card", "rate card"), ("gpu_model", "GPU model"),
-    ("rate", "rate per GPU-hour"), ("allocated_gpu_h", "allocated GPU-h"), ("busy_gpu_h", "busy GPU-h"),
-    ("idle_gpu_h", "idle GPU-h"), ("a100eq_h", "A100-equivalent h"), ("energy_kwh", "energy kWh"),
-    ("energy_cost", "energy cost"), ("idle_cost", "cost of idle time"), ("partial", "partial (run not finished)"),
-    ("cost_per_epoch", "cost per epoch"), ("cost_per_1k_images", "cost per 1,000 images"),
+    ("total", "cost"),
+    ("basis", "billing basis"),
+    ("rate_card", "rate card"),
+    ("gpu_model", "GPU model"),
+    ("rate", "rate per GPU-hour"),
+    ("allocated_gpu_h", "allocated GPU-h"),
+    ("busy_gpu_h", "busy GPU-h"),
+    ("idle_gpu_h", "idle GPU-h"),
+    ("a100eq_h", "A100-equivalent h"),
+    ("energy_kwh", "energy kWh"),
+    ("energy_cost", "energy cost"),
+    ("idle_cost", "cost of idle time"),
+    ("partial", "partial (run not finished)"),
+    ("cost_per_epoch", "cost per epoch"),
+    ("cost_per_1k_images", "cost per 1,000 images"),
     ("cost_per_map_point", "cost per mAP point"),
 )
 
 
-def build(ledger: Ledger, run: RunRecord, now: float | None = None, with_history: bool = True,
-          with_cost: bool = True) -> dict[str, Any]:
+def build(
+    ledger: Ledger, run: RunRecord, now: float | None = None, with_history: bool = True, with_cost: bool = True
+) -> dict[str, Any]:
     now = time.time() if now is None else now
     # The cost engine reads the ledger on its own: let it run beside the series queries.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -82,19 +96,38 @@ def build(ledger: Ledger, run: RunRecord, now: float | None = None, with_history
     }
 
 
+MONEY_ROWS = ("total", "energy_cost", "idle_cost", "cost_per_epoch", "cost_per_1k_images", "cost_per_map_point")
+
+
 def cost_rows(cost: dict[str, Any] | None, value: dict[str, Any] | None) -> list[dict[str, str]]:
+    """The cost block for people: amounts in cents (the JSON twin keeps ``cost`` exact), the rate
+    as the card gives it, quantities with the usual three significant digits."""
     if not cost:
         return []
     merged = {**(value or {}), **cost}
     currency = cost.get("currency") or ""
-    money = {"total", "rate", "energy_cost", "idle_cost", "cost_per_epoch", "cost_per_1k_images", "cost_per_map_point"}
     rows = []
     for key, label in COST_ROWS:
         v = merged.get(key)
         if v is None or isinstance(v, dict | list):
             continue
-        rows.append({"label": label, "value": f"{v} {currency}".strip() if key in money else str(v)})
+        if key in MONEY_ROWS:
+            text = fmt_money(v, currency)
+        elif key == "rate":
+            text = f"{v} {currency}".strip()
+        elif key == "partial":
+            text = "yes" if v else "no"
+        else:
+            text = _quantity(v)
+        rows.append({"label": label, "value": text})
     return rows
+
+
+def _quantity(value: Any) -> str:
+    try:
+        return fmt_number(float(value)) if not isinstance(value, bool) else str(value)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def finding_dict(number: int, f: Finding) -> dict[str, Any]:
@@ -108,8 +141,13 @@ def _card(label: str, value: str, detail: str = "", tone: str = "") -> dict[str,
     return {"label": label, "value": value, "detail": detail, "tone": tone}
 
 
-def cards(summary: dict[str, Any], epochs: list[dict[str, Any]], findings: list[Finding],
-          cost: dict[str, Any] | None, best: float | None) -> list[dict[str, str]]:
+def cards(
+    summary: dict[str, Any],
+    epochs: list[dict[str, Any]],
+    findings: list[Finding],
+    cost: dict[str, Any] | None,
+    best: float | None,
+) -> list[dict[str, str]]:
     s = summary
     gpus = s.get("gpus") or []
     names = sorted({g.get("name") or "unknown GPU" for g in gpus})
@@ -118,12 +156,19 @@ def cards(summary: dict[str, Any], epochs: list[dict[str, Any]], findings: list[
         _card("Status", str(s.get("status")), s.get("status_reason") or "", status_tone),
         _card("Wall time", fmt_duration(s.get("wall_seconds")), f"started {s.get('started_at') or 'n/a'}"),
         _card("GPUs", str(len(gpus)), ", ".join(names) if names else (s.get("gpu_note") or "none")),
-        _card("Busy GPU-hours", fmt_hours(s.get("busy_gpu_hours")),
-              f"allocated {fmt_hours(s.get('allocated_gpu_hours'))} · idle {fmt_hours(s.get('idle_gpu_hours'))}"),
-        _card("Mean utilisation", fmt_pct(s.get("mean_utilization")),
-              f"peak {_pct100(s.get('peak_utilization_pct'))}"),
-        _card("Peak VRAM", fmt_bytes(s.get("peak_memory_bytes")),
-              f"this run's processes {fmt_bytes(s.get('peak_process_memory_bytes'))}"),
+        _card(
+            "Busy GPU-hours",
+            fmt_hours(s.get("busy_gpu_hours")),
+            f"allocated {fmt_hours(s.get('allocated_gpu_hours'))} · idle {fmt_hours(s.get('idle_gpu_hours'))}",
+        ),
+        _card(
+            "Mean utilisation", fmt_pct(s.get("mean_utilization")), f"peak {fmt_percent(s.get('peak_utilization_pct'))}"
+        ),
+        _card(
+            "Peak VRAM",
+            fmt_bytes(s.get("peak_memory_bytes")),
+            f"this run's processes {fmt_bytes(s.get('peak_process_memory_bytes'))}",
+        ),
         _card("Energy", fmt_kwh(s.get("energy_kwh")), f"peak power {fmt_watts(s.get('peak_power_watts'))}"),
         _card("CPU", fmt_seconds(s.get("cpu_seconds")), f"peak RSS {fmt_bytes(s.get('peak_rss_bytes'))}"),
     ]
@@ -132,15 +177,17 @@ def cards(summary: dict[str, Any], epochs: list[dict[str, Any]], findings: list[
         out.append(_card("Epochs", str(n_epochs), f"best mAP50-95 {best:.3f}" if best is not None else ""))
     if cost:
         total = next((cost[k] for k in costhook.TOTAL_KEYS if k in cost), None)
-        out.append(_card("Cost", f"{total} {cost.get('currency') or ''}".strip(), cost.get("basis") or ""))
+        out.append(_card("Cost", fmt_money(total, cost.get("currency")), cost.get("basis") or ""))
     worst = findings[0].severity if findings else None
-    out.append(_card("Findings", str(len(findings)), findings[0].title if findings else "nothing to report",
-                     {"critical": "bad", "warning": "warn"}.get(worst or "", "good")))
+    out.append(
+        _card(
+            "Findings",
+            str(len(findings)),
+            findings[0].title if findings else "nothing to report",
+            {"critical": "bad", "warning": "warn"}.get(worst or "", "good"),
+        )
+    )
     return out
-
-
-def _pct100(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0f}%"
 
 
 def gpu_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -148,23 +195,25 @@ def gpu_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     for g in summary.get("gpus") or []:
         throttle = g.get("throttle_seconds") or {}
         perf = sum(v for k, v in throttle.items() if k in charts.PERF_THROTTLE)
-        rows.append({
-            "index": g.get("index"),
-            "name": g.get("name"),
-            "uuid": g.get("uuid"),
-            "busy": fmt_pct(g.get("mean_utilization")),
-            "busy_h": fmt_hours(_h(g.get("busy_seconds"))),
-            "idle_h": fmt_hours(_h(g.get("idle_seconds"))),
-            "energy": fmt_kwh(g.get("energy_kwh")),
-            "peak_vram": fmt_bytes(g.get("peak_memory_bytes")),
-            "peak_run_vram": fmt_bytes(g.get("peak_process_memory_bytes")),
-            "memory_total": fmt_bytes(g.get("memory_total_bytes")),
-            "peak_power": fmt_watts(g.get("peak_power_watts")),
-            "max_temp": fmt_celsius(g.get("max_temperature_c")),
-            "throttled": fmt_duration(perf) if g.get("throttle_seconds") is not None else "n/a",
-            "methods": " / ".join(m for m in (g.get("util_method"), g.get("energy_method")) if m) or "n/a",
-            "intervals": g.get("intervals"),
-        })
+        rows.append(
+            {
+                "index": g.get("index"),
+                "name": g.get("name"),
+                "uuid": g.get("uuid"),
+                "busy": fmt_pct(g.get("mean_utilization")),
+                "busy_h": fmt_hours(_h(g.get("busy_seconds"))),
+                "idle_h": fmt_hours(_h(g.get("idle_seconds"))),
+                "energy": fmt_kwh(g.get("energy_kwh")),
+                "peak_vram": fmt_bytes(g.get("peak_memory_bytes")),
+                "peak_run_vram": fmt_bytes(g.get("peak_process_memory_bytes")),
+                "memory_total": fmt_bytes(g.get("memory_total_bytes")),
+                "peak_power": fmt_watts(g.get("peak_power_watts")),
+                "max_temp": fmt_celsius(g.get("max_temperature_c")),
+                "throttled": fmt_duration(perf) if g.get("throttle_seconds") is not None else "n/a",
+                "methods": " / ".join(m for m in (g.get("util_method"), g.get("energy_method")) if m) or "n/a",
+                "intervals": g.get("intervals"),
+            }
+        )
     return rows
 
 

@@ -23,12 +23,26 @@
     return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + a + ")";
   }
 
+  // Three significant digits, never exponent notation (as core/units.py): 0.000330, 4.68, 123.
+  function sig3(v) {
+    if (v === 0) return "0";
+    var d = Math.min(8, Math.max(0, 2 - Math.floor(Math.log10(Math.abs(v)))));
+    return v.toFixed(d);
+  }
+
   function fmtValue(unit) {
     return function (u, v) {
       if (v == null) return "–";
-      var d = Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2;
-      return v.toFixed(d) + (unit ? " " + unit : "");
+      return sig3(v) + (unit ? " " + unit : "");
     };
+  }
+
+  // Axis ticks: as many decimals as the tick spacing needs, so a learning-rate axis reads
+  // 0.0002 0.0004 ..., not 0 0 0 0.
+  function axisValues(u, vals) {
+    var step = vals.length > 1 ? Math.abs(vals[1] - vals[0]) : Math.abs(vals[0] || 1);
+    var d = step > 0 ? Math.min(8, Math.max(0, -Math.floor(Math.log10(step) + 1e-9))) : 2;
+    return vals.map(function (v) { return v == null ? "" : v.toFixed(d); });
   }
 
   // Evidence spans of the findings that concern this chart.
@@ -139,7 +153,7 @@
     var axes = [{ label: isTime ? undefined : chart.xlabel }];
     units.forEach(function (unit, i) {
       axes.push({ scale: scaleOf[unit], label: unit, side: i === 0 ? 3 : 1, grid: { show: i === 0 },
-                  size: 56, values: function (u, vals) { return vals.map(function (v) { return +v.toFixed(2); }); } });
+                  size: 56, values: axisValues });
     });
     var scales = { x: { time: isTime } };
     // Y ranges that hold the bands too (uPlot only sees the lines); percentages stay 0-100.
