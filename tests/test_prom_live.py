@@ -19,21 +19,36 @@ from gpuledger.store import Ledger
 
 GIB = 2**30
 DESIGN_NAMES = {  # DESIGN §6, verbatim
-    "gpuledger_gpu_busy_seconds_total", "gpuledger_gpu_energy_joules_total", "gpuledger_gpu_power_watts",
-    "gpuledger_gpu_memory_used_bytes", "gpuledger_gpu_temperature_celsius", "gpuledger_gpu_throttle_seconds_total",
-    "gpuledger_run_cpu_seconds_total", "gpuledger_run_info",
+    "gpuledger_gpu_busy_seconds_total",
+    "gpuledger_gpu_energy_joules_total",
+    "gpuledger_gpu_power_watts",
+    "gpuledger_gpu_memory_used_bytes",
+    "gpuledger_gpu_temperature_celsius",
+    "gpuledger_gpu_throttle_seconds_total",
+    "gpuledger_run_cpu_seconds_total",
+    "gpuledger_run_info",
 }
 
 
 def _run(run_id: str = "01900000-0000-7000-8000-000000000001", **kw) -> RunRecord:
-    base = dict(id=run_id, command=["python", "train.py"], user="ann", host="node-7", cwd="/w", started_at=1000.0,
-                labels={"project": "vision", "team": "cv"}, name="yolo-s")
+    base = dict(
+        id=run_id,
+        command=["python", "train.py"],
+        user="ann",
+        host="node-7",
+        cwd="/w",
+        started_at=1000.0,
+        labels={"project": "vision", "team": "cv"},
+        name="yolo-s",
+    )
     base.update(kw)
     return RunRecord(**base)
 
 
-DEVICES = [GpuIdentity(index=0, uuid="GPU-a", name="NVIDIA A100-SXM4-80GB", memory_total_b=80 * GIB),
-           GpuIdentity(index=1, uuid="GPU-b", name="NVIDIA A100-SXM4-80GB", memory_total_b=80 * GIB)]
+DEVICES = [
+    GpuIdentity(index=0, uuid="GPU-a", name="NVIDIA A100-SXM4-80GB", memory_total_b=80 * GIB),
+    GpuIdentity(index=1, uuid="GPU-b", name="NVIDIA A100-SXM4-80GB", memory_total_b=80 * GIB),
+]
 
 
 def _intervals() -> list[tuple[list[GpuInterval], HostInterval]]:
@@ -41,9 +56,19 @@ def _intervals() -> list[tuple[list[GpuInterval], HostInterval]]:
     for seq in range(3):
         t0 = 1000.0 + 5 * seq
         gpu = [
-            GpuInterval("GPU-a", seq, t0, t0 + 5, samples=5, busy_s=2.5, energy_j=1250.0, power_max_w=260.0 + seq,
-                        mem_used_last_b=(20 + seq) * GIB, temp_max_c=60.0 + seq,
-                        throttle_s={"power": 1.0, "thermal": 0.0}),
+            GpuInterval(
+                "GPU-a",
+                seq,
+                t0,
+                t0 + 5,
+                samples=5,
+                busy_s=2.5,
+                energy_j=1250.0,
+                power_max_w=260.0 + seq,
+                mem_used_last_b=(20 + seq) * GIB,
+                temp_max_c=60.0 + seq,
+                throttle_s={"power": 1.0, "thermal": 0.0},
+            ),
             # GPU b: no energy counter, no temperature (absent, never 0)
             GpuInterval("GPU-b", seq, t0, t0 + 5, samples=5, busy_s=4.0, power_max_w=300.0, mem_used_last_b=40 * GIB),
         ]
@@ -87,8 +112,15 @@ def test_counters_are_running_sums_and_gauges_the_latest_interval() -> None:
     assert _value(s, "gpuledger_run_start_time_seconds") == 1000.0
     info = s["gpuledger_run_info"]
     assert [x.value for x in info] == [1.0]
-    assert info[0].labels == {"run_id": _run().id, "project": "vision", "team": "cv", "user": "ann",
-                              "name": "yolo-s", "status": "running"}
+    assert info[0].labels == {
+        "run_id": _run().id,
+        "project": "vision",
+        "team": "cv",
+        "user": "ann",
+        "name": "yolo-s",
+        "status": "running",
+        "replayed": "false",
+    }
     # absent is not zero: GPU b measured neither energy nor temperature
     assert not [x for x in s["gpuledger_gpu_energy_joules_total"] if x.labels["gpu"] == "1"]
     assert not [x for x in s["gpuledger_gpu_temperature_celsius"] if x.labels["gpu"] == "1"]
@@ -183,12 +215,15 @@ def test_the_ledger_source_keeps_recent_runs_and_the_readers_projects(ledger_url
     now = time.time()
     runs = {
         "running": _run("01900000-0000-7000-8000-00000000000a", started_at=now - 50),
-        "ended_recently": _run("01900000-0000-7000-8000-00000000000b", started_at=now - 900, status="failed",
-                               ended_at=now - 600),
-        "ended_long_ago": _run("01900000-0000-7000-8000-00000000000c", started_at=now - 9000, status="succeeded",
-                               ended_at=now - 8000),
-        "other_project": _run("01900000-0000-7000-8000-00000000000d", started_at=now - 40,
-                              labels={"project": "secret", "team": "x"}),
+        "ended_recently": _run(
+            "01900000-0000-7000-8000-00000000000b", started_at=now - 900, status="failed", ended_at=now - 600
+        ),
+        "ended_long_ago": _run(
+            "01900000-0000-7000-8000-00000000000c", started_at=now - 9000, status="succeeded", ended_at=now - 8000
+        ),
+        "other_project": _run(
+            "01900000-0000-7000-8000-00000000000d", started_at=now - 40, labels={"project": "secret", "team": "x"}
+        ),
     }
     with Ledger(ledger_url) as ledger:
         for r in runs.values():
@@ -210,8 +245,21 @@ def test_the_ledger_source_keeps_recent_runs_and_the_readers_projects(ledger_url
 
 def _gpu_iv(uuid: str, seq: int, busy: float = 1.0) -> GpuInterval:
     t0 = 1000.0 + seq
-    return GpuInterval(uuid, seq, t0, t0 + 1, samples=1, busy_s=busy, energy_j=0.1, power_max_w=100.0 + seq,
-                       throttle_s={"power": 0.25})
+    return GpuInterval(
+        uuid, seq, t0, t0 + 1, samples=1, busy_s=busy, energy_j=0.1, power_max_w=100.0 + seq, throttle_s={"power": 0.25}
+    )
+
+
+def test_a_replayed_run_is_marked_in_run_info_live_and_from_the_ledger(ledger_url: str) -> None:
+    run = _run(replayed=True)
+    live = LiveRun()
+    live.bind(run, DEVICES)
+    with Ledger(ledger_url) as ledger:
+        ledger.create_run(run)
+        ledger.add_devices(run.id, DEVICES)
+        from_db = _exposition(LedgerSource(ledger, clock=lambda: 1020.0).figures)
+    for s in (_exposition(live.snapshot), from_db):
+        assert s["gpuledger_run_info"][0].labels["replayed"] == "true"  # not mistaken for real hardware
 
 
 def test_later_scrapes_read_only_new_intervals_and_sums_stay_exact(ledger_url: str) -> None:

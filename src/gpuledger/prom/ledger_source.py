@@ -91,8 +91,11 @@ class _Device:
 
     @classmethod
     def from_sums(cls, sums: Mapping[str, Any]) -> _Device:
-        dev = cls(cursor=_Cursor(next_seq=int(sums["last_seq"]) + 1), busy_us=_int(sums["busy_us"]),
-                  energy_mj=_int(sums["energy_mj"]))
+        dev = cls(
+            cursor=_Cursor(next_seq=int(sums["last_seq"]) + 1),
+            busy_us=_int(sums["busy_us"]),
+            energy_mj=_int(sums["energy_mj"]),
+        )
         for reason in THROTTLE_REASONS:
             us = _int(sums[f"throttle_{reason}"])
             if us is not None:
@@ -231,22 +234,27 @@ class LedgerSource:
         out = []
         for r in fetched.runs:
             run = self._runs[r["id"]]
-            gpus = {d["uuid"]: GpuFigures(uuid=d["uuid"], index=d["index"], memory_total_b=d["memory_total_b"])
-                    for d in devices.get(r["id"], [])}
+            gpus = {
+                d["uuid"]: GpuFigures(uuid=d["uuid"], index=d["index"], memory_total_b=d["memory_total_b"])
+                for d in devices.get(r["id"], [])
+            }
             for uuid, dev in run.devices.items():
                 fig = gpus.setdefault(uuid, GpuFigures(uuid=uuid))
                 fig.busy_s, fig.energy_j = scaled(dev.busy_us, MICRO), scaled(dev.energy_mj, MILLI)
                 fig.throttle_s = {k: v / MICRO for k, v in dev.throttle_us.items()}
                 fig.power_w, fig.memory_used_b, fig.temperature_c = dev.power_w, dev.memory_used_b, dev.temperature_c
-            out.append(RunFigures(
-                key=RunKey(r["id"], r["project"] or "", r["team"] or "", r["user"] or ""),
-                name=r["name"] or "",
-                status=r["status"],
-                started_at=r["started_at"],
-                ended_at=r["ended_at"],
-                cpu_s=scaled(run.cpu_us, MICRO),
-                gpus=sorted(gpus.values(), key=_order),
-            ))
+            out.append(
+                RunFigures(
+                    key=RunKey(r["id"], r["project"] or "", r["team"] or "", r["user"] or ""),
+                    name=r["name"] or "",
+                    status=r["status"],
+                    replayed=bool(r.get("replayed")),
+                    started_at=r["started_at"],
+                    ended_at=r["ended_at"],
+                    cpu_s=scaled(run.cpu_us, MICRO),
+                    gpus=sorted(gpus.values(), key=_order),
+                )
+            )
         return out
 
 

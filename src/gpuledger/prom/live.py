@@ -29,9 +29,15 @@ class _Device:
 
     def figures(self, uuid: str) -> GpuFigures:
         return GpuFigures(
-            uuid=uuid, index=self.index, busy_s=scaled(self.busy_us, MICRO), energy_j=scaled(self.energy_mj, MILLI),
-            throttle_s={k: v / MICRO for k, v in self.throttle_us.items()}, power_w=self.power_w,
-            memory_used_b=self.memory_used_b, memory_total_b=self.memory_total_b, temperature_c=self.temperature_c,
+            uuid=uuid,
+            index=self.index,
+            busy_s=scaled(self.busy_us, MICRO),
+            energy_j=scaled(self.energy_mj, MILLI),
+            throttle_s={k: v / MICRO for k, v in self.throttle_us.items()},
+            power_w=self.power_w,
+            memory_used_b=self.memory_used_b,
+            memory_total_b=self.memory_total_b,
+            temperature_c=self.temperature_c,
         )
 
 
@@ -73,15 +79,18 @@ class LiveRun:
                 return []
             labels = dict(run.labels)
             gpus = sorted((d.figures(uuid) for uuid, d in self._gpus.items()), key=_order)
-            return [RunFigures(
-                key=RunKey(run.id, labels.get("project", ""), labels.get("team", ""), run.user),
-                name=run.name or "",
-                status=run.status,
-                started_at=run.started_at,
-                ended_at=run.ended_at,
-                cpu_s=scaled(self._cpu_us, MICRO),
-                gpus=gpus,
-            )]
+            return [
+                RunFigures(
+                    key=RunKey(run.id, labels.get("project", ""), labels.get("team", ""), run.user),
+                    name=run.name or "",
+                    status=run.status,
+                    replayed=run.replayed,
+                    started_at=run.started_at,
+                    ended_at=run.ended_at,
+                    cpu_s=scaled(self._cpu_us, MICRO),
+                    gpus=gpus,
+                )
+            ]
 
 
 def _order(fig: GpuFigures) -> tuple[int, str]:

@@ -11,11 +11,19 @@ from dataclasses import dataclass
 PREFIX = "gpuledger_"
 RUN_LABELS = ("run_id", "project", "team", "user")
 GPU_LABELS = ("gpu", "uuid", *RUN_LABELS)
-INFO_LABELS = (*RUN_LABELS, "name", "status")
+INFO_LABELS = (*RUN_LABELS, "name", "status", "replayed")  # replayed: "true" for a --replay-gpus run
 MAX_LABEL_CHARS = 200
 # The throttle reasons the collectors record (collect/nvml.py); the reason label takes these values.
-THROTTLE_REASONS = ("power", "thermal", "sync_boost", "board_limit", "low_util", "reliability", "hw_slowdown",
-                    "hw_power_brake")  # user text (names) is cut, so one odd run cannot bloat every scrape
+THROTTLE_REASONS = (
+    "power",
+    "thermal",
+    "sync_boost",
+    "board_limit",
+    "low_util",
+    "reliability",
+    "hw_slowdown",
+    "hw_power_brake",
+)  # user text (names) is cut, so one odd run cannot bloat every scrape
 
 
 @dataclass(frozen=True)
@@ -35,34 +43,54 @@ class MetricName:
 
 
 GPU_BUSY = MetricName(
-    "gpuledger_gpu_busy_seconds_total", "counter",
-    "GPU busy time (utilisation-weighted seconds; rate() is the busy share 0-1).", GPU_LABELS)
-GPU_ENERGY = MetricName(
-    "gpuledger_gpu_energy_joules_total", "counter", "GPU energy drawn, joules.", GPU_LABELS)
+    "gpuledger_gpu_busy_seconds_total",
+    "counter",
+    "GPU busy time (utilisation-weighted seconds; rate() is the busy share 0-1).",
+    GPU_LABELS,
+)
+GPU_ENERGY = MetricName("gpuledger_gpu_energy_joules_total", "counter", "GPU energy drawn, joules.", GPU_LABELS)
 GPU_THROTTLE = MetricName(
-    "gpuledger_gpu_throttle_seconds_total", "counter",
-    "Seconds the GPU was throttled, per reason (power, thermal, ...).", (*GPU_LABELS, "reason"))
+    "gpuledger_gpu_throttle_seconds_total",
+    "counter",
+    "Seconds the GPU was throttled, per reason (power, thermal, ...).",
+    (*GPU_LABELS, "reason"),
+)
 RUN_CPU = MetricName(
-    "gpuledger_run_cpu_seconds_total", "counter",
-    "CPU time of the run's process tree (user + system), seconds.", RUN_LABELS)
+    "gpuledger_run_cpu_seconds_total",
+    "counter",
+    "CPU time of the run's process tree (user + system), seconds.",
+    RUN_LABELS,
+)
 GPU_POWER = MetricName(
-    "gpuledger_gpu_power_watts", "gauge", "Highest GPU power draw in the latest interval, watts.", GPU_LABELS)
+    "gpuledger_gpu_power_watts", "gauge", "Highest GPU power draw in the latest interval, watts.", GPU_LABELS
+)
 GPU_MEMORY = MetricName(
-    "gpuledger_gpu_memory_used_bytes", "gauge", "GPU device memory used at the latest interval's end, bytes.",
-    GPU_LABELS)
-GPU_MEMORY_TOTAL = MetricName(
-    "gpuledger_gpu_memory_total_bytes", "gauge", "GPU device memory size, bytes.", GPU_LABELS)
+    "gpuledger_gpu_memory_used_bytes",
+    "gauge",
+    "GPU device memory used at the latest interval's end, bytes.",
+    GPU_LABELS,
+)
+GPU_MEMORY_TOTAL = MetricName("gpuledger_gpu_memory_total_bytes", "gauge", "GPU device memory size, bytes.", GPU_LABELS)
 GPU_TEMPERATURE = MetricName(
-    "gpuledger_gpu_temperature_celsius", "gauge", "Highest GPU temperature in the latest interval, °C.",
-    GPU_LABELS)
+    "gpuledger_gpu_temperature_celsius", "gauge", "Highest GPU temperature in the latest interval, °C.", GPU_LABELS
+)
 RUN_INFO = MetricName("gpuledger_run_info", "info", "A run being metered (value 1).", INFO_LABELS)
-RUN_START = MetricName(
-    "gpuledger_run_start_time_seconds", "gauge", "When the run started, Unix time.", RUN_LABELS)
+RUN_START = MetricName("gpuledger_run_start_time_seconds", "gauge", "When the run started, Unix time.", RUN_LABELS)
 RUN_END = MetricName(
-    "gpuledger_run_end_time_seconds", "gauge", "When the run ended, Unix time (ended runs only).", RUN_LABELS)
+    "gpuledger_run_end_time_seconds", "gauge", "When the run ended, Unix time (ended runs only).", RUN_LABELS
+)
 
 ALL: tuple[MetricName, ...] = (
-    GPU_BUSY, GPU_ENERGY, GPU_THROTTLE, RUN_CPU, GPU_POWER, GPU_MEMORY, GPU_MEMORY_TOTAL, GPU_TEMPERATURE,
-    RUN_INFO, RUN_START, RUN_END,
+    GPU_BUSY,
+    GPU_ENERGY,
+    GPU_THROTTLE,
+    RUN_CPU,
+    GPU_POWER,
+    GPU_MEMORY,
+    GPU_MEMORY_TOTAL,
+    GPU_TEMPERATURE,
+    RUN_INFO,
+    RUN_START,
+    RUN_END,
 )
 EXPOSED_NAMES = frozenset(m.name for m in ALL)

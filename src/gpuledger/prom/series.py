@@ -46,6 +46,7 @@ class RunFigures:
     key: RunKey
     name: str = ""
     status: str = "running"
+    replayed: bool = False  # metered from a replayed GPU trace (--replay-gpus), not real hardware
     started_at: float | None = None
     ended_at: float | None = None
     cpu_s: float | None = None
@@ -53,8 +54,15 @@ class RunFigures:
 
     def info_labels(self) -> dict[str, str]:
         k = self.key
-        return {"run_id": k.run_id, "project": _cut(k.project), "team": _cut(k.team), "user": _cut(k.user),
-                "name": _cut(self.name), "status": self.status}
+        return {
+            "run_id": k.run_id,
+            "project": _cut(k.project),
+            "team": _cut(k.team),
+            "user": _cut(k.user),
+            "name": _cut(self.name),
+            "status": self.status,
+            "replayed": "true" if self.replayed else "false",
+        }
 
 
 def _cut(text: str | None) -> str:

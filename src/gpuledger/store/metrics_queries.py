@@ -31,7 +31,7 @@ def live_runs(conn: Connection, *, ended_since: float, limit: int, scope: Scope)
     """Runs recording now, or ended at or after ``ended_since``; newest first, at most ``limit``."""
     r = runs.c
     q = (
-        sa.select(r.id, r.name, r.status, r.user, r.project, r.team, r.started_at, r.ended_at)
+        sa.select(r.id, r.name, r.status, r.user, r.project, r.team, r.started_at, r.ended_at, r.replayed)
         .where(sa.or_(open_run(r), r.ended_at >= ended_since))
         .order_by(r.started_at.desc(), r.id)
         .limit(limit)
