@@ -23,6 +23,7 @@ from gpuledger.core.units import (
     fmt_hours,
     fmt_kwh,
     fmt_pct,
+    fmt_percent,
     fmt_seconds,
     fmt_watts,
     iso_utc,
@@ -76,7 +77,8 @@ def summarize(
         "ended_at_epoch": run.ended_at,
         "wall_seconds": wall,
         "cpu_seconds": host.cpu_s if host else None,
-        "peak_rss_bytes": host.rss_max_b if host else None,
+        # 0 B from a tree never seen alive (a command shorter than the first reading) is no reading.
+        "peak_rss_bytes": host.rss_max_b if host and (host.rss_max_b or host.procs_max) else None,
         "read_bytes": host.read_b if host else None,
         "write_bytes": host.write_b if host else None,
         "gpus": gpus,
@@ -218,6 +220,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  command    {_shorten(shlex.join(s.get('command') or []))}",
         f"  started    {s.get('started_at') or NA} on {s.get('host') or NA} by {s.get('user') or NA}",
         f"  wall       {fmt_duration(s.get('wall_seconds'))}",
+        *_recording_lines(s),
         f"  CPU        {fmt_seconds(s.get('cpu_seconds'))} (process tree)   "
         f"peak RSS {fmt_bytes(s.get('peak_rss_bytes'))}",
         f"  I/O        read {fmt_bytes(s.get('read_bytes'))}   written {fmt_bytes(s.get('write_bytes'))}",
@@ -229,7 +232,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines += [
         f"  GPU-hours  allocated {fmt_hours(s.get('allocated_gpu_hours'))}   "
         f"busy {fmt_hours(s.get('busy_gpu_hours'))}   idle {fmt_hours(s.get('idle_gpu_hours'))}",
-        f"  GPU util   mean {fmt_pct(s.get('mean_utilization'))}   peak {_pct100(s.get('peak_utilization_pct'))}",
+        f"  GPU util   mean {fmt_pct(s.get('mean_utilization'))}   peak {fmt_percent(s.get('peak_utilization_pct'))}",
         f"  VRAM peak  {fmt_bytes(s.get('peak_memory_bytes'))} device   "
         f"{fmt_bytes(s.get('peak_process_memory_bytes'))} this run's processes",
         f"  energy     {fmt_kwh(s.get('energy_kwh'))}   peak power {fmt_watts(s.get('peak_power_watts'))}",
@@ -258,14 +261,25 @@ def _title(s: dict[str, Any]) -> str:
         status += f" ({', '.join(details)})"
     if s.get("status_reason"):
         status += f": {s['status_reason']}"
-    return f"run {s.get('id')}{name}  {status}"
+    short = f" ({s['short_id']})" if s.get("short_id") and s["short_id"] != s.get("id") else ""
+    return f"run {s.get('id')}{short}{name}  {status}"
+
+
+def _recording_lines(s: dict[str, Any]) -> list[str]:
+    """A run still recording: how far its written figures reach (the rest is still in the recorder)."""
+    if "measured_until" not in s:  # runview.summary sets it for a run still recording
+        return []
+    running = f"running for {fmt_duration(s.get('elapsed_seconds'))}"
+    if s.get("measured_until") is None:
+        return [f"  recording  {running}; nothing written yet: the recorder writes its first figures within seconds"]
+    return [f"  recording  {running}; figures up to {s['measured_until']}, the latest the recorder has written"]
 
 
 def _gpu_line(g: dict[str, Any]) -> str:
     index = NA if g.get("index") is None else g["index"]
     return (
         f"  GPU {index}  {g.get('name') or 'unknown GPU'}  {g.get('uuid')}  "
-        f"busy {fmt_pct(g.get('mean_utilization'))} (peak {_pct100(g.get('peak_utilization_pct'))})  "
+        f"busy {fmt_pct(g.get('mean_utilization'))} (peak {fmt_percent(g.get('peak_utilization_pct'))})  "
         f"VRAM {fmt_bytes(g.get('peak_memory_bytes'))} (run {fmt_bytes(g.get('peak_process_memory_bytes'))})  "
         f"{fmt_kwh(g.get('energy_kwh'))}  {fmt_watts(g.get('peak_power_watts'))}  "
         f"{fmt_celsius(g.get('max_temperature_c'))}"
@@ -296,10 +310,6 @@ def _throttle_line(gpus: list[dict[str, Any]]) -> str | None:
             totals[reason] = totals.get(reason, 0.0) + seconds
     shown = [f"{reason} {fmt_duration(sec)}" for reason, sec in sorted(totals.items()) if sec >= 0.5]
     return f"  throttled  {', '.join(shown)} (GPU time, all GPUs)" if shown else None
-
-
-def _pct100(pct: float | None) -> str:
-    return NA if pct is None else f"{pct:.0f}%"
 
 
 def _shorten(text: str) -> str:

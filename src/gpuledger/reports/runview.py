@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
-from gpuledger.core.model import RunRecord
+from gpuledger.core.ids import short_id
+from gpuledger.core.model import RunRecord, run_is_open
 from gpuledger.recorder.liveness import reconcile
 
 
@@ -15,25 +16,40 @@ def load_run(ledger, ref: str) -> RunRecord:
 
 
 def summary(ledger, run: RunRecord, now: float | None = None) -> dict:
-    """The run's summary from totals the ledger sums itself (fast on runs of millions of rows)."""
+    """The run's summary from totals the ledger sums itself (fast on runs of millions of rows).
+
+    A run still recording is summed up to its latest written interval (``measured_until``), as
+    ``gpuledger cost`` prices it: the recorder writes every few seconds, and time it has not
+    written yet would otherwise count as idle GPU time."""
     from gpuledger.core.summary import summarize
 
+    now = time.time() if now is None else now
     gpu, counts = ledger.gpu_rollups(run.id)
     host, host_count = ledger.host_rollup(run.id)
-    return summarize(
+    measured_until = None
+    if run_is_open(run.status, run.ended_at):
+        measured_until = ledger.last_flush_t(run.id)
+    data = summarize(
         run,
         ledger.devices(run.id),
         gpu,
         [host] if host is not None else [],
-        now=time.time() if now is None else now,
+        now=measured_until if measured_until is not None else now,
         counts={**counts, "host": host_count},
     )
+    data["short_id"] = short_id(run.id)
+    if run_is_open(run.status, run.ended_at):
+        data["measured_until"] = iso(measured_until)
+        data["elapsed_seconds"] = max(0.0, now - run.started_at)
+    return data
+
 
 def run_row(run: RunRecord, gpus: int, busy_s: float | None, now: float) -> dict:
     """One light row per run: what ``gpuledger runs`` and the server's run list show."""
     end = run.ended_at if run.ended_at is not None else now
     return {
         "id": run.id,
+        "short_id": short_id(run.id),
         "name": run.name,
         "status": run.status,
         "started_at": iso(run.started_at),
