@@ -75,8 +75,9 @@ def load(ledger: Ledger, run: RunRecord, now: float | None = None, max_points: i
             host_future = pool.submit(series_queries.bucketed_host, ledger, run.id, plan)
             gpu = series_queries.bucketed_gpu(ledger, run.id, plan, sorted(counts["gpu"]))
             host = host_future.result()
-    data = RunData(run, ledger.devices(run.id), plan, gpu, host, ledger.events(run.id), ledger.metrics(run.id),
-                   counts, end, now)
+    data = RunData(
+        run, ledger.devices(run.id), plan, gpu, host, ledger.events(run.id), ledger.metrics(run.id), counts, end, now
+    )
     data.summary = _summary(data)
     return data
 
@@ -91,7 +92,12 @@ def _end(run: RunRecord, counts: dict[str, Any], now: float) -> float:
 
 def _summary(data: RunData) -> dict[str, Any]:
     merged = [b.merged for buckets in data.gpu.values() for b in buckets]
-    summary = summarize(data.run, data.devices, merged, data.host_intervals(), now=data.now)
+    # A run still recording is summed up to its latest written interval, as show and cost do:
+    # time the recorder has not written yet is not idle GPU time.
+    measured = data.counts["t1"] if run_is_open(data.run.status, data.run.ended_at) else None
+    summary = summarize(
+        data.run, data.devices, merged, data.host_intervals(), now=measured if measured is not None else data.now
+    )
     # Interval counts are the ledger's, not the buckets'.
     for g in summary["gpus"]:
         g["intervals"] = data.counts["gpu"].get(g["uuid"], 0)
@@ -120,8 +126,17 @@ def epoch_rows(data: RunData) -> list[dict[str, Any]]:
             rows.append(row)
     seen = {r["epoch"] for r in rows if r["phase"] == core_epochs.EPOCH}
     for epoch in sorted(set(by_epoch) - seen):
-        rows.append({"phase": core_epochs.EPOCH, "epoch": epoch, "t0": None, "t1": None,
-                     **dict.fromkeys(RESOURCE_KEYS), "exact": False, "metrics": dict(by_epoch[epoch])})
+        rows.append(
+            {
+                "phase": core_epochs.EPOCH,
+                "epoch": epoch,
+                "t0": None,
+                "t1": None,
+                **dict.fromkeys(RESOURCE_KEYS),
+                "exact": False,
+                "metrics": dict(by_epoch[epoch]),
+            }
+        )
     return rows
 
 
@@ -136,8 +151,9 @@ def account(
     interval, which takes seconds for a 72-hour run with a hundred epochs; here each interval
     looks only at the spans it overlaps (the tests check both agree)."""
     found = core_epochs.spans(events, started_at, ended_at)
-    usage = [core_epochs.SpanUsage(s.phase, s.epoch, s.t0, s.t1, max(0.0, s.t1 - s.t0), payload=s.payload)
-             for s in found]
+    usage = [
+        core_epochs.SpanUsage(s.phase, s.epoch, s.t0, s.t1, max(0.0, s.t1 - s.t0), payload=s.payload) for s in found
+    ]
     starts = [s.t0 for s in found]
 
     def shares(t0: float, t1: float) -> list[tuple[int, float]]:
@@ -223,9 +239,15 @@ def config_key(run: RunRecord) -> tuple[Any, ...] | None:
     return None if key[0] is None and key[1] is None else key
 
 
-def facts_of(ledger: Ledger, run: RunRecord, metrics: Sequence[Metric] | None = None,
-             events: Sequence[Event] | None = None, now: float | None = None,
-             busy_gpu_h: float | None = None, cost: dict[str, Any] | bool | None = True) -> RunFacts:
+def facts_of(
+    ledger: Ledger,
+    run: RunRecord,
+    metrics: Sequence[Metric] | None = None,
+    events: Sequence[Event] | None = None,
+    now: float | None = None,
+    busy_gpu_h: float | None = None,
+    cost: dict[str, Any] | bool | None = True,
+) -> RunFacts:
     """A run's headline figures; busy GPU-hours from SQL totals unless given. ``cost``: the priced
     run when already known (None: not priced), True to ask the cost engine, False to skip it."""
     from gpuledger.reports import costhook
@@ -241,12 +263,21 @@ def facts_of(ledger: Ledger, run: RunRecord, metrics: Sequence[Metric] | None = 
         value = costhook.run_cost_value(ledger, run)
     else:
         value = costhook.cost_value(cost) if isinstance(cost, dict) else None
-    return RunFacts(run.id, run.started_at, n, per_epoch, best_map(metrics), busy_gpu_h,
-                    value[0] if value else None, value[1] if value else None)
+    return RunFacts(
+        run.id,
+        run.started_at,
+        n,
+        per_epoch,
+        best_map(metrics),
+        busy_gpu_h,
+        value[0] if value else None,
+        value[1] if value else None,
+    )
 
 
-def history(ledger: Ledger, run: RunRecord, gpu_name: str | None, limit: int = 5,
-            with_cost: bool = True) -> list[RunFacts]:
+def history(
+    ledger: Ledger, run: RunRecord, gpu_name: str | None, limit: int = 5, with_cost: bool = True
+) -> list[RunFacts]:
     """The latest ``limit`` earlier succeeded runs of the same configuration on the same GPU model."""
     key = config_key(run)
     if key is None:
@@ -281,14 +312,16 @@ def cpu_cores(run: RunRecord) -> int | None:
     return None
 
 
-def trace_of(ledger: Ledger, data: RunData, with_history: bool = True,
-             cost: dict[str, Any] | bool | None = False) -> Trace:
+def trace_of(
+    ledger: Ledger, data: RunData, with_history: bool = True, cost: dict[str, Any] | bool | None = False
+) -> Trace:
     """The diagnosis input; ``cost`` as in facts_of (False: compare without money)."""
     gpu_name = data.devices[0].name if data.devices else None
     facts = None
     if with_history:
-        facts = facts_of(ledger, data.run, data.metrics, data.events, data.now, data.summary.get("busy_gpu_hours"),
-                         cost=cost)
+        facts = facts_of(
+            ledger, data.run, data.metrics, data.events, data.now, data.summary.get("busy_gpu_hours"), cost=cost
+        )
     return Trace(
         run=data.run,
         devices=data.devices,
