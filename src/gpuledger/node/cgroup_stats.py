@@ -1,0 +1,266 @@
+"""Host figures of a container, pod or Slurm step from its cgroup: a HostCollector over cgroup files.
+
+The kernel keeps a cgroup's counters for all its processes, those that ended included, so a
+container's CPU, memory and I/O are exact without following its processes one by one:
+
+================  ==============================================  ====================================
+figure            cgroup v2                                       cgroup v1
+================  ==============================================  ====================================
+CPU seconds       ``cpu.stat`` ``usage_usec``                     ``cpuacct/cpuacct.usage`` (ns)
+storage bytes     ``io.stat`` ``rbytes``/``wbytes``, all devices  ``blkio/blkio.throttle.io_service_
+                                                                  bytes_recursive`` Read/Write
+memory            ``memory.current`` − ``inactive_file``          ``memory.usage_in_bytes`` −
+                  (``memory.stat``), the working set              ``total_inactive_file``
+memory peak       ``memory.peak`` (Linux 5.19+)                   ``memory.max_usage_in_bytes``
+threads           ``pids.current``                                ``pids/pids.current``
+processes         ``cgroup.procs`` of the cgroup and below        the same, in the cpuacct hierarchy
+================  ==============================================  ====================================
+
+Memory is the *working set* (charged memory less the inactive file cache), the figure the kubelet
+and ``docker stats`` show. It is sampled every tick; the peak file is the cgroup's lifetime peak
+of charged memory, so when it rose during an interval, that interval's peak was reached inside
+it: the closing reading then reports ``memory.peak − inactive_file``, never less than the samples.
+Storage bytes need the io (v2) / blkio (v1) controller on the cgroup; without it they read 0, as
+the process-tree collector does for an unreadable /proc/<pid>/io. A counter that goes backwards
+(the cgroup was re-created) counts from its new value.
+
+Host-wide counters (CPU split, iowait, memory, disk, network) are read at every reading that ends
+an interval, as for a wrapped run (collect/host.py), so each interval's figures cover its span.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuledger.collect.system import SysSample, SystemReader, system_fields
+from gpuledger.core.cgroup_path import CgroupFacts
+from gpuledger.core.model import HostTick
+
+_V1_CPU_DIRS = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
+
+
+@dataclass(frozen=True)
+class CgroupFiles:
+    """Where one cgroup's counters are: ``version`` 2 (one directory) or 1 (one per controller)."""
+
+    version: int
+    cpu: str  # directory holding cpu.stat (v2) / cpuacct.usage (v1)
+    memory: str | None
+    io: str | None
+    pids: str | None
+
+
+def locate(cgroup_root: str, facts: CgroupFacts) -> CgroupFiles | None:
+    """The directories of a process's container / pod / step cgroup, or None (no such scope, a path
+    outside our cgroup namespace, or a hierarchy not mounted under ``cgroup_root``)."""
+    scope = facts.scope
+    if scope is None or facts.outside_ns:
+        return None
+    root = cgroup_root.rstrip("/")
+    for base in (root, f"{root}/unified"):
+        d = f"{base}{scope}"
+        if os.path.isfile(f"{d}/cpu.stat") and os.path.isfile(f"{d}/cgroup.procs"):
+            return CgroupFiles(2, d, d, d, d)
+    cpu = next((f"{root}/{n}{scope}" for n in _V1_CPU_DIRS if os.path.isfile(f"{root}/{n}{scope}/cpuacct.usage")),
+               None)  # fmt: skip
+    if cpu is None:
+        return None
+    found = {c: f"{root}/{c}{scope}" for c in ("memory", "blkio", "pids") if os.path.isdir(f"{root}/{c}{scope}")}
+    return CgroupFiles(1, cpu, found.get("memory"), found.get("blkio"), found.get("pids"))
+
+
+# -- parsing (pure) -----------------------------------------------------------------------------
+
+
+def cpu_seconds_v2(cpu_stat: str) -> float | None:
+    for line in cpu_stat.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec" and value.strip().isdigit():
+            return int(value) / 1e6
+    return None
+
+
+def io_bytes_v2(io_stat: str) -> tuple[int, int]:
+    """Sum of rbytes and wbytes over the devices of ``io.stat``."""
+    rd = wr = 0
+    for line in io_stat.splitlines():
+        for item in line.split()[1:]:
+            key, _, value = item.partition("=")
+            if value.isdigit():
+                if key == "rbytes":
+                    rd += int(value)
+                elif key == "wbytes":
+                    wr += int(value)
+    return rd, wr
+
+
+def io_bytes_v1(service_bytes: str) -> tuple[int, int]:
+    """Sum of the Read and Write lines (``8:0 Read 4096``) of blkio's io_service_bytes."""
+    rd = wr = 0
+    for line in service_bytes.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2].isdigit():
+            if parts[1] == "Read":
+                rd += int(parts[2])
+            elif parts[1] == "Write":
+                wr += int(parts[2])
+    return rd, wr
+
+
+def stat_value(memory_stat: str, key: str) -> int | None:
+    for line in memory_stat.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def interval_peak(samples_max: int, peak_now: int | None, peak_before: int | None, inactive: int) -> int:
+    """The interval's memory peak: the samples, unless the cgroup's lifetime peak rose meanwhile."""
+    if peak_now is None or peak_before is None or peak_now <= peak_before:
+        return samples_max
+    return max(samples_max, peak_now - inactive)
+
+
+# -- the collector ------------------------------------------------------------------------------
+
+
+class CgroupCollector:
+    """HostCollector over one cgroup's counters (module doc). ``read`` never raises: a cgroup that
+    went away (the container was removed) reads as no further usage."""
+
+    def __init__(
+        self,
+        files: CgroupFiles,
+        *,
+        system: SystemReader | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.files = files
+        self._system = SystemReader(procfs=True) if system is None else system
+        self._clock = clock
+        self._prev_t: float | None = None
+        self._cpu: float | None = None
+        self._io: tuple[int, int] = (0, 0)
+        self._peak: int | None = None  # lifetime peak at the last closing reading
+        self._procs = 0
+        self._prev_sys: SysSample | None = None
+        self._prev_sys_t: float | None = None
+        self.gone = False
+
+    def read(self, now: float | None = None, closes_interval: bool = False) -> HostTick | None:
+        now = self._clock() if now is None else now
+        cpu = self._cpu_s()
+        io = self._io_b()
+        if self._prev_t is None:
+            self._prev_t, self._cpu, self._io = now, cpu, io
+            self._peak = self._peak_b()
+            self._procs = self._count_procs()
+            self._prev_sys, self._prev_sys_t = self._system.read(), now
+            return None
+        self.gone = cpu is None
+        cpu_delta = _delta(self._cpu, cpu)
+        rd, wr = _delta(self._io[0], io[0]), _delta(self._io[1], io[1])
+        working, inactive = self._working_set()
+        threads = self._int("pids", "pids.current")
+        if closes_interval:
+            peak = self._peak_b()
+            working = interval_peak(working, peak, self._peak, inactive)
+            self._peak = peak if peak is not None else self._peak
+            self._procs = self._count_procs()
+        tick = HostTick(
+            t0=self._prev_t, t1=now, cpu_s=cpu_delta, rss_b=working, read_b=int(rd), write_b=int(wr),
+            threads=threads if threads is not None else self._procs, procs=self._procs,
+        )  # fmt: skip
+        if closes_interval:
+            sample = self._system.read()
+            fields = system_fields(self._prev_sys, sample)
+            for key, value in fields.items():
+                setattr(tick, key, value)
+            tick.sys_t0 = self._prev_sys_t
+            self._prev_sys, self._prev_sys_t = sample, now
+        self._prev_t = now
+        if cpu is not None:
+            self._cpu = cpu
+        self._io = io
+        return tick
+
+    def pids(self) -> set[int]:
+        return set()  # the cgroup's counters cover its processes: none to follow one by one
+
+    def close(self) -> None:
+        self._system.close()
+
+    # -- files ----------------------------------------------------------------------------------
+    def _cpu_s(self) -> float | None:
+        f = self.files
+        if f.version == 2:
+            text = _read(f"{f.cpu}/cpu.stat")
+            return None if text is None else cpu_seconds_v2(text)
+        ns = _int_file(f"{f.cpu}/cpuacct.usage")
+        return None if ns is None else ns / 1e9
+
+    def _io_b(self) -> tuple[int, int]:
+        f = self.files
+        if f.io is None:
+            return (0, 0)
+        if f.version == 2:
+            return io_bytes_v2(_read(f"{f.io}/io.stat") or "")
+        for name in ("blkio.throttle.io_service_bytes_recursive", "blkio.throttle.io_service_bytes",
+                     "blkio.io_service_bytes_recursive"):  # fmt: skip
+            text = _read(f"{f.io}/{name}")
+            if text:
+                return io_bytes_v1(text)
+        return (0, 0)
+
+    def _working_set(self) -> tuple[int, int]:
+        f = self.files
+        if f.memory is None:
+            return 0, 0
+        v2 = f.version == 2
+        current = _int_file(f"{f.memory}/memory.current" if v2 else f"{f.memory}/memory.usage_in_bytes")
+        inactive = stat_value(_read(f"{f.memory}/memory.stat") or "", "inactive_file" if v2 else "total_inactive_file")
+        if current is None:
+            return 0, 0
+        inactive = min(inactive or 0, current)
+        return current - inactive, inactive
+
+    def _peak_b(self) -> int | None:
+        f = self.files
+        if f.memory is None:
+            return None
+        return _int_file(f"{f.memory}/memory.peak" if f.version == 2 else f"{f.memory}/memory.max_usage_in_bytes")
+
+    def _int(self, controller: str, name: str) -> int | None:
+        d = self.files.pids if controller == "pids" else None
+        return None if d is None else _int_file(f"{d}/{name}")
+
+    def _count_procs(self) -> int:
+        n = 0
+        for dirpath, _dirs, files in os.walk(self.files.cpu):
+            if "cgroup.procs" in files:
+                n += len((_read(f"{dirpath}/cgroup.procs") or "").split())
+        return n
+
+
+def _delta(before: float | int | None, now: float | int | None) -> float:
+    if now is None or before is None:
+        return 0.0
+    return now - before if now >= before else now  # re-created cgroup: counts from its new value
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _int_file(path: str) -> int | None:
+    text = _read(path)
+    text = text.strip() if text is not None else ""
+    return int(text) if text.isdigit() else None
