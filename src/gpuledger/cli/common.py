@@ -128,8 +128,11 @@ def parse_labels(items: Iterable[str], param_hint: str = "--label") -> dict[str,
 
 
 def open_ledger(url: str | None):  # type: ignore[no-untyped-def]
+    """The ledger at ``url``: a URL that can never work is a usage error (exit 2), a ledger that
+    cannot be reached or read a failure (exit 1)."""
     from gpuledger.store import Ledger, LedgerError
 
+    check_ledger_url(url)
     try:
         return Ledger(url)
     except LedgerError as exc:

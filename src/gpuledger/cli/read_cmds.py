@@ -7,6 +7,7 @@ import sys
 import click
 
 from gpuledger.cli.common import (
+    check_ledger_url,
     cli_errors,
     db_option,
     echo_json,
@@ -178,12 +179,14 @@ def recover_cmd(files: tuple[str, ...], db: str | None) -> None:
     from gpuledger.recorder.spool import read_target, recover, spool_dir
     from gpuledger.store import display_url
 
+    source = click.get_current_context().get_parameter_source("db")
+    override = db if source is click.core.ParameterSource.COMMANDLINE else None
+    if override:
+        check_ledger_url(override)
     paths = [Path(f) for f in files] or sorted(spool_dir().glob("*.json"))
     if not paths:
         click.echo(f"nothing to recover: {spool_dir()} holds no spooled runs")
         return
-    source = click.get_current_context().get_parameter_source("db")
-    override = db if source is click.core.ParameterSource.COMMANDLINE else None
     ledgers: dict[str | None, object] = {}
     failed = 0
     for path in paths:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from gpuledger.cli.common import FiniteFloat, cli_errors, echo_json, format_option
+from gpuledger.cli.common import FiniteFloat, check_ledger_url, cli_errors, echo_json, format_option
 
 
 def server_ledger(url: str | None):
@@ -16,6 +16,7 @@ def server_ledger(url: str | None):
 
     if not url:
         raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
+    check_ledger_url(url)
     try:
         return Ledger(url, migrate=False)
     except LedgerError as exc:
@@ -86,6 +87,7 @@ def db_migrate_cmd(db: str | None) -> None:
 
     if not db:
         raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
+    check_ledger_url(db)
     database = Database(db)
     try:
         before = database.read(migrations.current_version)
@@ -109,6 +111,7 @@ def db_status_cmd(db: str | None, fmt: str) -> None:
 
     if not db:
         raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
+    check_ledger_url(db)
     database = Database(db)
     try:
         version = database.read(migrations.current_version)

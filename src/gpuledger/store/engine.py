@@ -86,6 +86,11 @@ class Database:
                 f"cannot open {self.display}: the database driver is not installed ({exc}); "
                 "for PostgreSQL run: pip install 'gpuledger[postgres]'"
             ) from exc
+        except sa.exc.NoSuchModuleError as exc:  # a driver name SQLAlchemy does not know
+            raise LedgerUnavailable(
+                f"cannot open {self.display}: unknown database driver ({exc}); "
+                "use sqlite:///PATH or postgresql://USER@HOST/DB"
+            ) from exc
 
     def _sqlite_engine(self) -> sa.Engine:
         path = sqlite_path(self.url)
