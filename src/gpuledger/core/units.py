@@ -170,10 +170,12 @@ def fmt_pct(ratio: float | None) -> str:
 
 
 def change_pct(value: float | None, base: float | None) -> float | None:
-    """(value - base) / |base| in percent; None when either is absent or the base is zero."""
+    """(value - base) / |base| in percent; None when either is absent or the base is zero (or so
+    close to it that the change is not a number)."""
     if _absent(value) or _absent(base) or float(base) == 0:  # type: ignore[arg-type]
         return None
-    return (float(value) - float(base)) / abs(float(base)) * 100  # type: ignore[arg-type]
+    pct = (float(value) - float(base)) / abs(float(base)) * 100  # type: ignore[arg-type]
+    return pct if math.isfinite(pct) else None
 
 
 def fmt_change(pct: float | None) -> str:
