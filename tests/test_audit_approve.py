@@ -1,0 +1,95 @@
+"""``gpuledger audit seal`` is an admin's approval that says what it approves: it lists and changes
+nothing by itself, seals only what it is told, never adopts a hand-written run in bulk, and needs
+the audit key on a signed ledger (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from audit_support import audit_key, audit_rows, keyring, payload_of
+from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
+from gpuledger.reports.cost_rollups import materialise_rollups
+from gpuledger.server.app import create_app
+from gpuledger.store import Ledger, audit
+from server_support import NOW, batch, bearer, run_doc, setup_accounts
+
+
+def gl(*args: str, key_file: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_AUDIT") and k != "GPULEDGER_DB"}
+    if key_file is not None:
+        env["GPULEDGER_AUDIT_KEY_FILE"] = str(key_file)
+    return subprocess.run([sys.executable, "-m", "gpuledger", *args], capture_output=True, text=True, timeout=120,
+                          env=env)  # fmt: skip
+
+
+def test_audit_seal_approves_exactly_what_it_lists(ledger_url: str, tmp_path: Path) -> None:
+    with Ledger(ledger_url) as led:  # before the ledger was a team ledger: a run and its rollups, unaudited
+        t0 = NOW - 7200
+        led.create_run(RunRecord("legacy", ["train"], "ana", "old-node", "/", t0, status="succeeded", ended_at=t0 + 600,
+                                 labels={"project": "A"}))  # fmt: skip
+        led.add_devices("legacy", [GpuIdentity(0, "GPU-old", "NVIDIA A100-SXM4-80GB")])
+        led.append(
+            "legacy", [GpuInterval("GPU-old", i, t0 + 60 * i, t0 + 60 * (i + 1), 6, busy_s=30.0) for i in range(10)]
+        )
+        materialise_rollups(led)
+    with audit_key() as key:
+        key_file = tmp_path / "audit.key"
+        key_file.write_text(key.text)
+        tokens = setup_accounts(ledger_url)
+        never_final = run_doc(status="succeeded", ended_at=NOW - 60, exit_code=0)  # its last batch never came
+        with TestClient(create_app(ledger_url)) as client:
+            got = client.post("/api/v1/ingest", json=batch(never_final, n=5), headers=bearer(tokens.agent_a))
+            assert got.status_code == 200 and not got.json()["sealed"]
+        with Ledger(ledger_url) as led:
+            problems = audit.verify(led, keyring=keyring(key)).problems
+        assert any(f"run {never_final['id']}: succeeded but never sealed" in p for p in problems)
+        assert any("run legacy: inserted outside gpuledger" in p for p in problems)
+        assert any("run legacy: rolled up, but the audit trail holds no rollups" in p for p in problems)
+        before = len(audit_rows(ledger_url))
+
+        listed = gl("audit", "seal", "--db", ledger_url, key_file=key_file)
+        assert listed.returncode == 0, listed.stderr
+        assert f"UNSEALED  {never_final['id']}  succeeded" in listed.stdout and "5 GPU intervals" in listed.stdout
+        assert "FOREIGN   legacy" in listed.stdout and "ROLLUPS   legacy" in listed.stdout
+        assert "Nothing was changed" in listed.stdout and len(audit_rows(ledger_url)) == before
+
+        no_key = gl("audit", "seal", "--db", ledger_url, "--yes")
+        assert no_key.returncode == 1 and "GPULEDGER_AUDIT_KEY_FILE" in no_key.stderr
+        assert len(audit_rows(ledger_url)) == before
+
+        approved = gl("audit", "seal", "--db", ledger_url, "--yes", key_file=key_file)
+        assert approved.returncode == 0, approved.stderr
+        assert (
+            f"sealed run {never_final['id']}" in approved.stdout and "recorded the rollups of 1 runs" in approved.stdout
+        )
+        assert "adopted" not in approved.stdout  # a run written outside gpuledger is never approved in bulk
+        seal = next(
+            r for r in audit_rows(ledger_url) if r["action"] == "run.sealed" and never_final["id"] in r["object"]
+        )
+        assert seal["actor"].startswith("cli:") and payload_of(seal)["reason"] == "approved by an admin: never sealed"
+        with Ledger(ledger_url) as led:
+            assert audit.verify(led, keyring=keyring(key)).problems == [
+                "run legacy: inserted outside gpuledger (no run.created entry in the audit log)"
+            ]
+        adopted = gl("audit", "seal", "--db", ledger_url, "--adopt", "legacy", key_file=key_file)
+        assert adopted.returncode == 0 and "adopted run legacy" in adopted.stdout, adopted.stderr
+        assert gl("audit", "seal", "--db", ledger_url, "--run", "nope", key_file=key_file).returncode == 1
+        with Ledger(ledger_url) as led:
+            result = audit.verify(led, keyring=keyring(key))
+        assert result.ok, result.problems
+
+
+@pytest.mark.parametrize("args", [("--run", "x"), ("--adopt", "x")])
+def test_audit_seal_refuses_what_it_cannot_approve(ledger_url: str, tmp_path: Path, args: tuple[str, str]) -> None:
+    with audit_key() as key:
+        setup_accounts(ledger_url)
+        key_file = tmp_path / "audit.key"
+        key_file.write_text(key.text)
+    done = gl("audit", "seal", "--db", ledger_url, *args, key_file=key_file)
+    assert done.returncode == 1 and "nothing to" in done.stderr and "Traceback" not in done.stderr
