@@ -1,0 +1,380 @@
+"""The node agent's loop: every tick, every GPU process on the node read, attributed and recorded.
+
+A tick (``interval / 5``, 2 s at the default 10 s interval) reads every GPU and its processes
+(node/gpus.py), looks each process up in /proc (node/procfacts.py), takes the platforms' latest
+claims (node/sources.py, never waiting for them) and attributes it (core/owners.py). Processes a
+``gpuledger run`` wraps are left to their own run; the others are grouped into discovered runs
+(node/track.py), which record the GPUs they hold and their host figures; at each interval boundary
+(the same instant for every run) the ticks become intervals, handed to the ledger thread
+(node/sink.py) so a slow ledger never delays a reading. docs/AGENT.md states the rules; in brief:
+
+* a run starts when its first process is seen on a GPU — at that reading, or at the process's
+  start when it was born since the previous one; its GPU figures start at the next reading;
+* it ends (``ended_at`` = that reading) when every process it had on a GPU has exited, when the
+  platform reports its container finished, or when none of its processes has been on a GPU for
+  ``release_after_s``; a container's exit code is awaited up to ``exit_wait_s``;
+* stopping the agent (SIGTERM) closes the open intervals and leaves the runs open: the next agent
+  on this host resumes them (node/sink.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuledger.collect.base import GpuCollector, GpuProcess, GpuRead
+from gpuledger.collect.host import ProcessTreeCollector
+from gpuledger.core.model import GpuIdentity, GpuTick
+from gpuledger.core.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
+from gpuledger.core.redact import Redactor
+from gpuledger.node.cgroup_stats import CgroupCollector, locate
+from gpuledger.node.claims import Claims, ProcFacts
+from gpuledger.node.metrics import NodeMetrics, OwnerLabels
+from gpuledger.node.procfacts import ProcReader
+from gpuledger.node.sink import LedgerSink
+from gpuledger.node.sources import Sources
+from gpuledger.node.track import META_KEY, RunTrack, discovered_record, gpu_share
+
+GPU_RETRY_S = 60.0  # without NVML, how often the agent tries again
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    host: str
+    interval_s: float = 10.0
+    tick_s: float | None = None  # None: interval / 5, at most 2 s
+    copy_labels: tuple[str, ...] = DEFAULT_COPY_LABELS
+    cgroup_root: str = "/sys/fs/cgroup"
+    release_after_s: float = 60.0
+    exit_wait_s: float = 15.0
+    replayed: bool = False
+
+    @property
+    def tick(self) -> float:
+        return self.tick_s if self.tick_s is not None else min(2.0, self.interval_s / 5)
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        gpu: GpuCollector | None,
+        procs: ProcReader,
+        sources: Sources,
+        sink: LedgerSink,
+        metrics: NodeMetrics | None = None,
+        boot_id: str | None = None,
+        boot_time: float | None = None,
+        gpu_opener: Callable[[], tuple[GpuCollector | None, str | None]] | None = None,
+        warn: Callable[[str], None] = lambda line: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self._gpu = gpu
+        self._procs = procs
+        self._sources = sources
+        self._sink = sink
+        self._metrics = metrics
+        self._boot_id = boot_id
+        self._boot_time = boot_time
+        self._gpu_opener = gpu_opener
+        self._warn = warn
+        self._clock = clock
+        self._tck = os.sysconf("SC_CLK_TCK")
+        self._redactor = Redactor.default()
+        self.tracks: dict[str, RunTrack] = {}  # by owner key
+        self._created: set[str] = set()  # local ids handed to the sink
+        self._owners: dict[tuple[int, int], tuple[object, Owner]] = {}  # (pid, start) -> (inputs, owner)
+        self._checked: set[tuple[int, int, str]] = set()  # (pid, start, gpu) checked against allocations
+        self._said: set[str] = set()
+        self._devices: dict[str, GpuIdentity] = {d.uuid: d for d in (gpu.devices() if gpu else [])}
+        self._started = clock()
+        self._last_read = self._started
+        self._interval_start = self._started
+        self._settled = False
+        self._gpu_reads = 0  # readings that listed GPU processes (the first only primes NVML's cursors)
+        self._gpu_retry_at = time.monotonic() + GPU_RETRY_S
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Tick until ``stop`` is set; a tick that raises is reported and the loop goes on."""
+        tick_s = self.config.tick
+        next_tick = time.monotonic()
+        while not stop.wait(max(0.0, next_tick - time.monotonic())):
+            next_tick += tick_s
+            if next_tick < time.monotonic():  # suspended or overloaded: skip, don't burst
+                next_tick = time.monotonic() + tick_s
+            try:
+                self.tick()
+            except Exception as exc:  # one bad tick must not stop the metering of a node
+                self._say("tick", f"gpuledger agent: a reading failed ({exc!r}); carrying on")
+
+    def tick(self, now: float | None = None, *, closing: bool | None = None) -> None:
+        """One reading of every GPU; ``closing`` forces the interval to end here (shutdown)."""
+        now = self._clock() if now is None else now
+        if closing is None:
+            closing = now - self._interval_start >= self.config.interval_s - self.config.tick / 2
+        read = self._read_gpus(now)
+        claims, versions = self._sources.claims()
+        generation = (versions, id(self._sink.recorders))
+        by_gpu: dict[str, list[tuple[GpuProcess, Owner]]] = {}
+        unattributed: dict[str, int] = {}
+        live: set[int] = set()
+        for p in read.processes:
+            facts = self._procs.facts(p.pid)
+            if facts is None:
+                unattributed[p.uuid] = unattributed.get(p.uuid, 0) + 1
+                continue
+            live.add(p.pid)
+            owner = self._owner(facts, claims, generation)
+            by_gpu.setdefault(p.uuid, []).append((p, owner))
+            if not owner.wrapped:
+                self._place(p, facts, owner, claims, now)
+        self._decide_ends(claims, now)
+        self._record_ticks(read, by_gpu, now)
+        for ev in read.events:
+            self._gpu_event(ev.t, ev.kind, ev.message, ev.payload)
+        for track in self.tracks.values():
+            if track.ending_at is None or track.ending_at == now:
+                track.read_host(now, closing or track.ending_at == now)
+        self._finish_ended(claims, now)
+        if closing:
+            self._close_intervals(now)
+        self._publish_metrics(read, by_gpu, unattributed)
+        if self._procs.environ_denied:
+            self._say("environ", f"gpuledger agent: the environment of {self._procs.environ_denied} GPU process(es) "
+                      "could not be read: they are taken as unwrapped unless a `gpuledger run` ancestor or a recorder "
+                      "in this ledger says otherwise (docs/AGENT.md)")  # fmt: skip
+        self._procs.forget_except(live | {pid for t in self.tracks.values() for pid in t.members})
+        self._last_read = now
+
+    def shutdown(self) -> None:
+        """SIGTERM: a last reading closes the open intervals; the runs stay open to be resumed."""
+        try:
+            self.tick(closing=True)
+        except Exception as exc:  # still release what is held
+            self._warn(f"gpuledger agent: the last reading failed ({exc!r})")
+        for track in self.tracks.values():
+            track.close()
+        if self._gpu is not None:
+            self._gpu.close()
+        self._procs.close()
+
+    # -- reading and attributing --------------------------------------------------------------
+    def _read_gpus(self, now: float) -> GpuRead:
+        if self._gpu is None and self._gpu_opener is not None and time.monotonic() >= self._gpu_retry_at:
+            self._gpu_retry_at = time.monotonic() + GPU_RETRY_S
+            self._gpu, _ = self._gpu_opener()
+            if self._gpu is not None:
+                self._devices = {d.uuid: d for d in self._gpu.devices()}
+                self._warn(f"gpuledger agent: NVML answers now: {len(self._devices)} GPU(s)")
+        if self._gpu is None:
+            return GpuRead()
+        self._gpu_reads += 1
+        return self._gpu.read(set(), now)
+
+    def _owner(self, facts: ProcFacts, claims: Claims, generation: object) -> Owner:
+        """``attribute`` again only when the claims, the recorders or the process changed."""
+        key = (facts.pid, facts.start_ticks)
+        hit = self._owners.get(key)
+        if hit is not None and hit[0] == (generation, facts):
+            return hit[1]
+        owner = attribute(facts, claims, recorders=self._sink.recorders, copy_labels=self.config.copy_labels)
+        self._owners[key] = ((generation, facts), owner)
+        if len(self._owners) > 4 * max(64, len(self.tracks) * 8):
+            self._owners = {k: v for k, v in self._owners.items() if self._procs.alive(*k)}
+        return owner
+
+    def _place(self, p: GpuProcess, facts: ProcFacts, owner: Owner, claims: Claims, now: float) -> None:
+        """Put an unwrapped process into its discovered run (opened here when new)."""
+        track = self.tracks.get(owner.key)
+        if track is None:
+            track = self._open(owner, facts, now)
+        elif track.ending_at is not None:
+            return  # its end is decided; a newcomer will open a new run once it is closed
+        track.owner = owner
+        track.see(p.pid, facts.start_ticks, now)
+        ident = self._devices.get(p.uuid)
+        if ident is not None and track.add_device(ident) and track.run.id in self._created:
+            self._sink.add_devices(track.run.id, [ident])
+        self._refresh_labels(track, owner)
+        check = (p.pid, facts.start_ticks, p.uuid)
+        if check not in self._checked:
+            self._checked.add(check)
+            parents = {u: d.mig_parent_uuid for u, d in self._devices.items() if d.mig_parent_uuid}
+            problem = allocation_problem(owner, p.uuid, claims.allocations, parents)
+            if problem is not None:
+                track.event(now, "unallocated_gpu", f"process {p.pid} {problem}", pid=p.pid, gpu=p.uuid)
+                if self._metrics is not None:
+                    self._metrics.unallocated_use(p.uuid, self._labels(track))
+
+    def _open(self, owner: Owner, facts: ProcFacts, now: float) -> RunTrack:
+        born = None if self._boot_time is None else self._boot_time + facts.start_ticks / self._tck
+        started = born if born is not None and self._last_read < born <= now else now
+        versions = {k: v for d in self._devices.values() for k, v in
+                    (("nvidia_driver", d.driver_version), ("cuda_driver", d.cuda_version)) if v}  # fmt: skip
+        run = discovered_record(owner, facts, now=now, started_at=started, host=self.config.host,
+                                interval_s=self.config.interval_s, versions=versions,
+                                replayed=self.config.replayed)  # fmt: skip
+        host, how, why = self._host_collector(owner, facts)
+        track = RunTrack(run, owner, host, how)
+        track.last_on_gpu = now
+        if why:
+            track.event(now, "note", why)
+        if born is not None:
+            run.meta[META_KEY] = {"process_started_at": born}
+        self.tracks[owner.key] = track
+        return track
+
+    def _host_collector(self, owner: Owner, facts: ProcFacts) -> tuple[object | None, str | None, str | None]:
+        files = locate(self.config.cgroup_root, owner.cgroup) if owner.cgroup.scope else None
+        if files is not None:
+            return CgroupCollector(files), "cgroup", None  # its first reading primes its counters
+        why = None
+        if owner.cgroup.scope:
+            why = (f"the cgroup {owner.cgroup.scope} is not readable under {self.config.cgroup_root}"
+                   + (" (outside this agent's cgroup namespace)" if owner.cgroup.outside_ns else "")
+                   + ": host figures come from the process tree in /proc")  # fmt: skip
+        root = facts.pgid if facts.pgid > 1 and self._procs.alive(facts.pgid, self._start_of(facts.pgid)) else facts.pid
+        backend = "auto" if self._procs.root == "/proc" else "psutil"
+        try:
+            collector = ProcessTreeCollector(root, include_root=True, backend=backend, system_every=1_000_000)
+        except Exception as exc:
+            return None, None, f"no host figures: the process tree of pid {root} cannot be read ({exc})"
+        return collector, "processes", why
+
+    def _start_of(self, pid: int) -> int:
+        st = self._procs.stat(pid)
+        return -1 if st is None else st.start_ticks
+
+    def _refresh_labels(self, track: RunTrack, owner: Owner) -> None:
+        new = self._redactor.redact_mapping(dict(owner.labels))
+        if all(track.run.labels.get(k) == v for k, v in new.items()):
+            return
+        track.run.labels.update(new)
+        if track.run.id in self._created:
+            self._sink.update(track.run.id, labels=dict(track.run.labels))
+
+    # -- recording ----------------------------------------------------------------------------
+    def _record_ticks(self, read: GpuRead, by_gpu: dict[str, list[tuple[GpuProcess, Owner]]], now: float) -> None:
+        ticks: dict[str, GpuTick] = {t.uuid: t for t in read.ticks}
+        for track in self.tracks.values():
+            if track.ending_at is not None and track.ending_at < now:
+                continue  # its last interval is closed: only its end record is awaited
+            if track.run.id not in self._created:  # first sight: its figures start at the next reading
+                self._sink.create(self._with_meta(track), list(track.devices.values()), track.members)
+                self._created.add(track.run.id)
+                track.written_meta = track.meta(self._boot_id)
+                continue
+            for uuid in track.devices:
+                tick = ticks.get(uuid)
+                if tick is None:
+                    continue
+                procs = by_gpu.get(uuid, [])
+                mine = [(p.mem_b, p.sm_pct) for p, o in procs if o.key == track.key and not o.wrapped]
+                samples_seen = any(p.sm_pct is not None for p, _ in procs)
+                track.add_gpu_tick(gpu_share(tick, mine, samples_seen or not procs))
+
+    def _with_meta(self, track: RunTrack):  # type: ignore[no-untyped-def]
+        node = {**(track.run.meta.get(META_KEY) or {}), **track.meta(self._boot_id)}
+        track.run.meta[META_KEY] = node
+        return track.run
+
+    def _gpu_event(self, t: float, kind: str, message: str, payload: dict) -> None:
+        uuid = payload.get("uuid")
+        for track in self.tracks.values():
+            if uuid is None or uuid in track.devices:
+                track.event(t, kind, message or kind, once=(kind, message), **payload)
+        self._say(f"gpu:{kind}", f"gpuledger agent: {message or kind}")
+
+    def _decide_ends(self, claims: Claims, now: float) -> None:
+        """A run not on a GPU at this reading may have ended (module doc): its end is this reading."""
+        for track in self.tracks.values():
+            if track.ending_at is not None or track.last_on_gpu >= now:
+                continue
+            why = self._why_ended(track, claims, now)
+            if why is not None:
+                track.ending_at, track.end_reason = now, why
+
+    def _why_ended(self, track: RunTrack, claims: Claims, now: float) -> str | None:
+        container = claims.containers.get(track.owner.container_id or "")
+        if container is not None and container.finished_at is not None:
+            code = "" if container.exit_code is None else f" with code {container.exit_code}"
+            return f"its container exited{code}"
+        if not any(self._procs.alive(pid, start) for pid, start in track.members.items()):
+            return "its processes exited"
+        if now - track.last_on_gpu >= self.config.release_after_s:
+            return f"its processes left the GPUs {self.config.release_after_s:.0f} s ago"
+        return None
+
+    def _finish_ended(self, claims: Claims, now: float) -> None:
+        """Close the last interval of runs ended at this reading; write the end once the exit code
+        is known (a container's, awaited up to ``exit_wait_s``)."""
+        for key, track in list(self.tracks.items()):
+            if track.ending_at is None:
+                continue
+            if track.ending_at == now and track.run.id in self._created:
+                self._sink.append(track.run.id, track.close_interval())
+            container = claims.containers.get(track.owner.container_id or "")
+            if container is not None and container.exit_code is not None:
+                track.exit_code = container.exit_code
+            waiting = container is not None and container.finished_at is None and track.exit_code is None
+            if waiting and now - track.ending_at < self.config.exit_wait_s:
+                continue
+            if track.run.id in self._created:
+                self._sink.update(track.run.id, ended_at=track.ending_at, exit_code=track.exit_code,
+                                  status_reason=track.end_reason)  # fmt: skip
+            track.close()
+            del self.tracks[key]
+
+    def _close_intervals(self, now: float) -> None:
+        for track in self.tracks.values():
+            if track.ending_at is not None or track.run.id not in self._created:
+                continue
+            self._sink.append(track.run.id, track.close_interval())
+            meta = track.meta(self._boot_id)
+            if meta != track.written_meta:  # new members, new owner facts: kept for resuming
+                track.written_meta = meta
+                track.run.meta[META_KEY] = {**(track.run.meta.get(META_KEY) or {}), **meta}
+                self._sink.update(track.run.id, meta={META_KEY: track.run.meta[META_KEY]})
+        self._interval_start = now
+        if not self._settled and self._gpu_reads >= 2:  # every GPU process has been seen once
+            self._settled = True
+            self._sink.settle()
+
+    # -- metrics and messages -----------------------------------------------------------------
+    def _labels(self, track: RunTrack) -> OwnerLabels:
+        o = track.owner
+        return OwnerLabels(
+            run_id=self._sink.run_id(track.run.id), team=track.run.labels.get("team", ""),
+            project=track.run.labels.get("project", ""), user=track.run.user,
+            container=o.container_name or (o.container_id or "")[:12], pod=o.pod_name or "",
+            namespace=o.pod_namespace or "", slurm_job=o.slurm_job or "",
+        )  # fmt: skip
+
+    def _publish_metrics(self, read: GpuRead, by_gpu: dict[str, list[tuple[GpuProcess, Owner]]],
+                         unattributed: dict[str, int]) -> None:  # fmt: skip
+        if self._metrics is None:
+            return
+        ticks = {t.uuid: t for t in read.ticks}
+        for uuid, ident in self._devices.items():
+            owners: dict[OwnerLabels, int | None] = {}
+            for p, o in by_gpu.get(uuid, []):
+                track = self.tracks.get(o.key) if not o.wrapped else None
+                labels = self._labels(track) if track is not None else OwnerLabels(
+                    run_id=o.run_id or "", container=o.container_name or (o.container_id or "")[:12],
+                    pod=o.pod_name or "", namespace=o.pod_namespace or "", slurm_job=o.slurm_job or "")  # fmt: skip
+                mem = owners.get(labels, 0)
+                owners[labels] = None if mem is None or p.mem_b is None else mem + p.mem_b
+            self._metrics.observe(ident, ticks.get(uuid), list(owners.items()), unattributed.get(uuid, 0))
+        states = self._sources.states()
+        self._metrics.set_sources({s.name: s.up for s in states}, len(self.tracks))
+
+    def _say(self, key: str, line: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self._warn(line)
