@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,13 @@ def test_facts_of_a_wrapped_and_an_unwrapped_process(tmp_path: Path) -> None:
         uid=1000,
         cgroup="0::/system.slice/docker-" + CID + ".scope",
         cmdline=["python", "train.py", "--epochs", "3"],
-        environ={"GPULEDGER_RUN_ID": "0190-run", "A": "b"},
+        environ={
+            "GPULEDGER_RUN_ID": "0190-run",
+            "A": "b",
+            "AWS_SECRET_ACCESS_KEY": "x",
+            "GPULEDGER_TEAM": "vision",
+            "GPULEDGER_LABELS": "model_version=yolov10s,bad,=x",
+        },
     )
     make_proc(tmp_path, 400, "python", ppid=100, uid=1001, environ_denied=True)
     reader = ProcReader(str(tmp_path))
@@ -83,6 +90,7 @@ def test_facts_of_a_wrapped_and_an_unwrapped_process(tmp_path: Path) -> None:
     assert f.cgroup == ("0::/system.slice/docker-" + CID + ".scope",)
     assert f.cmdline == ("python", "train.py", "--epochs", "3")
     assert (f.run_id, f.environ_readable) == ("0190-run", True)
+    assert f.env_labels == {"team": "vision", "model_version": "yolov10s"}  # nothing else of the environment
     assert f.ancestors == (200, 100) and f.wrapper_pid == 200
     other = reader.facts(400)
     assert other is not None and (other.run_id, other.environ_readable, other.uid) == (None, False, 1001)
@@ -130,6 +138,9 @@ def test_the_real_proc_for_a_child_we_start(tmp_path: Path) -> None:
     env = {**os.environ, "GPULEDGER_RUN_ID": "0190-real"}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
     try:
+        deadline = time.monotonic() + 10
+        while b"sleep(30)" not in Path(f"/proc/{child.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)  # Popen may return before the child's exec shows in /proc
         f = ProcReader().facts(child.pid)
         assert f is not None and f.run_id == "0190-real" and f.uid == os.getuid()
         assert f.ppid == os.getpid() and os.getpid() in (f.ppid, *f.ancestors)

@@ -133,6 +133,14 @@ def test_claims_name_the_container_and_pod_and_give_their_labels() -> None:
     assert owner.display_name() == "vision/yolo-train-0:trainer"
 
 
+def test_labels_from_the_environment_give_way_to_the_platforms() -> None:
+    lines = ["0::/docker/" + CID]
+    env = {"team": "env-team", "project": "env-project"}
+    claims = Claims(containers={CID: ContainerClaim(CID, labels={"team": "vision"})})
+    assert attribute(facts(lines, env_labels=env), claims).labels == {"team": "vision", "project": "env-project"}
+    assert attribute(facts(["0::/"], env_labels=env), Claims()).labels == env
+
+
 def test_namespaced_labels_win_and_lose_their_prefix() -> None:
     labels = {"team": "a", "gpuledger.team": "b", "gpuledger.cost_center": "42", "other": "x"}
     assert copied_labels(("team", "gpuledger.*"), labels) == {"team": "b", "cost_center": "42"}

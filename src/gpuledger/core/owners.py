@@ -17,6 +17,10 @@ whose ``scontrol listpids`` pids hold the process) → the ``gpuledger run`` tha
 A wrapped process is metered by its own run and never becomes a discovered run, so no process is
 counted twice. A process none of these recognise is discovered.
 
+**Labels** (``Owner.labels``): those its environment sets as ``gpuledger run`` reads them
+(``GPULEDGER_TEAM``, ``GPULEDGER_PROJECT``, ``GPULEDGER_LABELS``), then the configured keys of
+its pod's labels, then of its container's (``copied_labels``): the most specific wins.
+
 **Grouping** (``Owner.key``): a discovered run is the processes of one container; else of one
 pod; else of one Slurm job step; else of one process group of one user (a training, its
 DataLoader workers and ``torchrun`` children share the process group; two trainings started from
@@ -147,11 +151,14 @@ def attribute(
         slurm_account=job.account if job is not None else None,
         run_id=run_id,
         wrapped_by=wrapped_by,
-        labels=copied_labels(
-            copy_labels,
-            (pod.labels if pod is not None else {}),
-            (container.labels if container is not None else {}),
-        ),
+        labels={
+            **facts.env_labels,  # what its environment says, as `gpuledger run` would read it
+            **copied_labels(
+                copy_labels,
+                (pod.labels if pod is not None else {}),
+                (container.labels if container is not None else {}),
+            ),
+        },
         cgroup=cg,
     )
 

@@ -47,6 +47,8 @@ class ProcFacts:
     ancestors: tuple[int, ...] = ()  # parent, grandparent ... up to (not including) pid 1
     wrapper_pid: int | None = None  # nearest ancestor whose command line is ``gpuledger run``
     environ_readable: bool = True  # False: /proc/<pid>/environ could not be read (run_id unknown)
+    # Labels its environment sets the way `gpuledger run` reads them (GPULEDGER_TEAM, _PROJECT, _LABELS)
+    env_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

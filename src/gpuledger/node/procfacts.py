@@ -8,8 +8,10 @@ container that mounts the host's; a crafted tree in tests). Per GPU process it r
   re-read with pread (``collect/procfs.OpenFiles``): a kept file of a reaped process answers ESRCH,
   so an exit is seen even when the pid is reused at once;
 * ``status`` (the real uid), ``cgroup``, ``cmdline``;
-* ``environ`` for ``GPULEDGER_RUN_ID``: readable as root or as the process's own user (and only
-  while the process is dumpable); unreadable → ``run_id`` None and ``environ_readable`` False;
+* ``environ`` for ``GPULEDGER_RUN_ID``, and the labels ``gpuledger run`` would take from it
+  (``GPULEDGER_TEAM``, ``GPULEDGER_PROJECT``, ``GPULEDGER_LABELS=k=v,...``; nothing else is kept):
+  readable as root or as the process's own user (and only while the process is dumpable);
+  unreadable → ``run_id`` None and ``environ_readable`` False;
 * its ancestors (parent chain) and the nearest one whose command line is ``gpuledger run``.
 
 Everything but ``stat`` is read on first sight of a (pid, start) and again every ``REFRESH_S``
@@ -27,7 +29,9 @@ from gpuledger.collect.procfs import OpenFiles
 from gpuledger.node.claims import ProcFacts
 
 REFRESH_S = 60.0
-RUN_ID_VAR = b"GPULEDGER_RUN_ID="
+RUN_ID_VAR = "GPULEDGER_RUN_ID"
+LABEL_VARS = {"GPULEDGER_TEAM": "team", "GPULEDGER_PROJECT": "project"}
+LABELS_VAR = "GPULEDGER_LABELS"
 _MAX_ANCESTORS = 64
 _CAP_SYS_PTRACE = 19  # capability(7) bit number
 
@@ -59,6 +63,16 @@ def parse_stat(pid: int, data: bytes) -> ProcStat:
     f = data[end + 2 :].split(None, 22)  # man 5 proc numbering minus 3
     cpu = int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
     return ProcStat(pid, f[0].decode(), int(f[1]), int(f[2]), int(f[3]), cpu, int(f[17]), int(f[19]), int(f[21]))
+
+
+def env_labels(env: dict[str, str]) -> dict[str, str]:
+    """The labels ``gpuledger run`` takes from these variables; a malformed GPULEDGER_LABELS item is skipped."""
+    labels = {label: env[var] for var, label in LABEL_VARS.items() if env.get(var)}
+    for item in filter(None, (s.strip() for s in env.get(LABELS_VAR, "").split(","))):
+        key, sep, value = item.partition("=")
+        if sep and key.strip() and value.strip():
+            labels.setdefault(key.strip(), value.strip())
+    return labels
 
 
 def is_wrapper(argv: Iterable[str]) -> bool:
@@ -152,7 +166,10 @@ class ProcReader:
     # -- reading ------------------------------------------------------------------------------
     def _read_facts(self, st: ProcStat, before: ProcFacts | None) -> ProcFacts:
         base = f"{self.root}/{st.pid}"
-        run_id, readable = (before.run_id, before.environ_readable) if before is not None else self._run_id(base)
+        if before is not None:  # an environment does not change: read once
+            run_id, readable, labels = before.run_id, before.environ_readable, dict(before.env_labels)
+        else:
+            run_id, readable, labels = self._environ(base)
         ancestors = self._ancestors(st.ppid)
         wrapper = next((a for a in ancestors if is_wrapper(self._cmdline(a))), None)
         return ProcFacts(
@@ -168,22 +185,26 @@ class ProcReader:
             ancestors=ancestors,
             wrapper_pid=wrapper,
             environ_readable=readable,
+            env_labels=labels,
         )
 
-    def _run_id(self, base: str) -> tuple[str | None, bool]:
+    def _environ(self, base: str) -> tuple[str | None, bool, dict[str, str]]:
+        """(GPULEDGER_RUN_ID, whether the environment was readable, the labels it sets)."""
         try:
             with open(f"{base}/environ", "rb") as fh:
                 data = fh.read()
         except FileNotFoundError:
-            return None, True  # gone meanwhile: nothing unread
+            return None, True, {}  # gone meanwhile: nothing unread
         except OSError:
             self.environ_denied += 1
-            return None, False
+            return None, False, {}
+        found: dict[str, str] = {}
         for item in data.split(b"\0"):
-            if item.startswith(RUN_ID_VAR):
-                value = item[len(RUN_ID_VAR) :].decode("utf-8", "replace").strip()
-                return value or None, True
-        return None, True
+            name, sep, value = item.partition(b"=")
+            key = name.decode("utf-8", "replace")
+            if sep and (key in (RUN_ID_VAR, LABELS_VAR) or key in LABEL_VARS):
+                found[key] = value.decode("utf-8", "replace").strip()
+        return found.get(RUN_ID_VAR) or None, True, env_labels(found)
 
     def _uid(self, base: str) -> int:
         for line in _text(f"{base}/status").splitlines():
