@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from docker_support import long_progress
 from gpuledger.core.logparse import parse_log
 from gpuledger.core.redact import Redactor
 from gpuledger.node.docker_logs import ContainerLog, FrameDecoder, Message, RawDecoder, ScreenLines
@@ -70,19 +71,6 @@ def decode(decoder, chunks: list[bytes]) -> list[Message]:
 
 def joined(msgs: list[Message], stream: int | None = None) -> bytes:
     return b"".join(m.data for m in msgs if stream is None or m.stream == stream)
-
-
-def long_progress(data: bytes, redraws: int = 300) -> bytes:
-    """A capture whose progress lines are redrawn many more times, as a long epoch is: every line
-    holding ``\\r`` gets its first redraw repeated, so it passes 16 KiB; what a terminal finally
-    shows is unchanged."""
-    out = []
-    for line in data.split(b"\n"):
-        if b"\r" in line:
-            first = line.split(b"\r")[0] or line.split(b"\r")[1]
-            line = (first + b"\r") * redraws + line
-        out.append(line)
-    return b"\n".join(out)
 
 
 # -- the two wire formats ----------------------------------------------------------------------------

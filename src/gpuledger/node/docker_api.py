@@ -101,10 +101,14 @@ class DockerClient:
 
     # -- plain requests ---------------------------------------------------------------------------
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
+        if self._closed:
+            raise DockerUnavailable("the client is closed")
         try:
             response = self._http.get(path, params=params)
         except httpx.HTTPError as exc:
             raise DockerUnavailable(_why(exc, self.where)) from exc
+        except RuntimeError as exc:  # httpx: "the client has been closed", by close() in another thread
+            raise DockerUnavailable("the client is closed") from exc
         if response.status_code >= 400:
             raise DockerApiError(_error_text(path, response), response.status_code)
         return response
@@ -136,6 +140,8 @@ class DockerClient:
     @contextlib.contextmanager
     def _stream(self, path: str, params: Mapping[str, Any], read_timeout_s: float | None) -> Iterator[httpx.Response]:
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=read_timeout_s)
+        if self._closed:
+            raise DockerUnavailable("the client is closed")
         try:
             with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.status_code >= 400:
@@ -149,8 +155,10 @@ class DockerClient:
                     self._track(sock, add=False)
         except httpx.HTTPError as exc:
             if self._closed:
-                raise DockerUnavailable("closed") from exc
+                raise DockerUnavailable("the client is closed") from exc
             raise DockerUnavailable(_why(exc, self.where)) from exc
+        except RuntimeError as exc:
+            raise DockerUnavailable("the client is closed") from exc
 
     def _track(self, sock: socket.socket | None, *, add: bool) -> None:
         if sock is None:
