@@ -16,6 +16,7 @@ from gpuledger import __version__
 # name -> "module:attribute" of the click command
 COMMANDS: dict[str, str] = {
     "run": "gpuledger.cli.run_cmd:run_cmd",
+    "agent": "gpuledger.cli.agent_cmd:agent_cmd",  # the node agent: every GPU process, wrapped or not
     "runs": "gpuledger.cli.read_cmds:runs_cmd",
     "show": "gpuledger.cli.read_cmds:show_cmd",
     "logs": "gpuledger.cli.read_cmds:logs_cmd",
