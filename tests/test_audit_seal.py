@@ -85,3 +85,25 @@ def test_what_a_push_may_change_of_a_stored_run() -> None:
     assert "after the run ended" in (Span.of(done).refusal(150.0, 300.0) or "")
     assert "before the run started" in (Span.of(done).refusal(-1e9, 1.0) or "")
     assert Span.of(lost).refusal(150.0, 9e9) is None  # a lost run has no end yet
+
+
+_KEYS = st.text(max_size=5)
+_LEAF = (
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(max_size=4)
+    | st.decimals(allow_nan=False, places=2)
+)  # fmt: skip
+_VALUES = st.recursive(
+    _LEAF, lambda c: st.lists(c, max_size=4) | st.tuples(c, c) | st.dictionaries(_KEYS, c, max_size=4), max_leaves=20
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_VALUES)
+def test_canonical_json_is_the_same_text_as_ever(value: object) -> None:
+    """The fast path writes exactly what the spelled-out form wrote, so old hashes still verify."""
+    import json
+
+    from gpuledger.core.audit_chain import _plain, canonical_json
+
+    spelled = json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    assert canonical_json(value) == spelled

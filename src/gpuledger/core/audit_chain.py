@@ -38,9 +38,26 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
+def _default(obj: Any) -> Any:
+    """What ``_plain`` makes of a value json cannot write itself."""
+    if isinstance(obj, Mapping):
+        return {str(k): v for k, v in obj.items()}
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return bytes(obj).hex()
+    return str(obj)
+
+
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                            default=_default)  # fmt: skip
+_PLAIN_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(obj: Any) -> str:
     """One text per value: sorted keys, no spaces, UTF-8 kept, floats as Python's shortest repr."""
-    return json.dumps(_plain(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:  # the common case in one C call; the same text as through _plain (verify reads ~10^7 values)
+        return _ENCODER.encode(obj)
+    except (ValueError, TypeError):  # a NaN or infinity, or keys of mixed types: spelled out by _plain
+        return _PLAIN_ENCODER.encode(_plain(obj))
 
 
 def sha256_hex(text: str) -> str:

@@ -179,6 +179,8 @@ def _compare_series(
 def compare(sealed: Mapping[str, Any], current: Mapping[str, Any], rows_now: Mapping[str, Sequence[Row]]) -> list[str]:
     """What differs between a run's seal and its seal recomputed now. ``rows_now``: the current
     rows per series name, to locate edited rows."""
+    if sealed == current:  # the common case: nothing to locate
+        return []
     out: list[str] = []
     for col, h in sealed["run"].items():
         if col in DERIVED_RUN_COLUMNS:  # sealed by an older gpuledger

@@ -22,10 +22,10 @@ Found = tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]  # (seal now, row
 
 def _by_run(conn: Connection, table: sa.Table, ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    q = sa.select(table).where(table.c.run_id.in_(ids))
-    for row in conn.execute(q).mappings():
-        r = dict(row)
-        out.setdefault(r.pop("run_id"), []).append(r)
+    names = [c.name for c in table.c if c.name != "run_id"]
+    q = sa.select(table.c.run_id, *(table.c[n] for n in names)).where(table.c.run_id.in_(ids))
+    for run_id, *values in conn.execute(q):
+        out.setdefault(run_id, []).append(dict(zip(names, values, strict=True)))
     return out
 
 
