@@ -46,17 +46,20 @@ def _render(tmp_path: Path, run_id: str, **kw) -> tuple[Path, dict]:
 def _open(browser, path: Path, shot: str) -> tuple[dict, list[str]]:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning")
-            else None)
+    page.on(
+        "console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
-    page.on("request", lambda r: problems.append(f"network: {r.url}") if not r.url.startswith(("file:", "data:"))
-            else None)
+    page.on(
+        "request", lambda r: problems.append(f"network: {r.url}") if not r.url.startswith(("file:", "data:")) else None
+    )
     page.goto(path.as_uri())
     page.wait_for_function("window.gpuledgerCharts && window.gpuledgerCharts.ready", timeout=15000)
     registry = page.evaluate("window.gpuledgerCharts")
     canvases = page.evaluate(
-        "Array.from(document.querySelectorAll('.chart canvas')).map(c => [c.closest('.chart').id, c.width, c.height])")
+        "Array.from(document.querySelectorAll('.chart canvas')).map(c => [c.closest('.chart').id, c.width, c.height])"
+    )
     registry["canvases"] = canvases
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
@@ -87,8 +90,16 @@ def test_report_renders_every_chart_with_its_series(browser, tmp_path: Path) -> 
 
 
 def test_downsampled_report_draws_bands(browser, tmp_path: Path) -> None:
-    path, model = _render(tmp_path, "0190eeee-0000-7000-8000-00000000000d", n=2600, step=1.0, gpus=1,
-                          starved=False, status="succeeded", name="big run")
+    path, model = _render(
+        tmp_path,
+        "0190eeee-0000-7000-8000-00000000000d",
+        n=2600,
+        step=1.0,
+        gpus=1,
+        starved=False,
+        status="succeeded",
+        name="big run",
+    )
     assert model["downsampling"]["bucket_seconds"] is not None
     util = next(c for c in model["charts"] if c["id"] == "gpu_util")
     assert "lo" in util["series"][0]
@@ -101,3 +112,22 @@ def test_chromium_is_debians_not_a_downloaded_one() -> None:
     if not os.path.exists(CHROMIUM):
         pytest.skip("no Chromium here")
     assert shutil.which("chromium") == CHROMIUM or os.path.realpath(CHROMIUM).startswith("/usr/")
+
+
+def test_small_values_keep_their_digits_on_the_axis(browser, tmp_path: Path) -> None:
+    from gpuledger.core.model import Metric
+
+    run_id = "0190ffff-0000-7000-8000-00000000000e"
+    db = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger(db) as ledger:
+        run = write_run(ledger, run_id, n=48, gpus=1, status="succeeded", name="small lr")
+        epoch_ends = [e.t for e in ledger.events(run_id, "epoch_end")]
+        ledger.append(run_id, metrics=[Metric(t, "lr/pg1", 0.0002 * e, e) for e, t in enumerate(epoch_ends, 1)])
+    out = tmp_path / "report.html"
+    assert CliRunner().invoke(cli, ["report", "run", run.id, "-o", str(out), "--db", db]).exit_code == 0
+    registry, problems = _open(browser, out, "report-run-small-values.png")
+    assert problems == [] and registry["errors"] == []
+    lr = next(c for c in registry["charts"] if c["id"] == "lr")
+    ticks = lr["ticks"][""]
+    assert len(ticks) >= 3 and len(set(ticks)) == len(ticks), ticks  # was "0 0 0 0.01 0.01"
+    assert any(t not in ("0", "0.0", "0.00") and float(t) < 0.005 for t in ticks), ticks

@@ -39,8 +39,21 @@ def test_json_twin_carries_summary_findings_charts_and_epochs(db: str) -> None:
     assert {"oom_crash", "input_pipeline", "idle_gpus"} <= rules
     assert model["findings"][0]["severity"] == "critical"
     chart_ids = [c["id"] for c in model["charts"]]
-    for wanted in ("gpu_util", "vram", "power", "temp", "clocks", "throttle", "cpu", "ram", "disk", "net",
-                   "losses", "quality", "lr"):
+    for wanted in (
+        "gpu_util",
+        "vram",
+        "power",
+        "temp",
+        "clocks",
+        "throttle",
+        "cpu",
+        "ram",
+        "disk",
+        "net",
+        "losses",
+        "quality",
+        "lr",
+    ):
         assert wanted in chart_ids
     vram = next(c for c in model["charts"] if c["id"] == "vram")
     assert [s["label"] for s in vram["series"]] == ["GPU 0", "GPU 0 run", "GPU 1", "GPU 1 run"]
@@ -55,8 +68,9 @@ def test_html_is_self_contained_and_escapes_user_text(db: str, tmp_path: Path) -
     out = tmp_path / "r.html"
     _cli(db, "report", "run", RUN, "-o", str(out))
     html = out.read_text()
-    assert "<script src" not in html and "<link" not in html and "http://" not in html.replace(
-        "http://www.w3.org", "")  # nothing fetched: opens offline
+    assert (
+        "<script src" not in html and "<link" not in html and "http://" not in html.replace("http://www.w3.org", "")
+    )  # nothing fetched: opens offline
     assert "uPlot" in html
     assert NASTY_NAME not in html  # the raw name would inject a script
     assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
@@ -158,17 +172,57 @@ def test_regression_against_earlier_runs_of_the_same_configuration(tmp_path: Pat
     db = f"sqlite:///{tmp_path}/ledger.db"
     with Ledger(db) as ledger:
         for i in range(3):  # earlier runs: 300 s per epoch
-            write_run(ledger, f"0190cccc-0000-7000-8000-00000000010{i}", status="succeeded", starved=False,
-                      name=f"earlier {i}", started_at=T0 - 86400 * (3 - i))
-        write_run(ledger, "0190cccc-0000-7000-8000-000000000200", n=300, status="succeeded", starved=False,
-                  name="now")  # 375 s per epoch
-        write_run(ledger, "0190cccc-0000-7000-8000-000000000300", status="succeeded", starved=False, name="other",
-                  started_at=T0 - 3600, meta={"model": {"name": "yolov8x"}, "imgsz": 1280, "batch": 4})
+            write_run(
+                ledger,
+                f"0190cccc-0000-7000-8000-00000000010{i}",
+                status="succeeded",
+                starved=False,
+                name=f"earlier {i}",
+                started_at=T0 - 86400 * (3 - i),
+            )
+        write_run(
+            ledger, "0190cccc-0000-7000-8000-000000000200", n=300, status="succeeded", starved=False, name="now"
+        )  # 375 s per epoch
+        write_run(
+            ledger,
+            "0190cccc-0000-7000-8000-000000000300",
+            status="succeeded",
+            starved=False,
+            name="other",
+            started_at=T0 - 3600,
+            meta={"model": {"name": "yolov8x"}, "imgsz": 1280, "batch": 4},
+        )
     model = json.loads(_cli(db, "report", "run", "0190cccc-0000-7000-8000-000000000200", "--format", "json"))
     found = {f["rule"]: f for f in model["findings"]}
     assert found["regression"]["figures"]["baseline_sec_per_epoch"] == pytest.approx(300.0)
     assert len(found["regression"]["figures"]["baseline_runs"]) == 3  # not the other configuration
     assert "25 % slower per epoch" in found["regression"]["detail"]
-    quiet = json.loads(_cli(db, "report", "run", "0190cccc-0000-7000-8000-000000000200", "--format", "json",
-                            "--no-history"))
+    quiet = json.loads(
+        _cli(db, "report", "run", "0190cccc-0000-7000-8000-000000000200", "--format", "json", "--no-history")
+    )
     assert "regression" not in {f["rule"] for f in quiet["findings"]}
+
+
+def test_results_csv_time_is_not_a_metric_chart_and_short_epochs_have_a_wall_time(tmp_path: Path) -> None:
+    from diag_support import T0, host_intervals
+    from gpuledger.core.model import Event, Metric, RunRecord
+    from gpuledger.reports.render_html import render_run as html
+    from gpuledger.reports.render_md import render_run as md
+
+    run = RunRecord(id=RUN, command=["python", "train.py"], user="u", host="h", cwd="/", started_at=T0,
+                    status="succeeded", ended_at=T0 + 2, exit_code=0)  # fmt: skip
+    with Ledger(f"sqlite:///{tmp_path}/l.db") as ledger:
+        ledger.create_run(run)
+        ledger.append(RUN, host=host_intervals(4, 0.4, T0), events=[  # four epochs of 0.4 s
+            e for k in range(1, 5) for e in (Event(T0 + (k - 1) * 0.4, "epoch_start", payload={"epoch": k}),
+                                             Event(T0 + k * 0.4, "epoch_end", payload={"epoch": k}))],
+            metrics=[m for k in range(1, 5) for m in (Metric(T0 + k * 0.4, "time", 0.4 * k, k),
+                                                      Metric(T0 + k * 0.4, "val_accuracy", 0.2 * k, k))])  # fmt: skip
+        model = runreport.build(ledger, ledger.get_run(RUN), with_history=False, with_cost=False)
+    drawn = [s["label"] for c in model["charts"] if c["group"] == "metrics" for s in c["series"]]
+    assert drawn == ["val_accuracy"]  # results.csv's clock is not a training metric
+    text = md(model)
+    assert "| 1 | 0.400 s |" in text and "0:00:00" not in text  # sub-second epochs keep their length
+    assert "val\\_accuracy" in text and "0.8000" in text  # the run's own metric in the epochs table
+    page = html(model)
+    assert "<th>val_accuracy</th>" in page and "0.400 s" in page

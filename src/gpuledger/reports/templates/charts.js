@@ -38,11 +38,15 @@
   }
 
   // Axis ticks: as many decimals as the tick spacing needs, so a learning-rate axis reads
-  // 0.0002 0.0004 ..., not 0 0 0 0.
-  function axisValues(u, vals) {
-    var step = vals.length > 1 ? Math.abs(vals[1] - vals[0]) : Math.abs(vals[0] || 1);
-    var d = step > 0 ? Math.min(8, Math.max(0, -Math.floor(Math.log10(step) + 1e-9))) : 2;
-    return vals.map(function (v) { return v == null ? "" : v.toFixed(d); });
+  // 0.0002 0.0004 ..., not 0 0 0 0. ``seen`` (the chart's registry entry) keeps the labels drawn.
+  function axisValues(seen, unit) {
+    return function (u, vals) {
+      var step = vals.length > 1 ? Math.abs(vals[1] - vals[0]) : Math.abs(vals[0] || 1);
+      var d = step > 0 ? Math.min(8, Math.max(0, -Math.floor(Math.log10(step) + 1e-9))) : 2;
+      var labels = vals.map(function (v) { return v == null ? "" : v.toFixed(d); });
+      seen.ticks[unit] = labels;
+      return labels;
+    };
   }
 
   // Evidence spans of the findings that concern this chart.
@@ -132,6 +136,7 @@
   }
 
   function build(chart, container, opts) {
+    var entry = { id: chart.id, title: chart.title, ticks: {} };  // what was drawn, for tests (registry)
     var units = [];
     chart.series.forEach(function (s) { if (units.indexOf(s.unit) < 0) units.push(s.unit); });
     var scaleOf = {};
@@ -153,7 +158,7 @@
     var axes = [{ label: isTime ? undefined : chart.xlabel }];
     units.forEach(function (unit, i) {
       axes.push({ scale: scaleOf[unit], label: unit, side: i === 0 ? 3 : 1, grid: { show: i === 0 },
-                  size: 56, values: axisValues });
+                  size: 56, values: axisValues(entry, unit) });
     });
     var scales = { x: { time: isTime } };
     // Y ranges that hold the bands too (uPlot only sees the lines); percentages stay 0-100.
@@ -192,15 +197,12 @@
     }, arrays, container);
     u.gpuledgerTime = isTime;
     plots.push(u);
-    registry.charts.push({
-      id: chart.id,
-      title: chart.title,
-      series: chart.series.map(function (s) { return s.label; }),
-      points: chart.x.length,
-      shaded: shades.length,
-      marks: marks.length,
-      drawn: u.series.length - 1,
-    });
+    entry.series = chart.series.map(function (s) { return s.label; });
+    entry.points = chart.x.length;
+    entry.shaded = shades.length;
+    entry.marks = marks.length;
+    entry.drawn = u.series.length - 1;
+    registry.charts.push(entry);
   }
 
   window.gpuledgerZoom = function (t0, t1) {
