@@ -233,13 +233,17 @@ class ContainerLog:
         self._max_file = max_file_bytes
         self._view = LogView(container_id, ParsedLog(), path=path)
         self.last_t_ns: int | None = None  # the newest message's time: where a new follow resumes
-        self._skip_through: int | None = None
+        self._bytes_at_last = 0  # bytes read with that time (the pieces of one long line share it)
+        self._skip_t: int | None = None  # after a resume: what the daemon sends again, to skip
+        self._skip_bytes = 0
 
     # -- fed by the follower ------------------------------------------------------------------------
     def resume(self) -> str | None:
-        """``since`` for a new follow: from the newest message seen; what was seen is skipped again."""
+        """``since`` for a new follow. The daemon sends again everything logged at or after that
+        time ("since" is inclusive): the messages before it, and the bytes already read of those
+        at it (a long line's pieces, read before the stream broke), are skipped."""
         with self._lock:
-            self._skip_through = self.last_t_ns
+            self._skip_t, self._skip_bytes = self.last_t_ns, self._bytes_at_last
             self._view.done = False
             t = self.last_t_ns
         return None if t is None else f"{t // 1_000_000_000}.{t % 1_000_000_000:09d}"
@@ -250,19 +254,29 @@ class ContainerLog:
                 self._add(msg)
 
     def _add(self, msg: Message) -> None:
-        if msg.t_ns is not None:
-            if self._skip_through is not None and msg.t_ns <= self._skip_through:
-                return  # seen before the reconnect ("since" is inclusive)
-            self._skip_through = None
-            self.last_t_ns = max(self.last_t_ns or 0, msg.t_ns)
+        data, t = msg.data, msg.t_ns
+        if t is not None:
+            if self._skip_t is not None and t <= self._skip_t:
+                if t < self._skip_t:
+                    return
+                seen = min(self._skip_bytes, len(data))
+                self._skip_bytes -= seen
+                data = data[seen:]
+                if not data:
+                    return
+            self._skip_t = None
+            if self.last_t_ns is None or t > self.last_t_ns:
+                self.last_t_ns, self._bytes_at_last = t, 0
+            if t == self.last_t_ns:
+                self._bytes_at_last += len(data)
         if msg.stream == SYSTEMERR:
-            self._view.error = "the daemon reported: " + msg.data.decode("utf-8", "replace").strip()[:300]
+            self._view.error = "the daemon reported: " + data.decode("utf-8", "replace").strip()[:300]
             return
-        self._view.bytes += len(msg.data)
+        self._view.bytes += len(data)
         redactor, screen = self._stream(msg.stream)
-        clean = redactor.feed(msg.data)
+        clean = redactor.feed(data)
         self._keep(clean)
-        self._parse(screen.feed(clean), msg.t_ns)
+        self._parse(screen.feed(clean), t)
 
     def _stream(self, stream: int) -> tuple[LineRedactor, ScreenLines]:
         if stream not in self._streams:
