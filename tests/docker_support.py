@@ -194,7 +194,7 @@ class GetOnlyProxy:
 
     _REQUEST = re.compile(rb"^([A-Z]+) (\S+) HTTP/1\.[01]\r\n")
 
-    def __init__(self, sock_path: Path, sections: tuple[str, ...] = ("containers", "events", "version", "_ping")):
+    def __init__(self, sock_path: Path, sections: tuple[str, ...] = ("containers", "events")):
         self._sock_path = str(sock_path)
         self._allowed = re.compile(r"^(/v[\d.]+)?/(" + "|".join(re.escape(s) for s in sections) + r")\b")
         self.deny_logs = False

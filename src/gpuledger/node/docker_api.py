@@ -1,8 +1,8 @@
 """A read-only Docker Engine API client: the few GET endpoints the node agent needs.
 
 Only ``GET`` is ever sent, so the agent works through a read-only socket proxy (docs/AGENT.md):
-``/version``, ``/containers/json``, ``/containers/{id}/json``, ``/containers/{id}/logs`` and
-``/events``. The daemon is reached over its unix socket (``DOCKER_HOST=unix:///path``, default
+``/containers/json``, ``/containers/{id}/json``, ``/containers/{id}/logs`` and ``/events``. The
+daemon is reached over its unix socket (``DOCKER_HOST=unix:///path``, default
 ``/var/run/docker.sock``) or, for a proxy, plain HTTP (``DOCKER_HOST=tcp://host:port``).
 
 Streams (events, logs) are read without a read timeout by default, since a quiet container or a
@@ -119,9 +119,6 @@ class DockerClient:
             return response.json()
         except ValueError as exc:
             raise DockerApiError(f"GET {path}: the answer is not JSON (is {self.where} a Docker daemon?)") from exc
-
-    def version(self) -> dict[str, Any]:
-        return self._json("/version")
 
     def containers(self, *, all: bool = False) -> list[dict[str, Any]]:
         """The container list (``/containers/json``): running ones, or every one with ``all``."""
