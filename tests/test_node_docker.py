@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -28,7 +27,7 @@ from docker_support import (
 from gpuledger.collect.fake_nvml import FakeNvml, TracePoint
 from gpuledger.collect.nvml import NvmlCollector
 from gpuledger.core.logparse import parse_log
-from gpuledger.node.claims import ContainerClaim
+from gpuledger.node.claims import ContainerClaim, SourceOptions
 from gpuledger.node.docker import DockerSource, open_source
 from gpuledger.node.docker_api import DockerClient
 from gpuledger.node.docker_inspect import container_gpus
@@ -42,7 +41,7 @@ LABEL_ARGS = [arg for k, v in LABELS.items() for arg in ("--label", f"{k}={v}")]
 GiB = 2**30
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def docker_engine() -> Iterator[Engine]:
     yield from private_engine()
 
@@ -255,12 +254,18 @@ def test_no_daemon_is_said_not_raised(tmp_path: Path) -> None:
 
 
 def test_open_source_takes_the_agents_options(engine: Engine) -> None:
-    options = SimpleNamespace(docker_socket=str(engine.sock), gpus=((1, NODE[1]), (0, NODE[0])))
+    options = SourceOptions(docker_socket=str(engine.sock), gpus=((1, NODE[1]), (0, NODE[0])))
     src = open_source(options, env={})
     try:
-        assert src.wait_synced(30), src.status()
+        assert src.status() is None  # opening waits for the first listing
         cid = engine.run("-e", "NVIDIA_VISIBLE_DEVICES=1", IMAGE, "sleep", "60")
         wait_for(lambda: now_claims(src).get(cid), what="its claim")
         assert [a.gpu for a in src.claims(time.time()).allocations] == [NODE[1]]
+    finally:
+        src.close()
+    # The socket left at its default: DOCKER_HOST from the environment wins, as for the docker CLI.
+    src = open_source(SourceOptions(), env=engine.env)
+    try:
+        assert src.status() is None and cid in now_claims(src)
     finally:
         src.close()

@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuledger.core.redact import Redactor
-from gpuledger.node.claims import Allocation, Claims, ContainerClaim
+from gpuledger.node.claims import Allocation, Claims, ContainerClaim, SourceOptions
 from gpuledger.node.docker_api import DockerApiError, DockerClient, DockerConfigError, DockerUnavailable
 from gpuledger.node.docker_inspect import (
     allocations,
@@ -44,9 +44,6 @@ from gpuledger.node.docker_inspect import (
     event_time,
 )
 from gpuledger.node.docker_logs import ContainerLog, FrameDecoder, RawDecoder
-
-if TYPE_CHECKING:
-    from gpuledger.node.claims import SourceOptions
 
 EVENT_FILTERS = {"type": ["container"], "event": ["start", "die", "destroy"]}
 FOLLOW_POLICIES = ("gpu", "all", "none")
@@ -63,11 +60,11 @@ def open_source(options: SourceOptions, env: Mapping[str, str] | None = None) ->
     ``unix://`` / ``tcp://`` address; left at its default, ``DOCKER_HOST`` from the environment wins,
     as for the docker CLI. GPU indices resolve against ``options.gpus`` (NVML index, UUID)."""
     env = dict(os.environ if env is None else env)
-    where = str(getattr(options, "docker_socket", "") or "")
+    where = options.docker_socket.strip()
     address = where if "://" in where else f"unix://{where}" if where else DEFAULT_HOST
     if address != DEFAULT_HOST or not env.get("DOCKER_HOST"):
         env["DOCKER_HOST"] = address
-    gpus = {int(i): str(u) for i, u in getattr(options, "gpus", ()) if str(u).upper().startswith("GPU-")}
+    gpus = {i: u for i, u in options.gpus if u.upper().startswith("GPU-")}  # MIG slices are not indexed
     source = DockerSource(env, gpu_uuids=gpus or None)
     source.wait_synced(OPEN_WAIT_S)  # the agent's first tick sees the containers already running
     return source
