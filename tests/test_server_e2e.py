@@ -146,9 +146,9 @@ def test_runs_recorded_while_the_server_was_away_are_pushed_by_sync(tmp_path: Pa
         with server:
             first = _cli(["sync", "--server", server.url], env)
             assert first.returncode == 0, first.stdout + first.stderr
-            assert "1 runs complete, 0 still in the outbox" in first.stdout
+            assert "1 run complete, 0 still in the outbox" in first.stdout
             every = _cli(["sync", "--server", server.url, "--all"], env)
-            assert "1 runs complete" in every.stdout, every.stdout
+            assert "1 run complete" in every.stdout, every.stdout
             listed = _cli(
                 ["runs", "--server", server.url, "--json"], _env(tmp_path / "home", GPULEDGER_TOKEN=tokens.member_a)
             )

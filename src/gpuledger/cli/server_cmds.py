@@ -164,10 +164,13 @@ def sync_cmd(
             report = sync(ledger, client, all_runs=all_runs, retry_rejected=retry, progress=click.echo)
         except ServerError as exc:
             raise click.ClickException(f"{exc}; nothing is lost: run gpuledger sync again later") from exc
+    from gpuledger.core.units import fmt_count
+
     left = len(pushes.pending(ledger, server))
     click.echo(
-        f"pushed {report.rows} rows of {report.pushed_runs} runs in {report.batches} batches; "
-        f"{len(report.done)} runs complete, {left} still in the outbox"
+        f"pushed {fmt_count(report.rows, 'row')} of {fmt_count(report.pushed_runs, 'run')} in "
+        f"{fmt_count(report.batches, 'batch', 'batches')}; "
+        f"{fmt_count(len(report.done), 'run')} complete, {left} still in the outbox"
         + (f", {len(report.rejected)} refused (see --status; fix and --retry)" if report.rejected else "")
         + (f", {len(report.forbidden)} not allowed with this token" if report.forbidden else "")
     )
