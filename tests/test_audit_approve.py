@@ -93,3 +93,31 @@ def test_audit_seal_refuses_what_it_cannot_approve(ledger_url: str, tmp_path: Pa
         key_file.write_text(key.text)
     done = gl("audit", "seal", "--db", ledger_url, *args, key_file=key_file)
     assert done.returncode == 1 and "nothing to" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_retention_never_seals_what_nobody_approved(ledger_url: str) -> None:
+    """A run written around the server, and a finished run never sealed, are left as they are by the
+    daily retention (reported), not sealed "before retention" into looking legitimate."""
+    from gpuledger.store.retention import DAY_S, Policy, run_retention
+
+    with audit_key() as key:
+        tokens = setup_accounts(ledger_url)
+        never_final = run_doc(status="succeeded", ended_at=NOW - 60, started_at=NOW - 3600, exit_code=0)
+        with TestClient(create_app(ledger_url)) as client:
+            got = client.post("/api/v1/ingest", json=batch(never_final, n=5), headers=bearer(tokens.agent_a))
+            assert got.status_code == 200
+        from audit_support import sql
+
+        columns = 'id, status, command, cwd, "user", host, started_at, ended_at, labels, git, versions, replayed, ' + (
+            "interval_s, meta"
+        )
+        sql(ledger_url, f"INSERT INTO runs ({columns}) VALUES ('forged', 'succeeded', '[]', '/', 'x', 'h', "
+                        f"{NOW - 3600}, {NOW - 60}, '{{}}', '{{}}', '{{}}', false, 5, '{{}}')")  # fmt: skip
+        with Ledger(ledger_url) as led:
+            report = run_retention(led, Policy(raw_days=0, log_days=0, run_days=0), actor="cron", now=NOW + DAY_S)
+            assert set(report.skipped) == {never_final["id"], "forged"}
+            assert all(why.startswith("never sealed") for why in report.skipped.values())
+            assert report.runs_deleted == 0 and len(led.list_runs()) == 2
+            problems = audit.verify(led, keyring=keyring(key)).problems
+        assert any("run forged: inserted outside gpuledger" in p for p in problems)
+        assert any(f"run {never_final['id']}: succeeded but never sealed" in p for p in problems)

@@ -285,6 +285,11 @@ def _check_runs(conn: Connection, trail: _RunTrail, out: Verification) -> None:
             continue
         if trail.deleted.get(run_id, 0) > seq:
             out.problems.append(f"run {run_id}: present again after its run.deleted entry")
+        if run_id not in trail.created:  # sealed without ever being recorded: approved blindly
+            out.problems.append(
+                f"run {run_id}: sealed at audit seq {seq} but never created in the audit trail (written outside "
+                "gpuledger; check it, then `gpuledger audit seal --adopt`)"
+            )
         to_check.append(run_id)
     for i in range(0, len(to_check), 2000):
         chunk = to_check[i : i + 2000]

@@ -10,7 +10,9 @@ Per finished run, one transaction each, audited:
    audit chain); runs older than ``run_days`` (off by default) are deleted whole.
 
 A run's rows are checked against its seal before they are rewritten: a tampered run is skipped
-and reported, never laundered into a fresh seal. Runs still recording are left alone.
+and reported, never laundered into a fresh seal, and so is a finished run nobody sealed (an admin
+approves it with ``gpuledger audit seal``). Runs still recording, or lost by the server's verdict,
+are left alone.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from sqlalchemy.engine import Connection
 from gpuledger.core import rollup
 from gpuledger.core.epochs import BOUNDARY_KINDS
 from gpuledger.core.seal import compare
-from gpuledger.store import audit, codec, schema, writes
+from gpuledger.store import audit, codec, liveness_sweep, schema, writes
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -65,9 +67,15 @@ def _level(conn: Connection, run_id: str) -> int:
 
 
 def _tampered(conn: Connection, run_id: str) -> list[str]:
+    """Why the run's rows may not be rewritten: they differ from its seal, or nobody sealed them
+    (only an admin approves those: gpuledger audit seal). [] when they may."""
     sealed = audit.latest_seal(conn, run_id)
     if sealed is None:
-        return []
+        r = schema.runs.c
+        row = conn.execute(sa.select(r.status, r.status_reason).where(r.id == run_id)).first()
+        if row is None or liveness_sweep.swept(row.status, row.status_reason):
+            return ["lost by the server's verdict, not sealed yet (its agent may still report)"]
+        return ["never sealed: approve it first with `gpuledger audit seal`"]
     found = audit.current_seal(conn, run_id)
     return [] if found is None else compare(sealed, found[0], found[1])
 
@@ -128,9 +136,12 @@ def _step(ledger: Ledger, run_id: str, level_s: int, actor: str, report: Report)
             return
         problems = _tampered(conn, run_id)
         if problems:
-            report.skipped[run_id] = "does not match its seal: " + "; ".join(problems[:3])
+            first = problems[0]
+            if first.startswith("lost by the server"):
+                return  # not final yet: left alone, like a running run
+            sealed = not first.startswith("never sealed")
+            report.skipped[run_id] = "does not match its seal: " + "; ".join(problems[:3]) if sealed else first
             return
-        audit.seal_run(conn, run_id, actor=actor, reason="before retention")
         n_in, n_out = _rollup_run(conn, run_id, level_s, actor)
         payload = {"level_s": level_s, "rows_before": n_in, "rows_after": n_out}
         audit.append(conn, actor=actor, action="run.rolled_up", obj=f"run:{run_id}", payload=payload)
@@ -160,7 +171,7 @@ def _delete_log(ledger: Ledger, run_id: str, actor: str, report: Report) -> None
 def _delete_run(ledger: Ledger, run_id: str, actor: str, report: Report) -> None:
     def tx(conn: Connection) -> None:
         found = audit.current_seal(conn, run_id)
-        if found is None:
+        if found is None or _tampered(conn, run_id):
             return
         writes.delete_run(conn, run_id)
         payload = {"reason": "retention", "seal": found[0]}
