@@ -2,7 +2,7 @@
 tracking server ingesting the same number of values with log_batch, in the same run (issue 6).
 
     python benchmarks/ingest.py [--agents 4] [--batches 25] [--batch-intervals 5000] [--workers 2]
-                                [--mlflow-values-per-interval 1] [--skip-mlflow] [--pg URL]
+                                [--mlflow-values-per-interval 1] [--skip-mlflow] [--unsigned] [--final]
 
 gpuledger: ``gpuledger serve --workers W`` on a fresh schema; each agent (a process: one machine)
 posts ``--batches`` batches of ``--batch-intervals`` GPU intervals (8 GPUs, 5 s intervals, every
@@ -14,6 +14,10 @@ workers, on PostgreSQL) receives POST /api/2.0/mlflow/runs/log-batch with 1,000 
 request (its limit), one run per agent. By default MLflow gets one value per gpuledger interval;
 ``--mlflow-values-per-interval`` K sends K (an interval carries about a dozen numbers).
 Printed: values/s, intervals/s, bytes stored per interval / value, p50/p95 push latency.
+
+The audit trail is signed, as on a real server: a fresh Ed25519 key in ``GPULEDGER_AUDIT_KEY`` for
+the accounts set-up and the server (``--unsigned``: no key). ``--final`` makes each agent's last
+batch the run's final one, so the server also seals the run (recomputing its 125,000 intervals).
 """
 
 from __future__ import annotations
@@ -108,17 +112,22 @@ VALUES_PER_INTERVAL = sum(
 ) + len(interval(0, 0)["throttle_s"])
 
 
-def gpuledger_bodies(run_id: str, batches: int, per_batch: int) -> list[bytes]:
+def gpuledger_bodies(run_id: str, batches: int, per_batch: int, final: bool = False) -> list[bytes]:
     per_gpu = per_batch // GPUS
-    run = {"id": run_id, "command": ["python", "train.py"], "user": "bench", "host": f"node-{run_id[:4]}", "cwd": "/",
+    run = {"id": run_id, "command": ["python", "train.py"], "user": "bench", "host": f"node-{run_id[:8]}", "cwd": "/",
            "started_at": START, "labels": {"project": "bench", "team": "perf"}}  # fmt: skip
-    devices = [{"index": g, "uuid": f"GPU-{g:02d}-5f1c9a7e", "name": "NVIDIA A100-SXM4-80GB"} for g in range(GPUS)]
+    devices = [{"index": g, "uuid": f"GPU-{run_id[:8]}-{g:02d}", "name": "NVIDIA A100-SXM4-80GB"} for g in range(GPUS)]
     out = []
     for b in range(batches):
-        rows = [interval(g, b * per_gpu + i) for g in range(GPUS) for i in range(per_gpu)]
+        rows = [interval(g, b * per_gpu + i) | {"device_uuid": f"GPU-{run_id[:8]}-{g:02d}"} for g in range(GPUS)
+                for i in range(per_gpu)]  # fmt: skip
         body: dict[str, Any] = {"run": run, "gpu_rows": [[r.get(c) for c in GPU_COLUMNS] for r in rows]}
         if b == 0:
             body["devices"] = devices
+        if final and b == batches - 1:
+            end = START + (b + 1) * per_gpu * 5.0
+            body["run"] = run | {"status": "succeeded", "ended_at": end, "exit_code": 0}
+            body["final"] = True
         out.append(orjson.dumps(body))
     return out
 
@@ -265,7 +274,8 @@ def bench_gpuledger(args: argparse.Namespace) -> dict[str, Any]:
         try:
             _wait(f"http://127.0.0.1:{port}/healthz", proc, 60)
             per_agent = [
-                gpuledger_bodies(str(uuid.uuid4()), args.batches, args.batch_intervals) for _ in range(args.agents)
+                gpuledger_bodies(str(uuid.uuid4()), args.batches, args.batch_intervals, args.final)
+                for _ in range(args.agents)
             ]
             body_b = sum(len(b) for bs in per_agent for b in bs)
             meter = CpuMeter(proc.pid, app_name)
@@ -324,6 +334,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--mlflow-values-per-interval", type=int, default=1)
     ap.add_argument("--skip-mlflow", action="store_true")
+    ap.add_argument("--unsigned", action="store_true", help="No audit key (the trail hash-chained only).")
+    ap.add_argument("--final", action="store_true", help="Each agent's last batch ends and seals its run.")
     ap.add_argument("--keep", action="store_true", help="Keep the benchmark schemas.")
     ap.add_argument(
         "--experiment-no-interval-fk", action="store_true",
@@ -334,6 +346,12 @@ def main() -> None:
     print(machine_line())
     print(source_state())
     print(f"gpuledger {version('gpuledger')}; mlflow-skinny {version('mlflow-skinny')}; PostgreSQL at {PG}")
+    if not args.unsigned:  # the set-up here and the server process both sign the audit trail
+        from gpuledger.core.signing import SigningKey
+
+        key = SigningKey.generate()
+        os.environ["GPULEDGER_AUDIT_KEY"] = key.text
+        print(f"audit trail signed with Ed25519 key {key.key_id}" + ("; runs end and are sealed" if args.final else ""))
     g = bench_gpuledger(args)
     g_rate = g["rows"] / g["wall"]
     print(
