@@ -59,7 +59,7 @@ class Node:
     """One agent over crafted trees; ``tick()`` advances the test clock by one reading (2 s)."""
 
     def __init__(self, tmp: Path, url: str, claims: Claims, *, boot: str = "boot-A", procs: dict | None = None,
-                 exit_at: float | None = None, t0: float = T0) -> None:  # fmt: skip
+                 exit_at: float | None = None, t0: float = T0, pusher: object = None) -> None:  # fmt: skip
         self.clock = Clock()
         self.clock.t = t0
         self.proc, self.cg = tmp / "proc", tmp / "cgroup"
@@ -73,7 +73,7 @@ class Node:
         self.source = Scripted(claims)
         self.poller = SourcePoller("docker", lambda: self.source, clock=self.clock)
         self.warnings: list[str] = []
-        self.sink = LedgerSink(url, host="node-1", boot_id=boot, warn=self.warnings.append)
+        self.sink = LedgerSink(url, host="node-1", boot_id=boot, warn=self.warnings.append, pusher=pusher)
         self.metrics = NodeMetrics("node-1", dcgm_names=True, clock=self.clock)
         self.agent = NodeAgent(
             AgentConfig(host="node-1", interval_s=10.0, cgroup_root=str(self.cg)),
@@ -98,12 +98,17 @@ def container_process(proc: Path, pid: int, **kw: object) -> None:
     make_proc(proc, pid, "python", uid=0, cgroup="0::" + V2_SCOPE, cmdline=["python", "train.py"], pgid=300, **kw)
 
 
+def make_trees(tmp: Path) -> Path:
+    """A container's two processes in a crafted /proc, and its cgroup in a crafted v2 hierarchy."""
+    container_process(tmp / "proc", 300, start=1000)
+    container_process(tmp / "proc", 301, start=1001, ppid=300)
+    v2_cgroup(tmp / "cgroup", usage_usec=0, current=GiB, inactive=0, peak=GiB, rbytes=0, wbytes=0)
+    return tmp
+
+
 @pytest.fixture
 def trees(tmp_path: Path) -> Path:
-    container_process(tmp_path / "proc", 300, start=1000)
-    container_process(tmp_path / "proc", 301, start=1001, ppid=300)
-    v2_cgroup(tmp_path / "cgroup", usage_usec=0, current=GiB, inactive=0, peak=GiB, rbytes=0, wbytes=0)
-    return tmp_path
+    return make_trees(tmp_path)
 
 
 def labelled(exit_code: int | None = None, finished: float | None = None) -> Claims:

@@ -30,6 +30,7 @@ class NodePusher:
         warn: Callable[[str], None],
         period_s: float = PERIOD_S,
         client: Any = None,
+        backoff_min_s: float = 1.0,
     ) -> None:
         self.server = server
         self._url = ledger_url
@@ -37,6 +38,7 @@ class NodePusher:
         self._warn = warn
         self._period_s = period_s
         self._client = client
+        self._backoff_min_s = backoff_min_s
         self._ledger: Any = None
         self._new: set[str] = set()
         self._lock = threading.Lock()
@@ -100,7 +102,7 @@ class NodePusher:
         except Exception as exc:  # the agent must never stop for a server
             self._failures += 1
             self.last_error = str(exc)
-            wait = backoff_s(self._failures)
+            wait = backoff_s(self._failures, min_s=self._backoff_min_s)
             if isinstance(exc, Unreachable) and exc.retry_after_s is not None:
                 wait = max(wait, exc.retry_after_s)
             self._next_try = time.monotonic() + wait
