@@ -54,7 +54,6 @@ Trace semantics (times are *trace seconds*: ``clock() - start``):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import pynvml
@@ -81,6 +80,40 @@ _FIELD_FUNCTION = {
     **dict.fromkeys(FI_PERF_POLICY, "nvmlDeviceGetViolationStatus"),
 }
 _CLOCK_COLUMNS = {pynvml.NVML_CLOCK_SM: "sm_clock_mhz", pynvml.NVML_CLOCK_MEM: "mem_clock_mhz"}
+
+
+class _Value:
+    """pynvml's c_nvmlValue_t members, as plain attributes (the light, fast form)."""
+
+    __slots__ = ("dVal", "siVal", "sllVal", "uiVal", "ulVal", "ullVal", "usVal")
+
+
+class _SampleValue:
+    __slots__ = ("uiVal",)
+
+    def __init__(self, value: int) -> None:
+        self.uiVal = value
+
+
+class _Sample:
+    """pynvml's c_nvmlSample_t members, as plain attributes (the light, fast form)."""
+
+    __slots__ = ("sampleValue", "timeStamp")
+
+    def __init__(self, ts: int, value: int) -> None:
+        self.timeStamp, self.sampleValue = ts, _SampleValue(value)
+
+
+class _FieldValue:
+    """pynvml's c_nvmlFieldValue_t members, as plain attributes (the light, fast form)."""
+
+    __slots__ = ("fieldId", "latencyUsec", "nvmlReturn", "scopeId", "timestamp", "value", "valueType")
+
+    def __init__(self, fid: int, scope: int, stamp: int, latency: int, vtype: int, ret: int, value: _Value) -> None:
+        self.fieldId, self.scopeId, self.timestamp, self.latencyUsec = fid, scope, stamp, latency
+        self.valueType, self.nvmlReturn, self.value = vtype, ret, value
+
+
 _VALUE_MEMBER = {pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal"}
 _VALUE_MEMBER[pynvml.NVML_VALUE_TYPE_DOUBLE] = "dVal"
 _ZOMBIE_UTIL = 37100  # nvtop #110: a zombie process's sample read %SM=37100
@@ -103,7 +136,7 @@ class FakeNvml(NvmlCore):
         if self._ctypes:
             out = [pynvml.c_nvmlSample_t(ts, pynvml.c_nvmlValue_t(uiVal=v)) for ts, v in found]
         else:
-            out = [SimpleNamespace(timeStamp=ts, sampleValue=SimpleNamespace(uiVal=v)) for ts, v in found]
+            out = [_Sample(ts, v) for ts, v in found]
         return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, out
 
     def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> Any:
@@ -136,10 +169,10 @@ class FakeNvml(NvmlCore):
                 if ret == pynvml.NVML_SUCCESS:
                     setattr(fv.value, _VALUE_MEMBER[vtype], value)
             else:
-                member = SimpleNamespace(**({_VALUE_MEMBER[vtype]: value} if ret == pynvml.NVML_SUCCESS else {}))
-                fv = SimpleNamespace(fieldId=fid, scopeId=scope, timestamp=stamp, latencyUsec=0)
-                fv.valueType, fv.nvmlReturn, fv.value = vtype, ret, member
-                values.append(fv)
+                member = _Value()
+                if ret == pynvml.NVML_SUCCESS:
+                    setattr(member, _VALUE_MEMBER[vtype], value)
+                values.append(_FieldValue(fid, scope, stamp, 0, vtype, ret, member))
         return values
 
     def _field(self, dev: Device, t: float, fid: int) -> tuple[int, int, Any]:

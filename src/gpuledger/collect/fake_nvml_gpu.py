@@ -314,13 +314,16 @@ class Device:
         util, prefix, per, phase = self.col["util_pct"], self.util_i, self.period_us, self.phase_us
         assert prefix is not None
         out = []
+        grid = self.idle == "grid"
+        prev_k, prev_end = None, 0.0  # consecutive samples share a boundary: one integral each
         for k in ks:
-            if self.idle != "grid" and not self._is_busy(k):
+            if not grid and not self._is_busy(k):
                 out.append(0)  # an idle instant: nothing ran since the previous sample
                 continue
             end = (phase + k * per) / 1e6
-            busy = self.integral(prefix, util, end) - self.integral(prefix, util, end - per / 1e6)
-            out.append(round(busy * 1e6 / per))
+            start = prev_end if prev_k == k - 1 else self.integral(prefix, util, end - per / 1e6)
+            prev_k, prev_end = k, self.integral(prefix, util, end)
+            out.append(round((prev_end - start) * 1e6 / per))
         return out
 
     def _is_busy(self, k: int) -> bool:

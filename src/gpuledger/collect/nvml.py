@@ -46,6 +46,7 @@ from gpuledger.core.integrate import counter_delta, trapezoid_energy_j
 from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
 
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 1.0, 60.0
+_RARE_LIST_TICKS = 10  # the MPS and graphics process lists, while empty, are asked this seldom
 _NOTE = "note"  # event kind for facts about the metering (not errors)
 
 
@@ -60,6 +61,8 @@ class _Device:
         self.t_last: float | None = None  # None: the next read primes the cursors
         self.mono_last = 0.0
         self.proc_ts = 0  # NVML µs timestamp of the last per-process utilisation sample seen
+        self.proc_reads = 0
+        self.busy_lists: set[str] = set()  # MPS / graphics process lists that have held a process
         self.energy_mj: int | None = None
         self.power_w: float | None = None
         self.lost = False
@@ -326,10 +329,10 @@ class NvmlCollector:
         if samples is NOTHING_NEW:
             tick.proc_sm_util_pct = 0.0 if match.method is not None else None  # no process ran a kernel
         elif samples is not None:
-            rows = ((int(s.pid), int(s.timeStamp), float(s.smUtil)) for s in samples)
-            tick.proc_sm_util_pct, d.proc_ts = sm_share(
-                rows, match, d.proc_ts, listed=frozenset(p for p, _ in procs), foreign_ns=owner.foreign_ns
-            )
+            rows = [(s.pid, s.timeStamp, s.smUtil) for s in samples]
+            listed = frozenset(p for p, _ in procs) if owner.foreign_ns else frozenset()
+            tick.proc_sm_util_pct, d.proc_ts = sm_share(rows, match, d.proc_ts, listed=listed,
+                                                        foreign_ns=owner.foreign_ns)  # fmt: skip
 
     def _every_process(self, d: _Device) -> list[GpuProcess]:
         """Every process on the GPU with its memory and mean SM share since the previous read."""
@@ -353,16 +356,25 @@ class NvmlCollector:
         return [GpuProcess(d.uuid, pid, mem, (sm[pid][0] / sm[pid][1]) if pid in sm else idle) for pid, mem in procs]
 
     def _gpu_processes(self, d: _Device) -> list[tuple[int, int | None]] | None:
-        """(pid, usedGpuMemory) of every process on the GPU (compute, MPS and graphics); None: unknown."""
+        """(pid, usedGpuMemory) of every process on the GPU (compute, MPS and graphics); None: unknown.
+
+        The MPS and graphics lists are empty on almost every training node: while they stay empty
+        they are asked every ``_RARE_LIST_TICKS``-th read only, then every read once one is not.
+        """
         seen: dict[int, int | None] = {}
         known = False
+        d.proc_reads += 1
         for key, fn, fn_v2 in self._proc_fns:
+            if key != "procs" and key not in d.busy_lists and d.proc_reads % _RARE_LIST_TICKS:
+                continue
             procs = self._q.call(d.q, key, fn, d.handle)
             if procs is None and key in d.q.unsupported:
                 procs = self._q.call(d.q, key + "_v2", fn_v2, d.handle)  # older drivers
             if procs is None:
                 continue
             known = True
+            if procs and key != "procs":
+                d.busy_lists.add(key)
             for p in procs:
                 mem = p.usedGpuMemory
                 seen.setdefault(int(p.pid), None if mem is None else int(mem))  # a process may be in two lists

@@ -43,6 +43,17 @@ REINIT_ERRORS = ("NVMLError_Uninitialized", "NVMLError_DriverNotLoaded", "NVMLEr
 ABSENT_ERRORS = ("NVMLError_NotSupported", "NVMLError_NoPermission", "NVMLError_FunctionNotFound")
 
 
+_FIELD_KEYS: dict[int, str] = {}
+
+
+def field_key(fid: int) -> str:
+    """The memo key of one field id ("fi83"), made once."""
+    key = _FIELD_KEYS.get(fid)
+    if key is None:
+        key = _FIELD_KEYS[fid] = f"fi{fid}"
+    return key
+
+
 class DeviceQueries:
     """Per-device memo: what is absent for good, what keeps failing, and how this read went."""
 
@@ -112,7 +123,8 @@ class Querier:
 
     def fields(self, d: DeviceQueries, fn: Any, handle: Any, ids: Sequence[int]) -> dict[int, Any]:
         """Field values by id: one call, each field judged on its own return code."""
-        wanted = [i for i in ids if f"fi{i}" not in d.unsupported]
+        unsupported = d.unsupported
+        wanted = [i for i in ids if _FIELD_KEYS.get(i, "") not in unsupported] if unsupported else list(ids)
         if not wanted:
             return {}
         values = self.call(d, "fields", fn, handle, wanted)
@@ -120,16 +132,16 @@ class Querier:
             return {}
         out: dict[int, Any] = {}
         for v in values:
-            fid, ret = int(v.fieldId), int(v.nvmlReturn)
-            key = f"fi{fid}"
+            fid, ret = v.fieldId, v.nvmlReturn
             if ret == 0:
-                member = VALUE_MEMBERS[v.valueType] if 0 <= v.valueType < len(VALUE_MEMBERS) else "ullVal"
-                out[fid] = getattr(v.value, member)
-                d.failures.pop(key, None)
+                vtype = v.valueType
+                out[fid] = getattr(v.value, VALUE_MEMBERS[vtype] if 0 <= vtype < len(VALUE_MEMBERS) else "ullVal")
+                if d.failures:
+                    d.failures.pop(field_key(fid), None)
             elif ret in self._absent_codes:
-                d.unsupported.add(key)
+                unsupported.add(field_key(fid))
             else:
-                self._fail(d, key, _FieldError(self._nv, ret))
+                self._fail(d, field_key(fid), _FieldError(self._nv, ret))
         return out
 
     # -- failures and events -----------------------------------------------------------------

@@ -43,7 +43,7 @@ _WALL_DOMAIN_S = 86_400.0  # NVML timestamps within a day of the host clock: the
 _US = 1_000_000
 
 
-@dataclass
+@dataclass(slots=True)
 class UtilRead:
     """Busy time for one tick, and how it was measured."""
 
@@ -102,7 +102,7 @@ class UtilReader:
             return None  # a passing failure: the cursor stays, the next read covers this span
         stalled = self._last_ok_mono is not None and mono - self._last_ok_mono > STALL_S
         self._last_ok_mono = mono
-        pairs = [p for p in self._pairs(res) if p[0] > self.cursor_us]
+        pairs = self._pairs(res, self.cursor_us)
         if not pairs:
             return self._nothing_new(now, elapsed_s)
         self._blind_until_us = None
@@ -123,7 +123,7 @@ class UtilReader:
         self._last = pairs[-1]
         if self._wall is None:  # the buffer was empty at the start: the first samples tell
             self._wall = abs(now - pairs[-1][0] / _US) < _WALL_DOMAIN_S
-        return self._fill_unknown(out)
+        return self._fill_unknown(out) if out.unknown_s else out
 
     # -- cases ---------------------------------------------------------------------------------
     def _open(self, pairs: list[tuple[int, float]], now: float) -> None:
@@ -189,12 +189,20 @@ class UtilReader:
                    "the time around the step is measured by the instant reading")  # fmt: skip
 
     @staticmethod
-    def _pairs(res: Any) -> list[tuple[int, float]]:
+    def _pairs(res: Any, after: int = -1) -> list[tuple[int, float]]:
+        """(timestamp µs, percent) of the samples newer than ``after``, sorted by time."""
         if res is NOTHING_NEW or not res:
             return []
         vtype, samples = res
         member = VALUE_MEMBERS[vtype] if 0 <= vtype < len(VALUE_MEMBERS) else "uiVal"
-        pairs = [(int(s.timeStamp), float(getattr(s.sampleValue, member))) for s in samples]
-        if any(pairs[i][0] > pairs[i + 1][0] for i in range(len(pairs) - 1)):
+        pairs: list[tuple[int, float]] = []
+        last, unsorted = -1, False
+        for s in samples:  # one pass: the hot path of every tick
+            ts = s.timeStamp
+            if ts > after:
+                unsorted = unsorted or ts < last
+                last = ts
+                pairs.append((ts, getattr(s.sampleValue, member)))
+        if unsorted:  # buffer order is time order, except across a wall-clock step back
             pairs.sort()
         return pairs

@@ -47,6 +47,7 @@ class PidOwner:
         self.foreign_ns = not self._kthreadd_visible()
         self._nodes: dict[int, tuple[float, frozenset[int] | None]] = {}  # pid -> (read at, minors held)
         self._scopes: dict[int, tuple[float, str | None]] = {}
+        self._run_scopes: dict[int, tuple[float, str | None]] = {}
 
     def verified(self, listed: Iterable[int], run_pids: set[int]) -> dict[int, str]:
         """Listed pids that are the run's, with how they were verified."""
@@ -61,11 +62,21 @@ class PidOwner:
             if self.foreign_ns or not run_pids:
                 continue
             if not scope_known:  # the run's processes share one container or job
-                run_scope = next((s for s in map(self.scope, sorted(run_pids)[:4]) if s is not None), None)
-                scope_known = True
+                run_scope, scope_known = self._run_scope(run_pids), True
             if run_scope is not None and self.scope(pid) == run_scope:
                 out[pid] = PROC_CGROUP
         return out
+
+    def _run_scope(self, run_pids: set[int]) -> str | None:
+        """The run's container or job scope, from its oldest processes (remembered per root)."""
+        root = min(run_pids)
+        now = self._clock()
+        hit = self._run_scopes.get(root)
+        if hit is not None and now - hit[0] < REFRESH_S:
+            return hit[1]
+        value = next((s for s in map(self.scope, sorted(run_pids)[:4]) if s is not None), None)
+        self._run_scopes = {root: (now, value)}
+        return value
 
     def holders(self, run_pids: Iterable[int], minor: int | None) -> int | None:
         """How many of the run's processes hold /dev/nvidia<minor> (None: the minor is unknown)."""

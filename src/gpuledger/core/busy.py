@@ -24,6 +24,7 @@ report it. Pure functions, no I/O, no clock (DESIGN: core/ is where correctness 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -126,12 +127,17 @@ class SamplePeriod:
 
     def observe(self, samples: Iterable[tuple[int, float]], previous: tuple[int, float] | None = None) -> None:
         """Learn from consecutive ``(timestamp_us, percent)`` samples (``previous``: the one before)."""
-        prev = previous
+        # Once learned, only a spacing short enough to lower the estimate is worth remembering
+        # (the estimate never grows): at steady state a read costs one comparison per sample.
+        useful = math.inf if self._learned is None else self._learned / _JITTER
+        prev_ts, prev_pct = previous if previous is not None else (None, 0.0)
+        added = False
         for ts, pct in samples:
-            if prev is not None and ts > prev[0] and pct > 0 and prev[1] > 0:
-                self._spacings.append((ts - prev[0]) / _US)
-            prev = (ts, pct)
-        if not self._spacings:
+            if prev_ts is not None and pct > 0 and prev_pct > 0 and 0 < ts - prev_ts < useful * _US:
+                self._spacings.append((ts - prev_ts) / _US)
+                added = True
+            prev_ts, prev_pct = ts, pct
+        if not added:
             return
         smallest = min(self._spacings)
         regular = [s for s in self._spacings if s <= smallest * _CLUSTER]

@@ -22,15 +22,14 @@ cursor (returned again by some drivers) or above 100 % (seen in the field) are d
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 PROC_PID = "pid"
 PROC_CGROUP = "cgroup"
 PROC_PIDNS = "pidns"
 
 
-@dataclass(frozen=True)
-class ProcMatch:
+class ProcMatch(NamedTuple):  # a NamedTuple: made for every GPU at every tick, so cheap to build
     mem_b: int | None  # memory the run's processes hold on the GPU; None: cannot tell
     pids: frozenset[int]  # listed pids taken as the run's (for the utilisation samples)
     method: str | None  # how: "pid", "cgroup", "pidns" (comma-joined when mixed); None: cannot tell
@@ -48,7 +47,8 @@ def attribute(
     """The run's share of a GPU's processes ``procs`` (pid, usedGpuMemory), by the rules above."""
     mine = [(pid, mem) for pid, mem in procs if pid in verified]
     if mine:
-        methods = ",".join(sorted({verified[pid] for pid, _ in mine}))
+        found = set(verified.values())
+        methods = found.pop() if len(found) == 1 else ",".join(sorted(found))
         return ProcMatch(_total(m for _, m in mine), frozenset(p for p, _ in mine), methods, len(mine) == len(procs))
     if not procs:
         return ProcMatch(0, frozenset(), PROC_PID, False)
