@@ -133,6 +133,7 @@ def test_a_labelled_container_nobody_wrapped_becomes_a_discovered_run(trees: Pat
     node.source.now = labelled(exit_code=3, finished=node.clock.t + 1)  # the Docker adapter saw it die
     exit_processes(trees / "proc", 300, 301)  # ... its processes ended, NVML lists them no more
     node.tick()
+    unallocated = {f.name: f for f in node.metrics.collect()}["gpuledger_gpu_unallocated_use"].samples
     node.stop()
     with Ledger(ledger_url) as led:
         [run] = led.list_runs()
@@ -161,6 +162,8 @@ def test_a_labelled_container_nobody_wrapped_becomes_a_discovered_run(trees: Pat
         assert sum(h.read_b for h in host) == 4096 and max(h.rss_max_b for h in host) == 6 * GiB
         events = led.events(run.id, kind="unallocated_gpu")
         assert len(events) == 2 and all(GPU0 in e.message and GPU1 in e.message for e in events)
+    counted = [s for s in unallocated if s.name.endswith("_total") and s.labels["run_id"] == run.id]
+    assert [(s.labels["uuid"], s.value) for s in counted] == [(GPU0, 2.0)]  # one per process, on /metrics too
 
 
 def test_wrapped_processes_on_the_same_gpu_are_left_to_their_run(trees: Path, ledger_url: str) -> None:
@@ -262,6 +265,24 @@ def test_a_hanging_or_failing_adapter_costs_nothing_but_its_own_claims(trees: Pa
     node.stop()
     with Ledger(f"sqlite:///{tmp_path}/l.db") as led:
         assert led.list_runs()[0].labels["team"] == "vision"  # the working adapter's claims were used
+
+
+def test_an_adapter_that_fails_and_recovers_is_said_once_each_way(trees: Path, tmp_path: Path) -> None:
+    node = Node(trees, f"sqlite:///{tmp_path}/l.db", labelled())
+    node.tick(2)
+    good = node.source.claims
+    node.source.claims = lambda now: (_ for _ in ()).throw(OSError("daemon restarting"))  # type: ignore[method-assign]
+    node.tick(3)
+    node.source.claims = good  # type: ignore[method-assign]
+    node.tick(3)
+    node.stop()
+    said = [w for w in node.warnings if "docker" in w]
+    assert said == [
+        "gpuledger agent: docker: failed: OSError: daemon restarting",
+        "gpuledger agent: docker answers again",
+    ]
+    with Ledger(f"sqlite:///{tmp_path}/l.db") as led:
+        assert led.list_runs()[0].labels["team"] == "vision"  # its last claims stood in meanwhile
 
 
 def test_an_unreachable_ledger_keeps_everything_until_it_is_back(trees: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from gpuledger.cli.common import db_option
 from gpuledger.core.owners import DEFAULT_COPY_LABELS
 from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 
-FIRST_ANSWER_S = 3.0  # how long the start report waits for the platforms' first answers
+FIRST_ANSWER_S = 6.0  # how long the start report waits for the platforms' first answers (Docker: 5 s)
 OFF = ("", "none", "off")
 
 
@@ -202,6 +202,7 @@ def _run(stop: threading.Event, **o) -> None:  # type: ignore[no-untyped-def]
         environ_others=procs.environ_readable_for_others(), uid=os.getuid(), cgroup_root=o["cgroup_root"],
         cgroup_version=cgroup_version(o["cgroup_root"]), sources=sources.states(),
         disabled=[n for n in ("docker", "kubelet", "slurm") if n not in wanted], ledger=display_url(o["ledger_url"]),
+        gpu_retry=gpu is None and o["replay"] is None,
         server=server, metrics=f"{o['metrics_host']}:{port}" if port is not None else None,
     )  # fmt: skip
     _say(f"gpuledger agent on {host}, reading every {config.tick:g} s, intervals of {config.interval_s:g} s:")

@@ -97,6 +97,7 @@ class NodeAgent:
         self._interval_start = self._started
         self._settled = False
         self._gpu_reads = 0  # readings that listed GPU processes (the first only primes NVML's cursors)
+        self._health: dict[str, str] = {}  # adapter -> working / degraded / silent (said on change)
         self._gpu_retry_at = time.monotonic() + GPU_RETRY_S
 
     # -- the loop -----------------------------------------------------------------------------
@@ -145,6 +146,7 @@ class NodeAgent:
         if closing:
             self._close_intervals(now)
         self._publish_metrics(read, by_gpu, unattributed)
+        self._watch_sources()
         if self._procs.environ_denied:
             self._say("environ", f"gpuledger agent: the environment of {self._procs.environ_denied} GPU process(es) "
                       "could not be read: they are taken as unwrapped unless a `gpuledger run` ancestor or a recorder "
@@ -371,8 +373,23 @@ class NodeAgent:
                 mem = owners.get(labels, 0)
                 owners[labels] = None if mem is None or p.mem_b is None else mem + p.mem_b
             self._metrics.observe(ident, ticks.get(uuid), list(owners.items()), unattributed.get(uuid, 0))
-        states = self._sources.states()
-        self._metrics.set_sources({s.name: s.up for s in states}, len(self.tracks))
+        self._metrics.set_sources({s.name: s.up for s in self._sources.states()}, len(self.tracks))
+
+    def _watch_sources(self) -> None:
+        """Say when an adapter stops answering or degrades, and when it is back (the start report
+        said how each began)."""
+        for s in self._sources.states():
+            health = "silent" if s.answered_at is not None and not s.up else "degraded" if s.status else "working"
+            if s.answered_at is None and s.status == "no answer yet":
+                health = "starting"
+            before = self._health.get(s.name)
+            self._health[s.name] = health
+            if before is None or before == health or health == "starting":
+                continue
+            if health == "working":
+                self._warn(f"gpuledger agent: {s.name} answers again")
+            else:
+                self._warn(f"gpuledger agent: {s.name}: {s.status}")
 
     def _say(self, key: str, line: str) -> None:
         if key not in self._said:

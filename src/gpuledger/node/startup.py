@@ -26,6 +26,7 @@ class Seen:
     ledger: str
     server: str | None
     metrics: str | None  # "127.0.0.1:9400", or None
+    gpu_retry: bool = False  # without GPUs, NVML is tried again every minute
 
 
 def cgroup_version(root: str) -> int | None:
@@ -46,8 +47,8 @@ def report(seen: Seen) -> list[str]:
         out.append(f"ok  GPUs: {len(seen.gpus)} ({', '.join(names)}; {source}"
                    + (f", driver {driver}" if driver else "") + ")")  # fmt: skip
     else:
-        out.append(f"--  no GPU readable: {seen.gpu_note}; nothing is metered until NVML answers "
-                   "(tried again every minute)")  # fmt: skip
+        again = "until NVML answers (tried again every minute)" if seen.gpu_retry else "(no GPU to read)"
+        out.append(f"--  no GPU readable: {seen.gpu_note}; nothing is metered {again}")
     if seen.host_pids:
         out.append("ok  host PID namespace: GPU processes are looked up by the pids NVML reports")
     else:
@@ -68,7 +69,8 @@ def report(seen: Seen) -> list[str]:
         out.append(f"--  no cgroup hierarchy under {seen.cgroup_root}: host figures come from each run's "
                    "process tree in /proc")  # fmt: skip
     for s in seen.sources:
-        out.append(f"ok  {s.name}" if s.status is None else f"--  {s.name}: {s.status}")
+        status = s.status.removeprefix(f"{s.name}: ") if s.status else None  # some adapters name themselves
+        out.append(f"ok  {s.name}" if status is None else f"--  {s.name}: {status}")
     for name in seen.disabled:
         out.append(f"--  {name}: switched off")
     out.append(f"ok  ledger: {seen.ledger}")
