@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gpuledger.core.ids import short_id
 from gpuledger.core.intervals import merge_gpu_intervals, merge_host_intervals
 from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval, RunRecord, run_is_open
 from gpuledger.core.units import (
@@ -59,6 +60,7 @@ def summarize(
     per_stream = [counts.get("host", 0) if counts is not None else len(host_intervals), *(g["intervals"] for g in gpus)]
     summary: dict[str, Any] = {
         "id": run.id,
+        "short_id": short_id(run.id),  # what people type (core/ids.py)
         "name": run.name,
         "status": run.status,
         "status_reason": run.status_reason,

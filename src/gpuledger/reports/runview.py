@@ -37,7 +37,6 @@ def summary(ledger, run: RunRecord, now: float | None = None) -> dict:
         now=measured_until if measured_until is not None else now,
         counts={**counts, "host": host_count},
     )
-    data["short_id"] = short_id(run.id)
     if run_is_open(run.status, run.ended_at):
         data["measured_until"] = iso(measured_until)
         data["elapsed_seconds"] = max(0.0, now - run.started_at)
