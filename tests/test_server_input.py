@@ -256,3 +256,23 @@ def test_secrets_are_redacted_by_the_server_too(ctx) -> None:  # type: ignore[no
     assert stored.labels["team"] == "vision" and stored.meta["wandb"]["entity"] == "ml"
     assert f"glt_{token[4:16]}_[REDACTED:gpuledger-token]" in events[0]["message"]  # the id stays: revoke it
     assert _post(client, t.agent_a, body).json()["created"] is False  # resent: redacted the same, no change
+
+
+def test_compact_rows_of_old_and_new_agents_are_both_stored(ctx) -> None:  # type: ignore[no-untyped-def]
+    # An agent that predates the coverage columns sends 20 columns; a current one 23. Both are
+    # stored, the old ones with the coverage left absent (not zero).
+    from gpuledger.core.wire import GPU_COLUMNS, GPU_COLUMNS_V1
+
+    client, tokens, url = ctx
+    run = run_doc()
+    old, new = gpu_rows(2)
+    new |= {"util_idle_s": 1.5, "util_unknown_s": 0.25, "proc_method": "pidns"}
+    body = batch(run, n=0) | {
+        "gpu_rows": [[old.get(c) for c in GPU_COLUMNS_V1], [new.get(c) for c in GPU_COLUMNS]],
+    }
+    got = _post(client, tokens.agent_a, body)
+    assert got.status_code == 200, got.text
+    with Ledger(url) as ledger:
+        stored = {iv.seq: iv for iv in ledger.gpu_intervals(run["id"])}
+    assert (stored[0].util_idle_s, stored[0].util_unknown_s, stored[0].proc_method) == (None, None, None)
+    assert (stored[1].util_idle_s, stored[1].util_unknown_s, stored[1].proc_method) == (1.5, 0.25, "pidns")

@@ -53,6 +53,8 @@ class GpuIntervalIn(TypedDict, total=False):
     busy_s: NonNeg | None
     util_method: Short | None
     util_max_pct: Pct | None
+    util_idle_s: NonNeg | None
+    util_unknown_s: NonNeg | None
     energy_j: NonNeg | None
     energy_method: Short | None
     power_max_w: Watts | None
@@ -61,6 +63,7 @@ class GpuIntervalIn(TypedDict, total=False):
     mem_reserved_b: Bytes | None
     proc_mem_max_b: Bytes | None
     proc_sm_util_avg_pct: Pct | None
+    proc_method: Short | None
     temp_max_c: Celsius | None
     sm_clock_avg_mhz: NonNeg | None
     mem_clock_max_mhz: NonNeg | None

@@ -11,7 +11,9 @@ timestamp far in the future.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 from gpuledger.core.wire import GPU_COLUMNS, HOST_COLUMNS
 from gpuledger.server.wire_types import (
@@ -29,11 +31,25 @@ from gpuledger.server.wire_types import (
     Watts,
 )
 
-GpuRow = tuple[
+_GpuRowV1 = tuple[
     Short, Seq, T, T, Count, NonNeg | None, Short | None, Pct | None, NonNeg | None, Short | None, Watts | None,
     Bytes | None, Bytes | None, Bytes | None, Bytes | None, Pct | None, Celsius | None, NonNeg | None, NonNeg | None,
     dict[Short, NonNeg] | None,
 ]  # fmt: skip
+_GpuRowV2 = tuple[
+    Short, Seq, T, T, Count, NonNeg | None, Short | None, Pct | None, NonNeg | None, Short | None, Watts | None,
+    Bytes | None, Bytes | None, Bytes | None, Bytes | None, Pct | None, Celsius | None, NonNeg | None, NonNeg | None,
+    dict[Short, NonNeg] | None, NonNeg | None, NonNeg | None, Short | None,
+]  # fmt: skip
+
+
+def _full_width(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row from an agent that predates the coverage columns, padded with "not measured"."""
+    return row if len(row) == len(GPU_COLUMNS) else (*row, *(None,) * (len(GPU_COLUMNS) - len(row)))
+
+
+# Both widths are accepted (agents upgrade after the server); every row leaves validation full width.
+GpuRow = Annotated[_GpuRowV2 | _GpuRowV1, AfterValidator(_full_width)]
 HostRow = tuple[
     Seq, T, T, Count, NonNeg, Bytes, Bytes, Bytes, Count, Count, Pct | None, NonNeg | None, Bytes | None,
     Bytes | None, Bytes | None, Bytes | None, Bytes | None,
