@@ -167,7 +167,8 @@ def test_a_labelled_container_nobody_wrapped_becomes_a_discovered_run(trees: Pat
 
 
 def test_wrapped_processes_on_the_same_gpu_are_left_to_their_run(trees: Path, ledger_url: str) -> None:
-    make_proc(trees / "proc", 400, uid=1000, environ={"GPULEDGER_RUN_ID": "0190aaaa-wrapped"}, start=2000)
+    # `gpuledger run` inside the same container, next to a process nobody wrapped
+    container_process(trees / "proc", 400, start=2000, environ={"GPULEDGER_RUN_ID": "0190aaaa-wrapped"})
     procs = {300: (8 * GiB, 40.0), 400: (10 * GiB, 55.0)}
     node = Node(trees, ledger_url, labelled(), procs=procs)
     node.tick(8)
@@ -217,6 +218,22 @@ def test_restarted_agent_resumes_its_open_run_and_ends_the_ones_whose_processes_
         [ended] = led.list_runs()
         assert ended.id == before.id and ended.ended_at == led.last_flush_t(ended.id)
         assert "left the GPUs when the agent started again" in (ended.status_reason or "")
+
+
+def test_a_new_training_in_the_same_container_is_a_new_run(trees: Path, ledger_url: str) -> None:
+    first = Node(trees, ledger_url, labelled())
+    first.tick(8)
+    first.stop()
+    container_process(trees / "proc", 310, start=9000)  # while the agent was away, 300 and 301 ended
+    for pid in (300, 301):
+        (trees / "proc" / str(pid) / "stat").unlink()
+    second = Node(trees, ledger_url, labelled(), procs={310: (6 * GiB, 70.0)}, t0=first.clock.t + 600)
+    second.tick(8)
+    second.stop()
+    with Ledger(ledger_url) as led:
+        old, new = sorted(led.list_runs(), key=lambda r: r.started_at)
+        assert old.ended_at is not None and new.ended_at is None  # same container key, other processes
+        assert new.meta["node"]["members"] == [[310, 9000]]
 
 
 def test_a_reboot_ends_the_runs_of_the_previous_boot(trees: Path, ledger_url: str) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 from gpuledger.core.model import GpuIdentity, RunRecord
 from gpuledger.node.track import META_KEY, Closed
 
-RECORDERS_EVERY_S = 30.0
+RECORDERS_EVERY_S = 5.0  # a wrapped run started after the agent is known within this
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 60.0
 
 
