@@ -163,3 +163,64 @@ def test_an_unwrapped_process_is_discovered_billed_and_resumed(tmp_path: Path, l
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
                 p.wait(timeout=60)
+
+
+BURN = (  # waits for the go file, burns 1.5 CPU-seconds, writes what it burned, sleeps
+    "import json, os, sys, time\n"
+    "while not os.path.exists(sys.argv[1] + '.go'): time.sleep(0.02)\n"
+    "t0 = os.times(); end = time.process_time() + 1.5\n"
+    "while time.process_time() < end: pass\n"
+    "t1 = os.times()\n"
+    "json.dump({'cpu_s': t1.user + t1.system - t0.user - t0.system}, open(sys.argv[1], 'w'))\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_an_unwrapped_process_in_process_with_the_scripted_nvml_naming_its_real_pid(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    """The loop in this process, in real time, on the real /proc: the child's own CPU is its run's."""
+    from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
+    from gpuledger.collect.nvml import NvmlCollector
+    from gpuledger.node.agent import AgentConfig, NodeAgent
+    from gpuledger.node.procfacts import ProcReader
+    from gpuledger.node.sink import LedgerSink
+    from gpuledger.node.sources import Sources
+
+    truth = tmp_path / "truth.json"
+    child = subprocess.Popen([sys.executable, "-c", BURN, str(truth)], start_new_session=True)
+    try:
+        fake = FakeNvml([FakeGpu(GPU, profile="ideal", points=[TracePoint(0.0, util_pct=90, mem_used_b=4 * GiB,
+                         power_w=300, procs={"run": (3 * GiB, 90.0)})])], clock=time.time, start=time.time(),
+                        host_pid_offset=0)  # fmt: skip
+        fake.run_pids = {child.pid}  # NVML names the child by its real (host) pid
+        procs = ProcReader()
+        sink = LedgerSink(ledger_url, host="real-node", boot_id=procs.boot_id(), warn=print)
+        sink.start()
+        agent = NodeAgent(AgentConfig(host="real-node", interval_s=1.0, cgroup_root=str(tmp_path / "no-cgroups")),
+                          gpu=NvmlCollector(nvml=fake, all_processes=True), procs=procs, sources=Sources([]),
+                          sink=sink, boot_id=procs.boot_id(), boot_time=procs.boot_time())  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not agent.tracks and time.monotonic() < deadline:  # until its run is open ...
+            agent.tick()
+            time.sleep(0.2)
+        agent.tick()  # ... and its host figures are primed
+        Path(f"{truth}.go").touch()
+        while not truth.exists() and time.monotonic() < deadline:
+            agent.tick()
+            time.sleep(0.2)
+        for _ in range(6):  # a little more, then stop: the run stays open
+            agent.tick()
+            time.sleep(0.2)
+        agent.shutdown()
+        assert sink.close(timeout_s=30)
+        burned = json.loads(truth.read_text())["cpu_s"]
+        with Ledger(ledger_url) as led:
+            [run] = led.list_runs()
+            assert run.meta["node"]["host_figures"] == "processes" and run.command[-1] == str(truth)
+            cpu = sum(h.cpu_s for h in led.host_intervals(run.id))
+            assert cpu == pytest.approx(burned, abs=0.15)  # its CPU while the run was open (clock ticks: 10 ms)
+            assert max(iv.proc_mem_max_b for iv in led.gpu_intervals(run.id)) == 3 * GiB
+    finally:
+        child.kill()
+        child.wait()
