@@ -103,10 +103,13 @@
       dl.push(GL.el("dd", {}, r[1]));
     });
     GL.replace("details", dl);
-    var live = s.status === "running";
+    var live = recording(s);
     document.getElementById("live").hidden = !live;
     state.live = live;
   }
+
+  // Still recording: a wrapped run while "running", a node agent's run while "discovered" without an end.
+  function recording(s) { return s.status === "running" || (s.status === "discovered" && !s.ended_at); }
 
   function renderEvents() {
     GL.replace("events", GL.table([
@@ -132,7 +135,7 @@
     return Promise.all([side, fetchIntervals(after)]).then(function () {
       state.polls = polls;
       draw();
-      if (summary && summary.status !== "running") return finish();
+      if (summary && !recording(summary)) return finish();
       schedule();
     }).catch(function (err) { GL.fail(err); schedule(); });
   }
@@ -149,7 +152,7 @@
 
   loadSide().then(function () { return fetchIntervals(null); }).then(function () {
     draw();
-    if (summary.status === "running") schedule(); else state.done = true;
+    if (recording(summary)) schedule(); else state.done = true;
   }).catch(function (err) {
     if (err instanceof GL.ApiError && err.status === 404) {
       GL.status("No such run, or not one of your projects.", true);
