@@ -78,8 +78,8 @@ def run_cmd(
     from gpuledger.recorder.wrap import WrapOptions, run_and_exit_code
 
     label_map = parse_labels(labels)
-    check_ledger_url(db)  # a ledger that can never be written is refused before COMMAND starts
     if db:  # a team server's database: refused before CMD starts, not at its first flush
+        check_ledger_url(db)  # and so is a ledger that can never be written (bad URL, no driver)
         from gpuledger.store import Ledger, LedgerError, ownership
 
         try:
