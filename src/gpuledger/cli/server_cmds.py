@@ -54,6 +54,17 @@ def serve_cmd(
 
     server_ledger(db).close()  # refuses an outdated schema with the command to fix it
     assert db is not None
+    from gpuledger.store import LedgerError, audit_sign
+
+    try:  # a key file that cannot be read fails here, not at the first push
+        keys = audit_sign.writer_keys()
+    except LedgerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if keys is None:
+        click.echo(f"gpuledger: no audit key ({audit_sign.ENV_KEY_FILE}): the audit trail is not signed "
+                   "(docs/AUDIT.md)", err=True)  # fmt: skip
+    else:
+        click.echo(f"gpuledger: the audit trail is signed with key {keys.signer.key_id}", err=True)
     os.environ["GPULEDGER_SERVER_DB"] = db
     os.environ["GPULEDGER_MAX_BODY_B"] = str(int(max_body_mb * 1024 * 1024))
     if rates:
