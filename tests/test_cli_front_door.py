@@ -79,7 +79,9 @@ def invoke(db: str, *args: str, **env: str) -> Result:
 # -- one spelling for JSON, one default run ----------------------------------------------------------
 
 JSON_COMMANDS = [["runs"], ["show", short_id(YOLO)], ["cost", short_id(YOLO)], ["query", "gpu-hours"],
-                 ["query", "failures"], ["query", "configs"], ["query", "gpu", "GPU-test-0"], ["top"]]  # fmt: skip
+                 ["query", "failures"], ["query", "configs"], ["query", "gpu", "GPU-test-0"], ["top"],
+                 ["report", "run", short_id(YOLO), "--no-history"], ["compare", short_id(YOLO), short_id(CUSTOM)],
+                 ["report", "chargeback"]]  # fmt: skip
 
 
 @pytest.mark.parametrize("command", JSON_COMMANDS, ids=" ".join)
@@ -89,7 +91,8 @@ def test_json_and_format_json_are_the_same_on_every_read_command(db: str, comman
     assert _stable(json.loads(short.stdout)) == _stable(json.loads(long.stdout))
 
 
-MOVING = {"wall_seconds", "elapsed_seconds", "elapsed_s", "age_s", "eta_s", "cpu_cores"}  # a live run's clock
+# A live run's clock, and when a report was made.
+MOVING = {"wall_seconds", "elapsed_seconds", "elapsed_s", "age_s", "eta_s", "cpu_cores", "generated_at"}
 
 
 def _stable(value: object) -> object:

@@ -109,9 +109,7 @@ def cost_cmd(
     show_default=True,
     help="Group by, comma-separated: team, project, user, gpu_model, instance_type, status.",
 )
-@click.option(
-    "--format", "fmt", type=click.Choice(["table", "csv", "md", "html", "json"]), default="table", show_default=True
-)
+@format_option("table", "csv", "md", "html", "json")
 @click.option(
     "--section",
     type=click.Choice(["groups", "runs", "idle-runs", "users", "idle-users", "trend", "anomalies"]),

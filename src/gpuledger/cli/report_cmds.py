@@ -10,7 +10,7 @@ import io
 
 import click
 
-from gpuledger.cli.common import check_report_rate_card, cli_errors, db_option, open_ledger, resolve_run
+from gpuledger.cli.common import check_report_rate_card, cli_errors, db_option, format_option, open_ledger, resolve_run
 from gpuledger.cli.output import STDOUT, OutputPath, write_text
 from gpuledger.cli.query_cmds import query_group
 from gpuledger.cli.report_group import report_group  # shared with the cost commands (report chargeback)
@@ -40,7 +40,7 @@ def write_output(text: str, output: str | None, default_name: str | None = None)
     help="Where to write ('-' for stdout). HTML default: "
     "gpuledger-SHORTID.html in this directory; JSON and Markdown default: stdout.",
 )
-@click.option("--format", "fmt", type=click.Choice(["html", "json", "md"]), default="html", show_default=True)
+@format_option("html", "json", "md", default="html")
 @click.option("--no-history", is_flag=True, help="Skip the comparison with earlier runs (regression rule).")
 @click.option(
     "--cost/--no-cost",
@@ -88,7 +88,7 @@ def report_run_cmd(
 
 @click.command("compare")
 @click.argument("runs", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["table", "html", "md", "json"]), default="table", show_default=True)
+@format_option("table", "html", "md", "json")
 @click.option(
     "-o", "--output", type=OutputPath(), help="Where to write (default: stdout; HTML: gpuledger-compare.html)."
 )
