@@ -78,6 +78,9 @@ def test_recover_writes_a_spooled_run_into_the_ledger_it_asked_for(tmp_path: Pat
     assert out.returncode == 0 and b"trained" in out.stdout and b"gpuledger recover" in out.stderr
     spooled = list((tmp_path / "home" / "spool").glob("*.json"))
     assert len(spooled) == 1
+    too_early = run_cli(["recover"], env)  # still unavailable: said once, the spooled run kept
+    assert too_early.returncode == 1 and b"Traceback" not in too_early.stderr
+    assert spooled[0].exists() and too_early.stderr.startswith(f"Error: {spooled[0]}: cannot open".encode())
     asked.rmdir()  # the ledger is back
     recovered = run_cli(["recover"], env)  # GPULEDGER_DB points at another ledger: the run must not go there
     assert recovered.returncode == 0, recovered.stderr.decode()

@@ -197,7 +197,7 @@ def recover_cmd(files: tuple[str, ...], db: str | None) -> None:
             run_id = recover(path, ledgers[target])
         except Exception as exc:  # one bad spool file must not stop the others
             failed += 1
-            click.echo(f"{path}: {exc}", err=True)
+            click.echo(f"Error: {path}: {exc}", err=True)
             continue
         where = f" into {display_url(target)}" if target else ""
         click.echo(f"recovered run {run_id}{where}")
