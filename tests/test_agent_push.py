@@ -16,6 +16,7 @@ from gpuledger.node.claims import Claims, ContainerClaim
 from gpuledger.node.push import NodePusher
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, pushes
+from gpuledger.store.audit_verify import verify
 from server_support import fresh_pg_url, setup_accounts
 from test_agent_loop import CID, Node, exit_processes, make_trees
 from test_agent_outbox import Flaky
@@ -37,6 +38,18 @@ def claims(finished: float | None = None) -> Claims:
     return Claims(containers={CID: c})
 
 
+def wait_pushed(local: str, pusher: NodePusher, done) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with Ledger(local) as led:
+            states = [pushes.get(led, SERVER, r.id) for r in led.list_runs()]
+        if states and all(s is not None and done(s) for s in states):
+            return
+        pusher.wrote([])
+        time.sleep(0.1)
+    raise AssertionError("the outbox did not drain")
+
+
 def test_discovered_runs_reach_a_server_that_was_away(tmp_path: Path, server) -> None:  # type: ignore[no-untyped-def]
     trees = make_trees(tmp_path)
     app_client, server_url, token = server
@@ -48,6 +61,12 @@ def test_discovered_runs_reach_a_server_that_was_away(tmp_path: Path, server) ->
     pusher.start()
     node = Node(trees, local, claims(), t0=time.time() - 600, exit_at=40.0, pusher=pusher)
     node.tick(20)
+    wait_pushed(local, pusher, lambda state: state.gpu_next)  # the open run is on the server
+    with Ledger(server_url) as remote:
+        [open_run] = remote.list_runs()
+        assert open_run.status == DISCOVERED and open_run.ended_at is None
+        check = verify(remote)  # an open discovered run is recording, not "never sealed"
+        assert check.unsealed_running == 1 and not [p for p in check.problems if open_run.id in p]
     node.source.now = claims(finished=node.clock.t)
     exit_processes(trees / "proc", 300, 301)
     node.tick()
@@ -55,17 +74,12 @@ def test_discovered_runs_reach_a_server_that_was_away(tmp_path: Path, server) ->
     with Ledger(local) as led:
         [run] = led.list_runs()
         want = (len(led.gpu_intervals(run.id)), len(led.host_intervals(run.id)))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with Ledger(local) as led:
-            state = pushes.get(led, SERVER, run.id)
-        if state is not None and state.done:
-            break
-        pusher.wrote([])
-        time.sleep(0.1)
+    wait_pushed(local, pusher, lambda state: state.done)
     pusher.close()
     assert any("cannot push" in ln for ln in lines) and any("again" in ln for ln in lines)
     with Ledger(server_url) as remote:
         got = remote.get_run(run.id)
         assert (got.status, got.exit_code, got.ended_at, got.labels["team"]) == (DISCOVERED, 0, run.ended_at, "vision")
         assert (len(remote.gpu_intervals(run.id)), len(remote.host_intervals(run.id))) == want
+        check = verify(remote)  # ended by its final push: sealed, like any finished run
+        assert check.unsealed_running == 0 and not [p for p in check.problems if run.id in p], check.problems

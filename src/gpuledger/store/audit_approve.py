@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gpuledger.core.model import run_is_open
 from gpuledger.store import audit, rollup_audit
 from gpuledger.store import schema as T
 from gpuledger.store.errors import LedgerError
+from gpuledger.store.queries import open_run
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -73,7 +75,7 @@ def pending(ledger: Ledger) -> Pending:
     def tx(conn: Connection) -> Pending:
         created, sealed, rolled = _trail_runs(conn)
         r = T.runs.c
-        finished = list(conn.scalars(sa.select(r.id).where(r.status != "running")))
+        finished = list(conn.scalars(sa.select(r.id).where(~open_run(r))))
         everything = list(conn.scalars(sa.select(r.id)))
         out = Pending()
         out.unsealed = _describe(conn, sorted(i for i in finished if i in created and i not in sealed))
@@ -111,7 +113,7 @@ def approve(
             payload = {k: info[k] for k in ("project", "user", "host", "status", "started_at")}
             payload |= {"owner": None, "reason": "adopted by an admin: written outside gpuledger"}
             audit.append(conn, actor=actor, action="run.created", obj=f"run:{r}", payload=payload)
-            if info["status"] != "running":
+            if not run_is_open(info["status"], info["ended_at"]):
                 audit.seal_run(conn, r, actor=actor, reason="adopted by an admin")
 
         ledger.write(tx)

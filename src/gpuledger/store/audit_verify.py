@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection
 
 from gpuledger.core import seal as seals
 from gpuledger.core.audit_chain import GENESIS, check_chain
+from gpuledger.core.model import run_is_open
 from gpuledger.core.signing import Keyring
 from gpuledger.store import audit_seals, audit_sign, audit_state, liveness_sweep
 from gpuledger.store import schema as T
@@ -272,9 +273,11 @@ def _sealed_payloads(conn: Connection, seqs: list[int]) -> dict[int, dict[str, A
 
 def _check_runs(conn: Connection, trail: _RunTrail, out: Verification) -> None:
     r = T.runs.c
-    present, silenced = {}, set()
-    for run_id, status, reason in conn.execute(sa.select(r.id, r.status, r.status_reason)):
+    present, silenced, recording = {}, set(), set()
+    for run_id, status, reason, ended_at in conn.execute(sa.select(r.id, r.status, r.status_reason, r.ended_at)):
         present[str(run_id)] = str(status)
+        if run_is_open(status, ended_at):  # running, or discovered by a node agent that has not ended it
+            recording.add(str(run_id))
         if liveness_sweep.swept(status, reason):  # lost by the server's verdict: its agent may still report
             silenced.add(str(run_id))
     to_check = []
@@ -305,7 +308,7 @@ def _check_runs(conn: Connection, trail: _RunTrail, out: Verification) -> None:
             continue
         if run_id not in trail.created:
             out.problems.append(f"run {run_id}: inserted outside gpuledger (no run.created entry in the audit log)")
-        elif status == "running" or run_id in silenced:
+        elif run_id in recording or run_id in silenced:
             out.unsealed_running += 1
         else:
             out.problems.append(f"run {run_id}: {status} but never sealed (see `gpuledger audit seal`)")
