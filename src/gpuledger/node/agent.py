@@ -241,17 +241,14 @@ class NodeAgent:
             why = (f"the cgroup {owner.cgroup.scope} is not readable under {self.config.cgroup_root}"
                    + (" (outside this agent's cgroup namespace)" if owner.cgroup.outside_ns else "")
                    + ": host figures come from the process tree in /proc")  # fmt: skip
-        root = facts.pgid if facts.pgid > 1 and self._procs.alive(facts.pgid, self._start_of(facts.pgid)) else facts.pid
+        leader = self._procs.stat(facts.pgid) if facts.pgid > 1 else None  # the group's leader, when alive
+        root = facts.pgid if leader is not None and not leader.exited else facts.pid
         backend = "auto" if self._procs.root == "/proc" else "psutil"
         try:
             collector = ProcessTreeCollector(root, include_root=True, backend=backend, system_every=1_000_000)
         except Exception as exc:
             return None, None, f"no host figures: the process tree of pid {root} cannot be read ({exc})"
         return collector, "processes", why
-
-    def _start_of(self, pid: int) -> int:
-        st = self._procs.stat(pid)
-        return -1 if st is None else st.start_ticks
 
     def _refresh_labels(self, track: RunTrack, owner: Owner) -> None:
         new = self._redactor.redact_mapping(dict(owner.labels))
