@@ -19,7 +19,8 @@ counted twice. A process none of these recognise is discovered.
 
 **Labels** (``Owner.labels``): those its environment sets as ``gpuledger run`` reads them
 (``GPULEDGER_TEAM``, ``GPULEDGER_PROJECT``, ``GPULEDGER_LABELS``), then the configured keys of
-its pod's labels, then of its container's (``copied_labels``): the most specific wins.
+its Slurm job's labels, then of its pod's, then of its container's (``copied_labels``): the most
+specific wins.
 
 **Grouping** (``Owner.key``): a discovered run is the processes of one container; else of one
 pod; else of one Slurm job step; else of one process group of one user (a training, its
@@ -155,6 +156,7 @@ def attribute(
             **facts.env_labels,  # what its environment says, as `gpuledger run` would read it
             **copied_labels(
                 copy_labels,
+                (job.labels if job is not None else {}),  # the least specific: a job may hold pods or containers
                 (pod.labels if pod is not None else {}),
                 (container.labels if container is not None else {}),
             ),
@@ -192,8 +194,8 @@ def _wrapped(facts: ProcFacts, recorders: Mapping[int, str]) -> tuple[str | None
 
 
 def copied_labels(patterns: Sequence[str], *sources: Mapping[str, str]) -> dict[str, str]:
-    """The labels a discovered run takes from its platforms, later ``sources`` winning (pod, then
-    container). ``patterns`` are keys or shell-style globs (``gpuledger.*``); a key under the
+    """The labels a discovered run takes from its platforms, later ``sources`` winning (job,
+    pod, then container). ``patterns`` are keys or shell-style globs (``gpuledger.*``); a key under the
     ``gpuledger.`` prefix is stored without it and wins over the bare key."""
     plain: dict[str, str] = {}
     namespaced: dict[str, str] = {}

@@ -92,6 +92,8 @@ class JobClaim:
     partition: str | None = None
     gpus: tuple[str, ...] | None = None  # allocated GPUs: indices or UUIDs; None: unknown
     pids: frozenset[int] | None = None  # confirmed by `scontrol listpids`; None: not asked
+    # Labels its submitter gave it (the job's comment, e.g. ``team=vision,project=x``), as a container's
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
