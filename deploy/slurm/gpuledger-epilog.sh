@@ -1,0 +1,47 @@
+#!/bin/bash
+# gpuledger's Slurm epilog: removes what gpuledger-prolog.sh wrote for this job — its line in
+# every GPU mapping file (the file itself when no other job holds the GPU) and its facts file.
+# Install next to the prolog (slurm.conf: Epilog=/etc/slurm/epilog.d/*; docs/AGENT.md, "Slurm").
+# Every mapping file is looked at, not only the job's GPUs: a file the prolog wrote is removed
+# even when the epilog's environment names the GPUs differently.
+#
+# It always exits 0: an epilog that fails drains the node.
+
+PATH=/usr/sbin:/usr/bin:/sbin:/bin
+umask 022
+GPUSTAT_DIR="${GPULEDGER_GPUSTAT_DIR:-/run/gpustat}"
+JOB_DIR="${GPULEDGER_SLURM_JOB_DIR:-/run/gpuledger/slurm}"
+
+say() { printf 'gpuledger epilog: %s\n' "$*" >&2; }
+
+# Drop the job's lines from $1; remove the file when no line is left (atomically replaced).
+drop_job() {
+  local file=$1 job=$2 tmp
+  grep -q -E "^${job}([[:space:]]|\$)" "$file" 2>/dev/null || return 0
+  tmp=$(mktemp "$GPUSTAT_DIR/.gpuledger.XXXXXX") || return 1
+  grep -v -E "^${job}([[:space:]]|\$)" "$file" >"$tmp" || true
+  if grep -q '[^[:space:]]' "$tmp"; then
+    if ! { chmod 0644 "$tmp" && mv -f "$tmp" "$file"; }; then
+      rm -f "$tmp"
+      return 1
+    fi
+  else
+    rm -f "$tmp" "$file"
+  fi
+}
+
+main() {
+  local job="${SLURM_JOB_ID:-}" file
+  [[ $job =~ ^[0-9]+$ ]] || { say "no numeric SLURM_JOB_ID: nothing removed"; return 0; }
+  rm -f "$JOB_DIR/$job.job"
+  [[ -d $GPUSTAT_DIR ]] || return 0
+  exec 9>"$GPUSTAT_DIR/.lock"
+  flock -w 10 9 || say "no lock on $GPUSTAT_DIR/.lock after 10 s: removing anyway"
+  for file in "$GPUSTAT_DIR"/*; do
+    [[ -f $file ]] || continue
+    drop_job "$file" "$job" || say "cannot rewrite $file"
+  done
+}
+
+main
+exit 0
