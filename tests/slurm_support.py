@@ -84,10 +84,10 @@ class FakeSlurm:
         """An environment whose PATH finds this scontrol first (and the system's tools after it)."""
         return {"PATH": f"{self.bin}{os.pathsep}/usr/bin:/bin", "HOME": str(self.scenario), **extra}
 
-    def answer(self, name: str, text: str | None = None, *, recorded: str | None = None) -> None:
-        """Make ``name`` (``listpids.out``, ``job-42.out`` ...) print ``text``, or a recorded file."""
-        if recorded is not None:
-            shutil.copyfile(DATA / recorded, self.scenario / name)
+    def answer(self, name: str, text: str | None = None, *, data: str | None = None) -> None:
+        """Make ``name`` (``listpids.out``, ``job-42.out`` ...) print ``text``, or a file of tests/data/slurm."""
+        if data is not None:
+            shutil.copyfile(DATA / data, self.scenario / name)
         else:
             (self.scenario / name).write_text(text or "")
 

@@ -59,11 +59,11 @@ def source(slurm: FakeSlurm, tmp_path: Path, clock: Clock, **kw: object) -> Slur
 
 
 def busy_node(slurm: FakeSlurm) -> None:
-    """gpu07 running 4242 (GPUs 0, 1, 3) and 4250 (no GPU), as recorded."""
-    slurm.answer("listpids.out", recorded="listpids.out")
-    slurm.answer("job-4242.out", recorded="job-4242.out")
-    slurm.answer("job-4250.out", recorded="job-4250.out")
-    slurm.answer("node-gpu07.out", recorded="node-gpu07.out")
+    """gpu07 running 4242 (GPUs 0, 1, 3) and 4250 (no GPU), as in tests/data/slurm."""
+    slurm.answer("listpids.out", data="listpids.out")
+    slurm.answer("job-4242.out", data="job-4242.out")
+    slurm.answer("job-4250.out", data="job-4250.out")
+    slurm.answer("node-gpu07.out", data="node-gpu07.out")
 
 
 def run_prolog(tmp_path: Path, **env: str) -> None:
@@ -94,7 +94,7 @@ def test_jobs_gpus_and_processes_from_scontrol(slurm: FakeSlurm, tmp_path: Path,
 
 
 def test_a_node_with_no_gpu_in_use_claims_nothing(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:
-    slurm.answer("node-gpu07.out", recorded="node-idle.out")  # and no listpids.out: no step on the node
+    slurm.answer("node-gpu07.out", data="node-idle.out")  # and no listpids.out: no step on the node
     src = source(slurm, tmp_path, clock)
     src.refresh()
     assert src.claims(0.0).jobs == {} and src.claims(0.0).allocations == []
@@ -104,7 +104,7 @@ def test_a_node_with_no_gpu_in_use_claims_nothing(slurm: FakeSlurm, tmp_path: Pa
 
 def test_unexpected_fields_are_ignored(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:
     slurm.answer("listpids.out", listpids([(61000, "4260", "batch")]))
-    slurm.answer("job-4260.out", recorded="job-4260.out")
+    slurm.answer("job-4260.out", data="job-4260.out")
     src = source(slurm, tmp_path, clock)
     src.refresh()
     job = src.claims(0.0).jobs["4260"]
@@ -114,8 +114,8 @@ def test_unexpected_fields_are_ignored(slurm: FakeSlurm, tmp_path: Path, clock: 
 
 def test_gpus_slurm_gave_to_jobs_not_seen_here_are_said(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:
     slurm.answer("listpids.out", listpids([(52007, "4250", "0")]))  # 4242's steps are not listed
-    slurm.answer("job-4250.out", recorded="job-4250.out")
-    slurm.answer("node-gpu07.out", recorded="node-gpu07.out")
+    slurm.answer("job-4250.out", data="job-4250.out")
+    slurm.answer("node-gpu07.out", data="node-gpu07.out")
     src = source(slurm, tmp_path, clock)
     src.refresh()
     status = src.status() or ""
@@ -141,7 +141,7 @@ def test_a_job_that_ended_is_no_longer_claimed(slurm: FakeSlurm, tmp_path: Path,
     src = source(slurm, tmp_path, clock)
     src.refresh()
     slurm.answer("listpids.out", listpids([(52007, "4250", "0")]))
-    slurm.answer("node-gpu07.out", recorded="node-idle.out")
+    slurm.answer("node-gpu07.out", data="node-idle.out")
     clock.t += LISTPIDS_EVERY_S
     src.refresh()
     assert set(src.claims(0.0).jobs) == {"4250", "4250.0"}
@@ -225,7 +225,7 @@ def test_a_new_job_in_the_files_is_listed_at_once(slurm: FakeSlurm, tmp_path: Pa
     busy_node(slurm)
     src = source(slurm, tmp_path, clock)
     src.refresh()
-    slurm.answer("listpids.out", recorded="listpids.out")
+    slurm.answer("listpids.out", data="listpids.out")
     run_prolog(tmp_path, SLURM_JOB_ID="4300", SLURM_JOB_UID="1001", SLURM_JOB_ACCOUNT="vision",
                SLURM_JOB_USER="alice", CUDA_VISIBLE_DEVICES="2")  # fmt: skip
     clock.t += 2.0
@@ -299,7 +299,7 @@ def test_a_process_whose_cgroup_hides_its_job_is_attributed_by_listpids(
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         slurm.answer("listpids.out", listpids([(child.pid, "4242", "0")]))
-        slurm.answer("job-4242.out", recorded="job-4242.out")
+        slurm.answer("job-4242.out", data="job-4242.out")
         src = source(slurm, tmp_path, clock)
         src.refresh()
         facts = ProcReader("/proc").facts(child.pid)

@@ -1,6 +1,6 @@
 """Slurm adapter, pure parts: what scontrol prints, what the prolog's files say, a job's labels.
 
-The scontrol output is recorded in Slurm's own format (tests/data/slurm/README.md).
+The scontrol output is in Slurm's own format (tests/data/slurm/README.md).
 """
 
 from __future__ import annotations
@@ -30,34 +30,34 @@ from gpuledger.node.slurm_parse import (
 DATA = Path(__file__).parent / "data" / "slurm"
 
 
-def recorded(name: str) -> str:
+def output(name: str) -> str:
     return (DATA / name).read_text()
 
 
 # -- scontrol show job -d ------------------------------------------------------------------------------
 def test_a_job_spanning_several_gpus_names_this_nodes_indices_only() -> None:
-    job = parse_job(recorded("job-4242.out"), "gpu07")
+    job = parse_job(output("job-4242.out"), "gpu07")
     assert job.job_id == "4242" and job.state == "RUNNING"
     assert (job.user, job.uid, job.account, job.partition) == ("alice", 1001, "vision", "gpu")
     assert job.gpus_here == {0, 1, 3}
-    assert parse_job(recorded("job-4242.out"), "gpu06").gpus_here == {0, 1, 2, 3}
-    assert parse_job(recorded("job-4242.out"), "gpu99").gpus_here is None  # not on that node
+    assert parse_job(output("job-4242.out"), "gpu06").gpus_here == {0, 1, 2, 3}
+    assert parse_job(output("job-4242.out"), "gpu99").gpus_here is None  # not on that node
 
 
 def test_free_text_fields_keep_their_spaces_and_hide_no_key() -> None:
-    job = parse_job(recorded("job-4242.out"), "gpu07")
+    job = parse_job(output("job-4242.out"), "gpu07")
     assert job.comment == "team=vision project=defect-detection model_version=yolov10s"
     assert comment_labels(job.comment) == {"team": "vision", "project": "defect-detection", "model_version": "yolov10s"}
 
 
 def test_a_cpu_only_job_holds_no_gpu_here() -> None:
-    job = parse_job(recorded("job-4250.out"), "gpu07")
+    job = parse_job(output("job-4250.out"), "gpu07")
     assert job.gpus_here == frozenset() and job.user == "bob" and job.account == "lidar"
     assert job.comment is None
 
 
 def test_fields_no_slurm_prints_yet_are_ignored() -> None:
-    job = parse_job(recorded("job-4260.out"), "gpu07")
+    job = parse_job(output("job-4260.out"), "gpu07")
     assert (job.job_id, job.user, job.account, job.partition) == ("4260", "carol", "nlp", "gpu")
     assert job.gpus_here == {2}
     assert comment_labels(job.comment) == {"team": "nlp"}
@@ -145,18 +145,18 @@ def test_a_host_list_too_long_to_be_a_job_is_refused() -> None:
 
 # -- scontrol show node -d ----------------------------------------------------------------------------
 def test_a_node_names_the_gpus_in_use() -> None:
-    node = parse_node(recorded("node-gpu07.out"))
+    node = parse_node(output("node-gpu07.out"))
     assert (node.name, node.gres, node.state) == ("gpu07", "gpu:a100:4(S:0-1)", "MIXED")
     assert node.gpus_in_use == {0, 1, 3}
 
 
 def test_an_idle_node_has_no_gpu_in_use() -> None:
-    assert parse_node(recorded("node-idle.out")).gpus_in_use == frozenset()
+    assert parse_node(output("node-idle.out")).gpus_in_use == frozenset()
 
 
 # -- scontrol listpids --------------------------------------------------------------------------------
 def test_listpids_gives_each_step_its_processes() -> None:
-    steps = parse_listpids(recorded("listpids.out"))
+    steps = parse_listpids(output("listpids.out"))
     assert steps.steps["4242"] == {"extern": {51230, 51244}, "batch": {51260, 51288}, "0": {51301, 51302}}
     assert steps.job_pids("4250") == {52007}
     assert steps.job_pids("9999") == frozenset()

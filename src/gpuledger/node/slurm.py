@@ -421,7 +421,7 @@ class SlurmSource:
             unseen = sorted(node.gpus_in_use - named)
             if unseen:
                 parts.append(f"GPU indices {','.join(map(str, unseen))} are allocated by Slurm to jobs not seen here "
-                             "(`scontrol listpids` lists other users' jobs only to root or SlurmUser)")  # fmt: skip
+                             "(no step of theirs in `scontrol listpids`, no prolog file)")  # fmt: skip
         shown = self._file_problems[:MAX_PROBLEMS_SHOWN]
         parts += shown
         if len(self._file_problems) > len(shown):
