@@ -319,3 +319,49 @@ def test_an_unreachable_ledger_keeps_everything_until_it_is_back(trees: Path, tm
     with Ledger(url) as led:
         [run] = led.list_runs()
         assert len(led.gpu_intervals(run.id)) >= 2
+
+
+class FollowedLog:
+    """What the Docker adapter's ContainerLog.view() gives the agent (node/docker_logs.LogView)."""
+
+    def __init__(self) -> None:
+        from gpuledger.core.logparse import ParsedLog
+
+        self.parsed, self.times, self.error = ParsedLog(format="ultralytics"), {}, None
+
+    def shows(self, epoch: int, t: float, **metrics: float) -> None:
+        from gpuledger.core.logparse import ParsedEpoch
+
+        self.parsed.epochs.append(ParsedEpoch(epoch, dict(metrics)))
+        self.times[epoch] = t
+
+    def view(self):  # type: ignore[no-untyped-def]
+        from types import SimpleNamespace
+
+        return SimpleNamespace(parsed=self.parsed, epoch_times=dict(self.times), error=self.error)
+
+
+def test_a_containers_training_log_gives_its_discovered_run_epochs(trees: Path, ledger_url: str) -> None:
+    node = Node(trees, ledger_url, labelled(), exit_at=25.0)
+    log = FollowedLog()
+    followed: list[str] = []
+    node.source.follow = lambda cid: (followed.append(cid), log)[1]  # type: ignore[attr-defined]
+    node.tick(2)
+    assert followed == [CID]  # the log is followed from the run's first sight
+    log.shows(1, T0 + 9, **{"train/box_loss": 1.9, "metrics/mAP50-95(B)": 0.11})
+    node.tick(5)
+    log.shows(2, T0 + 19, **{"train/box_loss": 1.4, "metrics/mAP50-95(B)": 0.23})
+    node.tick(5)
+    node.source.now = labelled(exit_code=0, finished=node.clock.t + 1)
+    exit_processes(trees / "proc", 300, 301)
+    node.tick()
+    node.stop()
+    with Ledger(ledger_url) as led:
+        [run] = led.list_runs()
+        metrics = {(m.epoch, m.key): m.value for m in led.metrics(run.id)}
+        assert metrics == {(1, "train/box_loss"): 1.9, (1, "metrics/mAP50-95(B)"): 0.11,
+                           (2, "train/box_loss"): 1.4, (2, "metrics/mAP50-95(B)"): 0.23}  # fmt: skip
+        ends = led.events(run.id, kind="epoch_end")
+        assert [(e.payload["epoch"], e.t) for e in ends] == [(1, T0 + 9), (2, T0 + 19)]  # each once, when shown
+        [parsed] = led.events(run.id, kind="log_parsed")
+        assert parsed.payload["epochs"] == 2

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from gpuledger.collect.base import GpuCollector, GpuProcess, GpuRead
 from gpuledger.collect.host import ProcessTreeCollector
-from gpuledger.core.model import GpuIdentity, GpuTick
+from gpuledger.core.model import GpuIdentity, GpuTick, Metric
 from gpuledger.core.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
 from gpuledger.core.redact import Redactor
 from gpuledger.node.cgroup_stats import CgroupCollector, locate
@@ -230,7 +230,37 @@ class NodeAgent:
         if born is not None:
             run.meta[META_KEY] = {"process_started_at": born}
         self.tracks[owner.key] = track
+        self._follow_log(track)
         return track
+
+    # -- training output of containers nobody wrapped -----------------------------------------
+    def _follow_log(self, track: RunTrack) -> None:
+        """A container's log, followed from its first line by the Docker adapter when there is one."""
+        cid = track.owner.container_id
+        follow = getattr(self._sources.source("docker"), "follow", None) if cid else None
+        if follow is not None:
+            track.log = follow(cid)
+
+    def _take_log(self, track: RunTrack, now: float, final: bool = False) -> None:
+        """The epochs its log has shown since the last look: metrics and ``epoch_end`` events, as
+        the log parser gives them for a wrapped run without callbacks (core/logparse.py)."""
+        if track.log is None:
+            return
+        view = track.log.view()  # type: ignore[attr-defined]
+        parsed = view.parsed
+        for ep in parsed.epochs:
+            if ep.epoch in track.logged_epochs:
+                continue
+            track.logged_epochs.add(ep.epoch)
+            t = view.epoch_times.get(ep.epoch, now)
+            track.add_metrics([Metric(t=t, key=k, value=v, epoch=ep.epoch) for k, v in ep.metrics.items()])
+            track.event(t, "epoch_end", f"epoch {ep.epoch} ended", epoch=ep.epoch, source="log")
+        if final and track.logged_epochs:
+            track.event(now, "log_parsed", f"{len(track.logged_epochs)} epochs read from the container's "
+                        f"{parsed.format} training output", format=parsed.format, epochs=len(track.logged_epochs),
+                        total_epochs=parsed.total_epochs, final=parsed.final)  # fmt: skip
+        if view.error:
+            track.event(now, "note", f"the container's log could not be read: {view.error}", once=("log", view.error))
 
     def _host_collector(self, owner: Owner, facts: ProcFacts) -> tuple[object | None, str | None, str | None]:
         files = locate(self.config.cgroup_root, owner.cgroup) if owner.cgroup.scope else None
@@ -317,6 +347,7 @@ class NodeAgent:
             if track.ending_at is None:
                 continue
             if track.ending_at == now and track.run.id in self._created:
+                self._take_log(track, now, final=True)
                 self._sink.append(track.run.id, track.close_interval())
             container = claims.containers.get(track.owner.container_id or "")
             if container is not None and container.exit_code is not None:
@@ -334,6 +365,7 @@ class NodeAgent:
         for track in self.tracks.values():
             if track.ending_at is not None or track.run.id not in self._created:
                 continue
+            self._take_log(track, now)
             self._sink.append(track.run.id, track.close_interval())
             meta = track.meta(self._boot_id)
             if meta != track.written_meta:  # new members, new owner facts: kept for resuming

@@ -241,7 +241,7 @@ class LedgerSink:
         host = None
         if closed.host is not None:
             host = _renumber(closed.host, target.host_offset)
-        ledger.append(target.run_id, gpu, [host] if host is not None else [], closed.events)
+        ledger.append(target.run_id, gpu, [host] if host is not None else [], closed.events, closed.metrics)
 
     def _update(self, ledger: Any, local_id: str, fields: dict[str, Any]) -> None:
         run_id = self.run_id(local_id)

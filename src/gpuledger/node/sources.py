@@ -70,6 +70,11 @@ class SourcePoller:
         with self._lock:
             return self._claims, self.version
 
+    @property
+    def opened(self) -> ClaimSource | None:
+        with self._lock:
+            return self._source
+
     def state(self) -> SourceState:
         with self._lock:
             status, answered, mono = self._status, self._answered, self._answered_mono
@@ -132,6 +137,13 @@ class Sources:
                 merged = merged.merge(claims)
             self._merged, self._versions = merged, versions
         return self._merged, versions
+
+    def source(self, name: str) -> ClaimSource | None:
+        """The adapter ``name`` once opened (for what claims cannot carry, e.g. a container's log)."""
+        for p in self.pollers:
+            if p.name == name:
+                return p.opened
+        return None
 
     def states(self) -> list[SourceState]:
         out = [p.state() for p in self.pollers]

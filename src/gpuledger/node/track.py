@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 from gpuledger.collect.base import HostCollector
 from gpuledger.core.ids import uuid7
 from gpuledger.core.intervals import merge_gpu_ticks, merge_host_ticks
-from gpuledger.core.model import DISCOVERED, Event, GpuIdentity, GpuInterval, GpuTick, HostInterval, RunRecord
+from gpuledger.core.model import (
+    DISCOVERED,
+    Event,
+    GpuIdentity,
+    GpuInterval,
+    GpuTick,
+    HostInterval,
+    Metric,
+    RunRecord,
+)
 from gpuledger.core.owners import Owner
 from gpuledger.core.redact import Redactor
 from gpuledger.node.claims import ProcFacts
@@ -36,6 +45,7 @@ class Closed:
     gpu: list[GpuInterval] = field(default_factory=list)
     host: HostInterval | None = None
     events: list[Event] = field(default_factory=list)
+    metrics: list[Metric] = field(default_factory=list)  # training metrics read from its log
 
 
 class RunTrack:
@@ -59,7 +69,10 @@ class RunTrack:
         self._gpu_ticks: dict[str, list[GpuTick]] = {}
         self._host_ticks = []  # type: list
         self._events: list[Event] = []
+        self._metrics: list[Metric] = []
         self._said: set[object] = set()
+        self.log: object | None = None  # its container's followed log (node/docker_logs.ContainerLog)
+        self.logged_epochs: set[int] = set()  # epochs already taken from that log
 
     # -- feeding ------------------------------------------------------------------------------
     def see(self, pid: int, start_ticks: int, now: float) -> bool:
@@ -111,7 +124,11 @@ class RunTrack:
             self.host_seq += 1
             self._host_ticks = []
         out.events, self._events = self._events, []
+        out.metrics, self._metrics = self._metrics, []
         return out
+
+    def add_metrics(self, metrics: Sequence[Metric]) -> None:
+        self._metrics.extend(metrics)
 
     def continue_from(self, gpu_counts: dict[str, int], host_count: int) -> None:
         """A resumed run: its intervals continue after those the ledger holds (seqs are 0, 1, 2 ...)."""
