@@ -227,7 +227,7 @@ class KubeletSource:
             return [f"cannot see which pod holds which GPU: {self._kubelet_why or 'not asked yet'}"]
         age = self._wall() - (self._kubelet_down_since or self._wall())
         held = sum(1 for pods in self._holders.values() if pods)
-        return [f"kubelet pod-resources unreachable for {age:.0f} s ({self._kubelet_why}); reconnecting, "
+        return [f"pod-resources unreachable for {age:.0f} s ({self._kubelet_why}); reconnecting, "
                 f"GPU allocations as last seen ({held} pod{'s' if held != 1 else ''}, stale)"]  # fmt: skip
 
     # -- pod identities -----------------------------------------------------------------------------
