@@ -216,6 +216,17 @@ def test_a_pod_the_api_server_has_not_listed_yet_is_named_on_the_next_try(sock, 
         source.close()
 
 
+def test_a_secret_in_a_pod_label_is_redacted(sock, kubelet, api, tmp_path) -> None:
+    api.pod_list["items"][0]["metadata"]["labels"]["wandb_api_key"] = "0123456789abcdef0123456789abcdef01234567"
+    source = make_source(sock, api=api_client(api, tmp_path))
+    try:
+        labels = source.claims(0.0).pods[UID_TRAIN].labels
+        assert labels["wandb_api_key"].startswith("[REDACTED:") and labels["team"] == "vision"
+        assert "0123456789abcdef" not in str(source.claims(0.0))
+    finally:
+        source.close()
+
+
 def test_an_rbac_refusal_is_said_and_the_node_names_its_pods(sock, kubelet, api, tmp_path) -> None:
     api.forbidden = True
     logs = pod_log_dirs(tmp_path / "pods", [("ml", "train-yolo-0", UID_TRAIN)])

@@ -20,6 +20,7 @@ last allocations stay in the claims, ``status()`` says they are stale, and the s
 again with a backoff doubling up to ``max_backoff_s``; an API server that refuses (RBAC) or
 cannot be reached leaves the last pod identities in place and says so.
 
+Pod labels pass through ``core/redact.py`` before anyone sees them, as containers' labels do.
 grpcio and protobuf are the optional ``gpuledger[kubernetes]`` extra: without them the source
 still names pods from the API server and ``status()`` says what to install.
 """
@@ -30,8 +31,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
+from gpuledger.core.redact import Redactor
 from gpuledger.node.claims import Allocation, Claims, PodClaim, SourceOptions
 from gpuledger.node.kubelet_api import ApiError, ApiServerClient, PodIdentity, api_config
 from gpuledger.node.kubelet_devices import (
@@ -89,6 +92,7 @@ class KubeletSource:
         api_unavailable: str | None = None,
         runtime_pods: Callable[[], list[PodIdentity]] | None = None,
         pod_log_root: str | None = None,
+        redactor: Redactor | None = None,
         refresh_s: float = 2.0,
         identity_refresh_s: float = 30.0,
         max_backoff_s: float = 30.0,
@@ -103,6 +107,7 @@ class KubeletSource:
         self._api_unavailable = api_unavailable
         self._runtime_pods = runtime_pods
         self._pod_log_root = pod_log_root
+        self._redactor = redactor or Redactor.default()
         self._refresh_s = refresh_s
         self._identity_refresh_s = identity_refresh_s
         self._max_backoff_s = max_backoff_s
@@ -252,16 +257,20 @@ class KubeletSource:
             else:
                 api_ok = True
                 with self._lock:
-                    self._api_pods = {p.uid: p for p in pods}
+                    self._api_pods = {p.uid: self._redacted(p) for p in pods}
                     self._api_why, self._api_listed_at = None, self._wall()
         node_pods: dict[str, PodIdentity] = {}
         if not api_ok:  # the node's own records name pods the API server did not
             if self._pod_log_root:
                 node_pods.update((p.uid, p) for p in identities_from_log_dirs(self._pod_log_root))
             if self._runtime_pods is not None:
-                node_pods.update((p.uid, p) for p in _quietly(self._runtime_pods))
+                node_pods.update((p.uid, self._redacted(p)) for p in _quietly(self._runtime_pods))
         with self._lock:
             self._node_pods = node_pods
+
+    def _redacted(self, pod: PodIdentity) -> PodIdentity:
+        """Labels as every platform's are stored: a secret-looking key's value never leaves the node."""
+        return replace(pod, labels=self._redactor.redact_mapping(pod.labels)) if pod.labels else pod
 
     def _identity_status(self) -> list[str]:
         fallback = sorted({p.source for p in self._node_pods.values()})
