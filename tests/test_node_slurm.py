@@ -19,7 +19,14 @@ from tests.slurm_support import FakeSlurm, listpids
 from gpuledger.core.owners import attribute
 from gpuledger.node.claims import Allocation, SourceOptions
 from gpuledger.node.procfacts import ProcReader
-from gpuledger.node.slurm import BACKOFF_FIRST_S, JOB_TTL_S, LISTPIDS_EVERY_S, SlurmSource, open_source
+from gpuledger.node.slurm import (
+    BACKOFF_FIRST_S,
+    JOB_TTL_S,
+    LISTPIDS_EVERY_S,
+    MAX_JOB_QUERIES,
+    SlurmSource,
+    open_source,
+)
 from gpuledger.node.sources import load_sources
 
 UUIDS = {0: "GPU-00000000-a100", 1: "GPU-11111111-a100", 2: "GPU-22222222-a100", 3: "GPU-33333333-a100"}
@@ -170,6 +177,20 @@ def test_the_prologs_files_take_precedence_and_cost_no_rpc(slurm: FakeSlurm, tmp
     assert src.status() is None
 
 
+def test_files_written_by_jobstats_own_helper_allocate_the_gpus(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:
+    busy_node(slurm)  # scontrol would say GPUs 0, 1 and 3 for 4242
+    gpustat = tmp_path / "gpustat"
+    gpustat.mkdir()
+    (gpustat / "2").write_text("4242 1001\n")  # jobstats writes the index's file and the UUID's
+    (gpustat / UUIDS[2]).write_text("4242 1001\n")
+    src = source(slurm, tmp_path, clock)
+    src.refresh()
+    job = src.claims(0.0).jobs["4242"]
+    assert job.gpus == ("2", UUIDS[2]) and job.account == "vision"  # who it is: from slurmctld, once
+    assert src.claims(0.0).allocations == [Allocation(UUIDS[2], "job", "4242")]
+    assert "show job -d 4242" in slurm.calls() and not any(c.startswith("show node") for c in slurm.calls())
+
+
 def test_without_scontrol_the_files_still_claim_jobs(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:
     run_prolog(tmp_path, SLURM_JOB_ID="4242", SLURM_JOB_UID="1001", SLURM_JOB_USER="alice",
                SLURM_JOB_ACCOUNT="vision", CUDA_VISIBLE_DEVICES="1")  # fmt: skip
@@ -255,6 +276,18 @@ def test_a_failing_slurmctld_backs_off_and_says_so(slurm: FakeSlurm, tmp_path: P
     src.refresh()
     assert "show job -d 4242" in slurm.calls()[3:] and src.status() is None
     assert src.claims(0.0).jobs["4242"].account == "vision"
+
+
+def test_a_node_full_of_new_jobs_asks_slurmctld_a_few_at_a_time(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:
+    slurm.answer("listpids.out", listpids([(70000 + n, str(5000 + n), "batch") for n in range(MAX_JOB_QUERIES + 3)]))
+    src = source(slurm, tmp_path, clock)
+    src.refresh()
+    asked = [c for c in slurm.calls() if c.startswith("show job")]
+    assert asked == [f"show job -d {5000 + n}" for n in range(MAX_JOB_QUERIES)]
+    clock.t += 2.0
+    src.refresh()
+    asked = [c for c in slurm.calls() if c.startswith("show job")]
+    assert asked[MAX_JOB_QUERIES:] == [f"show job -d {5000 + n}" for n in range(MAX_JOB_QUERIES, MAX_JOB_QUERIES + 3)]
 
 
 def test_a_hung_scontrol_is_killed_at_its_time_limit(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:

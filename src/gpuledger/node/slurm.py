@@ -202,10 +202,9 @@ class SlurmSource:
         new_in_files = file_jobs - self._listed_jobs_files
         if self._listed_at is None or now - self._listed_at >= LISTPIDS_EVERY_S or new_in_files:
             self._listpids(now, file_jobs)
-        if now >= self._ctld_retry_at:
-            self._ask_jobs(self._active(), now)
-            if not self._mapping.present and now >= self._ctld_retry_at:
-                self._ask_node(now)
+        self._ask_jobs(self._active(), now)  # each call to slurmctld waits out its back-off
+        if not self._mapping.present and now >= self._ctld_retry_at:
+            self._ask_node(now)
         self._publish(now)
 
     # -- scontrol -----------------------------------------------------------------------------------
