@@ -200,6 +200,25 @@ def test_an_old_kubelet_without_allocatable_resources_still_gives_allocations(so
         source.close()
 
 
+def test_an_upgraded_kubelet_is_asked_for_allocatable_resources_again(sock, kubelet, api, tmp_path) -> None:
+    clock = Clock()
+    kubelet.serve_allocatable = False
+    source = make_source(sock, api=api_client(api, tmp_path), monotonic=clock)
+    try:
+        source.claims(0.0)
+        assert source.allocatable() is None
+        kubelet.stop()
+        clock.t += 2
+        source.claims(0.0)
+        kubelet.serve_allocatable = True  # restarted as a newer kubelet
+        kubelet.start()
+        clock.t += 60
+        source.claims(0.0)
+        assert source.allocatable() == {GPU_A: 1, GPU_B: 4, MIG_1: 1}
+    finally:
+        source.close()
+
+
 # -- pod identity ---------------------------------------------------------------------------------------
 def test_a_pod_the_api_server_has_not_listed_yet_is_named_on_the_next_try(sock, kubelet, api, tmp_path) -> None:
     clock = Clock()

@@ -215,6 +215,7 @@ class KubeletSource:
     def _kubelet_failed(self, mono: float, why: str) -> None:
         with self._lock:
             self._kubelet_ok, self._kubelet_why = False, why
+            self._allocatable_served = True  # the kubelet that comes back may be a newer one
             if self._kubelet_down_since is None:
                 self._kubelet_down_since = self._wall()
         self._backoff = min(max(self._backoff * 2, 1.0), self._max_backoff_s)
