@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.slurm_support import FakeSlurm, listpids
 
 from gpuledger.core.owners import attribute
 from gpuledger.node.claims import Allocation, SourceOptions
@@ -28,6 +27,7 @@ from gpuledger.node.slurm import (
     open_source,
 )
 from gpuledger.node.sources import load_sources
+from slurm_support import FakeSlurm, listpids
 
 UUIDS = {0: "GPU-00000000-a100", 1: "GPU-11111111-a100", 2: "GPU-22222222-a100", 3: "GPU-33333333-a100"}
 PROLOG = Path(__file__).parent.parent / "deploy" / "slurm" / "gpuledger-prolog.sh"

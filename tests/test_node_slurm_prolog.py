@@ -11,7 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.ci_support import missing
+
+from ci_support import missing
 
 DEPLOY = Path(__file__).parent.parent / "deploy" / "slurm"
 PROLOG = DEPLOY / "gpuledger-prolog.sh"
