@@ -16,6 +16,10 @@ import os
 import stat
 import threading
 
+# gRPC's C core logs connection chatter (a kubelet restart's GOAWAY ...) to stderr, which is the
+# agent's own report; errors only, unless the operator asked for more. Read when grpc is imported.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 import grpc
 
 from gpuledger.node import kubelet_podresources_pb2 as pb
