@@ -131,6 +131,7 @@ class SlurmSource:
         self._status: str | None = "no answer yet"
         # What the rounds learnt (touched by the refresher only; published through _claims/_status)
         self._mapping = GpuMapping(present=False)
+        self._mapped: dict[str, set[str]] = {}
         self._facts: dict[str, JobFacts] = {}
         self._file_problems: list[str] = []
         self._steps: StepPids | None = None  # None: never listed
@@ -147,7 +148,6 @@ class SlurmSource:
         self._ctld_backoff = BACKOFF_FIRST_S
         self._missing = False
         self._users: dict[int, str | None] = {}
-        self.calls = 0  # scontrol runs, for the curious (and the tests)
 
     # -- the ClaimSource contract -------------------------------------------------------------------
     def claims(self, now: float) -> Claims:
@@ -190,13 +190,14 @@ class SlurmSource:
     def _round(self) -> None:
         now = self._clock()
         self._mapping = read_mapping(self._gpustat_dir)
+        self._mapped = self._mapping.jobs()  # job id -> the GPU names its mapping files give it
         self._facts, problems = read_job_facts(self._job_dir)
         self._file_problems = list(self._mapping.problems) + problems
         self._missing = self._scontrol.path() is None
         self._publish(now)  # the files alone already say a lot: claimed before any scontrol call
         if self._missing:
             return
-        file_jobs = set(self._mapping.jobs()) | set(self._facts)
+        file_jobs = set(self._mapped) | set(self._facts)
         if self._node is None:
             self._resolve_node()
         new_in_files = file_jobs - self._listed_jobs_files
@@ -209,7 +210,6 @@ class SlurmSource:
 
     # -- scontrol -----------------------------------------------------------------------------------
     def _call(self, *args: str) -> CallResult:
-        self.calls += 1
         return self._scontrol.run(*args)
 
     def _resolve_node(self) -> None:
@@ -263,7 +263,7 @@ class SlurmSource:
     def _needs_details(self, job_id: str) -> bool:
         """Only what the files do not say is asked of slurmctld."""
         facts = self._facts.get(job_id)
-        has_gpus = job_id in self._mapping.jobs() or (facts is not None and facts.gpus is not None)
+        has_gpus = job_id in self._mapped or (facts is not None and facts.gpus is not None)
         has_who = facts is not None and facts.account is not None and (facts.user or facts.uid is not None)
         return not (has_gpus and has_who)
 
@@ -297,7 +297,7 @@ class SlurmSource:
 
     # -- what is claimed ----------------------------------------------------------------------------
     def _active(self) -> set[str]:
-        jobs = set(self._mapping.jobs()) | set(self._facts)
+        jobs = set(self._mapped) | set(self._facts)
         if self._steps is not None:
             jobs |= set(self._steps.steps)
         return jobs
@@ -309,7 +309,7 @@ class SlurmSource:
         index_only: list[str] = []
         named_indices: set[int] = set()
         off_node: list[str] = []
-        mapped = self._mapping.jobs()
+        mapped = self._mapped
         for job_id in sorted(self._active(), key=int):
             facts = self._facts.get(job_id)
             known = self._details.get(job_id)
@@ -360,7 +360,8 @@ class SlurmSource:
         if uid is None and details is not None:
             uid = details.uid
         if uid is None:
-            uid = next((h.uid for hs in self._mapping.holders.values() for h in hs if h.job_id == job_id), None)
+            holders = (h for hs in self._mapping.holders.values() for h in hs if h.job_id == job_id)
+            uid = next((h.uid for h in holders if h.uid is not None), None)  # jobstats' "<jobid> <uid>"
         user = (facts.user if facts is not None else None) or (details.user if details is not None else None)
         comment = facts.comment if facts is not None and facts.comment is not None else None
         if comment is None and details is not None:
