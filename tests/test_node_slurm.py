@@ -8,6 +8,7 @@ thread is exercised where that is the point (a hung scontrol, ``open_source``).
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -202,6 +203,17 @@ def test_without_scontrol_the_files_still_claim_jobs(slurm: FakeSlurm, tmp_path:
     assert src.status() == (
         "slurm: scontrol not found on PATH: jobs from the prolog's files only, their processes unconfirmed"
     )
+
+
+def test_a_jobstats_line_names_the_jobs_user_by_uid(tmp_path: Path, clock: Clock) -> None:
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "0").write_text(f"4242\n4243 {os.getuid()}\n")
+    src = SlurmSource({"PATH": "/usr/bin:/bin"}, gpu_uuids=UUIDS, gpustat_dir=str(tmp_path / "g"),
+                      job_dir=str(tmp_path / "j"), clock=clock)  # fmt: skip
+    src.refresh()
+    assert src.claims(0.0).jobs["4243"].user == pwd.getpwuid(os.getuid()).pw_name
+    assert src.claims(0.0).jobs["4242"].user is None  # a dcgm-exporter line names no one
+    assert [a.owner for a in src.claims(0.0).allocations] == ["4242", "4243"]  # sharing GPU 0
 
 
 def test_without_scontrol_or_files_nothing_is_seen_and_it_says_so(tmp_path: Path, clock: Clock) -> None:
