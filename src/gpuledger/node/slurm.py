@@ -14,9 +14,9 @@ What it reads, cheapest first (formats and their sources: ``slurm_files.py``, ``
 3. **``scontrol show job -d <id>``** (an RPC to slurmctld), once per job and again every 10 minutes
    while it runs, only for a job the files do not describe: user, account, partition, comment, and
    the GRES indices of its GPUs on this node (``GRES=gpu:a100:2(IDX:0-1)``). At most 8 per round.
-4. **``scontrol show node -d <node>``** (an RPC), every minute, only when there are no mapping
-   files: the indices in use on the node (``GresUsed=gpu:a100:3(IDX:0-1,3)``), to say which GPUs
-   Slurm gave to jobs this agent cannot see.
+4. **``scontrol show node -d <node>``** (an RPC), every minute, only without a mapping directory
+   (no prolog installed): the indices in use on the node (``GresUsed=gpu:a100:3(IDX:0-1,3)``), to
+   say which GPUs Slurm gave to jobs this agent cannot see.
 
 Every call runs in this adapter's own thread with a 5 s limit (``slurm_scontrol.py``); a call to
 slurmctld that times out or fails backs off (30 s doubling to 5 min) and ``status()`` says so.
@@ -264,7 +264,8 @@ class SlurmSource:
         """Only what the files do not say is asked of slurmctld."""
         facts = self._facts.get(job_id)
         has_gpus = job_id in self._mapped or (facts is not None and facts.gpus is not None)
-        has_who = facts is not None and facts.account is not None and (facts.user or facts.uid is not None)
+        # the prolog was told who the job is (an empty account is Slurm's own: no accounting)
+        has_who = facts is not None and (facts.user is not None or facts.uid is not None)
         return not (has_gpus and has_who)
 
     def _ask_node(self, now: float) -> None:
