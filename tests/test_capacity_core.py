@@ -100,7 +100,7 @@ def test_an_interval_split_at_midnights_keeps_every_millisecond(
     iv.check()
     days = split_days(iv)
     for d in days:  # each day part: its states fill exactly its stretch of the day
-        assert d.first_ms // DAY_MS == d.day and (d.last_ms - 1) // DAY_MS == d.day or d.first_ms == d.last_ms
+        assert (d.first_ms // DAY_MS == d.day and (d.last_ms - 1) // DAY_MS == d.day) or d.first_ms == d.last_ms
         assert d.states.total_ms == d.last_ms - d.first_ms
         assert 0 <= d.unmeasured_ms <= d.span_ms
         assert min(d.states.as_tuple()) >= 0

@@ -21,6 +21,7 @@ micro-GPU-hours (``to_uh``) apportion by largest remainder, so every part still 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -95,10 +96,7 @@ def classify(r: Reading) -> States:
     """The states of one reading. Busy time the driver did not measure counts as busy while a
     process is on the GPU and as not busy otherwise; an owned process makes the GPU held."""
     span = max(0, r.span_ms)
-    if r.busy_ms is None:
-        busy = span if r.in_use else 0
-    else:
-        busy = min(span, max(0, r.busy_ms))
+    busy = (span if r.in_use else 0) if r.busy_ms is None else min(span, max(0, r.busy_ms))
     held = r.held or r.attributed
     if not held:
         return States(unallocated_ms=span - busy, busy_unattr_ms=busy)
@@ -191,7 +189,7 @@ def split_days(iv: CapacityInterval, source: str = "agent") -> list[CapacityDay]
     left = list(iv.states.as_tuple())
     unmeasured_left, span_left = iv.unmeasured_ms, iv.span_ms
     out = []
-    for n, (a, b) in enumerate(zip(edges, edges[1:], strict=False)):
+    for n, (a, b) in enumerate(itertools.pairwise(edges)):
         part = b - a
         last = n == len(edges) - 2
         if last:
