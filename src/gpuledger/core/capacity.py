@@ -33,6 +33,7 @@ __all__ = [
     "FleetGpu",
     "HostStay",
     "Reading",
+    "Sighting",
     "States",
     "apportion",
     "classify",
@@ -265,3 +266,19 @@ class FleetGpu:
     memory_total_b: int | None = None
     source: str = "agent"
     extra: dict[str, str] = field(default_factory=dict)  # pci_bus_id, mig_mode ... as the agent saw them
+
+
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """A physical GPU a node agent saw on ``host`` from ``first_seen`` to ``last_seen`` (epoch
+    seconds): what the agent reports with its capacity intervals, folded into the fleet."""
+
+    uuid: str
+    name: str
+    host: str
+    first_seen: float
+    last_seen: float
+    instance_type: str | None = None
+    memory_total_b: int | None = None
+    pci_bus_id: str | None = None
+    mig_mode: str | None = None

@@ -214,6 +214,18 @@ def _add_ingest_tables(conn: Connection) -> None:
             tables[name].create(conn)
 
 
+def _add_capacity_tables(conn: Connection) -> None:
+    # schema_capacity.define is the shape as version 9 created it (see its docstring). Each table
+    # is skipped when there: a ledger rebuilt to an older version by hand may hold it.
+    from gpuledger.store import schema_capacity
+
+    tables = schema_capacity.define(sa.MetaData())
+    existing = set(sa.inspect(conn).get_table_names())
+    for name in schema_capacity.NAMES:
+        if name not in existing:
+            tables[name].create(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
@@ -223,14 +235,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         5, "add runs.rolled_up, a covering index for cost reports, grouping values on gpu_rollups", _add_rollup_state
     ),
     Migration(
-        6, "add gpu_intervals.util_idle_s, util_unknown_s, proc_method: how busy time was covered",
+        6,
+        "add gpu_intervals.util_idle_s, util_unknown_s, proc_method: how busy time was covered",
         _add_coverage_columns,
     ),
-    Migration(
-        7, "add audit_log.key_id and sig, run_owners, gpu_owners: signed history and ownership", _add_ownership
-    ),
+    Migration(7, "add audit_log.key_id and sig, run_owners, gpu_owners: signed history and ownership", _add_ownership),
     Migration(
         8, "add quarantined_rows, run_liveness and push_quarantine: partial acceptance of pushes", _add_ingest_tables
+    ),
+    Migration(
+        9,
+        "add gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts, capacity_pushes: the capacity ledger",
+        _add_capacity_tables,
     ),
 )
 LATEST = MIGRATIONS[-1].version

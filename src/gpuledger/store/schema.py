@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
-from gpuledger.store import schema_audit, schema_ingest, schema_team
+from gpuledger.store import schema_audit, schema_capacity, schema_ingest, schema_team
 
 metadata = sa.MetaData()
 
@@ -300,6 +300,14 @@ _ingest = schema_ingest.define(metadata)
 quarantined_rows = _ingest[schema_ingest.QUARANTINED_ROWS]
 run_liveness = _ingest[schema_ingest.RUN_LIVENESS]
 push_quarantine = _ingest[schema_ingest.PUSH_QUARANTINE]
+
+# The capacity ledger and the fleet inventory (migration 9; docs/CAPACITY.md): per GPU, not per run.
+_capacity = schema_capacity.define(metadata)
+gpu_capacity = _capacity[schema_capacity.GPU_CAPACITY]
+gpu_capacity_days = _capacity[schema_capacity.GPU_CAPACITY_DAYS]
+gpu_fleet = _capacity[schema_capacity.GPU_FLEET]
+gpu_fleet_hosts = _capacity[schema_capacity.GPU_FLEET_HOSTS]
+capacity_pushes = _capacity[schema_capacity.CAPACITY_PUSHES]
 
 # Children of a run, in the order they are deleted.
 RUN_CHILDREN = (

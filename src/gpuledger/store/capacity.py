@@ -1,0 +1,169 @@
+"""Writing the capacity ledger and the fleet inventory (migration 9; docs/CAPACITY.md).
+
+``write_capacity`` stores an agent's intervals and sightings in one transaction: intervals whose
+key (GPU, start) is new are inserted, and only those are added to the per GPU, day and host sums
+(``gpu_capacity_days``), so a batch sent twice changes nothing and the day sums are always those
+of the stored intervals (``rebuild_days`` recomputes them from scratch; a test checks the two agree).
+The fleet rows take the earliest first sighting, the latest last one, and the host, name and
+facts of the latest sighting: a GPU's history follows its UUID from host to host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.core.capacity import CapacityDay, CapacityInterval, Sighting, States, merge_days, split_days
+from gpuledger.store.engine import Database
+from gpuledger.store.schema import gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts
+from gpuledger.store.schema_capacity import STATE_COLUMNS
+
+__all__ = ["interval_from_row", "interval_row", "rebuild_days", "write_capacity"]
+
+_CHUNK = 500
+
+
+def interval_row(iv: CapacityInterval) -> dict[str, Any]:
+    return {
+        "gpu_uuid": iv.gpu_uuid,
+        "t0_ms": iv.t0_ms,
+        "t1_ms": iv.t1_ms,
+        "host": iv.host,
+        **dict(zip(STATE_COLUMNS, iv.states.as_tuple(), strict=True)),
+        "unmeasured_ms": iv.unmeasured_ms,
+        "energy_j": iv.energy_j,
+    }
+
+
+def _day_row(d: CapacityDay) -> dict[str, Any]:
+    return {
+        "gpu_uuid": d.gpu_uuid,
+        "day": d.day,
+        "host": d.host,
+        "first_ms": d.first_ms,
+        "last_ms": d.last_ms,
+        **dict(zip(STATE_COLUMNS, d.states.as_tuple(), strict=True)),
+        "unmeasured_ms": d.unmeasured_ms,
+        "energy_j": d.energy_j,
+        "intervals": d.intervals,
+    }
+
+
+def _least(a: Any, b: Any) -> Any:
+    return sa.case((a < b, a), else_=b)
+
+
+def _greatest(a: Any, b: Any) -> Any:
+    return sa.case((a > b, a), else_=b)
+
+
+def _add_nullable(a: Any, b: Any) -> Any:
+    """a + b where NULL means "not measured": NULL + x = x."""
+    return sa.case((b.is_(None), a), (a.is_(None), b), else_=a + b)
+
+
+def write_capacity(
+    db: Database, conn: Connection, intervals: Sequence[CapacityInterval], sightings: Sequence[Sighting] = ()
+) -> int:
+    """Store new intervals (each checked: its states add up to its span) and add them to the day
+    sums; fold the sightings into the fleet. Returns how many intervals were new."""
+    for iv in intervals:
+        iv.check()
+    inserted: list[CapacityInterval] = []
+    by_key = {(iv.gpu_uuid, iv.t0_ms): iv for iv in intervals}
+    keys = list(by_key)
+    for i in range(0, len(keys), _CHUNK):
+        rows = [interval_row(by_key[k]) for k in keys[i : i + _CHUNK]]
+        ins = db.insert(gpu_capacity).on_conflict_do_nothing(index_elements=["gpu_uuid", "t0_ms"])
+        # RETURNING names the rows that went in: only those are added to the day sums.
+        result = conn.execute(ins.returning(gpu_capacity.c.gpu_uuid, gpu_capacity.c.t0_ms), rows)
+        inserted += [by_key[(r[0], r[1])] for r in result]
+    days = merge_days(part for iv in inserted for part in split_days(iv))
+    if days:
+        _add_days(db, conn, days)
+    if sightings:
+        _fold_sightings(db, conn, sightings)
+    return len(inserted)
+
+
+def _add_days(db: Database, conn: Connection, days: Sequence[CapacityDay]) -> None:
+    ins = db.insert(gpu_capacity_days)
+    t, new = gpu_capacity_days.c, ins.excluded
+    update: dict[str, Any] = {name: t[name] + new[name] for name in (*STATE_COLUMNS, "unmeasured_ms", "intervals")}
+    update.update(
+        first_ms=_least(t.first_ms, new.first_ms),
+        last_ms=_greatest(t.last_ms, new.last_ms),
+        energy_j=_add_nullable(t.energy_j, new.energy_j),
+    )
+    stmt = ins.on_conflict_do_update(index_elements=["gpu_uuid", "day", "host"], set_=update)
+    rows = [_day_row(d) for d in days]
+    for i in range(0, len(rows), _CHUNK):
+        conn.execute(stmt, rows[i : i + _CHUNK])
+
+
+def _fold_sightings(db: Database, conn: Connection, sightings: Sequence[Sighting]) -> None:
+    ins = db.insert(gpu_fleet)
+    t, new = gpu_fleet.c, ins.excluded
+    newer = new.last_seen >= t.last_seen
+    latest = {c: sa.case((newer, new[c]), else_=t[c]) for c in ("name", "host", "pci_bus_id", "mig_mode")}
+    for c in ("instance_type", "memory_total_b"):  # an agent that does not say keeps what another said
+        latest[c] = sa.case((sa.and_(newer, new[c].is_not(None)), new[c]), else_=t[c])
+    update = {
+        **latest,
+        "first_seen": _least(t.first_seen, new.first_seen),
+        "last_seen": _greatest(t.last_seen, new.last_seen),
+    }
+    rows = [
+        {
+            "uuid": s.uuid, "name": s.name, "host": s.host, "first_seen": s.first_seen, "last_seen": s.last_seen,
+            "instance_type": s.instance_type, "memory_total_b": s.memory_total_b, "pci_bus_id": s.pci_bus_id,
+            "mig_mode": s.mig_mode,
+        }
+        for s in _latest_per_gpu(sightings)
+    ]  # fmt: skip
+    conn.execute(ins.on_conflict_do_update(index_elements=["uuid"], set_=update), rows)
+    hins = db.insert(gpu_fleet_hosts)
+    h, hnew = gpu_fleet_hosts.c, hins.excluded
+    hupdate = {"first_seen": _least(h.first_seen, hnew.first_seen), "last_seen": _greatest(h.last_seen, hnew.last_seen)}
+    stays: dict[tuple[str, str], dict[str, Any]] = {}
+    for s in sightings:
+        stay = stays.setdefault((s.uuid, s.host), {"uuid": s.uuid, "host": s.host, "first_seen": s.first_seen,
+                                                   "last_seen": s.last_seen})  # fmt: skip
+        stay["first_seen"], stay["last_seen"] = (
+            min(stay["first_seen"], s.first_seen),
+            max(stay["last_seen"], s.last_seen),
+        )
+    conn.execute(hins.on_conflict_do_update(index_elements=["uuid", "host"], set_=hupdate), list(stays.values()))
+
+
+def _latest_per_gpu(sightings: Sequence[Sighting]) -> list[Sighting]:
+    """One sighting per GPU (an upsert takes each key once): the span of all, the facts of the latest."""
+    out: dict[str, Sighting] = {}
+    for s in sorted(sightings, key=lambda s: s.last_seen):
+        prev = out.get(s.uuid)
+        first = s.first_seen if prev is None else min(prev.first_seen, s.first_seen)
+        out[s.uuid] = Sighting(s.uuid, s.name, s.host, first, s.last_seen, s.instance_type, s.memory_total_b,
+                               s.pci_bus_id, s.mig_mode)  # fmt: skip
+    return list(out.values())
+
+
+def rebuild_days(db: Database, conn: Connection) -> int:
+    """Recompute every day sum from the stored intervals (after a hand edit, or to check them)."""
+    conn.execute(sa.delete(gpu_capacity_days))
+    parts: list[CapacityDay] = []
+    for row in conn.execute(sa.select(gpu_capacity)).mappings():
+        parts += split_days(interval_from_row(row))
+    days = merge_days(parts)
+    if days:
+        _add_days(db, conn, days)
+    return len(days)
+
+
+def interval_from_row(row: Any) -> CapacityInterval:
+    return CapacityInterval(
+        row["gpu_uuid"], row["host"], row["t0_ms"], row["t1_ms"], States(*(row[c] for c in STATE_COLUMNS)),
+        row["unmeasured_ms"], row["energy_j"],
+    )  # fmt: skip

@@ -1,0 +1,108 @@
+"""Read queries of the capacity ledger and the fleet (SQLAlchemy Core, SQLite and PostgreSQL).
+
+The capacity report reads ``gpu_capacity_days`` (one row per GPU, day and host: a month of a
+1,024-GPU fleet is ~32,000 rows) and the fleet; GPUs no agent has seen are found from the runs
+recorded on them (``unmetered_devices``), for wrapped-only deployments. Read-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.core.capacity import CapacityDay, FleetGpu, HostStay, States
+from gpuledger.store.cost_queries import _fetch
+from gpuledger.store.queries import open_run
+from gpuledger.store.schema import devices, gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts, runs
+from gpuledger.store.schema_capacity import STATE_COLUMNS
+
+__all__ = ["DAY_COLUMNS", "day_rows", "days_of", "fleet", "held_by_open_runs", "intervals", "unmetered_devices"]
+
+# The tuple day_rows returns, in order.
+DAY_COLUMNS = ("gpu_uuid", "day", "host", "first_ms", "last_ms", *STATE_COLUMNS, "unmeasured_ms", "energy_j")
+
+
+def fleet(conn: Connection, uuids: Iterable[str] | None = None) -> list[FleetGpu]:
+    """The GPUs agents have seen (or those of ``uuids``), each with every host it was seen on."""
+    f, h = gpu_fleet.c, gpu_fleet_hosts.c
+    q = sa.select(gpu_fleet).order_by(f.host, f.uuid)
+    hq = sa.select(gpu_fleet_hosts).order_by(h.uuid, h.first_seen, h.host)
+    if uuids is not None:
+        wanted = sorted(set(uuids))
+        q, hq = q.where(f.uuid.in_(wanted)), hq.where(h.uuid.in_(wanted))
+    stays: dict[str, list[HostStay]] = {}
+    for r in conn.execute(hq):
+        stays.setdefault(r.uuid, []).append(HostStay(r.host, r.first_seen, r.last_seen))
+    out = []
+    for r in conn.execute(q).mappings():
+        extra = {k: r[k] for k in ("pci_bus_id", "mig_mode") if r[k] is not None}
+        out.append(
+            FleetGpu(
+                r["uuid"],
+                r["name"],
+                r["host"],
+                r["first_seen"],
+                r["last_seen"],
+                tuple(stays.get(r["uuid"], ())),
+                r["instance_type"],
+                r["memory_total_b"],
+                "agent",
+                extra,
+            )
+        )
+    return out
+
+
+def day_rows(conn: Connection, first_day: int, last_day: int) -> list[tuple[Any, ...]]:
+    """``gpu_capacity_days`` rows from ``first_day`` to ``last_day`` as plain tuples (DAY_COLUMNS)."""
+    d = gpu_capacity_days.c
+    q = sa.select(*(d[c] for c in DAY_COLUMNS)).where(d.day >= first_day, d.day <= last_day)
+    return _fetch(conn, q)
+
+
+def days_of(rows: Iterable[Sequence[Any]]) -> list[CapacityDay]:
+    """day_rows tuples as CapacityDay records (for callers that want the dataclass)."""
+    return [CapacityDay(r[0], r[1], r[2], r[3], r[4], States(*r[5:9]), r[9], r[10], 0, "agent") for r in rows]
+
+
+def intervals(conn: Connection, gpu_uuid: str | None = None, host: str | None = None) -> list[dict[str, Any]]:
+    """Stored capacity intervals, oldest first (one GPU's, one host's, or all)."""
+    c = gpu_capacity.c
+    q = sa.select(gpu_capacity).order_by(c.gpu_uuid, c.t0_ms)
+    if gpu_uuid is not None:
+        q = q.where(c.gpu_uuid == gpu_uuid)
+    if host is not None:
+        q = q.where(c.host == host)
+    return [dict(r) for r in conn.execute(q).mappings()]
+
+
+def held_by_open_runs(conn: Connection, host: str) -> set[str]:
+    """The GPUs (and MIG slices' parents) the open runs of ``host`` hold: what the node agent counts as
+    held by a wrapped run, whether or not a process of it is on the GPU at the moment."""
+    d = devices.c
+    q = (
+        sa.select(d.uuid, d.mig_parent_uuid)
+        .join(runs, runs.c.id == d.run_id)
+        .where(runs.c.host == host, open_run(runs.c))
+    )
+    out: set[str] = set()
+    for uuid, parent in conn.execute(q):
+        out.add(parent or uuid)
+    return out
+
+
+def unmetered_devices(conn: Connection, start: float, end: float) -> list[tuple[str, str]]:
+    """(run id, physical GPU uuid) of runs that may have used a GPU in [start, end) on a GPU no
+    agent has seen (the GPU, or a MIG slice's parent, is not in gpu_fleet)."""
+    d = devices.c
+    physical = sa.func.coalesce(d.mig_parent_uuid, d.uuid)
+    metered = sa.exists().where(gpu_fleet.c.uuid == physical)
+    q = (
+        sa.select(d.run_id, physical)
+        .select_from(runs.join(devices, d.run_id == runs.c.id))
+        .where(runs.c.started_at < end, sa.or_(runs.c.ended_at.is_(None), runs.c.ended_at > start), ~metered)
+    )
+    return [(r[0], r[1]) for r in conn.execute(q)]
