@@ -255,6 +255,14 @@ def test_run_with_a_non_finite_interval_starts_nothing(value: str, world: dict[s
     assert not marker.exists() and fingerprint(world) == before
 
 
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_the_node_agent_with_a_non_finite_interval_does_not_start(
+    value: str, world: dict[str, str], unchanged: None
+) -> None:
+    out = run_cli(["agent", "--interval", value], world)  # accepted, it would run until the timeout
+    assert out.returncode == 2 and out.stderr.count("Error:") == 1 and "--interval" in out.stderr
+
+
 @pytest.mark.parametrize("command", [["cost", "{a}"], ["report", "chargeback"]], ids=" ".join)
 def test_a_broken_rate_card_given_with_rates(command: list[str], world: dict[str, str], unchanged: None) -> None:
     result = invoke([*_fill(command, world), "--rates", world["card"]], world)

@@ -10,7 +10,7 @@ import time
 
 import click
 
-from gpuledger.cli.common import db_option
+from gpuledger.cli.common import FiniteFloat, db_option
 from gpuledger.core.owners import DEFAULT_COPY_LABELS
 from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 
@@ -41,7 +41,7 @@ def _say(line: str) -> None:
 @db_option
 @click.option(
     "--interval",
-    type=click.FloatRange(MIN_INTERVAL_S, MAX_INTERVAL_S),
+    type=FiniteFloat(MIN_INTERVAL_S, MAX_INTERVAL_S),  # nan would pass a FloatRange
     default=10.0,
     show_default=True,
     help="Recording interval in seconds (a reading every fifth of it, at most every 2 s).",
