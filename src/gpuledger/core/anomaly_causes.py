@@ -61,6 +61,11 @@ def _pct(ratio: float) -> str:
     return f"{ratio * 100:.0f} %"
 
 
+def _amount(value: Decimal) -> str:
+    """Money per unit for people: cents from 1 up, four places below (0.1715 per mAP point)."""
+    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.4f}"
+
+
 def _busy(runs: Sequence[RunValue]) -> float | None:
     measured = sum(r.measured_uh for r in runs)
     return None if measured <= 0 else sum(r.busy_uh for r in runs) / measured
@@ -141,7 +146,7 @@ def price_rose(now: Sequence[RunValue], before: Sequence[RunValue], th: CauseThr
     a, b = _per_held_hour(before), _per_held_hour(now)
     if a is None or b is None or a <= 0 or (b - a) / a < Decimal(repr(th.price_rise)):
         return None
-    text = f"cost per GPU-hour held rose from {a:.2f} to {b:.2f}"
+    text = f"cost per GPU-hour held rose from {_amount(a)} to {_amount(b)}"
     return Cause("price_rose", text, {"before": format(a, "f"), "now": format(b, "f")})
 
 
@@ -193,7 +198,7 @@ def headline(anomaly: Anomaly, currency: str = "") -> str:
     unit = f" {currency}" if currency else ""
     return (
         f"{METRIC_NAMES[anomaly.metric]} of {anomaly.group} runs rose {_pct(float(anomaly.change))} last week "
-        f"({week_label(anomaly.week)}): {anomaly.baseline:.2f} → {anomaly.current:.2f}{unit} "
+        f"({week_label(anomaly.week)}): {_amount(anomaly.baseline)} → {_amount(anomaly.current)}{unit} "
         f"(median of {len(anomaly.baseline_weeks)} weeks before)"
     )
 
