@@ -20,10 +20,15 @@ B = "0190c0c0-0000-7000-8000-00000000000b"
 
 
 def test_rows_diff_against_the_first_run_with_verdicts() -> None:
-    rows = {r["key"]: r for r in core_compare.rows([
-        {"wall_seconds": 100.0, "best_map": 0.40, "gpus": "1 × A100", "cost": "10.00 USD"},
-        {"wall_seconds": 125.0, "best_map": 0.44, "gpus": "2 × A100", "cost": "12.50 USD"},
-    ])}
+    rows = {
+        r["key"]: r
+        for r in core_compare.rows(
+            [
+                {"wall_seconds": 100.0, "best_map": 0.40, "gpus": "1 × A100", "cost": "10.00 USD"},
+                {"wall_seconds": 125.0, "best_map": 0.44, "gpus": "2 × A100", "cost": "12.50 USD"},
+            ]
+        )
+    }
     wall = rows["wall_seconds"]["cells"][1]
     assert wall["diff"] == "+25.0%" and wall["verdict"] == "worse"
     assert rows["best_map"]["cells"][1]["verdict"] == "better"
@@ -72,7 +77,7 @@ def test_compare_table_md_and_html(db: str, tmp_path: Path) -> None:
     html = tmp_path / "c.html"
     assert runner.invoke(cli, ["compare", A, B, "--format", "html", "-o", str(html), "--db", db]).exit_code == 0
     text = html.read_text()
-    assert "uPlot" in text and "chart-map" in text and '<script src' not in text
+    assert "uPlot" in text and "chart-map" in text and "<script src" not in text
 
 
 def test_compare_needs_two_runs(db: str) -> None:

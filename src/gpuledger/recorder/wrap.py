@@ -137,8 +137,18 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
         pusher = start_pusher(opts.server, opts.token, opts.db_url, run_id, stderr_line)
     session: Session | None = None
     try:
-        session = _start_session(argv, opts, env, run_id, started, log_path, launched.relay_pid, control, metrics,
-                                 after_flush=pusher.wake if pusher is not None else None)
+        session = _start_session(
+            argv,
+            opts,
+            env,
+            run_id,
+            started,
+            log_path,
+            launched.relay_pid,
+            control,
+            metrics,
+            after_flush=pusher.wake if pusher is not None else None,
+        )
     except Exception as exc:
         stderr_line(f"gpuledger: monitoring could not start ({exc}); the command runs unmetered")
     wait_status = _reap_until(launched.pid, launched.relay_pid, session)
@@ -209,8 +219,16 @@ def _start_session(
         include_root=False,
         system_every=ticks_per_interval(opts.interval_s),
     )
-    session = Session(opts.db_url, run, host=host, gpu=gpu, gpu_note=note, control=control,
-                      on_interval=metrics.live.observe if metrics is not None else None, after_flush=after_flush)
+    session = Session(
+        opts.db_url,
+        run,
+        host=host,
+        gpu=gpu,
+        gpu_note=note,
+        control=control,
+        on_interval=metrics.live.observe if metrics is not None else None,
+        after_flush=after_flush,
+    )
     if metrics is not None:
         metrics.live.bind(session.run, session.devices)
     session.start()

@@ -41,8 +41,17 @@ def live_runs(conn: Connection, *, ended_since: float, limit: int, scope: Scope)
     return [dict(row) for row in conn.execute(q).mappings()]
 
 
-GPU_COLUMNS = ("run_id", "device_uuid", "seq", "busy_s", "energy_j", "throttle_s", "power_max_w",
-               "mem_used_last_b", "temp_max_c")
+GPU_COLUMNS = (
+    "run_id",
+    "device_uuid",
+    "seq",
+    "busy_s",
+    "energy_j",
+    "throttle_s",
+    "power_max_w",
+    "mem_used_last_b",
+    "temp_max_c",
+)
 _TERMS = 100  # (run, device, seq) conditions per query
 
 
@@ -108,8 +117,12 @@ def whole_host_sums(conn: Connection, run_ids: Sequence[str]) -> list[dict[str, 
     out = []
     for chunk in _chunks(run_ids):
         q = (
-            sa.select(h.run_id, sa.func.sum(_units(conn, h.cpu_s, 1_000_000)).label("cpu_us"),
-                      sa.func.max(h.seq).label("last_seq"), sa.func.count().label("count"))
+            sa.select(
+                h.run_id,
+                sa.func.sum(_units(conn, h.cpu_s, 1_000_000)).label("cpu_us"),
+                sa.func.max(h.seq).label("last_seq"),
+                sa.func.count().label("count"),
+            )
             .where(h.run_id.in_(chunk))
             .group_by(h.run_id)
         )
