@@ -184,8 +184,13 @@ def chargeback_cmd(
         text = cost_render.chargeback_markdown(cb, top_n)
     elif fmt == "html":
         from gpuledger.reports.chargeback_html import chargeback_html
+        from gpuledger.reports.value_trends import value_trends
 
-        text = chargeback_html(cb, top_n)
+        # The weeks before the report's end (or now): trend, TOP lists and anomalies by model_version.
+        weekly = value_trends(
+            ledger, scope=_scope(projects), card=card, basis=basis, end=min(hi, time.time()), top_n=top_n
+        )
+        text = chargeback_html(cb, top_n, value=weekly)
     else:
         text = cost_render.chargeback_text(cb, min(top_n, 5))
     write_text(output, text, announce=True)

@@ -10,10 +10,13 @@ import html
 import json
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuledger.core.chargeback import Chargeback
 from gpuledger.reports.cost_render import _GROUP_VIEW, _RUN_VIEW, _SHORT, _USER_VIEW, _cell, _title, _trend_pivot
+
+if TYPE_CHECKING:
+    from gpuledger.reports.value_trends import ValueTrends
 
 __all__ = ["chargeback_html"]
 
@@ -99,6 +102,11 @@ def _bars(
     return "".join(out)
 
 
+def _axis(peak: float) -> str:
+    """The top of an axis: whole numbers from 10 up, three significant digits below (0.171)."""
+    return f"{peak:,.0f}" if peak >= 10 else f"{peak:.3g}"
+
+
 def _lines(title: str, months: list[str], series: list[tuple[str, list[float | None]]], unit: str) -> str:
     if len(months) < 2 or not series:
         return ""
@@ -113,7 +121,7 @@ def _lines(title: str, months: list[str], series: list[tuple[str, list[float | N
     base = height - bottom
     out.append(f'<line x1="{left}" y1="{base}" x2="{width - right}" y2="{base}" stroke="#999"/>')
     out.append(
-        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{peak:,.0f}</text>'
+        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{_axis(peak)}</text>'
         f'<text x="{left - 4}" y="{base}" text-anchor="end">0</text>'
     )
     for i, m in enumerate(months):
@@ -163,7 +171,8 @@ def _charts(cb: Chargeback) -> str:
     return '<div class="charts">' + "".join(f'<div class="chart">{c}</div>' for c in charts if c) + "</div>"
 
 
-def chargeback_html(cb: Chargeback, top: int = 10) -> str:
+def chargeback_html(cb: Chargeback, top: int = 10, value: ValueTrends | None = None) -> str:
+    """The page; ``value``: the weekly value-for-money sections (reports/value_html.py), if given."""
     by = list(cb.params.get("by", []))
     parts = [
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
@@ -190,6 +199,10 @@ def chargeback_html(cb: Chargeback, top: int = 10) -> str:
     parts += [f"<h2>Cost by month ({_esc(cb.params.get('currency'))})</h2>", _table(columns, pivot)]
     if cb.anomalies:
         parts += ["<h2>Anomalies</h2>", _table([*by, "metric", "baseline", "current", "change"], cb.anomalies)]
+    if value is not None:
+        from gpuledger.reports.value_html import value_sections
+
+        parts.append(value_sections(value))
     if cb.warnings:
         parts += ["<h2>Notes</h2><ul>"] + [f'<li class="warn">{_esc(w)}</li>' for w in cb.warnings] + ["</ul>"]
     data = json.dumps(cb.as_dict()).replace("</", "<\\/")
