@@ -23,10 +23,11 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuledger.collect.base import GpuCollector, GpuProcess, GpuRead
 from gpuledger.collect.host import ProcessTreeCollector
+from gpuledger.core.capacity_meter import CapacityMeter, GpuFacts, physical_gpus
 from gpuledger.core.model import GpuIdentity, GpuTick, Metric
 from gpuledger.core.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
 from gpuledger.core.redact import Redactor
@@ -51,6 +52,8 @@ class AgentConfig:
     release_after_s: float = 60.0
     exit_wait_s: float = 15.0
     replayed: bool = False
+    # The node's cloud instance type, recorded with its GPUs in the fleet (docs/CAPACITY.md)
+    instance_type: str | None = field(default_factory=lambda: os.environ.get("GPULEDGER_INSTANCE_TYPE") or None)
 
     @property
     def tick(self) -> float:
@@ -99,6 +102,7 @@ class NodeAgent:
         self._gpu_reads = 0  # readings that listed GPU processes (the first only primes NVML's cursors)
         self._health: dict[str, str] = {}  # adapter -> working / degraded / silent (said on change)
         self._gpu_retry_at = time.monotonic() + GPU_RETRY_S
+        self._capacity = CapacityMeter(config.host, config.instance_type)  # every GPU-second in one state
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -137,6 +141,7 @@ class NodeAgent:
                 self._place(p, facts, owner, claims, now)
         self._decide_ends(claims, now)
         self._record_ticks(read, by_gpu, now)
+        self._meter_capacity(read, by_gpu, unattributed, claims, now)
         for ev in read.events:
             self._gpu_event(ev.t, ev.kind, ev.message, ev.payload)
         for track in self.tracks.values():
@@ -308,6 +313,29 @@ class NodeAgent:
                 samples_seen = any(p.sm_pct is not None for p, _ in procs)
                 track.add_gpu_tick(gpu_share(tick, mine, samples_seen or not procs))
 
+    def _meter_capacity(self, read: GpuRead, by_gpu: dict[str, list[tuple[GpuProcess, Owner]]],
+                        unattributed: dict[str, int], claims: Claims, now: float) -> None:  # fmt: skip
+        """This reading's span of every physical GPU in one capacity state (core/capacity.py): held
+        by a discovered run, an open run of this host's ledger or a platform allocation; in use and
+        attributed by the processes found on it or its MIG slices. The first reading only primes
+        NVML's cursors (no busy time, no process yet): its span is left unobserved, not guessed."""
+        if self._gpu_reads < 2:
+            return
+        physical = {u: d.mig_parent_uuid or u for u, d in self._devices.items()}
+        held = {physical.get(a.gpu, a.gpu) for a in claims.allocations} | self._sink.held_gpus
+        for track in self.tracks.values():
+            if track.ending_at is None or track.ending_at >= now:
+                held.update(physical.get(u, u) for u in track.devices)
+        attributed = {physical.get(u, u) for u, procs in by_gpu.items() if procs}
+        in_use = attributed | {physical.get(u, u) for u, n in unattributed.items() if n}
+        ticks = {t.uuid: t for t in read.ticks}  # a MIG-mode GPU has none: busy when a slice is in use
+        facts = {}
+        for uuid in physical_gpus(self._devices.values()):
+            tick = ticks.get(uuid)
+            facts[uuid] = GpuFacts(tick.busy_s if tick else None, tick.energy_j if tick else None,
+                                   uuid in held, uuid in in_use, uuid in attributed)  # fmt: skip
+        self._capacity.add(self._last_read, now, facts)
+
     def _with_meta(self, track: RunTrack):  # type: ignore[no-untyped-def]
         node = {**(track.run.meta.get(META_KEY) or {}), **track.meta(self._boot_id)}
         track.run.meta[META_KEY] = node
@@ -372,6 +400,7 @@ class NodeAgent:
                 track.written_meta = meta
                 track.run.meta[META_KEY] = {**(track.run.meta.get(META_KEY) or {}), **meta}
                 self._sink.update(track.run.id, meta={META_KEY: track.run.meta[META_KEY]})
+        self._sink.capacity(*self._capacity.close(physical_gpus(self._devices.values()).values()))
         self._interval_start = now
         if not self._settled and self._gpu_reads >= 2:  # every GPU process has been seen once
             self._settled = True

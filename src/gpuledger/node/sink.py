@@ -15,7 +15,9 @@ happens here too:
   ended while the agent was away: they are ended at their last interval.
 
 It also keeps, every ``RECORDERS_EVERY_S``, the pids of the recorders of runs ``running`` on this
-host (``recorders``: the wrapped-run rule of core/owners.py).
+host (``recorders``: the wrapped-run rule of core/owners.py) and the GPUs the open runs of this host
+hold (``held_gpus``: held time in the capacity ledger), and writes the agent's capacity intervals
+and GPU sightings (store/capacity.py) in order with the rest.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuledger.core.capacity import CapacityInterval, Sighting
 from gpuledger.core.model import GpuIdentity, RunRecord
 from gpuledger.node.track import META_KEY, Closed
+from gpuledger.store.capacity import write_capacity
+from gpuledger.store.capacity_queries import held_by_open_runs
 
 RECORDERS_EVERY_S = 5.0  # a wrapped run started after the agent is known within this
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 60.0
@@ -44,7 +49,7 @@ class _Target:
 
 @dataclass
 class _Op:
-    kind: str  # create / devices / append / update / settle
+    kind: str  # create / devices / append / update / settle / capacity
     local_id: str = ""
     payload: Any = None
 
@@ -79,6 +84,7 @@ class LedgerSink:
         self._said_down = False
         self._recorders_at = 0.0
         self.recorders: dict[int, str] = {}  # recorder pid -> run id (snapshot, replaced whole)
+        self.held_gpus: frozenset[str] = frozenset()  # GPUs the open runs of this host hold (snapshot)
         self.adopted: dict[str, str] = {}  # local id -> the resumed run's id
         self.written_at: float | None = None
         self._thread = threading.Thread(target=self._loop, name="gpuledger-agent-ledger", daemon=True)
@@ -99,6 +105,11 @@ class LedgerSink:
 
     def update(self, local_id: str, **fields: Any) -> None:
         self._put(_Op("update", local_id, fields))
+
+    def capacity(self, intervals: list[CapacityInterval], sightings: list[Sighting]) -> None:
+        """The node's GPUs' capacity states since the last boundary, and where they were seen."""
+        if intervals or sightings:
+            self._put(_Op("capacity", payload=(list(intervals), list(sightings))))
 
     def settle(self) -> None:
         """The loop has seen every GPU process once: open runs nobody adopted may be ended."""
@@ -149,6 +160,7 @@ class LedgerSink:
             self._recorders_at = now
             self.recorders = {r.recorder_pid: r.id for r in ledger.list_runs(status="running", limit=1000)
                               if r.host == self._host and r.recorder_pid is not None}  # fmt: skip
+            self.held_gpus = frozenset(ledger.read(lambda conn: held_by_open_runs(conn, self._host)))
         wrote: set[str] = set()
         while True:
             with self._lock:
@@ -158,8 +170,10 @@ class LedgerSink:
             self._apply(ledger, op)
             with self._lock:
                 self._ops.popleft()
-            if op.kind != "settle":
+            if op.kind not in ("settle", "capacity"):
                 wrote.add(self.run_id(op.local_id))
+            elif op.kind == "capacity" and self._pusher is not None:
+                self._pusher.wrote([])  # wakes it: capacity rows are pushed with the runs
         if wrote:
             self.written_at = time.time()
             if self._pusher is not None:
@@ -200,6 +214,12 @@ class LedgerSink:
             self._append(ledger, op.local_id, op.payload)
         elif op.kind == "update":
             self._update(ledger, op.local_id, dict(op.payload))
+        elif op.kind == "capacity":
+            intervals, sightings = op.payload
+            try:
+                ledger.write(lambda conn: write_capacity(ledger.database, conn, intervals, sightings))
+            except ValueError as exc:  # states that do not add up: a bug, and retrying cannot fix it
+                self._warn(f"gpuledger agent: capacity intervals not stored: {exc}")
         elif op.kind == "settle":
             for run in list((self._stale or {}).values()):
                 self._end_orphan(ledger, run, "its processes had left the GPUs when the agent started again")

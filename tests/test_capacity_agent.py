@@ -1,0 +1,131 @@
+"""The node agent's capacity states, in process: the agent's real loop over crafted /proc and cgroup
+trees, the scripted NVML and scripted platform claims (tests/test_agent_loop.py's Node), a real
+ledger on SQLite and PostgreSQL. Every second of each GPU lands in exactly one state."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
+from gpuledger.collect.nvml import NvmlCollector
+from gpuledger.node.claims import Allocation, Claims
+from gpuledger.store import Ledger
+from gpuledger.store.capacity_queries import day_rows, fleet, intervals
+from test_agent_loop import GPU0, GPU1, T0, Node, labelled, make_trees
+
+
+@pytest.fixture
+def trees(tmp_path: Path) -> Path:
+    return make_trees(tmp_path)
+
+
+STATES = ("unallocated_ms", "alloc_idle_ms", "busy_attr_ms", "busy_unattr_ms")
+
+
+def _by_gpu(rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["gpu_uuid"], []).append(r)
+    return out
+
+
+def _totals(rows: list[dict]) -> dict[str, int]:
+    return {s: sum(r[s] for r in rows) for s in (*STATES, "unmeasured_ms")}
+
+
+def _contiguous_and_exact(rows: list[dict]) -> None:
+    for a, b in itertools.pairwise(rows):
+        assert a["t1_ms"] == b["t0_ms"]  # no gap, no overlap between the agent's intervals
+    for r in rows:
+        assert sum(r[s] for s in STATES) == r["t1_ms"] - r["t0_ms"]
+
+
+def test_a_training_and_a_gpu_its_container_was_given_but_never_used(trees: Path, ledger_url: str) -> None:
+    # GPU0: the container's training (50 % busy, its processes found); GPU1: allocated to the
+    # container by Docker, no process ever on it.
+    node = Node(trees, ledger_url, labelled())
+    node.tick(20)  # 40 s
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+        gpus = {g.uuid: g for g in led.read(lambda c: fleet(c))}
+        days = led.read(lambda c: day_rows(c, 0, 10**6))
+    assert set(rows) == {GPU0, GPU1}
+    for r in rows.values():
+        _contiguous_and_exact(r)
+        assert r[0]["t0_ms"] == T0 * 1000 + 2000  # the first reading primes NVML: not metered
+        assert r[-1]["t1_ms"] == T0 * 1000 + 40_000
+    busy = _totals(rows[GPU0])
+    assert busy["unallocated_ms"] == 0 and busy["busy_unattr_ms"] == 0  # held by its run, every process owned
+    assert busy["busy_attr_ms"] / 38_000 == pytest.approx(0.5, abs=0.03)  # the scripted 50 % utilisation
+    assert busy["busy_attr_ms"] + busy["alloc_idle_ms"] == 38_000 and busy["unmeasured_ms"] == 0
+    idle = _totals(rows[GPU1])
+    assert idle["alloc_idle_ms"] == 38_000  # allocated (who may use it) but never used: allocated-idle
+    assert {g.host for g in gpus.values()} == {"node-1"} and gpus[GPU0].name == "NVIDIA A100-SXM4-80GB"
+    assert gpus[GPU0].first_seen == T0 + 2 and gpus[GPU0].last_seen == T0 + 40
+    assert sum(d[5] + d[6] + d[7] + d[8] for d in days) == 76_000  # the day sums hold every millisecond
+
+
+def test_a_free_gpu_is_unallocated_and_work_nobody_owns_is_busy_unattributed(trees: Path, ledger_url: str) -> None:
+    # GPU0 runs a process that is not in the agent's /proc (another PID namespace): busy, no owner.
+    # GPU1 is allocated to nobody and used by nobody.
+    node = Node(trees, ledger_url, Claims(), procs={999: (4 * 2**30, 50.0)})
+    node.tick(10)
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+        assert led.list_runs() == []  # nothing to attribute: no discovered run
+    orphan, free = _totals(rows[GPU0]), _totals(rows[GPU1])
+    assert free["unallocated_ms"] == 18_000 and free["unmeasured_ms"] == 0
+    assert orphan["busy_attr_ms"] == 0 and orphan["alloc_idle_ms"] == 0
+    assert orphan["busy_unattr_ms"] / 18_000 == pytest.approx(0.5, abs=0.05)
+    assert orphan["busy_unattr_ms"] + orphan["unallocated_ms"] == 18_000
+
+
+def test_busy_time_with_no_process_listed_has_no_owner_and_a_pods_gpu_is_held(trees: Path, ledger_url: str) -> None:
+    # GPU0: the driver measures 50 % busy but lists no process; GPU1: allocated to a pod, unused.
+    node = Node(trees, ledger_url, Claims(allocations=[Allocation(GPU1, "pod", "pod-uid")]), procs={})
+    node.tick(5)
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+    assert _totals(rows[GPU1])["alloc_idle_ms"] == 8000
+    unowned = _totals(rows[GPU0])
+    assert unowned["busy_unattr_ms"] == pytest.approx(4000, abs=400)
+    assert unowned["busy_unattr_ms"] + unowned["unallocated_ms"] == 8000
+
+
+class _Mig(Node):
+    """One A100 in MIG mode with two 3g.40gb slices; a process of a container on the first slice,
+    the second slice allocated to a pod."""
+
+    def __init__(self, tmp: Path, url: str, claims: Claims) -> None:
+        super().__init__(tmp, url, claims)
+        slices = [
+            FakeGpu(SLICE_A, mig_profile="3g.40gb", memory_total_b=40 * 2**30,
+                    points=[TracePoint(0, mem_used_b=7, procs={300: (None, None)})]),
+            FakeGpu(SLICE_B, mig_profile="3g.40gb", memory_total_b=40 * 2**30),
+        ]  # fmt: skip
+        fake = FakeNvml([FakeGpu(PARENT, mig=slices, points=[TracePoint(0, power_w=100)])], clock=self.clock,
+                        start=self.clock.t)  # fmt: skip
+        gpu = NvmlCollector(nvml=fake, clock=self.clock, all_processes=True)
+        self.agent._gpu, self.agent._devices = gpu, {d.uuid: d for d in gpu.devices()}
+
+
+PARENT, SLICE_A, SLICE_B = "GPU-99999999-0000-0000-0000-000000000000", "MIG-aaaa", "MIG-bbbb"
+
+
+def test_a_mig_gpu_is_one_asset_busy_while_a_slice_is_in_use(trees: Path, ledger_url: str) -> None:
+    node = _Mig(trees, ledger_url, Claims(allocations=[Allocation(SLICE_B, "pod", "pod-uid")]))
+    node.tick(6)
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+        [gpu] = led.read(lambda c: fleet(c))
+    assert set(rows) == {PARENT}  # the physical GPU, not its slices
+    totals = _totals(rows[PARENT])
+    assert totals["busy_attr_ms"] == 10_000 and totals["unmeasured_ms"] == 10_000  # NVML gives no utilisation
+    assert (gpu.uuid, gpu.name, gpu.extra.get("mig_mode")) == (PARENT, "NVIDIA A100-SXM4-80GB", "enabled")
