@@ -365,3 +365,27 @@ def test_a_containers_training_log_gives_its_discovered_run_epochs(trees: Path, 
         assert [(e.payload["epoch"], e.t) for e in ends] == [(1, T0 + 9), (2, T0 + 19)]  # each once, when shown
         [parsed] = led.events(run.id, kind="log_parsed")
         assert parsed.payload["epochs"] == 2
+
+
+def test_a_process_slurm_places_later_stays_in_its_run(tmp_path: Path, ledger_url: str) -> None:
+    # An srun step's process whose cgroup path hides its job: first grouped by its process group,
+    # then `scontrol listpids` says it is job 4242's. One run, re-keyed — never two on one GPU.
+    from gpuledger.node.claims import JobClaim
+
+    make_proc(tmp_path / "proc", 300, "python", uid=1000, cgroup="0::/system.slice/slurmstepd.scope/step_0/user",
+              cmdline=["python", "train.py"], pgid=300, start=1000)  # fmt: skip
+    v2_cgroup(tmp_path / "cgroup", usage_usec=0, current=GiB, inactive=0, peak=GiB, rbytes=0, wbytes=0)
+    node = Node(tmp_path, ledger_url, Claims(), procs={300: (8 * GiB, 40.0)})
+    node.tick(3)
+    assert list(node.agent.tracks) == ["pgrp:1000:300"]
+    node.source.now = Claims(jobs={"4242": JobClaim("4242", user="alice", pids=frozenset({300}),
+                                                    labels={"team": "nlp"})})  # fmt: skip
+    node.tick(6)
+    assert list(node.agent.tracks) == ["slurm:4242"]
+    node.stop()
+    with Ledger(ledger_url) as led:
+        [run] = led.list_runs()
+        assert run.labels.get("team") == "nlp"
+        gpu = led.gpu_intervals(run.id)
+        assert [iv.seq for iv in gpu] == list(range(len(gpu)))  # one run, its intervals continuous
+        assert any("regrouped" in e.message for e in led.events(run.id, kind="note"))

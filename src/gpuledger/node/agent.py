@@ -40,6 +40,7 @@ from gpuledger.node.sources import Sources
 from gpuledger.node.track import META_KEY, RunTrack, discovered_record, gpu_share
 
 GPU_RETRY_S = 60.0  # without NVML, how often the agent tries again
+_PGRP = "pgrp:"  # the weakest grouping (core/owners.py): a platform may later place the process
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class NodeAgent:
         """Put an unwrapped process into its discovered run (opened here when new)."""
         track = self.tracks.get(owner.key)
         if track is None:
-            track = self._open(owner, facts, now)
+            track = self._regroup(facts, owner, now) or self._open(owner, facts, now)
         elif track.ending_at is not None:
             return  # its end is decided; a newcomer will open a new run once it is closed
         track.owner = owner
@@ -218,6 +219,22 @@ class NodeAgent:
                 track.event(now, "unallocated_gpu", f"process {p.pid} {problem}", pid=p.pid, gpu=p.uuid)
                 if self._metrics is not None:
                     self._metrics.unallocated_use(p.uuid, self._labels(track))
+
+    def _regroup(self, facts: ProcFacts, owner: Owner, now: float) -> RunTrack | None:
+        """A process first grouped by its process group, then placed by a platform (Slurm confirms
+        a job with ``listpids`` seconds after the process appeared): the same run, re-keyed, never
+        a second run holding the same GPUs."""
+        if owner.key.startswith(_PGRP):
+            return None
+        for old_key, track in self.tracks.items():
+            if (old_key.startswith(_PGRP) and track.ending_at is None
+                    and track.members.get(facts.pid) == facts.start_ticks):  # fmt: skip
+                del self.tracks[old_key]
+                track.key, track.owner = owner.key, owner
+                self.tracks[owner.key] = track
+                track.event(now, "note", f"regrouped: {old_key} is {owner.key}, as its platform now says")
+                return track
+        return None
 
     def _open(self, owner: Owner, facts: ProcFacts, now: float) -> RunTrack:
         born = None if self._boot_time is None else self._boot_time + facts.start_ticks / self._tck
