@@ -124,3 +124,24 @@ def test_interval_peak_is_never_below_the_samples_and_only_uses_a_risen_peak(sam
         assert got == top
     else:
         assert got == max(top, now - inactive)
+
+
+def test_a_path_outside_the_agents_cgroup_namespace_is_placed_in_the_host_hierarchy(tmp_path: Path) -> None:
+    # The DaemonSet: the agent's container has its own cgroup namespace ("0::/" for itself), the
+    # host's hierarchy is mounted at the cgroup root, and a pod's process reads "0::/../../<pod>/...".
+    from gpuledger.node import cgroup_stats
+
+    agent_pod = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod9f3c.slice"
+    agent_dir = tmp_path / agent_pod / "cri-containerd-agent.scope"
+    write(agent_dir / "cgroup.procs", "1\n4242\n")  # the agent's pid, as the host sees it (hostPID)
+    proc = tmp_path / "proc"
+    write(proc / "4242" / "cgroup", "0::/\n")
+    cgroup_stats._NS_ROOTS.clear()
+    root = cgroup_stats.namespace_root(str(tmp_path), pid=4242, proc=str(proc))
+    assert root == "/" + agent_pod + "/cri-containerd-agent.scope"
+    v2_cgroup(tmp_path, usage_usec=5_000_000, current=GiB, inactive=0, peak=GiB, rbytes=0, wbytes=0)
+    climbed = "0::/../../../.." + V2_SCOPE  # from the agent's namespace root up to the host's, then down
+    files = locate(str(tmp_path), read_cgroup([climbed]))
+    assert files is not None and files.cpu == str(tmp_path) + V2_SCOPE
+    cgroup_stats._NS_ROOTS.clear()
+    assert locate(str(tmp_path / "nowhere"), read_cgroup([climbed])) is None  # cannot be placed: /proc instead

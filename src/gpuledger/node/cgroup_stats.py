@@ -31,6 +31,7 @@ an interval, as for a wrapped run (collect/host.py), so each interval's figures 
 from __future__ import annotations
 
 import os
+import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,10 +56,19 @@ class CgroupFiles:
 
 def locate(cgroup_root: str, facts: CgroupFacts) -> CgroupFiles | None:
     """The directories of a process's container / pod / step cgroup, or None (no such scope, a path
-    outside our cgroup namespace, or a hierarchy not mounted under ``cgroup_root``)."""
+    outside our cgroup namespace we cannot place, or a hierarchy not mounted under ``cgroup_root``).
+
+    A path that climbs out of the agent's cgroup namespace (``/../..``: the agent runs in a
+    container, e.g. the DaemonSet, with the host's cgroup hierarchy mounted at ``cgroup_root``) is
+    placed from where the namespace's root sits in that hierarchy (``namespace_root``; cgroup v2).
+    """
     scope = facts.scope
-    if scope is None or facts.outside_ns:
+    if scope is None:
         return None
+    if facts.outside_ns:
+        scope = _outside(cgroup_root, facts, scope)
+        if scope is None:
+            return None
     root = cgroup_root.rstrip("/")
     for base in (root, f"{root}/unified"):
         d = f"{base}{scope}"
@@ -70,6 +80,67 @@ def locate(cgroup_root: str, facts: CgroupFacts) -> CgroupFiles | None:
         return None
     found = {c: f"{root}/{c}{scope}" for c in ("memory", "blkio", "pids") if os.path.isdir(f"{root}/{c}{scope}")}
     return CgroupFiles(1, cpu, found.get("memory"), found.get("blkio"), found.get("pids"))
+
+
+# -- paths outside the agent's cgroup namespace --------------------------------------------------
+
+_NS_ROOTS: dict[str, str | None] = {}
+_MAX_DIRS = 50_000  # a bound on the one-time search of the host hierarchy
+
+
+def _outside(cgroup_root: str, facts: CgroupFacts, scope: str) -> str | None:
+    unified = next((p.path for p in facts.paths if p.unified and p.path.startswith("/..")), None)
+    if unified is None:
+        return None  # cgroup v1 hierarchies each have their own namespace root: not placed
+    ns_root = namespace_root(cgroup_root)
+    if ns_root is None:
+        return None
+    ups = unified.split("/").count("..")  # the climb out of the namespace: only at its start
+    return posixpath.normpath(ns_root + "/.." * ups + scope)
+
+
+def namespace_root(cgroup_root: str, pid: int | None = None, proc: str = "/proc") -> str | None:
+    """Where this process's cgroup namespace root is in the hierarchy mounted at ``cgroup_root``.
+
+    Found once: the directory whose ``cgroup.procs`` lists this process (``hostPID``: pids there are
+    the host's, as ours) is its cgroup in host terms; less the path the namespace shows for it.
+    None when it cannot be found (then such paths are not placed, and host figures come from /proc).
+    """
+    key = cgroup_root
+    if key in _NS_ROOTS:
+        return _NS_ROOTS[key]
+    pid = os.getpid() if pid is None else pid
+    try:
+        with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as fh:
+            own = next((line.split(":", 2)[2].strip() for line in fh if line.startswith("0::")), None)
+    except OSError:
+        own = None
+    found = None if own is None or own.startswith("/..") else _find_procs_dir(cgroup_root, pid)
+    if found is not None:
+        host_own = "/" + os.path.relpath(found, cgroup_root).replace(os.sep, "/").lstrip("./")
+        rel = own.rstrip("/")
+        found = host_own[: len(host_own) - len(rel)] if rel and host_own.endswith(rel) else host_own
+        found = found.rstrip("/") or "/"
+    _NS_ROOTS[key] = found
+    return found
+
+
+def _find_procs_dir(cgroup_root: str, pid: int) -> str | None:
+    want = str(pid)
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(cgroup_root):
+        seen += 1
+        if seen > _MAX_DIRS:
+            return None
+        if "cgroup.procs" in filenames:
+            try:
+                with open(os.path.join(dirpath, "cgroup.procs"), encoding="ascii", errors="replace") as fh:
+                    if want in fh.read().split():
+                        return dirpath
+            except OSError:
+                continue
+        dirnames.sort(key=lambda d: "kubepods" not in d)  # where a DaemonSet's pod usually is
+    return None
 
 
 # -- parsing (pure) -----------------------------------------------------------------------------
