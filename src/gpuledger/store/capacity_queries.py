@@ -19,7 +19,17 @@ from gpuledger.store.queries import open_run
 from gpuledger.store.schema import devices, gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts, runs
 from gpuledger.store.schema_capacity import STATE_COLUMNS
 
-__all__ = ["DAY_COLUMNS", "day_rows", "days_of", "fleet", "held_by_open_runs", "intervals", "unmetered_devices"]
+__all__ = [
+    "DAY_COLUMNS",
+    "day_rows",
+    "days_of",
+    "fleet",
+    "held_by_open_runs",
+    "intervals",
+    "run_hosts",
+    "run_spans",
+    "unmetered_devices",
+]
 
 # The tuple day_rows returns, in order.
 DAY_COLUMNS = ("gpu_uuid", "day", "host", "first_ms", "last_ms", *STATE_COLUMNS, "unmeasured_ms", "energy_j")
@@ -94,15 +104,45 @@ def held_by_open_runs(conn: Connection, host: str) -> set[str]:
     return out
 
 
-def unmetered_devices(conn: Connection, start: float, end: float) -> list[tuple[str, str]]:
-    """(run id, physical GPU uuid) of runs that may have used a GPU in [start, end) on a GPU no
-    agent has seen (the GPU, or a MIG slice's parent, is not in gpu_fleet)."""
+def unmetered_devices(conn: Connection, start: float, end: float) -> list[tuple[str, str, str, str, float]]:
+    """(run id, physical GPU uuid, device name, run host, run start) of the runs that may have used a
+    GPU in [start, end) on a GPU no agent has seen (the GPU, or a MIG slice's parent, is not in
+    gpu_fleet)."""
     d = devices.c
     physical = sa.func.coalesce(d.mig_parent_uuid, d.uuid)
     metered = sa.exists().where(gpu_fleet.c.uuid == physical)
     q = (
-        sa.select(d.run_id, physical)
+        sa.select(d.run_id, physical, d.name, runs.c.host, runs.c.started_at)
         .select_from(runs.join(devices, d.run_id == runs.c.id))
         .where(runs.c.started_at < end, sa.or_(runs.c.ended_at.is_(None), runs.c.ended_at > start), ~metered)
     )
-    return [(r[0], r[1]) for r in conn.execute(q)]
+    return [tuple(r) for r in conn.execute(q)]  # type: ignore[misc]
+
+
+def run_spans(conn: Connection, uuids: Iterable[str]) -> dict[str, tuple[float, float | None]]:
+    """Per physical GPU of ``uuids``: the first start and the last end of every run recorded on it
+    (or on one of its MIG slices), whenever; the end is None while one of them is still open."""
+    d = devices.c
+    physical = sa.func.coalesce(d.mig_parent_uuid, d.uuid)
+    open_now = sa.func.max(sa.case((open_run(runs.c), 1), else_=0))
+    out: dict[str, tuple[float, float | None]] = {}
+    wanted = sorted(set(uuids))
+    for i in range(0, len(wanted), 2000):
+        q = (
+            sa.select(physical, sa.func.min(runs.c.started_at), sa.func.max(runs.c.ended_at), open_now)
+            .select_from(runs.join(devices, d.run_id == runs.c.id))
+            .where(physical.in_(wanted[i : i + 2000]))
+            .group_by(physical)
+        )
+        for uuid, first, last, still_open in conn.execute(q):
+            out[uuid] = (first, None if still_open else (last if last is not None else first))
+    return out
+
+
+def run_hosts(conn: Connection, run_ids: Sequence[str]) -> dict[str, str]:
+    """run id -> the host it was recorded on."""
+    out: dict[str, str] = {}
+    for i in range(0, len(run_ids), 2000):
+        q = sa.select(runs.c.id, runs.c.host).where(runs.c.id.in_(list(run_ids[i : i + 2000])))
+        out.update({r[0]: r[1] for r in conn.execute(q)})
+    return out
