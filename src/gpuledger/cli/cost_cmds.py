@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
+from gpuledger.cli.capacity_cmds import SHARE_CHOICES, check_share_idle, pools_option, shared_idle
 from gpuledger.cli.common import FiniteFloat, cli_errors, db_option, format_option, open_ledger, rate_card
 from gpuledger.cli.output import OutputPath, write_text
 from gpuledger.cli.report_group import report_group  # shared with ``report run`` (cli/report_cmds.py)
@@ -130,6 +131,14 @@ def cost_cmd(
     show_default=True,
     help="Flag a group whose cost per A100-eq hour or idle share rose by more than this (0.25 = 25%).",
 )
+@click.option(
+    "--share-idle",
+    type=click.Choice(SHARE_CHOICES),
+    default="none",
+    show_default=True,
+    help="Add the fleet's unbilled cost shared by allocated or busy GPU-hours: totals = the fleet's cost.",
+)
+@pools_option
 @click.option("-o", "--output", type=OutputPath(), help="File to write (default: stdout).")
 @_common
 @cli_errors
@@ -143,6 +152,8 @@ def chargeback_cmd(
     top_n: int,
     trend_months: int,
     anomaly_threshold: float,
+    share_idle: str,
+    pools: str | None,
     output: str | None,
     projects: tuple[str, ...],
     basis: str | None,
@@ -162,6 +173,7 @@ def chargeback_cmd(
         lo, hi = window_from_args(month, start, end, time.time())
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    check_share_idle(share_idle, month, start, end, projects)  # docs/CAPACITY.md
     card = rate_card(rates)
     ledger = open_ledger(db)
     cb = chargeback(
@@ -176,6 +188,7 @@ def chargeback_cmd(
         top_n=top_n,
         anomaly_threshold=anomaly_threshold,
     )
+    cb = shared_idle(cb, ledger, card, lo, hi, share_idle, pools)
     if fmt == "json":
         text = cost_render.to_json(cb.as_dict())
     elif fmt == "csv":

@@ -37,7 +37,7 @@ COMMANDS: dict[str, str] = {
     "retention": "gpuledger.cli.audit_cmds:retention_group",
 }
 # Modules that attach subcommands to a group defined elsewhere (report chargeback, report rollup).
-GROUP_EXTENSIONS: dict[str, tuple[str, ...]] = {"report": ("gpuledger.cli.cost_cmds",)}
+GROUP_EXTENSIONS: dict[str, tuple[str, ...]] = {"report": ("gpuledger.cli.cost_cmds", "gpuledger.cli.capacity_cmds")}
 
 
 class LazyGroup(click.Group):

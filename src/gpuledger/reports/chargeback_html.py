@@ -13,7 +13,16 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from gpuledger.core.chargeback import Chargeback
-from gpuledger.reports.cost_render import _GROUP_VIEW, _RUN_VIEW, _SHORT, _USER_VIEW, _cell, _title, _trend_pivot
+from gpuledger.reports.cost_render import (
+    _GROUP_VIEW,
+    _RUN_VIEW,
+    _SHORT,
+    _USER_VIEW,
+    _cell,
+    _title,
+    _trend_pivot,
+    shared_idle_columns,
+)
 
 if TYPE_CHECKING:
     from gpuledger.reports.value_trends import ValueTrends
@@ -184,7 +193,7 @@ def chargeback_html(cb: Chargeback, top: int = 10, value: ValueTrends | None = N
         _charts(cb),
         f"<h2>By {_esc(', '.join(by))}</h2>",
         '<div class="wide">',
-        _table(by + _GROUP_VIEW, cb.groups, cb.total),
+        _table(by + _GROUP_VIEW + shared_idle_columns(cb), cb.groups, cb.total),
         "</div>",
     ]
     for title, rows, view in (

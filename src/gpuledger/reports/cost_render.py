@@ -39,7 +39,16 @@ def to_json(data: dict[str, Any]) -> str:
 def section_columns(cb: Chargeback, section: str) -> list[str]:
     _, key, grouped = SECTIONS[section]
     lead = [c.name for c in group_columns(tuple(cb.params.get("by", ())))] if grouped else []
-    return lead + [c.name for c in COLUMNS[key]]
+    return lead + [c.name for c in COLUMNS[key]] + (shared_idle_columns(cb) if section == "groups" else [])
+
+
+def shared_idle_columns(cb: Chargeback) -> list[str]:
+    """The columns ``--share-idle`` adds to the groups (docs/CAPACITY.md); none without it."""
+    return list(SHARED_IDLE_COLUMNS) if cb.params.get("share_idle") not in (None, "none") else []
+
+
+SHARED_IDLE_COLUMNS = ("shared_idle_cost", "cost_with_shared_idle")
+_MONEY_COLUMNS = ("cost", "idle_cost", "energy_cost", "cost_per_a100eq_h", *SHARED_IDLE_COLUMNS)
 
 
 def section_rows(cb: Chargeback, section: str) -> list[dict[str, Any]]:
@@ -88,6 +97,8 @@ _SHORT = {
     "idle_cost": "IDLE COST",
     "cost_per_a100eq_h": "PER A100-H",
     "share": "SHARE",
+    "shared_idle_cost": "SHARED IDLE",
+    "cost_with_shared_idle": "WITH IDLE",
 }
 
 
@@ -96,7 +107,7 @@ def _cell(column: str, value: Any) -> str:
     three significant digits; machine formats keep the exact values."""
     if value is None:
         return "—"
-    if column in ("cost", "idle_cost", "energy_cost", "cost_per_a100eq_h") or _MONTH.fullmatch(column):
+    if column in _MONEY_COLUMNS or _MONTH.fullmatch(column):
         return fmt_money(value)
     if column in ("mean_utilization", "share", "idle_share", "change"):
         return fmt_pct(float(value))
@@ -195,7 +206,7 @@ def _trend_pivot(cb: Chargeback) -> tuple[list[str], list[dict[str, Any]]]:
 def chargeback_text(cb: Chargeback, top: int = 5) -> str:
     """The report for a terminal: groups with TOTAL, top spenders, trend, anomalies, warnings."""
     by = list(cb.params.get("by", []))
-    parts = [_title(cb), "", _plain(_table(by + _GROUP_VIEW, [*cb.groups, cb.total]))]
+    parts = [_title(cb), "", _plain(_table(by + _GROUP_VIEW + shared_idle_columns(cb), [*cb.groups, cb.total]))]
     for title, rows, view in (
         ("Top runs by cost", cb.top_runs_by_cost, _RUN_VIEW),
         ("Top runs by idle cost", cb.top_runs_by_idle_cost, _RUN_VIEW),
@@ -231,7 +242,7 @@ def _md(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
 
 def chargeback_markdown(cb: Chargeback, top: int = 10) -> str:
     by = list(cb.params.get("by", []))
-    out = [f"# {_title(cb)}", "", _md(by + _GROUP_VIEW, [*cb.groups, cb.total])]
+    out = [f"# {_title(cb)}", "", _md(by + _GROUP_VIEW + shared_idle_columns(cb), [*cb.groups, cb.total])]
     for title, rows, view in (
         ("Top runs by cost", cb.top_runs_by_cost, _RUN_VIEW),
         ("Top runs by idle cost", cb.top_runs_by_idle_cost, _RUN_VIEW),
