@@ -60,7 +60,9 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
     "query gpu": ["GPU-x"],
     "query gpu-hours": [],
     "recover": [],
+    "report capacity": [],
     "report chargeback": [],
+    "report fleet": [],
     "report rollup": [],
     "report run": ["{a}"],
     "retention run": [],
@@ -80,6 +82,8 @@ OUTPUT_COMMANDS = [
     ["report", "run", "{a}", "-o"],
     ["report", "run", "{a}", "--format", "json", "-o"],
     ["report", "chargeback", "--format", "csv", "-o"],
+    ["report", "capacity", "--format", "html", "-o"],
+    ["report", "fleet", "-o"],
     ["compare", "{a}", "{b}", "-o"],
     ["compare", "{a}", "{b}", "--format", "html", "-o"],
 ]
@@ -93,6 +97,7 @@ NON_FINITE = [
 FORMAT_COMMANDS = [["runs"], ["show", "{a}"], ["cost", "{a}"], ["query", "gpu-hours"], ["query", "failures"],
                    ["query", "configs"], ["query", "gpu", "GPU-x"], ["top"], ["db", "status"],
                    ["report", "run", "{a}"], ["report", "chargeback"], ["compare", "{a}", "{b}"],
+                   ["report", "capacity"], ["report", "fleet"],
                    ["import", "ultralytics", "{home}"]]  # fmt: skip
 
 
@@ -263,7 +268,9 @@ def test_the_node_agent_with_a_non_finite_interval_does_not_start(
     assert out.returncode == 2 and out.stderr.count("Error:") == 1 and "--interval" in out.stderr
 
 
-@pytest.mark.parametrize("command", [["cost", "{a}"], ["report", "chargeback"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "command", [["cost", "{a}"], ["report", "chargeback"], ["report", "capacity"], ["report", "fleet"]], ids=" ".join
+)
 def test_a_broken_rate_card_given_with_rates(command: list[str], world: dict[str, str], unchanged: None) -> None:
     result = invoke([*_fill(command, world), "--rates", world["card"]], world)
     assert_one_error(result, 1, "the rate card has problems", f"{world['card']}:5: [[gpu]] #1 model")
