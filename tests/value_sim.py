@@ -49,6 +49,7 @@ class SimRun:
     attempt_of: str | None = None
     first_epoch: int = 1
     map_before: float = 0.0  # best mAP of the attempts before (a resumed training)
+    project: str = "detector"
 
     @property
     def hours(self) -> float:
@@ -134,7 +135,7 @@ def write(ledger: Ledger, runs: list[SimRun]) -> None:
                 attempt_of=r.attempt_of,
                 meta=meta,
                 labels={
-                    "project": "detector",
+                    "project": r.project,
                     "team": "vision",
                     "model": r.group,
                     "model_version": r.group,

@@ -98,6 +98,7 @@ class RunValue:
     epochs: int = 0
     images_seen: int = 0  # epochs x training images per epoch; 0 when unknown
     map_points: Decimal = Decimal(0)  # mAP50-95 points gained (map_gain_points)
+    map50_95: float | None = None  # the attempt's best mAP50-95 (0-1); None: no mAP recorded
     settings: Mapping[str, Any] = field(default_factory=dict)  # batch, imgsz, workers, gpu_model, dataset
     findings: frozenset[str] = frozenset()  # diagnosis rules that fired, when ``diagnosed``
     diagnosed: bool = False  # the diagnosis read this run (only runs a cause compares are read)

@@ -80,6 +80,54 @@ RUN_END = MetricName(
     "gpuledger_run_end_time_seconds", "gauge", "When the run ended, Unix time (ended runs only).", RUN_LABELS
 )
 
+# The value of an ended run that carries a model or model_version label (the team server's /metrics
+# only: they need the ledger and its rate card). Gauges, one series per run, exposed while the run is
+# in the scrape (an hour after its end); Prometheus' max_over_time(...[7d]) sums a week of runs.
+VALUE_LABELS = (*RUN_LABELS, "model", "model_version", "status")
+RUN_COST = MetricName(
+    "gpuledger_run_cost",
+    "gauge",
+    "What the ended run cost, whole run, on the server rate card's basis, in its currency.",
+    VALUE_LABELS,
+)
+RUN_IDLE_COST = MetricName(
+    "gpuledger_run_idle_cost",
+    "gauge",
+    "Idle GPU time of the ended run, priced (in its cost on the allocated basis).",
+    VALUE_LABELS,
+)
+RUN_EPOCHS = MetricName("gpuledger_run_epochs", "gauge", "Training epochs the ended run recorded.", VALUE_LABELS)
+RUN_TRAIN_IMAGES = MetricName(
+    "gpuledger_run_train_images",
+    "gauge",
+    "Training images the ended run saw (epochs x images per epoch).",
+    VALUE_LABELS,
+)
+RUN_MAP_GAIN = MetricName(
+    "gpuledger_run_map50_95_gain_ratio",
+    "gauge",
+    "mAP50-95 (0-1) the ended run added to the best of the attempts it resumes (its best, for a first attempt).",
+    VALUE_LABELS,
+)
+RUN_BUSY_GPU = MetricName(
+    "gpuledger_run_busy_gpu_seconds", "gauge", "GPU busy time of the ended run, all its GPUs, seconds.", VALUE_LABELS
+)
+RUN_MEASURED_GPU = MetricName(
+    "gpuledger_run_measured_gpu_seconds",
+    "gauge",
+    "GPU time the ended run held on GPUs that report utilisation, seconds (busy share = busy / this).",
+    VALUE_LABELS,
+)
+VALUE: tuple[MetricName, ...] = (
+    RUN_COST,
+    RUN_IDLE_COST,
+    RUN_EPOCHS,
+    RUN_TRAIN_IMAGES,
+    RUN_MAP_GAIN,
+    RUN_BUSY_GPU,
+    RUN_MEASURED_GPU,
+)
+
 ALL: tuple[MetricName, ...] = (
     GPU_BUSY,
     GPU_ENERGY,
@@ -92,5 +140,6 @@ ALL: tuple[MetricName, ...] = (
     RUN_INFO,
     RUN_START,
     RUN_END,
+    *VALUE,
 )
 EXPOSED_NAMES = frozenset(m.name for m in ALL)

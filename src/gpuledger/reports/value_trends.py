@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from gpuledger.core.ratecard import RateCard
     from gpuledger.store import Ledger
 
-__all__ = ["ValueTrends", "run_values", "value_trends"]
+__all__ = ["ValueTrends", "run_values", "value_trends", "values_of"]
 
 DIAGNOSE_LIMIT = 40  # runs diagnosed per flagged group and week (the newest)
 _SETTINGS = ("batch", "imgsz", "workers")
@@ -95,29 +95,22 @@ def _best(meta: Mapping[str, Any], from_metrics: float | None) -> float | None:
     return reported if reported is not None else from_metrics
 
 
-def _read(conn: Connection, scope: frozenset[str] | None, start: float, end: float, limit: int | None) -> Any:
-    rows = vq.finished_model_runs(conn, scope=scope, start=start, end=end, limit=limit)
+def _read(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> Any:
     ids = [r["id"] for r in rows]
     chains = vq.ancestors(conn, rows)
     earlier = sorted({a for chain in chains.values() for a in chain})
-    usage = collect_runs(conn, ids, scope=scope) if ids else None
-    return rows, vq.metric_figures(conn, ids + earlier), chains, vq.run_meta(conn, earlier), usage
+    # Unscoped on purpose: the rows are already the reader's; a shared GPU's split needs every tenant.
+    usage = collect_runs(conn, ids, scope=None)
+    return vq.metric_figures(conn, ids + earlier), chains, vq.run_meta(conn, earlier), usage
 
 
-def run_values(
-    ledger: Ledger,
-    *,
-    scope: frozenset[str] | None,
-    card: RateCard,
-    start: float,
-    end: float,
-    basis: str | None = None,
-    limit: int | None = None,
+def values_of(
+    ledger: Ledger, rows: Sequence[Mapping[str, Any]], *, card: RateCard, basis: str | None = None
 ) -> list[RunValue]:
-    """The value of every finished, labelled run that ended in [start, end), newest end first."""
-    rows, figures, chains, earlier_meta, usage = ledger.read(lambda conn: _read(conn, scope, start, end, limit))
+    """The value of each run in ``rows`` (store.value_queries.finished_model_runs rows), in order."""
     if not rows:
         return []
+    figures, chains, earlier_meta, usage = ledger.read(lambda conn: _read(conn, rows))
     sums: dict[str, list[int]] = {}
     models: dict[str, set[str]] = {}
     for ln in Pricer(card, basis).price_all(usage.usages):
@@ -155,10 +148,26 @@ def run_values(
                 epochs=epochs,
                 images_seen=epochs * train if train else 0,
                 map_points=map_gain_points(best, earlier_best),
+                map50_95=best,
                 settings=settings,
             )
         )
     return out
+
+
+def run_values(
+    ledger: Ledger,
+    *,
+    scope: frozenset[str] | None,
+    card: RateCard,
+    start: float,
+    end: float,
+    basis: str | None = None,
+    limit: int | None = None,
+) -> list[RunValue]:
+    """The value of every finished, labelled run in scope that ended in [start, end), newest end first."""
+    rows = ledger.read(lambda conn: vq.finished_model_runs(conn, scope=scope, start=start, end=end, limit=limit))
+    return values_of(ledger, rows, card=card, basis=basis)
 
 
 def _findings(ledger: Ledger, run_id: str) -> frozenset[str] | None:
