@@ -166,3 +166,18 @@ def test_every_threshold_is_used(field: str) -> None:
         "map_drop": "map_fell",
     }[field]
     assert silenced in loud and silenced not in quiet
+
+
+def test_the_chargeback_doc_states_every_threshold_with_its_default() -> None:
+    import dataclasses
+    from pathlib import Path
+
+    from gpuledger.core.anomaly_rule import AnomalyRule
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "CHARGEBACK.md").read_text()
+    section = doc[doc.index("## Value for money over weeks") :]
+    rows = {line.split("`")[1]: line.split("|")[2].strip() for line in section.splitlines() if line.startswith("| `")}
+    for cls in (AnomalyRule, CauseThresholds):
+        for f in dataclasses.fields(cls):
+            if f.name != "metrics":
+                assert float(rows[f.name]) == f.default, (cls.__name__, f.name)
