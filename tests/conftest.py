@@ -52,3 +52,20 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> It
     if os.environ.get("GPULEDGER_TEST_PG") == "0":
         pytest.skip("PostgreSQL tests disabled by GPULEDGER_TEST_PG=0")
     yield from _pg_schema_url()
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[object]:
+    """One private Docker engine for the whole session (tests/docker_support.py), shared by every
+    test that needs a real container."""
+    from docker_support import private_engine
+
+    yield from private_engine()
+
+
+@pytest.fixture
+def engine(docker_engine: object) -> Iterator[object]:
+    """The session's engine, running; this test's containers removed afterwards."""
+    from docker_support import engine_for_test
+
+    yield from engine_for_test(docker_engine)  # type: ignore[arg-type]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,7 @@ from docker_support import (
     YOLO_DATA,
     Engine,
     GetOnlyProxy,
-    engine_for_test,
     long_progress,
-    private_engine,
     wait_for,
 )
 from gpuledger.collect.fake_nvml import FakeNvml, TracePoint
@@ -40,15 +37,6 @@ LABELS = {"team": "vision", "project": "defect-detection", "model_version": "yol
 LABEL_ARGS = [arg for k, v in LABELS.items() for arg in ("--label", f"{k}={v}")]
 GiB = 2**30
 
-
-@pytest.fixture(scope="session")
-def docker_engine() -> Iterator[Engine]:
-    yield from private_engine()
-
-
-@pytest.fixture
-def engine(docker_engine: Engine) -> Iterator[Engine]:
-    yield from engine_for_test(docker_engine)
 
 
 @pytest.fixture

@@ -3,14 +3,13 @@ when the API server cannot be asked (a private dockerd, tests/docker_support.py)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("grpc", reason="the kubernetes extra (grpcio) is not installed")
 
-from docker_support import IMAGE, Engine, engine_for_test, private_engine
+from docker_support import IMAGE, Engine
 from gpuledger.node.claims import SourceOptions
 from gpuledger.node.kubelet import open_source
 from gpuledger.node.kubelet_runtime import DockerPodLister
@@ -23,15 +22,6 @@ SANDBOX = {**POD, "io.kubernetes.docker.type": "podsandbox", "io.kubernetes.cont
            "project": "defect-detection", "annotation.kubernetes.io/config.source": "api"}  # fmt: skip
 APP = {**POD, "io.kubernetes.docker.type": "container", "io.kubernetes.container.name": "main"}
 
-
-@pytest.fixture(scope="module")
-def docker_engine() -> Iterator[Engine]:
-    yield from private_engine()
-
-
-@pytest.fixture
-def engine(docker_engine: Engine) -> Iterator[Engine]:
-    yield from engine_for_test(docker_engine)
 
 
 def labelled(engine: Engine, labels: dict[str, str], name: str) -> str:
