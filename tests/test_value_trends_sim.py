@@ -87,3 +87,30 @@ def test_run_values_read_the_settings_and_gains(sim_ledger) -> None:
     }
     assert values["v11n-1-0b"].map_points == Decimal("15.0") and values["v11n-1-0a"].map_points == Decimal("20.0")
     assert values["v5m-0-0"].busy_uh == 1_620_000 and values["v5m-0-0"].measured_uh == 2_000_000
+
+
+def test_nan_metrics_imported_and_open_runs_do_not_count(sim_ledger) -> None:
+    from gpuledger.core.model import Metric, RunRecord
+
+    ledger, _ = sim_ledger
+    # A NaN mAP (a diverged validation) is no result: the best finite value stays the run's best.
+    ledger.append("v5m-0-0", metrics=[Metric(WEEKS[0] + 86400 + 7000, "metrics/mAP50-95(B)", float("nan"), 11)])
+    labels = {"project": "detector", "model": "yolov5m", "model_version": "yolov5m"}
+    for rid, status, ended in (("imported-1", "imported", WEEKS[0] + 90000), ("open-1", "running", None)):
+        ledger.create_run(
+            RunRecord(
+                id=rid,
+                command=["yolo"],
+                user="ana",
+                host="h",
+                cwd="/",
+                started_at=WEEKS[0],
+                status=status,
+                ended_at=ended,
+                labels=labels,
+            )
+        )
+        ledger.append(rid, metrics=[Metric(WEEKS[0] + 100, "metrics/mAP50-95(B)", 0.9, 1)])
+    values = {v.run_id: v for v in run_values(ledger, scope=None, card=CARD, start=WEEKS[0], end=REPORT_END)}
+    assert values["v5m-0-0"].map_points == Decimal("40.0") and values["v5m-0-0"].epochs == 11
+    assert "imported-1" not in values and "open-1" not in values
