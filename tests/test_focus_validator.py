@@ -28,8 +28,11 @@ import yaml
 from cost_sim import CARD, MONTH
 from cost_support import ts
 from focus_support import month_ledger
+from gpuledger.core.capacity_pools import Pools
 from gpuledger.core.focus_columns import FOCUS_VERSION
-from gpuledger.reports.focus import chargeback_focus
+from gpuledger.reports.capacity import add_shared_idle, fleet_cost
+from gpuledger.reports.costing import chargeback
+from gpuledger.reports.focus import add_shared_idle_rows, chargeback_focus, default_identity
 from gpuledger.reports.focus_render import focus_csv, write_focus_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,19 +111,27 @@ def _parse(report: Path) -> Verdict:
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("focus-validator")
     led = month_ledger(root / "month.db")
-    export = chargeback_focus(led, scope=None, card=CARD, start=ts(MONTH[0]), end=ts(MONTH[1]))
-    led.close()
+    start, end = ts(MONTH[0]), ts(MONTH[1])
+    export = chargeback_focus(led, scope=None, card=CARD, start=start, end=end)
     (root / "month.csv").write_text(focus_csv(export))
     write_focus_parquet(export, str(root / "month.parquet"))
-    return {"csv": root / "month.csv", "parquet": root / "month.parquet", "root": root}
+    # The same month with the fleet's unbilled cost shared by busy hours: Adjustment rows too.
+    cb = chargeback(led, scope=None, card=CARD, start=start, end=end, by=("team", "project"), trend_months=0)
+    cb = add_shared_idle(cb, fleet_cost(led, card=CARD, pools=Pools(), start=start, end=end), "busy")
+    shared = add_shared_idle_rows(export, cb, card=CARD, start=start, end=end, identity=default_identity(CARD))
+    assert any(r["ChargeCategory"] == "Adjustment" for r in shared.rows)
+    (root / "shared.csv").write_text(focus_csv(shared))
+    led.close()
+    return {"csv": root / "month.csv", "parquet": root / "month.parquet", "shared": root / "shared.csv"}
 
 
 def _overrides() -> set[str]:
     return set(yaml.safe_load(OVERRIDES.read_text())["overrides"])
 
 
-def test_the_validator_finds_no_error_in_the_csv(validate, files, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    verdict = validate(files["csv"], tmp_path)
+@pytest.mark.parametrize("name", ["csv", "shared"])
+def test_the_validator_finds_no_error_in_the_csv(validate, files, tmp_path, name) -> None:  # type: ignore[no-untyped-def]
+    verdict = validate(files[name], tmp_path)
     assert verdict.failed == {} and verdict.errored == {}, verdict.console
     assert verdict.skipped == _overrides()  # only the documented ones, and each really is a check
     assert len(verdict.passed) >= 120  # the whole FOCUS 1.0 rule set ran

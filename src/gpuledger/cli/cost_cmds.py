@@ -110,7 +110,7 @@ def cost_cmd(
     show_default=True,
     help="Group by, comma-separated: team, project, user, gpu_model, instance_type, status.",
 )
-@format_option("table", "csv", "md", "html", "json")
+@format_option("table", "csv", "md", "html", "json", "focus")
 @click.option(
     "--section",
     type=click.Choice(["groups", "runs", "idle-runs", "users", "idle-users", "trend", "anomalies"]),
@@ -139,6 +139,11 @@ def cost_cmd(
     help="Add the fleet's unbilled cost shared by allocated or busy GPU-hours: totals = the fleet's cost.",
 )
 @pools_option
+@click.option(
+    "--provider",
+    metavar="NAME",
+    help="--format focus: who provides the GPU time (ProviderName, ...; docs/FOCUS.md). Default: the rate card's name.",
+)
 @click.option("-o", "--output", type=OutputPath(), help="File to write (default: stdout).")
 @_common
 @cli_errors
@@ -154,13 +159,15 @@ def chargeback_cmd(
     anomaly_threshold: float,
     share_idle: str,
     pools: str | None,
+    provider: str | None,
     output: str | None,
     projects: tuple[str, ...],
     basis: str | None,
     rates: str | None,
     db: str | None,
 ) -> None:
-    """GPU cost by team, project, user or GPU model for a month (columns: docs/CHARGEBACK.md)."""
+    """GPU cost by team, project, user or GPU model for a month (columns: docs/CHARGEBACK.md;
+    --format focus: the FinOps FOCUS 1.0 dataset, CSV or -o FILE.parquet, docs/FOCUS.md)."""
     from gpuledger.core.chargeback_columns import GROUP_KEYS
     from gpuledger.reports import cost_render
     from gpuledger.reports.costing import chargeback, window_from_args
@@ -176,6 +183,14 @@ def chargeback_cmd(
     check_share_idle(share_idle, month, start, end, projects)  # docs/CAPACITY.md
     card = rate_card(rates)
     ledger = open_ledger(db)
+    if fmt == "focus":
+        from gpuledger.cli.focus_output import write_chargeback_focus
+
+        write_chargeback_focus(
+            ledger, card, lo, hi, scope=_scope(projects), basis=basis, by=keys, share_idle=share_idle, pools=pools,
+            provider=provider, output=output,
+        )  # fmt: skip
+        return
     cb = chargeback(
         ledger,
         scope=_scope(projects),

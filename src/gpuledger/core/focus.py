@@ -25,7 +25,7 @@ from gpuledger.core.money import EXACT, PRICE_PLACES, money_decimal, tidy
 from gpuledger.core.months import month_bounds, month_of
 from gpuledger.core.ratecard import RateCard, RateLine
 
-__all__ = ["DAY_S", "FocusExport", "FocusIdentity", "build_focus", "slug"]
+__all__ = ["DAY_S", "FocusExport", "FocusIdentity", "base_row", "build_focus", "money", "slug", "utc"]
 
 DAY_S = 86400
 GPU_TIME, ENERGY = "GPU time", "energy"
@@ -63,6 +63,23 @@ class FocusExport:
     notes: list[str] = field(default_factory=list)
     currency: str = ""
     basis: str = ""
+
+
+def base_row(identity: FocusIdentity, card: RateCard, basis: str) -> dict[str, Any]:
+    """Every column null, but those all rows of one export share."""
+    row: dict[str, Any] = {c.name: None for c in COLUMNS}
+    row.update(
+        BillingAccountId=identity.account_id,
+        BillingAccountName=identity.provider,
+        BillingCurrency=card.currency,
+        ChargeFrequency="Usage-Based",
+        InvoiceIssuerName=identity.provider,
+        ProviderName=identity.provider,
+        PublisherName=identity.provider,
+        ServiceCategory="Compute",
+        x_BillingBasis=basis,
+    )
+    return row
 
 
 def slug(text: str) -> str:
@@ -136,11 +153,12 @@ def _hours(uh: int) -> Decimal:
     return _scaled(uh, _HOUR_PLACES)
 
 
-def _money(units: int) -> Decimal:
+def money(units: int) -> Decimal:
+    """Money units (10^-21) as an exact Decimal with at least two places."""
     return tidy(money_decimal(units))
 
 
-def _utc(t: float) -> dt.datetime:
+def utc(t: float) -> dt.datetime:
     """A FOCUS date/time: UTC, to the second (window edges given with fractions are floored)."""
     return dt.datetime.fromtimestamp(int(t // 1), tz=dt.timezone.utc)
 
@@ -160,21 +178,12 @@ class _RowMaker:
     ) -> None:
         self.runs, self.labels, self.card, self.basis = runs, labels, card, basis
         self.start, self.end = start, end
-        self.fixed: dict[str, Any] = {c.name: None for c in COLUMNS}
-        self.fixed.update(
-            BillingAccountId=identity.account_id,
-            BillingAccountName=identity.provider,
-            BillingCurrency=card.currency,
-            ChargeCategory="Usage",
-            ChargeFrequency="Usage-Based",
-            InvoiceIssuerName=identity.provider,
-            PricingCategory="Standard",
-            ProviderName=identity.provider,
-            PublisherName=identity.provider,
-            ResourceType="GPU Workload",
-            ServiceCategory="Compute",
-            x_BillingBasis=basis,
-        )
+        self.fixed = {
+            **base_row(identity, card, basis),
+            "ChargeCategory": "Usage",
+            "PricingCategory": "Standard",
+            "ResourceType": "GPU Workload",
+        }
 
     def _common(self, day: int, run_id: str, model: str, instance: str | None, line: RateLine) -> dict[str, Any]:
         run = self.runs.get(run_id)
@@ -184,10 +193,10 @@ class _RowMaker:
         month_start, month_end = month_bounds(month_of(lo))
         row = dict(self.fixed)
         row.update(
-            BillingPeriodStart=_utc(month_start),
-            BillingPeriodEnd=_utc(month_end),
-            ChargePeriodStart=_utc(lo),
-            ChargePeriodEnd=_utc(hi),
+            BillingPeriodStart=utc(month_start),
+            BillingPeriodEnd=utc(month_end),
+            ChargePeriodStart=utc(lo),
+            ChargePeriodEnd=utc(hi),
             ResourceId=run_id,
             ResourceName=(run.name if run is not None and run.name else run_id),
             Tags=json.dumps(tags, sort_keys=True, ensure_ascii=False) if tags else None,
@@ -208,7 +217,7 @@ class _RowMaker:
     ) -> dict[str, Any]:
         alloc, busy, unmeasured, a100eq, energy, cost, idle_cost, energy_cost, _ = v
         billed = alloc if self.basis == "allocated" else busy + unmeasured
-        gpu_cost = _money(cost - energy_cost)
+        gpu_cost = money(cost - energy_cost)
         price = _scaled(line.rate_u, PRICE_PLACES)  # the integer price the ledger's arithmetic used
         sku = f"{line.kind}:{line.key}"
         row = self._common(day, run_id, model, instance, line)
@@ -241,7 +250,7 @@ class _RowMaker:
             x_UnmeasuredGpuHours=_hours(unmeasured),
             x_A100EquivalentHours=_scaled(a100eq, _A100_PLACES),
             x_EnergyKwh=_scaled(energy, _KWH_PLACES),
-            x_IdleCost=_money(idle_cost),
+            x_IdleCost=money(idle_cost),
             x_Flags=";".join(sorted(flags)) or None,
         )
         return row
@@ -251,7 +260,7 @@ class _RowMaker:
     ) -> dict[str, Any]:
         energy, energy_cost = v[4], v[7]
         kwh = _scaled(energy, _KWH_PLACES)
-        cost = _money(energy_cost)
+        cost = money(energy_cost)
         price = _scaled(line.energy_u, PRICE_PLACES)
         sku = f"energy:{line.kind}:{line.key}"
         row = self._common(day, run_id, model, instance, line)
@@ -285,4 +294,4 @@ def _price_model(line: RateLine) -> str:
 
 def _price_id(sku: str, line: RateLine) -> str:
     """One id per price: the SKU and when its line took effect."""
-    return f"{sku}@{'start' if line.start is None else _utc(line.start).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+    return f"{sku}@{'start' if line.start is None else utc(line.start).strftime('%Y-%m-%dT%H:%M:%SZ')}"

@@ -44,7 +44,7 @@ FOCUS_COLUMNS: tuple[FocusColumn, ...] = (
     FocusColumn("BillingCurrency", "string", "the rate card's currency (ISO 4217)"),
     FocusColumn("BillingPeriodEnd", "datetime", "exclusive end of the charge's calendar month (UTC)"),
     FocusColumn("BillingPeriodStart", "datetime", "first instant of the charge's calendar month (UTC)"),
-    FocusColumn("ChargeCategory", "string", "Usage"),
+    FocusColumn("ChargeCategory", "string", "Usage; Adjustment for a share of the fleet's unbilled cost"),
     FocusColumn("ChargeClass", "string", "null: no row corrects an earlier billing period"),
     FocusColumn("ChargeDescription", "string", "what was priced, at which rate, from which rate card line"),
     FocusColumn("ChargeFrequency", "string", "Usage-Based"),
@@ -83,7 +83,7 @@ FOCUS_COLUMNS: tuple[FocusColumn, ...] = (
 )
 
 CUSTOM_COLUMNS: tuple[FocusColumn, ...] = (
-    FocusColumn("x_CostKind", "string", "GPU time or energy", "text"),
+    FocusColumn("x_CostKind", "string", "GPU time, energy or shared idle", "text"),
     FocusColumn("x_LogicalRunId", "string", "the logical run: the first attempt of a resumed training", "text"),
     FocusColumn("x_RunStatus", "string", "the run's status (killed, lost, failed, running: partial)", "text"),
     FocusColumn("x_User", "string", "who ran it", "text"),
@@ -94,6 +94,7 @@ CUSTOM_COLUMNS: tuple[FocusColumn, ...] = (
     FocusColumn("x_InstanceType", "string", "cloud instance type used for the price", "text"),
     FocusColumn("x_BillingBasis", "string", "allocated or busy: which hours PricingQuantity counts", "text"),
     FocusColumn("x_PriceModel", "string", "per GPU-hour, cloud instance or on-prem amortised", "text"),
+    FocusColumn("x_ShareRule", "string", "shared idle rows: allocated or busy, the hours shared by", "text"),
     FocusColumn("x_AllocatedGpuHours", "decimal", "GPU time held (wall time x GPUs)", "GPU-h", HOUR_PLACES),
     FocusColumn("x_BusyGpuHours", "decimal", "GPU time busy (the driver's utilisation samples)", "GPU-h", HOUR_PLACES),
     FocusColumn("x_IdleGpuHours", "decimal", "allocated - busy - unmeasured", "GPU-h", HOUR_PLACES),

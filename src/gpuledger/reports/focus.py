@@ -13,8 +13,10 @@ import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from gpuledger.core.chargeback import Chargeback
 from gpuledger.core.cost import Compact, Pricer, compact, month_starts
 from gpuledger.core.focus import FocusExport, FocusIdentity, build_focus
+from gpuledger.core.focus_shared import shared_idle_rows
 from gpuledger.core.ratecard import RateCard
 from gpuledger.reports.cost_usage import Scope, UsageSet, collect_report, read
 from gpuledger.store.label_queries import labels_of
@@ -22,7 +24,7 @@ from gpuledger.store.label_queries import labels_of
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
 
-__all__ = ["chargeback_focus", "default_identity"]
+__all__ = ["add_shared_idle_rows", "chargeback_focus", "default_identity"]
 
 
 def default_identity(card: RateCard, provider: str | None = None) -> FocusIdentity:
@@ -73,3 +75,23 @@ def chargeback_focus(
         end=end,
         identity=identity or default_identity(card),
     )
+
+
+def add_shared_idle_rows(export: FocusExport, cb: Chargeback, *, card: RateCard, start: float, end: float,
+                         identity: FocusIdentity) -> FocusExport:  # fmt: skip
+    """A copy of ``export`` with a row per group of ``cb`` (a chargeback of the same window after
+    reports/capacity.add_shared_idle) for its part of the fleet's unbilled cost; ValueError when
+    the window is not inside one calendar month."""
+    rows = shared_idle_rows(
+        cb.groups,
+        by=cb.params["by"],
+        rule=cb.params["share_idle"],
+        fleet_cost=cb.params["fleet_cost"],
+        billed=cb.total["cost"],
+        card=card,
+        basis=export.basis,
+        start=start,
+        end=end,
+        identity=identity,
+    )
+    return FocusExport([*export.rows, *rows], list(export.notes), export.currency, export.basis)

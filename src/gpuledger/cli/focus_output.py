@@ -1,0 +1,62 @@
+"""``gpuledger report chargeback --format focus``: the chargeback as a FOCUS 1.0 dataset (docs/FOCUS.md).
+
+CSV to stdout or ``-o FILE``; Parquet when ``-o`` names a ``.parquet`` file. Notes (hours no rate
+prices) go to stderr, so stdout stays a clean CSV.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from gpuledger.cli.output import write_text, write_with
+
+__all__ = ["write_chargeback_focus"]
+
+
+def write_chargeback_focus(
+    ledger: Any,
+    card: Any,
+    lo: float,
+    hi: float,
+    *,
+    scope: frozenset[str] | None,
+    basis: str | None,
+    by: Sequence[str],
+    share_idle: str,
+    pools: str | None,
+    provider: str | None,
+    output: str | None,
+) -> None:
+    from gpuledger.core.months import month_of
+    from gpuledger.reports.focus import add_shared_idle_rows, chargeback_focus, default_identity
+    from gpuledger.reports.focus_render import focus_csv, is_parquet_path, write_focus_parquet
+
+    parquet = is_parquet_path(output)
+    if parquet:  # a missing extra is said before any work
+        from gpuledger.extras import require
+
+        require("pyarrow.parquet", extra="parquet", purpose="FOCUS Parquet output")
+    if share_idle != "none" and month_of(lo) != month_of(hi - 1e-6):
+        raise click.UsageError(
+            "with --share-idle, FOCUS output needs one month's window (--month): the shared idle cost is one "
+            "figure for the window, and a FOCUS row belongs to one billing period (a calendar month)"
+        )
+    identity = default_identity(card, provider)
+    export = chargeback_focus(ledger, scope=scope, card=card, start=lo, end=hi, basis=basis, identity=identity)
+    if share_idle != "none":
+        from gpuledger.cli.capacity_cmds import shared_idle
+        from gpuledger.reports.costing import chargeback
+
+        cb = chargeback(ledger, scope=scope, card=card, start=lo, end=hi, by=by, basis=basis, trend_months=0)
+        cb = shared_idle(cb, ledger, card, lo, hi, share_idle, pools)
+        export = add_shared_idle_rows(export, cb, card=card, start=lo, end=hi, identity=identity)
+    for note in export.notes:
+        click.echo(f"note: {note}", err=True)
+    if parquet:
+        write_with(str(output), lambda tmp: write_focus_parquet(export, tmp))
+        click.echo(f"wrote {output}", err=True)
+    else:
+        write_text(output, focus_csv(export), announce=True)
