@@ -351,3 +351,10 @@ def test_a_short_command_still_has_its_memory_measured(env: dict[str, str]) -> N
     code = "import time\nblock = bytearray(120 * 2**20)\ntime.sleep(1.5)"
     assert run_cli(["run", "--", *py(code)], env).returncode == 0
     assert 120 * 2**20 <= only_run(env)["peak_rss_bytes"] <= 200 * 2**20
+
+
+def test_a_command_too_short_to_sample_still_has_its_peak_memory(env: dict[str, str]) -> None:
+    # It ends before the first reading: its peak comes from wait4's ru_maxrss, not a made-up 0.
+    code = "block = bytearray(150 * 2**20)"
+    assert run_cli(["run", "--", *py(code)], env).returncode == 0
+    assert 150 * 2**20 <= only_run(env)["peak_rss_bytes"] <= 250 * 2**20

@@ -137,6 +137,7 @@ class ProcessTreeCollector:
         self._live: dict[int, _Tracked] = {}  # insertion order: parents before children
         self._gone: dict[int, _Tracked] = {}  # ended, reaped outside the tree: figure kept
         self._credited = Usage()  # exact figures handed over by credit_reaped, less bases
+        self._reaped_peak = 0  # the largest ru_maxrss credited since the last read
         self._folded = Usage()  # kept figures too old to be credited any more
         self._reported = Usage()  # the running maximum: cumulative since the first read
         self._root_start: float | None = None
@@ -177,11 +178,11 @@ class ProcessTreeCollector:
             delta, self._reported = _minus(total, self._reported), total
             tick = HostTick(
                 t0=self._prev_t, t1=now, cpu_s=delta.cpu_s, read_b=delta.read_b, write_b=delta.write_b,
-                rss_b=sum(r.rss_b for r in self._live.values()),
+                rss_b=max(sum(r.rss_b for r in self._live.values()), self._reaped_peak),
                 threads=sum(r.threads for r in self._live.values()), procs=len(self._live),
                 **(self._system_since(system, now) if system is not None else {}),
             )  # fmt: skip
-            self._prev_t = now
+            self._prev_t, self._reaped_peak = now, 0
             return tick
 
     def _system_due(self, closes_interval: bool) -> SysSample | None:
@@ -208,15 +209,19 @@ class ProcessTreeCollector:
         with self._lock:
             return self._reported
 
-    def credit_reaped(self, pid: int, cpu_s: float, read_b: int = 0, write_b: int = 0) -> None:
+    def credit_reaped(self, pid: int, cpu_s: float, read_b: int = 0, write_b: int = 0, max_rss_b: int = 0) -> None:
         """Account the exact final usage of a child the caller reaped itself (``os.wait4``).
 
         wait4's rusage covers ``pid`` and every descendant reaped inside its subtree. So this
         replaces what was counted for ``pid`` and for its tracked descendants that ended along a
         chain of ended processes (reaped there); descendants still alive were orphaned, keep their
         own figures and get their own credit when reaped. The next ``read`` reports the change.
+        ``max_rss_b`` (wait4's ``ru_maxrss``: the largest resident set of ``pid`` and what it
+        reaped) floors the next reading's tree memory: a command that ended before any reading saw
+        it still has a measured peak, never a made-up 0.
         """
         with self._lock:
+            self._reaped_peak = max(self._reaped_peak, max_rss_b)
             if pid in self._exclude or pid in self._excluded or pid == self.root_pid:
                 return
             rec = self._live.pop(pid, None) or self._gone.pop(pid, None)

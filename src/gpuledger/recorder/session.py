@@ -193,6 +193,7 @@ class Session:
                 usage.ru_utime + usage.ru_stime,  # type: ignore[attr-defined]
                 usage.ru_inblock * 512,  # type: ignore[attr-defined]  # 512-byte blocks
                 usage.ru_oublock * 512,  # type: ignore[attr-defined]
+                usage.ru_maxrss * 1024,  # type: ignore[attr-defined]  # KiB on Linux
             )
         except Exception as exc:
             self.recorder.problem("sampler_error", f"could not account a reaped process: {exc!r}")
@@ -253,8 +254,9 @@ class Session:
 
         pending = self.recorder.pending
         try:
-            path = write_spool(self.run, self.devices, pending.gpu, pending.host, pending.events, pending.metrics,
-                               ledger_url=self._url)
+            path = write_spool(
+                self.run, self.devices, pending.gpu, pending.host, pending.events, pending.metrics, ledger_url=self._url
+            )
         except OSError as exc:
             stderr_line(f"gpuledger: could not keep the run locally either ({exc}); its record is lost")
             return
