@@ -1,4 +1,4 @@
-"""CPU cost of one host-collector tick, measured in its real loop (DESIGN §7).
+"""CPU cost of one host-collector tick, measured in its real loop.
 
 A tree of 8 busy-ish processes (one parent and 7 workers, each busy ~5 % of a core) runs below
 this process, set up the way ``gpuledger run`` sees it (root = us, include_root=False). Each

@@ -1,4 +1,4 @@
-"""Recorder CPU per sample, side by side with MLflow's system-metrics monitor (DESIGN §7, issue 2).
+"""Recorder CPU per sample, side by side with MLflow's system-metrics monitor (issue 2).
 
     python benchmarks/recorder_tick.py [--ticks 30] [--rounds 2] [--quick] [--profile VARIANT]
 

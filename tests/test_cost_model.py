@@ -1,4 +1,4 @@
-"""The cost model on hand-computed cases (DESIGN §5)."""
+"""The cost model on hand-computed cases (docs/CHARGEBACK.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _totals(lines):  # type: ignore[no-untyped-def]
 
 
 def test_seed_case_6h_at_78_percent_on_an_a100_at_2_50() -> None:
-    # DESIGN §5: 6 h at 78 % mean utilisation on one A100 at $2.50/h -> 4.68 busy GPU-h -> $11.70.
+    # The reference example: 6 h at 78 % mean utilisation on one A100 at $2.50/h -> 4.68 busy GPU-h -> $11.70.
     lines = Pricer(card(A100_250)).price(usage(ts("2026-03-10"), 6, util=0.78))
     row = _totals(lines)
     assert row["allocated_gpu_h"] == 6.0

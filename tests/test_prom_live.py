@@ -18,7 +18,7 @@ from gpuledger.prom.live import LiveRun
 from gpuledger.store import Ledger
 
 GIB = 2**30
-DESIGN_NAMES = {  # DESIGN §6, verbatim
+DESIGN_NAMES = {  # the agreed names (docs/PROMETHEUS.md), verbatim
     "gpuledger_gpu_busy_seconds_total",
     "gpuledger_gpu_energy_joules_total",
     "gpuledger_gpu_power_watts",

@@ -107,7 +107,7 @@ def test_two_gpus_by_hand() -> None:
 
 
 def test_design_seed_example() -> None:
-    """DESIGN §5: 6 h at 78 % mean utilisation on one A100 -> 4.68 busy GPU-hours."""
+    """The reference example: 6 h at 78 % mean utilisation on one A100 -> 4.68 busy GPU-hours."""
     ivs = [_gpu_iv(A100.uuid, n, n * 3600, (n + 1) * 3600, busy_s=0.78 * 3600) for n in range(6)]
     s = summarize(_run(status="succeeded", ended_at=T0 + 6 * 3600), [A100], ivs, [], now=T0)
     assert s["busy_gpu_hours"] == pytest.approx(4.68)

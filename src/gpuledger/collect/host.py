@@ -9,7 +9,7 @@ The tree
     process with ``include_root=True``, so its own sampler thread's CPU (and the recorder's own
     ledger writes) are part of the run: small, and cheaper than subtracting them.
 
-Counters (DESIGN §2.2)
+Counters (docs/ARCHITECTURE.md, principle 2)
     For a live process we read ``total = own + reaped``: utime+stime plus cutime+cstime (the
     children it has waited for), and /proc/<pid>/io read_bytes/write_bytes, which the kernel also
     folds into a parent when it reaps a child. The tree total is
@@ -51,7 +51,7 @@ Host-wide counters (system.py: CPU split, iowait, memory, disk and network bytes
     part that cannot be read (None) leaves its delta absent on both sides of that read, never
     stretched over a longer span. The psutil fallback reads the same counters, with the same rule.
 
-Cost (DESIGN §7; benchmarks/host_tick.py measures it in the real loop)
+Cost (benchmarks/host_tick.py measures it in the real loop)
     Reading is procfs.py's (per process: a /proc fast path on Linux, psutil elsewhere or with
     ``backend="psutil"``) and system.py's (the host-wide counters). The tree is scanned every
     ``rescan_every`` reads and after a tracked process ended, only if the kernel handed out a pid

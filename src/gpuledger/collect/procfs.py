@@ -3,12 +3,12 @@
 ``make_reader(backend)`` picks one of two readers with the same interface: ``sample(pid)`` (ppid,
 start time, ``Usage``, rss, threads; raises ``Gone`` or ``Unreadable``), ``scan(root, root_start)``
 (the root's descendants, parents first), ``scan_born(since, upto)``, ``last_pid()``, ``forget(pid)``
-and ``close()``. What the figures mean and how they add up is host.py's business (DESIGN §2.2).
+and ``close()``. What the figures mean and how they add up is host.py's business.
 
 ProcfsReader (Linux; ``backend="auto"`` or ``"procfs"``)
     A narrow /proc fast path: one stat and one io file per process, through kept-open files re-read
     with pread (``OpenFiles``). In the real 1 s loop on a 2-core VM: 8 processes ~0.3 ms, against
-    ~1.4 ms with psutil ``oneshot()`` (DESIGN §7; benchmarks/host_tick.py measures it). A kept
+    ~1.4 ms with psutil ``oneshot()`` (benchmarks/host_tick.py measures it). A kept
     /proc/<pid>/ file answers ESRCH once the process is reaped, so a reused pid is noticed.
     ``last_pid`` reads /proc/loadavg (the last pid the kernel handed out), and ``scan_born`` reads
     only the processes born since a given pid, which lets the collector skip or shorten its scans.

@@ -2,12 +2,12 @@
 
 ``SystemReader(procfs=...)`` reads the cumulative counters (``SysSample``); ``system_fields(prev, now)``
 turns two readings into a HostTick's ``sys_*``, ``iowait_s``, ``disk_*`` and ``net_*`` fields. Any
-part that cannot be read is None, absent rather than zero (DESIGN §2.3), and never stops the run's
+part that cannot be read is None, absent rather than zero, and never stops the run's
 own figures.
 
 On Linux it reads /proc/stat, meminfo, diskstats and net/dev through kept-open files re-read with
 pread: ~0.2 ms a read in the real 1 s loop on a 2-core VM, against ~1-2 ms with psutil's host
-functions, which stay as the portable reader (DESIGN §7; benchmarks/host_tick.py measures it).
+functions, which stay as the portable reader (benchmarks/host_tick.py measures it).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _cpu_split(fields: dict[str, float]) -> tuple[float, float, float | None]:
 
 
 class SystemReader:
-    """Host counters from /proc (Linux) or psutil; any part it cannot read is None (DESIGN §2.3)."""
+    """Host counters from /proc (Linux) or psutil; any part it cannot read is None, absent rather than 0."""
 
     _CPU_NAMES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
 

@@ -19,7 +19,7 @@ The rule (``busy_from_samples``):
   reading) or records it as unmeasured.
 
 ``SamplePeriod`` learns ``P`` from the spacing of consecutive samples, because NVML does not
-report it. Pure functions, no I/O, no clock (DESIGN: core/ is where correctness lives).
+report it. Pure functions, no I/O, no clock (core/ is where correctness lives: docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cost model (DESIGN §5): GPU use in, priced lines out. Pure: no I/O, no clock.
+"""The cost model (docs/CHARGEBACK.md): GPU use in, priced lines out. Pure: no I/O, no clock.
 
 For each piece of use: ``allocated`` = held GPU-hours, ``busy`` = Σ busy_s / 3600, ``idle`` =
 allocated - busy, ``a100eq`` = busy x the model's factor, ``energy`` = Σ energy_j / 3.6e6 x PUE,

@@ -1,6 +1,6 @@
 """GPU models: the normalisation table (A100-equivalent factors), NVML name matching, MIG fractions.
 
-The table is data (``gpu_models.toml``, shipped with the package; DESIGN §5). A rate card may
+The table is data (``gpu_models.toml``, shipped with the package; docs/CHARGEBACK.md). A rate card may
 override any entry or add models and exact-name aliases (``ModelTable.with_overrides``).
 """
 

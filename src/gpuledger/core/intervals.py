@@ -1,7 +1,7 @@
 """Ticks -> recording intervals, and intervals -> coarser intervals.
 
 A collector reports what happened between two reads (a tick, e.g. 1 s); the recorder stores one
-row per recording interval (e.g. 5 s). The merge rules (DESIGN §2.2, §2.3):
+row per recording interval (e.g. 5 s). The merge rules (docs/ARCHITECTURE.md, principles 2 and 3):
 
 - integrals (busy_s, energy_j, throttle_s per reason, cpu_s, bytes, iowait_s) are summed, so any
   regrouping of the same ticks gives the same totals;

@@ -3,7 +3,7 @@
 Units are in the field names: ``_s`` seconds, ``_j`` joules, ``_b`` bytes, ``_w`` watts,
 ``_c`` degrees Celsius, ``_mhz`` megahertz, ``_pct`` percent 0-100. Times (``t0``, ``t1``,
 ``started_at`` ...) are Unix epoch seconds as floats. ``None`` always means "not measured /
-not supported", never zero (DESIGN §2.3).
+not supported", never zero.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A 72-hour run of 8 GPUs at 1-second intervals has about 2 million GPU intervals;
 few thousand points. Time is cut into buckets of equal width from a common origin (so the buckets
 of all GPUs line up), and each bucket keeps, per series:
 
-- the exact re-aggregation of its intervals (integrals summed, peaks maxed: DESIGN §2.2), so a
+- the exact re-aggregation of its intervals (integrals summed, peaks maxed), so a
   bucket is itself a valid coarser interval and totals over buckets equal totals over intervals;
 - the minimum and maximum *per interval* (min/max envelope, as in M4), so a 1-second spike or a
   1-second drop survives any bucket width.

@@ -1,6 +1,6 @@
 """The run summary: the JSON that ``gpuledger show RUN --json`` prints, and its one-screen text form.
 
-Figures come from the stored intervals (DESIGN §5): busy = Σ busy_s, energy = Σ energy_j;
+Figures come from the stored intervals: busy = Σ busy_s, energy = Σ energy_j;
 allocated = the wall time the run held each GPU. Absent measurements are None, never 0.
 """
 

@@ -2,7 +2,7 @@
 
 A run holds its GPUs from its start to its end. For a run that did not finish normally (killed,
 lost, failed, or still running) the end is its last recorded interval: it is priced for what was
-measured, and flagged. Busy time and energy are the interval integrals (DESIGN §2.2), split at
+measured, and flagged. Busy time and energy are the interval integrals, split at
 UTC midnight in proportion to time where an interval crosses it, so month boundaries are exact.
 """
 

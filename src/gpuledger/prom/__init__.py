@@ -1,4 +1,4 @@
-"""Prometheus exposition of gpuledger's figures (DESIGN §6 names).
+"""Prometheus exposition of gpuledger's figures (names: docs/PROMETHEUS.md).
 
 Data, rendering and transport apart: ``series`` holds plain per-run snapshots (no Prometheus
 import), ``families`` renders snapshots as metric families, ``live`` accumulates a recording

@@ -1,6 +1,6 @@
 """Read queries that do more than fetch rows: run listing filters and SQL-side totals.
 
-Totals are plain SUM/MIN/MAX over the intervals (DESIGN §2.2: re-aggregation is a sum). SUM over no
+Totals are plain SUM/MIN/MAX over the intervals (re-aggregation is a sum: docs/ARCHITECTURE.md). SUM over no
 values is NULL, so a figure no interval measured comes back as None, not 0.
 """
 
