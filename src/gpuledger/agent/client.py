@@ -150,6 +150,10 @@ class Client:
         headers = {"Content-Type": "application/json"}
         return self._request("POST", "/api/v1/ingest", content=body, headers=headers).json()
 
+    def capacity(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """A node's capacity intervals and GPU sightings (agent/capacity_push.py)."""
+        return self._request("POST", "/api/v1/capacity", json=batch).json()
+
     def put_log(self, run_id: str, data: bytes, *, truncated: bool = False) -> dict[str, Any]:
         headers = {"Content-Type": "application/octet-stream", "X-Gpuledger-Log-Truncated": "1" if truncated else "0"}
         return self._request("PUT", f"/api/v1/runs/{run_id}/log", content=data, headers=headers).json()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gpuledger.agent.capacity_push import push_capacity
 from gpuledger.agent.client import Client, Forbidden, Rejected
 from gpuledger.agent.outbox import drain_run
 from gpuledger.store import RunNotFound, pushes
@@ -32,6 +33,8 @@ class SyncReport:
     forbidden: dict[str, str] = field(default_factory=dict)  # kept in the outbox: tried again next time
     missing: list[str] = field(default_factory=list)
     quarantined: dict[str, int] = field(default_factory=dict)  # rows the server refused, per run
+    capacity_rows: int = 0  # a node agent's capacity intervals pushed (docs/CAPACITY.md)
+    capacity_unsupported: bool = False  # the server is older than the capacity ledger: kept locally
 
 
 def sync(
@@ -82,4 +85,6 @@ def sync(
         if result.done:
             report.done.append(state.run_id)
             progress(f"{state.run_id}: pushed ({result.rows} rows in {result.batches} batches)")
+    pushed = push_capacity(ledger, client)  # the node's capacity intervals, from the same local ledger
+    report.capacity_rows, report.capacity_unsupported = pushed.rows, pushed.unsupported
     return report

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "DAY_MS",
     "STATES",
+    "WIRE_COLUMNS",
     "CapacityDay",
     "CapacityInterval",
     "FleetGpu",
@@ -45,6 +46,11 @@ __all__ = [
 
 DAY_MS = 86_400_000
 STATES = ("unallocated", "alloc_idle", "busy_attr", "busy_unattr")
+# One interval in the wire form of POST /api/v1/capacity (an agent's push to its team server)
+WIRE_COLUMNS = (
+    "gpu_uuid", "host", "t0_ms", "t1_ms", "unallocated_ms", "alloc_idle_ms", "busy_attr_ms", "busy_unattr_ms",
+    "unmeasured_ms", "energy_j",
+)  # fmt: skip
 SOURCES = ("agent", "runs")  # measured by a node agent; derived from recorded runs (no agent)
 
 

@@ -51,7 +51,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
 
     ``app.state``: ``ledger`` (Ledger), ``settings``, ``auth`` (token -> Principal, cached).
     """
-    from gpuledger.server import api_docs, routes_misc, routes_runs, routes_write
+    from gpuledger.server import api_docs, routes_capacity, routes_misc, routes_runs, routes_write
 
     settings = settings or Settings()
     ledger = Ledger(db_url, migrate=migrate)  # SchemaOutdated unless migrated (gpuledger db migrate)
@@ -83,6 +83,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     app.include_router(routes_misc.router)
     app.include_router(routes_runs.router)
     app.include_router(routes_write.router)
+    app.include_router(routes_capacity.router)  # a node's capacity intervals (docs/CAPACITY.md)
     app.include_router(api_docs.router)
     _optional_routers(app)
 

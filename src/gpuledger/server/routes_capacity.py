@@ -1,0 +1,91 @@
+"""``POST /api/v1/capacity``: a node agent's capacity intervals and GPU sightings (docs/CAPACITY.md).
+
+Capacity belongs to the fleet, not to a project: any writer (an admin or agent token) may push it.
+The batch is checked whole — every interval's four states must add up to its span — and stored in
+one transaction (store/capacity.py): intervals already stored are skipped, so a batch sent twice
+changes nothing. Not part of the audit trail (docs/CAPACITY.md, "Limits").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuledger.core.capacity import CapacityInterval, Sighting, States
+from gpuledger.server.auth import Principal, current_principal, require_writer
+from gpuledger.server.wire_types import FUTURE_SKEW_S, MIN_T, Bytes, Short, T
+from gpuledger.store.capacity import write_capacity
+
+router = APIRouter(prefix="/api/v1", tags=["capacity"])
+Caller = Annotated[Principal, Depends(current_principal)]
+
+Ms = Annotated[int, Field(ge=0, le=2**53)]
+MAX_SPAN_MS = 86_400_000  # an agent's interval is seconds long; a day is absurd already
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class CapacityGpuIn(_Strict):
+    uuid: Short
+    name: Short
+    host: Short
+    first_seen: T
+    last_seen: T
+    instance_type: Short | None = None
+    memory_total_b: Bytes | None = None
+    pci_bus_id: Short | None = None
+    mig_mode: Short | None = None
+
+
+# gpu_uuid, host, t0_ms, t1_ms, unallocated_ms, alloc_idle_ms, busy_attr_ms, busy_unattr_ms,
+# unmeasured_ms, energy_j (core/capacity.WIRE_COLUMNS)
+Row = tuple[Short, Short, Ms, Ms, Ms, Ms, Ms, Ms, Ms, Annotated[float, Field(ge=0, allow_inf_nan=False)] | None]
+
+
+class CapacityBatch(_Strict):
+    intervals: Annotated[list[Row], Field(max_length=20_000)] = Field(default_factory=list)
+    gpus: Annotated[list[CapacityGpuIn], Field(max_length=20_000)] = Field(default_factory=list)
+
+
+class CapacityResult(BaseModel):
+    received: int
+    stored: int
+
+
+def _intervals(batch: CapacityBatch, now: float) -> list[CapacityInterval]:
+    out = []
+    latest_ms = round((now + FUTURE_SKEW_S) * 1000)
+    for i, (uuid, host, t0, t1, *rest) in enumerate(batch.intervals):
+        iv = CapacityInterval(uuid, host, t0, t1, States(*rest[:4]), rest[4], rest[5])
+        try:
+            iv.check()
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=f"intervals[{i}]: {exc}") from None
+        if t0 < MIN_T * 1000 or t1 > latest_ms or t1 - t0 > MAX_SPAN_MS:
+            raise HTTPException(status_code=422, detail=f"intervals[{i}]: times out of range ({t0}..{t1} ms)")
+        out.append(iv)
+    return out
+
+
+@router.post("/capacity", summary="Push a node's capacity intervals and GPU sightings (idempotent)",
+             response_model=CapacityResult)  # fmt: skip
+async def push_capacity(request: Request, principal: Caller, batch: CapacityBatch) -> CapacityResult:
+    require_writer(principal)
+    intervals = _intervals(batch, time.time())
+    sightings = [Sighting(**g.model_dump()) for g in batch.gpus]
+    for i, s in enumerate(sightings):
+        if s.last_seen < s.first_seen:
+            raise HTTPException(status_code=422, detail=f"gpus[{i}]: last_seen is before first_seen")
+    ledger = request.app.state.ledger
+
+    def write(conn: Any) -> int:
+        return write_capacity(ledger.database, conn, intervals, sightings)
+
+    stored = await run_in_threadpool(ledger.write, write)
+    return CapacityResult(received=len(intervals), stored=stored)

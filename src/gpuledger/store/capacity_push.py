@@ -1,0 +1,75 @@
+"""An agent's capacity outbox in its LOCAL ledger: per server and GPU, the first interval start the
+server has not acknowledged (``capacity_pushes``). Nothing is copied: what to push is the ledger's
+own ``gpu_capacity`` rows from the watermarks on, and the server stores them idempotently, so a
+crash between sending and saving the watermark only sends a batch twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.core.capacity import WIRE_COLUMNS
+from gpuledger.store.schema import capacity_pushes, gpu_capacity, gpu_fleet, gpu_fleet_hosts
+
+if TYPE_CHECKING:
+    from gpuledger.store import Ledger
+
+__all__ = ["acknowledge", "pending"]
+
+
+def pending(ledger: Ledger, server: str, budget: int) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+    """(at most ``budget`` intervals not acknowledged by ``server``, oldest first per GPU, as wire
+    rows; the fleet's record of their GPUs, one entry per GPU and host)."""
+    c, p = gpu_capacity.c, capacity_pushes.c
+    mark = sa.select(p.next_t0_ms).where(p.server == server, p.gpu_uuid == c.gpu_uuid).scalar_subquery()
+    q = (
+        sa.select(*(c[name] for name in WIRE_COLUMNS))
+        .where(c.t0_ms >= sa.func.coalesce(mark, 0))
+        .order_by(c.gpu_uuid, c.t0_ms)
+        .limit(budget)
+    )
+
+    def tx(conn: Connection) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+        rows = [list(r) for r in conn.execute(q)]
+        uuids = sorted({r[0] for r in rows})
+        gpus: list[dict[str, Any]] = []
+        if uuids:
+            f, h = gpu_fleet.c, gpu_fleet_hosts.c
+            facts = {r["uuid"]: r for r in conn.execute(sa.select(gpu_fleet).where(f.uuid.in_(uuids))).mappings()}
+            for stay in conn.execute(sa.select(gpu_fleet_hosts).where(h.uuid.in_(uuids))).mappings():
+                gpu = facts.get(stay["uuid"])
+                if gpu is None:
+                    continue
+                gpus.append({
+                    "uuid": stay["uuid"], "name": gpu["name"], "host": stay["host"],
+                    "first_seen": stay["first_seen"], "last_seen": stay["last_seen"],
+                    "instance_type": gpu["instance_type"], "memory_total_b": gpu["memory_total_b"],
+                    "pci_bus_id": gpu["pci_bus_id"], "mig_mode": gpu["mig_mode"],
+                })  # fmt: skip
+        return rows, gpus
+
+    return ledger.read(tx)
+
+
+def acknowledge(ledger: Ledger, server: str, marks: Mapping[str, int]) -> None:
+    """The server stored every interval of these GPUs that starts before ``marks[gpu]``."""
+    if not marks:
+        return
+    now = time.time()
+
+    def tx(conn: Connection) -> None:
+        db = ledger.database
+        ins = db.insert(capacity_pushes)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["server", "gpu_uuid"],
+            set_={"next_t0_ms": ins.excluded.next_t0_ms, "updated_at": ins.excluded.updated_at},
+        )
+        conn.execute(stmt, [{"server": server, "gpu_uuid": u, "next_t0_ms": m, "updated_at": now}
+                            for u, m in sorted(marks.items())])  # fmt: skip
+
+    ledger.write(tx)
