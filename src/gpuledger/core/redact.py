@@ -9,10 +9,13 @@ spans, and a multi-byte character is never cut. Matches never cross a line end (
 what :meth:`Redactor.redact_bytes` gives for the whole input. The one thing that spans lines, a
 PEM private key block, is a small state machine whose state the stream carries from line to line.
 
-Speed: a rule only searches lines holding one of its keywords, found with plain substring
-search in the lower-cased buffer; typical training logs hold almost none, so 10 MB takes a
-fraction of a second. ANSI colour codes are matched around (a secret split by a colour code is
-still found) and are kept untouched in the output.
+Speed (the output relay redacts everything a training prints, tens of MB): one search built once
+from all the rules' keywords (a trie-shaped regex) finds the lines holding any keyword or escape
+sequence; only those lines, joined, are handed to the rules, and most lines of training output (a
+progress bar redrawn with ``\r``, a metrics row) hold none. Within them a rule only searches lines
+holding one of its keywords, or its anchor when it has one; which keywords occur at all is found
+in about one pass. ANSI colour codes are matched around (a secret split by a colour code is still
+found) and are kept untouched in the output.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ _BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 _PEM_HEADER = re.compile(rb"[ \t]*[A-Za-z][A-Za-z-]*:[ \t]")  # Proc-Type:, DEK-Info:, Comment:
 _PEM_MIN_TRAILING_RUN = 16  # a log prefix, then at least this much base64: still key material
 _DENSE_LINES = 256  # past this many hits, a hit on most lines means: search the whole buffer at once
+
+_Span = tuple[int, int, int, bytes]  # (start, rule order, end, replacement) of one find
+_Cut = tuple[int, int, bytes]  # (start, end, replacement): one redaction, after merging
 
 
 class RedactionRuleError(ValueError):
@@ -101,7 +107,11 @@ class Redactor:
             raise RedactionRuleError("at most one rule of kind 'pem' is supported")
         self.rules: tuple[Rule, ...] = tuple(rules)
         self._regex_rules = [(order, r) for order, r in enumerate(rules) if r.kind == "regex"]
+        self._anchors = {r.name: _anchor_parts(r.anchor) for r in rules if r.anchor is not None}
         self._pem = (rules.index(pem[0]), pem[0]) if pem else None
+        # One search for "any rule's keyword", built once from the rules: most lines have none.
+        self._keywords = frozenset(k for r in rules for k in r.keywords)
+        self._line_filter = _keyword_line_pattern(self._keywords | {b"\x1b"})
         self._argv_rule = argv_rule
         self._argv_flag = re.compile(argv_flag) if argv_flag else None
         self._mapping_rule = mapping_rule
@@ -212,17 +222,79 @@ class Redactor:
         """Redact ``data``, which starts at a line start; returns ``data`` itself when unchanged."""
         if not data:
             return data
+        cuts = self._prefiltered_cuts(data, state) if prefilter else self._cuts(data, state, prefilter=False)
+        return _splice(data, cuts) if cuts else data
+
+    def _prefiltered_cuts(self, data: bytes, state: _State) -> list[_Cut]:
+        """The redactions of ``data``, searched only in the lines holding some rule's keyword or an
+        escape sequence (a colour code may split a keyword).
+
+        Those lines are joined and searched as one text (a rule sees one line at a time, so joining
+        changes nothing); their redactions are then moved back to where the lines are. A PEM block
+        in progress, or one starting here, needs the lines around it: the whole text is searched
+        then, as it is when such lines are most lines anyway.
+        """
+        low = data.lower()
+        if state.pem_lines_left:
+            return self._cuts(data, state, low=low) or []
+        ranges = _keyword_lines(low, self._line_filter.search)
+        if ranges is None or ranges == [(0, len(data))]:
+            return self._cuts(data, state, low=low) or []
+        if not ranges:
+            return []
+        picked = b"".join([data[a:b] for a, b in ranges])
+        found = self._cuts(picked, state, whole_for_pem=True)
+        if found is None:
+            return self._cuts(data, state, low=low) or []
+        if not found:
+            return found
+        # Each redaction lies inside one line, so inside one range: shift it by that range's offset.
+        starts: list[int] = []
+        at = 0
+        for a, b in ranges:
+            starts.append(at)
+            at += b - a
+        moved: list[_Cut] = []
+        for start, end, repl in found:
+            i = bisect.bisect_right(starts, start) - 1
+            shift = ranges[i][0] - starts[i]
+            moved.append((start + shift, end + shift, repl))
+        return moved
+
+    def _cuts(
+        self,
+        data: bytes,
+        state: _State,
+        *,
+        prefilter: bool = True,
+        low: bytes | None = None,
+        whole_for_pem: bool = False,
+    ) -> list[_Cut] | None:
+        """The redactions of ``data`` in its own positions, sorted and disjoint. Rules search the
+        text without escape sequences; ``low`` is ``data`` lower-cased, when the caller has it.
+        With ``whole_for_pem``: None when a private key block may start here (see above)."""
         has_escapes = b"\x1b" in data
         clean = _ANSI.sub(b"", data) if has_escapes else data
-        low = clean.lower()
-        spans: list[tuple[int, int, int, bytes]] = []  # (start, rule order, end, replacement)
-        present: dict[bytes, bool] = {}
+        if has_escapes or low is None:
+            low = clean.lower()
+        if whole_for_pem and self._pem is not None and any(k in low for k in self._pem[1].keywords):
+            return None
+        spans = self._spans(clean, low, state, prefilter=prefilter)
+        if not spans:
+            return []
+        merged = _merge(spans)
+        return _around_escapes(data, merged) if has_escapes else merged
+
+    def _spans(self, clean: bytes, low: bytes, state: _State, *, prefilter: bool = True) -> list[_Span]:
+        """Every rule's finds in ``clean`` (escape-free; ``low`` is it lower-cased), unmerged."""
+        spans: list[_Span] = []  # (start, rule order, end, replacement)
+        present = _present_keywords(self._keywords, low) if prefilter else frozenset()
         for order, rule in self._regex_rules:
             if prefilter:
-                found = [k for k in rule.keywords if _present(present, k, low)]
+                found = [k for k in rule.keywords if k in present]
                 if not found:
                     continue
-                windows = _search_windows(low, rule, found)
+                windows = _search_windows(low, self._anchors.get(rule.name, ()), found)
             else:
                 windows = [(0, len(clean))]
             assert rule.regex is not None
@@ -233,30 +305,88 @@ class Redactor:
                         spans.append((s, order, e, rule.replacement))
         if self._pem is not None:
             order, rule = self._pem
-            if state.pem_lines_left or not prefilter or any(_present(present, k, low) for k in rule.keywords):
+            if state.pem_lines_left or not prefilter or any(k in present for k in rule.keywords):
                 spans.extend((s, order, e, rule.replacement) for s, e in _pem_spans(rule, clean, state))
-        if not spans:
-            return data
-        merged = _merge(spans)
-        if has_escapes:
-            return _splice_around_escapes(data, merged)
-        return _splice(data, merged)
+        return spans
 
 
-def _present(cache: dict[bytes, bool], keyword: bytes, low: bytes) -> bool:
-    # Rules share keywords ("token", "key"); search each once per buffer.
-    hit = cache.get(keyword)
-    if hit is None:
-        hit = cache[keyword] = keyword in low
-    return hit
+@functools.lru_cache(maxsize=256)
+def _keyword_pattern(keywords: frozenset[bytes]) -> re.Pattern[bytes]:
+    """A regex finding any of ``keywords`` (as a trie: each position is tried against one branch
+    per byte). Where several start at the same place it may find any of them."""
+    return re.compile(_trie(sorted(w for w in keywords if w)) or rb"(?!)")
 
 
-def _search_windows(low: bytes, rule: Rule, keywords: Sequence[bytes]) -> list[tuple[int, int]]:
-    """The parts of the buffer a rule must search: the lines holding its anchor, or else one of
-    its keywords, adjacent lines merged; the whole buffer when they are on most lines anyway."""
-    if rule.anchor is not None:
-        anchor = rule.anchor
-        finders: list[Callable[[int], int]] = [lambda pos: m.start() if (m := anchor.search(low, pos)) else -1]
+def _keyword_line_pattern(keywords: frozenset[bytes]) -> re.Pattern[bytes]:
+    """Any keyword and the rest of its line, so one search finds a line and where it ends. Only
+    the shortest keywords are searched: a keyword holding another is found through it."""
+    words = sorted(w for w in keywords if w and not any(o != w and o and o in w for o in keywords))
+    return re.compile(b"(?:" + _trie(words) + rb")[^\r\n]*[\r\n]?" if words else rb"(?!)")
+
+
+def _trie(words: Sequence[bytes]) -> bytes:
+    """Regex source for the alternation of ``words`` (distinct, non-empty)."""
+    if not words:
+        return b""
+    branches: dict[bytes, list[bytes]] = {}
+    for w in words:
+        branches.setdefault(w[:1], []).append(w[1:])
+    alts = []
+    for head, rest in sorted(branches.items()):
+        longer = [r for r in rest if r]
+        tail = _trie(longer)
+        if tail and len(longer) < len(rest):  # a word ends here and longer ones go on
+            tail = b"(?:" + tail + b")?"
+        alts.append(re.escape(head) + tail)
+    return alts[0] if len(alts) == 1 else b"(?:" + b"|".join(alts) + b")"
+
+
+def _present_keywords(keywords: frozenset[bytes], low: bytes) -> frozenset[bytes]:
+    """Which of ``keywords`` occur in ``low``, in about one pass: search for all of them at once,
+    drop every one that starts at the hit, and search on from there for the rest (nothing is
+    missed: no keyword still looked for starts before the hit)."""
+    left, found, pos = keywords, set(), 0
+    while left and (m := _keyword_pattern(left).search(low, pos)) is not None:
+        pos = m.start()
+        here = {k for k in left if low.startswith(k, pos)}
+        found |= here
+        left = left - here
+    return frozenset(found)
+
+
+def _keyword_lines(low: bytes, search: Callable[[bytes, int], re.Match[bytes] | None]) -> list[tuple[int, int]] | None:
+    """The lines (start, end incl. terminator; adjacent ones merged) where ``search`` finds a
+    keyword (its match runs to the line's end); None when that is most lines, where searching
+    them all at once is cheaper.
+
+    The search resumes after each line it found, and the backward search for that line's start
+    stops where it began, so every byte is looked at a bounded number of times.
+    """
+    ranges: list[tuple[int, int]] = []
+    pos, covered, hits = 0, 0, 0
+    while (m := search(low, pos)) is not None:
+        i, end = m.span()
+        start = max(low.rfind(b"\n", pos, i), low.rfind(b"\r", pos, i), pos - 1) + 1
+        if ranges and ranges[-1][1] == start:
+            ranges[-1] = (ranges[-1][0], end)
+        else:
+            ranges.append((start, end))
+        covered += end - start
+        hits += 1
+        pos = end
+        if hits >= _DENSE_LINES and covered * 2 > pos:
+            return None
+    return ranges
+
+
+def _search_windows(
+    low: bytes, anchors: Sequence[re.Pattern[bytes]], keywords: Sequence[bytes]
+) -> list[tuple[int, int]]:
+    """The parts of the buffer a rule must search: the lines holding its anchor (``anchors``: its
+    parts, see ``_anchor_parts``), or else one of its keywords, adjacent lines merged; the whole
+    buffer when they are on most lines anyway."""
+    if anchors:
+        finders: list[Callable[[int], int]] = [functools.partial(_found_at, a.search, low) for a in anchors]
     else:
         finders = [functools.partial(low.find, kw) for kw in keywords]
     found: list[tuple[int, int]] = []
@@ -273,6 +403,34 @@ def _search_windows(low: bytes, rule: Rule, keywords: Sequence[bytes]) -> list[t
         else:
             merged.append((start, stop))
     return merged
+
+
+def _found_at(search: Callable[[bytes, int], re.Match[bytes] | None], low: bytes, pos: int) -> int:
+    m = search(low, pos)
+    return m.start() if m else -1
+
+
+# An anchor that starts with a group of plain words: (?:token|secret|key)...
+_LEADING_WORDS = re.compile(rb"\(\?:((?:[A-Za-z0-9_]|\\[^A-Za-z0-9])+(?:\|(?:[A-Za-z0-9_]|\\[^A-Za-z0-9])+)*)\)")
+_WORD = re.compile(rb"(?:[A-Za-z0-9_]|\\[^A-Za-z0-9])+")
+
+
+def _anchor_parts(anchor: re.Pattern[bytes]) -> tuple[re.Pattern[bytes], ...]:
+    """The anchor as patterns that each start with a plain word, when it starts with a choice of
+    plain words: ``(?:a|b)X`` finds what ``aX`` and ``bX`` together find, and Python's regex engine
+    skips ahead to a fixed first word many times faster than it tries a choice at every byte.
+    Any other anchor is kept whole."""
+    m = _LEADING_WORDS.match(anchor.pattern)
+    if m is None:
+        return (anchor,)
+    words = _WORD.findall(m.group(1))
+    if len({w[:1] for w in words}) == 1:  # (?:password|passwd): the engine skips to "pass" already
+        return (anchor,)
+    rest = anchor.pattern[m.end() :]
+    try:
+        return tuple(re.compile(word + rest, anchor.flags) for word in words)
+    except re.error:
+        return (anchor,)
 
 
 def _lines_where(low: bytes, find: Callable[[int], int]) -> list[tuple[int, int]] | None:
@@ -295,11 +453,11 @@ def _lines_where(low: bytes, find: Callable[[int], int]) -> list[tuple[int, int]
     return lines
 
 
-def _merge(spans: list[tuple[int, int, int, bytes]]) -> list[tuple[int, int, bytes]]:
+def _merge(spans: list[_Span]) -> list[_Cut]:
     """Overlapping finds become one redaction named after the earliest (then highest-priority) rule,
     so no byte of any secret survives whatever the rules' overlaps."""
     spans.sort()
-    out: list[tuple[int, int, bytes]] = []
+    out: list[_Cut] = []
     for start, _order, end, repl in spans:
         if out and start < out[-1][1]:
             prev = out[-1]
@@ -309,7 +467,7 @@ def _merge(spans: list[tuple[int, int, int, bytes]]) -> list[tuple[int, int, byt
     return out
 
 
-def _splice(data: bytes, spans: list[tuple[int, int, bytes]]) -> bytes:
+def _splice(data: bytes, spans: list[_Cut]) -> bytes:
     parts: list[bytes] = []
     last = 0
     for start, end, repl in spans:
@@ -319,9 +477,10 @@ def _splice(data: bytes, spans: list[tuple[int, int, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def _splice_around_escapes(data: bytes, spans: list[tuple[int, int, bytes]]) -> bytes:
-    """Spans are positions in the escape-free text; map them back and keep every escape: those
-    just before or after a secret stay outside it, those inside follow the placeholder."""
+def _around_escapes(data: bytes, spans: list[_Cut]) -> list[_Cut]:
+    """Spans are positions in the escape-free text; map them back to ``data`` and keep every
+    escape: those just before or after a secret stay outside it, those inside follow the
+    placeholder."""
     positions: list[int] = []  # where each escape sits in the escape-free text
     removed = [0]  # removed[k]: total length of the first k escapes
     escapes: list[bytes] = []
@@ -329,13 +488,13 @@ def _splice_around_escapes(data: bytes, spans: list[tuple[int, int, bytes]]) -> 
         positions.append(m.start() - removed[-1])
         removed.append(removed[-1] + len(m.group()))
         escapes.append(m.group())
-    mapped: list[tuple[int, int, bytes]] = []
+    mapped: list[_Cut] = []
     for start, end, repl in spans:
         first = bisect.bisect_right(positions, start)  # escapes at or before the secret's start
         inside_end = bisect.bisect_left(positions, end)  # escapes before its end
         kept = b"".join(escapes[first:inside_end])
         mapped.append((start + removed[first], end + removed[inside_end], repl + kept))
-    return _splice(data, mapped)
+    return mapped
 
 
 # -- PEM private key blocks ---------------------------------------------------------------------
@@ -503,9 +662,14 @@ class LineRedactor:
         cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
         out = b""
         if cut >= 0:
-            self._tail += data[: cut + 1]
-            out = self._redactor._redact(bytes(self._tail), self._state)
-            self._tail = bytearray(data[cut + 1 :])
+            view = memoryview(data)
+            if self._tail:
+                self._tail += view[: cut + 1]
+                lines = bytes(self._tail)
+            else:  # the usual case: no copy of a large chunk ending in a line end
+                lines = bytes(data) if cut + 1 == len(data) else bytes(view[: cut + 1])
+            out = self._redactor._redact(lines, self._state)
+            self._tail = bytearray(view[cut + 1 :])
         else:
             self._tail += data
         if len(self._tail) > self._max:

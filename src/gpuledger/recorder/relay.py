@@ -4,18 +4,33 @@ Why a separate process: if gpuledger itself sat in the data path, ``kill -9`` of
 close the pipe and CMD would die of SIGPIPE on its next print. The relay is not in CMD's process
 group and ignores terminal signals, so it outlives gpuledger, drains CMD's output to the terminal
 untouched (colours, ``\\r`` progress bars) and writes the redacted copy to the run's log file.
+
+Speed (a chatty training prints tens of MB): each wake-up reads a source until it is empty (a pty
+gives about 4 KiB a read, a pipe its capacity, raised to 1 MiB) into one reused buffer and writes
+it to the terminal in one piece, unchanged. The log copy is redacted in batches of about 128 KiB
+(large enough that the redaction's per-call cost is paid rarely, small enough to stay in the CPU's
+cache); a batch is written as soon as CMD pauses (20 ms without output), is 0.2 s old or is full,
+so the file on disk is never far behind the terminal. If the relay itself is killed, at most that
+batch is missing from the file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import select
 import signal
+import time
 from collections.abc import Callable
 
-READ_CHUNK = 65536
+DRAIN_LIMIT_B = 1 << 20  # read one source at most this much before serving the others
+PIPE_SIZE_B = 1 << 20  # asked of the kernel for pipe sources (the unprivileged maximum by default)
+LOG_BATCH_B = 128 << 10  # redact and append the log copy once this much is waiting (fits a CPU cache) ...
+LOG_QUIET_S = 0.02  # ... or CMD has been silent this long ...
+LOG_MAX_AGE_S = 0.2  # ... or the oldest waiting byte is this old
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux; fcntl names it from Python 3.10 on
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -25,7 +40,106 @@ def _write_all(fd: int, data: bytes) -> None:
             n = os.write(fd, view)
         except InterruptedError:
             continue
+        except BlockingIOError:  # a terminal someone set non-blocking: wait until it takes more
+            select.select([], [fd], [])
+            continue
         view = view[n:]
+
+
+def _prepare_source(fd: int) -> None:
+    """Non-blocking, so a source is read until empty; a pipe asks for a larger buffer (fewer
+    wake-ups for the relay, fewer stalls for CMD). A pty or a refused size is fine as it is."""
+    os.set_blocking(fd, False)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE_B)
+
+
+class _Reader:
+    """Reads a source until it is empty into one reused buffer: a pty hands out about 4 KiB per
+    read, and a fresh 1 MiB bytes object per read would cost more than the read itself."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray(DRAIN_LIMIT_B)
+        self._view = memoryview(self._buffer)
+
+    def drain(self, fd: int) -> tuple[bytes, bool]:
+        """What ``fd`` holds now (up to DRAIN_LIMIT_B) and whether it reached its end."""
+        size = 0
+        ended = False
+        while size < DRAIN_LIMIT_B:
+            try:
+                n = os.readv(fd, [self._view[size:]])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                # EIO is how a pty master reports that every slave end is closed.
+                if exc.errno not in (errno.EIO, errno.EBADF):
+                    raise
+                n = 0
+            if n == 0:
+                ended = True
+                break
+            size += n
+        return bytes(self._view[:size]), ended
+
+
+class _LogCopy:
+    """The redacted copy: bytes wait here until a batch is due, then are redacted and appended.
+    A failing log is reported once and dropped; the terminal copy goes on."""
+
+    def __init__(self, fd: int, redact: Callable[[bytes], bytes], flush: Callable[[], bytes]) -> None:
+        self._fd = fd
+        self._redact = redact
+        self._flush = flush
+        self._waiting: list[bytes] = []
+        self._size = 0
+        self._since = 0.0
+        self.ok = True
+
+    def add(self, data: bytes) -> None:
+        if not self.ok:
+            return
+        if not self._waiting:
+            self._since = time.monotonic()
+        self._waiting.append(data)
+        self._size += len(data)
+        if self._size >= LOG_BATCH_B:
+            self.write()
+
+    def timeout(self) -> float | None:
+        """How long the relay may wait for more output before this batch is due; None: no batch."""
+        if not self._waiting:
+            return None
+        return max(0.0, min(LOG_QUIET_S, self._since + LOG_MAX_AGE_S - time.monotonic()))
+
+    def due(self) -> bool:
+        return bool(self._waiting) and time.monotonic() - self._since >= LOG_MAX_AGE_S
+
+    def write(self) -> None:
+        if not self._waiting:
+            return
+        batch = self._waiting[0] if len(self._waiting) == 1 else b"".join(self._waiting)
+        self._waiting, self._size = [], 0
+        if len(batch) <= LOG_BATCH_B:
+            self._append(self._redact(batch))
+            return
+        # One drain can bring 1 MiB: redact it in cache-sized pieces, written as one.
+        self._append(b"".join([self._redact(batch[i : i + LOG_BATCH_B]) for i in range(0, len(batch), LOG_BATCH_B)]))
+
+    def close(self) -> None:
+        self.write()
+        if self.ok:
+            self._append(self._flush())
+
+    def _append(self, data: bytes) -> None:
+        if not self.ok or not data:
+            return
+        try:
+            _write_all(self._fd, data)
+        except OSError as exc:
+            self.ok = False
+            self._waiting, self._size = [], 0
+            _warn(f"gpuledger: cannot write the run log ({exc.strerror}); output still shown")
 
 
 def pump(
@@ -40,39 +154,37 @@ def pump(
     log keeps the terminal going: neither may stop the other or CMD.
     """
     live = dict(sources)
-    log_ok = True
+    for fd in live:
+        _prepare_source(fd)
+    log = _LogCopy(log_fd, redact, flush)
+    reader = _Reader()
     dest_ok = dict.fromkeys(set(live.values()), True)
-    while live:
-        try:
-            ready, _, _ = select.select(list(live), [], [])
-        except InterruptedError:
-            continue
-        for src in ready:
+    try:
+        while live:
             try:
-                data = os.read(src, READ_CHUNK)
-            except OSError as exc:
-                # EIO is how a pty master reports that every slave end is closed.
-                if exc.errno not in (errno.EIO, errno.EBADF):
-                    raise
-                data = b""
-            if not data:
-                live.pop(src)
+                ready, _, _ = select.select(list(live), [], [], log.timeout())
+            except InterruptedError:
                 continue
-            dest = live[src]
-            if dest_ok[dest]:
-                try:
-                    _write_all(dest, data)
-                except OSError:
-                    dest_ok[dest] = False
-            if log_ok:
-                try:
-                    _write_all(log_fd, redact(data))
-                except OSError as exc:
-                    log_ok = False
-                    _warn(f"gpuledger: cannot write the run log ({exc.strerror}); output still shown")
-    if log_ok:
-        with contextlib.suppress(OSError):
-            _write_all(log_fd, flush())
+            if not ready:  # CMD paused: bring the file up to date
+                log.write()
+                continue
+            for src in ready:
+                data, ended = reader.drain(src)
+                if ended:
+                    live.pop(src)
+                if not data:
+                    continue
+                dest = sources[src]
+                if dest_ok[dest]:
+                    try:
+                        _write_all(dest, data)
+                    except OSError:
+                        dest_ok[dest] = False
+                log.add(data)
+            if log.due():
+                log.write()
+    finally:
+        log.close()
 
 
 def _warn(line: str) -> None:
