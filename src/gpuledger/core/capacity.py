@@ -174,11 +174,12 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
     whole = sum(weights)
     if whole <= 0:
         return [total] + [0] * (len(weights) - 1) if weights else []
-    parts = [total * w // whole for w in weights]
+    scaled = [total * w for w in weights]
+    parts = [x // whole for x in scaled]
     left = total - sum(parts)
     if left:
-        order = sorted(range(len(weights)), key=lambda i: (-(total * weights[i] % whole), i))
-        for i in order[:left]:
+        remainders = [x % whole for x in scaled]
+        for i in sorted(range(len(weights)), key=lambda i: (-remainders[i], i))[:left]:
             parts[i] += 1
     return parts
 

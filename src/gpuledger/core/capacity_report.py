@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import itertools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,11 +239,15 @@ def build_capacity(
     bills: Sequence[TeamBill] = (),
     params: Mapping[str, Any] | None = None,
     warnings: Sequence[str] = (),
+    on_piece: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> CapacityReport:
     """The report of [start, end) (whole UTC days). ``day_rows``: (gpu_uuid, day, host, first_ms,
     last_ms, unallocated_ms, alloc_idle_ms, busy_attr_ms, busy_unattr_ms, unmeasured_ms, energy_j)
     as store/capacity_queries.day_rows gives them (agent) or reports/capacity_runs derives them
-    (runs); ``bills``: each team's billed cost and hours, for ``share_rule`` allocated or busy."""
+    (runs); ``bills``: each team's billed cost and hours, for ``share_rule`` allocated or busy;
+    ``on_piece``: called with each priced piece, (gpu uuid, host, day, pool, model, instance type,
+    rate line or None, state µh x5, unmeasured µh, energy mWh), for exports that keep GPU-days
+    and prices apart (core/focus_capacity.py)."""
     bad = [k for k in by if k not in CAPACITY_KEYS]
     if bad or not by:
         raise ValueError(f"group by one or more of {', '.join(CAPACITY_KEYS)} (got {', '.join(by) or 'nothing'})")
@@ -255,11 +259,11 @@ def build_capacity(
     for row in day_rows:
         if row[0] in fleet:
             rows_of.setdefault(row[0], {}).setdefault(row[1], []).append(row)
-    pricer = _CellPricer(card, pools, by)
+    pricer = _CellPricer(card, pools, by, on_piece)
     for gpu in fleet.values():
         for host, day, cell in _cells(gpu, rows_of.get(gpu.uuid, {}), start_ms, end_ms):
             pricer.add(gpu, host, day, cell)
-    acc = pricer.groups
+    acc = pricer.finish()
     total = CapacityTotals()
     for t in acc.values():
         total.merge(t)
@@ -300,9 +304,20 @@ def _cells(
         days.update(range(p0 // DAY_MS, (p1 - 1) // DAY_MS + 1))
     stays = sorted(gpu.hosts, key=lambda h: h.first_seen)
     for day in sorted(days):
-        d0, d1 = day * DAY_MS, (day + 1) * DAY_MS
+        d0 = day * DAY_MS
+        a, b = max(p0, d0), min(p1, d0 + DAY_MS)
+        rows = rows_by_day.get(day, ())
+        if len(rows) == 1:  # the common case: one host all day
+            r = rows[0]
+            unobserved = max(0, b - a) - (r[5] + r[6] + r[7] + r[8])
+            energy = r[10]
+            cell = [r[5], r[6], r[7], r[8], 0, r[9], energy or 0.0, r[3], r[4], energy is not None]
+            if unobserved > 0:
+                cell[4], cell[7], cell[8] = unobserved, min(r[3], a), max(r[4], b)
+            yield r[2], day, cell
+            continue
         per_host: dict[str, _Cell] = {}
-        for r in rows_by_day.get(day, ()):
+        for r in rows:
             cell = per_host.setdefault(r[2], [0, 0, 0, 0, 0, 0, 0.0, r[3], r[4], False])
             for i in range(4):
                 cell[i] += r[5 + i]
@@ -312,56 +327,91 @@ def _cells(
                 cell[9] = True
             cell[7], cell[8] = min(cell[7], r[3]), max(cell[8], r[4])
         observed = sum(c[0] + c[1] + c[2] + c[3] for c in per_host.values())
-        unobserved = max(0, min(p1, d1) - max(p0, d0)) - observed
+        unobserved = max(0, b - a) - observed
         if unobserved > 0:
             host = max(per_host, key=lambda h: sum(per_host[h][:4])) if per_host else _host_on(gpu, stays, d0)
-            a, b = max(p0, d0), min(p1, d1)
             cell = per_host.setdefault(host, [0, 0, 0, 0, 0, 0, 0.0, a, b, False])
             cell[4] += unobserved
             cell[7], cell[8] = min(cell[7], a), max(cell[8], b)
-        for host, cell in per_host.items():
-            yield host, day, cell
+        yield from ((host, day, cell) for host, cell in per_host.items())
 
 
 class _CellPricer:
-    """Cells into the groups' exact sums: hours once per cell, money per price line."""
+    """Cells into the groups' exact sums: hours once per cell, summed per group and price line,
+    priced once per (group, line) at the end (``finish``): cost is linear in the integers, so this
+    is the same to the unit as pricing every cell, and a year of a large fleet stays fast."""
 
-    def __init__(self, card: RateCard, pools: Pools, by: Sequence[str]) -> None:
-        self.card, self.pools, self.by = card, pools, tuple(by)
+    def __init__(
+        self, card: RateCard, pools: Pools, by: Sequence[str], on_piece: Callable[[tuple[Any, ...]], None] | None
+    ) -> None:
+        self.card, self.pools, self.by, self.on_piece = card, pools, tuple(by), on_piece
         self.pricing = _Pricing(card)
         self.groups: dict[tuple[Any, ...], CapacityTotals] = {}
         self.unknown_models: set[str] = set()
         self.unpriced: set[str] = set()
+        self._context: dict[tuple[str, str], tuple[str, str | None, str, tuple[Any, ...]]] = {}
+        # (group key, id of the line) -> [5 state µh, unmeasured µh, energy mWh] (a line is one object)
+        self._sums: dict[tuple[tuple[Any, ...], int], list[int]] = {}
+        self._lines: dict[int, RateLine | None] = {}
+
+    def _of(self, gpu: FleetGpu, host: str) -> tuple[str, str | None, str, tuple[Any, ...]]:
+        """(model, instance type, pool, group key) of a GPU on a host, worked out once."""
+        found = self._context.get((gpu.uuid, host))
+        if found is None:
+            model = self.pricing.model(gpu.name)
+            if model == gpu.name and self.card.models.match(gpu.name) is None:
+                self.unknown_models.add(gpu.name)
+            instance = self.pools.instance_type(host, gpu.instance_type)
+            pool = self.pools.name(host, instance, model)
+            key = _key(self.by, host, model, pool, gpu.uuid)
+            totals = self.groups.get(key)
+            if totals is None:
+                totals = self.groups[key] = CapacityTotals()
+            totals.gpus.add(gpu.uuid)
+            found = self._context[(gpu.uuid, host)] = (model, instance, pool, key)
+        return found
 
     def add(self, gpu: FleetGpu, host: str, day: int, cell: _Cell) -> None:
-        model = self.pricing.model(gpu.name)
-        if model == gpu.name and self.card.models.match(gpu.name) is None:
-            self.unknown_models.add(gpu.name)
-        instance = self.pools.instance_type(host, gpu.instance_type)
-        key = _key(self.by, host, model, self.pools.name(host, instance, model), gpu.uuid)
-        totals = self.groups.get(key)
-        if totals is None:
-            totals = self.groups[key] = CapacityTotals()
-        totals.gpus.add(gpu.uuid)
+        model, instance, pool, key = self._of(gpu, host)
         uh = to_uh(cell[:5])
-        unmeasured = to_uh([cell[5], max(0, sum(cell[:5]) - cell[5])])[0]
+        unmeasured = to_uh([cell[5], max(0, sum(cell[:5]) - cell[5])])[0] if cell[5] else 0
         mwh = joules_to_mwh(cell[6]) if cell[9] else 0
         line, cuts = self.pricing.on_day(model, instance, day)
-        inside = [c for c in cuts if cell[7] < c < cell[8]]
+        inside = [c for c in cuts if cell[7] < c < cell[8]] if cuts else cuts
+        where = (gpu.uuid, host, day, pool, model, instance)
         if not inside:
-            self._add(totals, line, uh, unmeasured, mwh, model, instance)
+            self._add(key, line, uh, unmeasured, mwh, where)
             return
         edges = [cell[7], *inside, cell[8]]
         lengths = [b - a for a, b in itertools.pairwise(edges)]
         for a, piece in zip(edges, _pieces([*uh, unmeasured, mwh], lengths), strict=False):
             line = self.card.line_at(model, instance, a / 1000)
-            self._add(totals, line, piece[:5], piece[5], piece[6], model, instance)
+            self._add(key, line, piece[:5], piece[5], piece[6], where)
 
-    def _add(self, totals: CapacityTotals, line: RateLine | None, uh: Sequence[int], unmeasured: int, mwh: int,
-             model: str, instance: str | None) -> None:  # fmt: skip
-        if line is None:
-            self.unpriced.add(model + (f" on {instance}" if instance else ""))
-        _add_priced(totals, line, uh, unmeasured, mwh)
+    def _add(self, key: tuple[Any, ...], line: RateLine | None, uh: Sequence[int], unmeasured: int, mwh: int,
+             where: tuple[Any, ...]) -> None:  # fmt: skip
+        acc = self._sums.get((key, id(line)))
+        if acc is None:
+            acc = self._sums[(key, id(line))] = [0, 0, 0, 0, 0, 0, 0]
+            self._lines[id(line)] = line
+            if line is None:
+                self.unpriced.add(where[4] + (f" on {where[5]}" if where[5] else ""))
+        acc[0] += uh[0]
+        acc[1] += uh[1]
+        acc[2] += uh[2]
+        acc[3] += uh[3]
+        acc[4] += uh[4]
+        acc[5] += unmeasured
+        acc[6] += mwh
+        if self.on_piece is not None:
+            self.on_piece((*where, line, tuple(uh), unmeasured, mwh))
+
+    def finish(self) -> dict[tuple[Any, ...], CapacityTotals]:
+        """The groups' totals: each (group, line)'s summed integers priced once."""
+        for (key, line_id), v in self._sums.items():
+            _add_priced(self.groups[key], self._lines[line_id], v[:5], v[5], v[6])
+        self._sums = {}
+        return self.groups
 
     def notes(self, total: CapacityTotals) -> list[str]:
         out = []
