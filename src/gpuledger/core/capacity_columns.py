@@ -64,7 +64,11 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("rate", "currency", "price per GPU-hour now; empty when unpriced"),
         Column("first_seen", "time", "first sighting"),
         Column("last_seen", "time", "last sighting"),
-        Column("status", "text", "present, missing (its host reported later without it) or silent (nothing since)"),
+        Column(
+            "status",
+            "text",
+            "present, missing (its host reported later without it), silent; in use or runs only (known from runs)",
+        ),
         Column("source", "text", "agent (seen by a node agent) or runs (known only from runs recorded on it)"),
     ),
 }
