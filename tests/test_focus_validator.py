@@ -25,15 +25,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from capacity_sim import CARD as FLEET_CARD
+from capacity_sim import POOLS_TEXT, load
 from cost_sim import CARD, MONTH
 from cost_support import ts
 from focus_support import month_ledger
-from gpuledger.core.capacity_pools import Pools
+from gpuledger.core.capacity_pools import Pools, parse_pools
 from gpuledger.core.focus_columns import FOCUS_VERSION
 from gpuledger.reports.capacity import add_shared_idle, fleet_cost
 from gpuledger.reports.costing import chargeback
 from gpuledger.reports.focus import add_shared_idle_rows, chargeback_focus, default_identity
+from gpuledger.reports.focus_capacity import capacity_focus
 from gpuledger.reports.focus_render import focus_csv, write_focus_parquet
+from gpuledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = ROOT / "tests" / "data" / "focus_validator_overrides.yaml"
@@ -122,14 +126,21 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert any(r["ChargeCategory"] == "Adjustment" for r in shared.rows)
     (root / "shared.csv").write_text(focus_csv(shared))
     led.close()
-    return {"csv": root / "month.csv", "parquet": root / "month.parquet", "shared": root / "shared.csv"}
+    # The capacity report's rows of a simulated fleet (tests/capacity_sim.py).
+    load(str(root / "fleet.db"))
+    with Ledger(root / "fleet.db") as fleet_led:
+        fleet = capacity_focus(fleet_led, card=FLEET_CARD, pools=parse_pools(POOLS_TEXT), start=start, end=end)
+    (root / "capacity.csv").write_text(focus_csv(fleet))
+    return {name: root / f"{name}.csv" for name in ("month", "shared", "capacity")} | {
+        "parquet": root / "month.parquet"
+    }
 
 
 def _overrides() -> set[str]:
     return set(yaml.safe_load(OVERRIDES.read_text())["overrides"])
 
 
-@pytest.mark.parametrize("name", ["csv", "shared"])
+@pytest.mark.parametrize("name", ["month", "shared", "capacity"])
 def test_the_validator_finds_no_error_in_the_csv(validate, files, tmp_path, name) -> None:  # type: ignore[no-untyped-def]
     verdict = validate(files[name], tmp_path)
     assert verdict.failed == {} and verdict.errored == {}, verdict.console
@@ -168,7 +179,7 @@ def test_the_validator_passes_the_parquet_but_for_reading_decimal128_as_a_float(
 
 def test_the_validator_really_checks_values(validate, files, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The same file with four broken values: each is caught by the check it breaks, and only those."""
-    reader = csv.DictReader(io.StringIO(files["csv"].read_text()))
+    reader = csv.DictReader(io.StringIO(files["month"].read_text()))
     rows = list(reader)
     rows[3]["ChargePeriodStart"] = "2026-03-05T01:00:00+01:00"  # not UTC
     rows[5]["BilledCost"] = ""  # a null cost

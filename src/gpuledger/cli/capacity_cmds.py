@@ -64,7 +64,7 @@ def _window(month: str | None, start: str | None, end: str | None) -> tuple[floa
     show_default=True,
     help="Share the cost no run was billed for back to teams: not at all, by allocated or by busy GPU-hours.",
 )
-@format_option("table", "csv", "md", "html", "json")
+@format_option("table", "csv", "md", "html", "json", "focus")
 @click.option(
     "--section", type=click.Choice(["groups", "shares"]), default="groups", show_default=True,
     help="Which table --format csv writes.",
@@ -75,6 +75,7 @@ def _window(month: str | None, start: str | None, end: str | None) -> tuple[floa
     help="Rate card TOML (docs/RATE_CARDS.md; or GPULEDGER_RATES). Default: the example card.",
 )  # fmt: skip
 @pools_option
+@click.option("--provider", metavar="NAME", help="--format focus: who provides the GPU time (docs/FOCUS.md).")
 @click.option("-o", "--output", type=OutputPath(), help="File to write (default: stdout).")
 @db_option
 @cli_errors
@@ -89,6 +90,7 @@ def capacity_cmd(
     basis: str | None,
     rates: str | None,
     pools: str | None,
+    provider: str | None,
     output: str | None,
     db: str | None,
 ) -> None:
@@ -104,8 +106,18 @@ def capacity_cmd(
     if section == "shares" and share_idle == "none" and fmt == "csv":
         raise click.UsageError("--section shares needs --share-idle allocated or busy")
     lo, hi = _window(month, start, end)
+    if fmt == "focus" and share_idle != "none":
+        raise click.UsageError(
+            "--format focus writes the fleet's cost; for its share by team: report chargeback --format focus "
+            "--share-idle"
+        )
     card, pool_set = rate_card(rates), _pools(pools)
     ledger = open_ledger(db)
+    if fmt == "focus":  # the FinOps FOCUS 1.0 dataset, per day, GPU, price and state (docs/FOCUS.md)
+        from gpuledger.cli.focus_output import write_capacity_focus
+
+        write_capacity_focus(ledger, card, pool_set, lo, hi, provider=provider, output=output)
+        return
     report = capacity(ledger, card=card, pools=pool_set, start=lo, end=hi, by=keys, share_rule=share_idle, basis=basis)
     if month:
         report.params["month"] = month

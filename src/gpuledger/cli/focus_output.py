@@ -1,4 +1,5 @@
-"""``gpuledger report chargeback --format focus``: the chargeback as a FOCUS 1.0 dataset (docs/FOCUS.md).
+"""``gpuledger report chargeback|capacity --format focus``: the chargeback, or the fleet's capacity, as
+a FOCUS 1.0 dataset (docs/FOCUS.md).
 
 CSV to stdout or ``-o FILE``; Parquet when ``-o`` names a ``.parquet`` file. Notes (hours no rate
 prices) go to stderr, so stdout stays a clean CSV.
@@ -13,7 +14,7 @@ import click
 
 from gpuledger.cli.output import write_text, write_with
 
-__all__ = ["write_chargeback_focus"]
+__all__ = ["write_capacity_focus", "write_chargeback_focus"]
 
 
 def write_chargeback_focus(
@@ -32,13 +33,8 @@ def write_chargeback_focus(
 ) -> None:
     from gpuledger.core.months import month_of
     from gpuledger.reports.focus import add_shared_idle_rows, chargeback_focus, default_identity
-    from gpuledger.reports.focus_render import focus_csv, is_parquet_path, write_focus_parquet
 
-    parquet = is_parquet_path(output)
-    if parquet:  # a missing extra is said before any work
-        from gpuledger.extras import require
-
-        require("pyarrow.parquet", extra="parquet", purpose="FOCUS Parquet output")
+    _check_parquet(output)
     if share_idle != "none" and month_of(lo) != month_of(hi - 1e-6):
         raise click.UsageError(
             "with --share-idle, FOCUS output needs one month's window (--month): the shared idle cost is one "
@@ -53,9 +49,36 @@ def write_chargeback_focus(
         cb = chargeback(ledger, scope=scope, card=card, start=lo, end=hi, by=by, basis=basis, trend_months=0)
         cb = shared_idle(cb, ledger, card, lo, hi, share_idle, pools)
         export = add_shared_idle_rows(export, cb, card=card, start=lo, end=hi, identity=identity)
+    _write(export, output)
+
+
+def write_capacity_focus(
+    ledger: Any, card: Any, pools: Any, lo: float, hi: float, *, provider: str | None, output: str | None
+) -> None:
+    from gpuledger.reports.focus import default_identity
+    from gpuledger.reports.focus_capacity import capacity_focus
+
+    _check_parquet(output)
+    identity = default_identity(card, provider)
+    _write(capacity_focus(ledger, card=card, pools=pools, start=lo, end=hi, identity=identity), output)
+
+
+def _check_parquet(output: str | None) -> None:
+    """A missing [parquet] extra is said before any work."""
+    from gpuledger.reports.focus_render import is_parquet_path
+
+    if is_parquet_path(output):
+        from gpuledger.extras import require
+
+        require("pyarrow.parquet", extra="parquet", purpose="FOCUS Parquet output")
+
+
+def _write(export: Any, output: str | None) -> None:
+    from gpuledger.reports.focus_render import focus_csv, is_parquet_path, write_focus_parquet
+
     for note in export.notes:
         click.echo(f"note: {note}", err=True)
-    if parquet:
+    if is_parquet_path(output):
         write_with(str(output), lambda tmp: write_focus_parquet(export, tmp))
         click.echo(f"wrote {output}", err=True)
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +26,20 @@ from gpuledger.core.money import EXACT, PRICE_PLACES, money_decimal, tidy
 from gpuledger.core.months import month_bounds, month_of
 from gpuledger.core.ratecard import RateCard, RateLine
 
-__all__ = ["DAY_S", "FocusExport", "FocusIdentity", "base_row", "build_focus", "money", "slug", "utc"]
+__all__ = [
+    "DAY_S",
+    "FocusExport",
+    "FocusIdentity",
+    "base_row",
+    "build_focus",
+    "gpu_hours",
+    "money",
+    "price_id",
+    "price_model",
+    "scaled",
+    "slug",
+    "utc",
+]
 
 DAY_S = 86400
 GPU_TIME, ENERGY = "GPU time", "energy"
@@ -119,7 +133,7 @@ def build_focus(
     maker = _RowMaker(runs, labels, card, basis, start, end, identity)
     rows: list[dict[str, Any]] = []
     unpriced: dict[str, int] = {}
-    for key in sorted(cells, key=_order):
+    for key in sorted(cells, key=lambda k: _order(k, lines[k[4]])):
         day, run_id, model, instance, line_id = key
         v, line = cells[key], lines[line_id]
         if line is None:
@@ -130,7 +144,7 @@ def build_focus(
         if v[4] and line.energy_price is not None:
             rows.append(maker.energy_row(day, run_id, model, instance, line, v))
     notes = [
-        f"{_hours(uh)} GPU-hours of {model} have no rate in the rate card: "
+        f"{gpu_hours(uh)} GPU-hours of {model} have no rate in the rate card: "
         "not in the FOCUS rows (the chargeback lists them as unpriced_gpu_h)"
         for model, uh in sorted(unpriced.items())
         if uh
@@ -138,19 +152,20 @@ def build_focus(
     return FocusExport(rows, notes, card.currency, basis)
 
 
-def _order(key: tuple[int, str, str, str | None, int]) -> tuple[Any, ...]:
+def _order(key: tuple[int, str, str, str | None, int], line: RateLine | None) -> tuple[Any, ...]:
+    """Day, run, model, instance, then the prices of one day in the order they took effect."""
     day, run_id, model, instance, _ = key
-    return (day, run_id, model, instance or "")
+    return (day, run_id, model, instance or "", -math.inf if line is None or line.start is None else line.start)
 
 
-def _scaled(units: int, places: int) -> Decimal:
+def scaled(units: int, places: int) -> Decimal:
     """``units`` x 10^-places, exactly, without trailing zeros (and never in exponent notation)."""
     value = Decimal(units).scaleb(-places, EXACT).normalize(EXACT)
     return value.quantize(Decimal(1)) if value == value.to_integral_value() else value
 
 
-def _hours(uh: int) -> Decimal:
-    return _scaled(uh, _HOUR_PLACES)
+def gpu_hours(uh: int) -> Decimal:
+    return scaled(uh, _HOUR_PLACES)
 
 
 def money(units: int) -> Decimal:
@@ -208,7 +223,7 @@ class _RowMaker:
             x_ModelVersion=tags.get("model_version"),
             x_GpuModel=model,
             x_InstanceType=instance,
-            x_PriceModel=_price_model(line),
+            x_PriceModel=price_model(line),
         )
         return row
 
@@ -218,38 +233,38 @@ class _RowMaker:
         alloc, busy, unmeasured, a100eq, energy, cost, idle_cost, energy_cost, _ = v
         billed = alloc if self.basis == "allocated" else busy + unmeasured
         gpu_cost = money(cost - energy_cost)
-        price = _scaled(line.rate_u, PRICE_PLACES)  # the integer price the ledger's arithmetic used
+        price = scaled(line.rate_u, PRICE_PLACES)  # the integer price the ledger's arithmetic used
         sku = f"{line.kind}:{line.key}"
         row = self._common(day, run_id, model, instance, line)
         hours = "held" if self.basis == "allocated" else "busy"
         where = f"instance {line.key}" if line.kind == "instance" else f"{model}"
         description = (
             f"{model} GPU time{f' on {instance}' if instance else ''}: {hours} GPU-hours at "
-            f"{price} {self.card.currency} per GPU-hour ({_price_model(line)}, {where}"
+            f"{price} {self.card.currency} per GPU-hour ({price_model(line)}, {where}"
             f"{f': {line.derivation}' if line.derivation else ''})"
         )
         row.update(
             BilledCost=gpu_cost,
             ChargeDescription=description,
-            ConsumedQuantity=_hours(alloc),
+            ConsumedQuantity=gpu_hours(alloc),
             ConsumedUnit="GPU-Hours",
             ContractedCost=gpu_cost,
             ContractedUnitPrice=price,
             EffectiveCost=gpu_cost,
             ListCost=gpu_cost,
             ListUnitPrice=price,
-            PricingQuantity=_hours(billed),
+            PricingQuantity=gpu_hours(billed),
             PricingUnit="GPU-Hours",
             ServiceName="GPU Compute",
             SkuId=sku,
-            SkuPriceId=_price_id(sku, line),
+            SkuPriceId=price_id(sku, line),
             x_CostKind=GPU_TIME,
-            x_AllocatedGpuHours=_hours(alloc),
-            x_BusyGpuHours=_hours(busy),
-            x_IdleGpuHours=_hours(alloc - busy - unmeasured),
-            x_UnmeasuredGpuHours=_hours(unmeasured),
-            x_A100EquivalentHours=_scaled(a100eq, _A100_PLACES),
-            x_EnergyKwh=_scaled(energy, _KWH_PLACES),
+            x_AllocatedGpuHours=gpu_hours(alloc),
+            x_BusyGpuHours=gpu_hours(busy),
+            x_IdleGpuHours=gpu_hours(alloc - busy - unmeasured),
+            x_UnmeasuredGpuHours=gpu_hours(unmeasured),
+            x_A100EquivalentHours=scaled(a100eq, _A100_PLACES),
+            x_EnergyKwh=scaled(energy, _KWH_PLACES),
             x_IdleCost=money(idle_cost),
             x_Flags=";".join(sorted(flags)) or None,
         )
@@ -259,9 +274,9 @@ class _RowMaker:
         self, day: int, run_id: str, model: str, instance: str | None, line: RateLine, v: list[int]
     ) -> dict[str, Any]:
         energy, energy_cost = v[4], v[7]
-        kwh = _scaled(energy, _KWH_PLACES)
+        kwh = scaled(energy, _KWH_PLACES)
         cost = money(energy_cost)
-        price = _scaled(line.energy_u, PRICE_PLACES)
+        price = scaled(line.energy_u, PRICE_PLACES)
         sku = f"energy:{line.kind}:{line.key}"
         row = self._common(day, run_id, model, instance, line)
         row.update(
@@ -280,18 +295,18 @@ class _RowMaker:
             PricingUnit="Kilowatt-Hours",
             ServiceName="GPU Energy",
             SkuId=sku,
-            SkuPriceId=_price_id(sku, line),
+            SkuPriceId=price_id(sku, line),
             x_CostKind=ENERGY,
         )
         return row
 
 
-def _price_model(line: RateLine) -> str:
+def price_model(line: RateLine) -> str:
     if line.kind == "instance":
         return "cloud instance"
     return "on-prem amortised" if line.derivation else "per GPU-hour"
 
 
-def _price_id(sku: str, line: RateLine) -> str:
+def price_id(sku: str, line: RateLine) -> str:
     """One id per price: the SKU and when its line took effect."""
     return f"{sku}@{'start' if line.start is None else utc(line.start).strftime('%Y-%m-%dT%H:%M:%SZ')}"

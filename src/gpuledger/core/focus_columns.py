@@ -83,7 +83,7 @@ FOCUS_COLUMNS: tuple[FocusColumn, ...] = (
 )
 
 CUSTOM_COLUMNS: tuple[FocusColumn, ...] = (
-    FocusColumn("x_CostKind", "string", "GPU time, energy or shared idle", "text"),
+    FocusColumn("x_CostKind", "string", "GPU time, energy, shared idle or capacity", "text"),
     FocusColumn("x_LogicalRunId", "string", "the logical run: the first attempt of a resumed training", "text"),
     FocusColumn("x_RunStatus", "string", "the run's status (killed, lost, failed, running: partial)", "text"),
     FocusColumn("x_User", "string", "who ran it", "text"),
@@ -92,6 +92,9 @@ CUSTOM_COLUMNS: tuple[FocusColumn, ...] = (
     FocusColumn("x_ModelVersion", "string", "label model_version", "text"),
     FocusColumn("x_GpuModel", "string", "normalisation-table key (or the device name when unknown)", "text"),
     FocusColumn("x_InstanceType", "string", "cloud instance type used for the price", "text"),
+    FocusColumn("x_Host", "string", "capacity rows: the host the GPU was on", "text"),
+    FocusColumn("x_Pool", "string", "capacity rows: the host's pool (the pools file)", "text"),
+    FocusColumn("x_CapacityState", "string", "capacity rows: the GPU-hours' state (docs/FOCUS.md)", "text"),
     FocusColumn("x_BillingBasis", "string", "allocated or busy: which hours PricingQuantity counts", "text"),
     FocusColumn("x_PriceModel", "string", "per GPU-hour, cloud instance or on-prem amortised", "text"),
     FocusColumn("x_ShareRule", "string", "shared idle rows: allocated or busy, the hours shared by", "text"),
