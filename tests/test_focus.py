@@ -6,6 +6,7 @@ the same files in tests/test_focus_validator.py."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
 from decimal import Decimal
 from typing import Any
@@ -289,3 +290,22 @@ def test_rows_add_up_to_the_priced_pieces_exactly(raw, basis, window_at, window_
         per_key[(r["ResourceId"], r["ChargePeriodStart"], r["SkuPriceId"])] += 1
     assert set(per_key.values()) <= {1}
     assert all(r["x_GpuModel"] != "RTX-4090" for r in export.rows)
+
+
+def test_the_export_reads_the_same_on_sqlite_and_postgresql(ledger_url: str) -> None:
+    from focus_support import add_run
+    from gpuledger.store import Ledger
+
+    led = Ledger(ledger_url)
+    labels = {"team": "nlp", "project": "llm", "model_version": "v7", "owner note": 'a, b "c"'}
+    add_run(led, "pg-a", "2026-03-10T20:00", 6, gpu_name="NVIDIA H100 80GB HBM3", labels=labels, gpus=2)
+    add_run(led, "pg-b", "2026-03-11T01:00", 2, gpu_name="Tesla V100-SXM2-16GB", labels={})
+    export = chargeback_focus(led, scope=None, card=CARD, start=START, end=END)
+    cb = chargeback(led, scope=None, card=CARD, start=START, end=END, by=("team",), trend_months=0)
+    led.close()
+    assert sum((r["BilledCost"] for r in export.rows), Decimal(0)) == Decimal(cb.total["cost"])
+    tags = {r["ResourceId"]: r["Tags"] for r in export.rows}
+    assert tags == {"pg-a": json.dumps(labels, sort_keys=True), "pg-b": None}
+    assert [(r["ResourceId"], r["ChargePeriodStart"].day, r["x_CostKind"]) for r in export.rows] == [
+        ("pg-a", 10, "GPU time"), ("pg-a", 11, "GPU time"), ("pg-b", 11, "GPU time"), ("pg-b", 11, "energy"),
+    ]  # fmt: skip
