@@ -16,12 +16,15 @@ Epochs are 1-based, the epoch being trained when the failure was printed (None b
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 import signal as signals
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.core.logparse import parse_lines, screen_lines
+from gpuledger.core.logparse import ParsedLog, parse_lines, screen_lines
 
 CUDA_OOM = "cuda_oom"
 NAN_LOSS = "nan_loss"
@@ -39,6 +42,31 @@ _NAN = re.compile(r"(?:Loss|Fitness) NaN/Inf detected|NaN persisted|non-finite l
 _DATASET = re.compile(r"Dataset\b.*\b(?:not found|error)|Dataset '[^']*' images not found", re.I)
 _WORKER_KILLED = re.compile(r"DataLoader worker \(pid[^)]*\) is killed by signal: Killed")
 _SHELL_KILLED = re.compile(r"(?:^|:\s|\s\d+\s+)Killed(?:\s|$)")
+# Words every match of the patterns above holds: a line with none of them is not searched (on long
+# lines the patterns cost far more than finding these words in the whole log, and most lines of
+# training output hold none). _NAN and _DATASET ignore case: their words are found lower-cased.
+_WORDS = ("out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", "DataLoader worker", "Killed")
+_WORDS_ANY_CASE = ("nan", "non-finite", "dataset")
+# IGNORECASE also matches these with i or s, and lower() does not map them so (or makes the text
+# longer): a log holding one has every line searched.
+_CASE_SPECIALS = ("\u0130", "\u0131", "\u017f")
+
+
+def _lines_to_search(lines: list[str]) -> Sequence[int]:
+    """The indices, in order, of the lines that may match one of the failure patterns."""
+    joined = "\n".join(lines)
+    if any(c in joined for c in _CASE_SPECIALS):
+        return range(len(lines))
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+    found: set[int] = set()
+    for text, words in ((joined, _WORDS), (joined.lower(), _WORDS_ANY_CASE)):
+        for word in words:
+            at = text.find(word)
+            while at >= 0:
+                i = bisect.bisect_right(starts, at) - 1
+                found.add(i)
+                at = text.find(word, starts[i + 1])  # on from the next line
+    return sorted(found)
 
 
 @dataclass
@@ -58,6 +86,7 @@ class Failure:
 class Diagnosis:
     failures: list[Failure]
     reason: str | None  # for the run's status line; None when nothing explains a failure
+    parsed: ParsedLog = field(default_factory=ParsedLog)  # the training output read on the way
 
 
 def _at(epoch: int | None, total: int | None) -> str:
@@ -94,9 +123,9 @@ def explain(
             seen.add(key)
             found.append(failure)
 
-    for i, line in enumerate(lines):
+    for i in _lines_to_search(lines):
         epoch = parsed.line_epochs[i] if i < len(parsed.line_epochs) else None
-        text = line.strip()
+        text = lines[i].strip()
         if _OOM.search(text):
             retry = _OOM_RETRY.search(text)
             payload: dict[str, Any] = {}
@@ -108,8 +137,10 @@ def explain(
                 payload["gpu"] = int(gpu.group(1))
             if retry:
                 payload.update(batch=int(retry.group(1)), retry_batch=int(retry.group(2)))
-                msg = (f"CUDA out of memory {_at(epoch, total)} with batch={retry.group(1)}; "
-                       f"retried with batch={retry.group(2)}")
+                msg = (
+                    f"CUDA out of memory {_at(epoch, total)} with batch={retry.group(1)}; "
+                    f"retried with batch={retry.group(2)}"
+                )
                 add(Failure(CUDA_OOM, msg, epoch, i, fatal=False, payload=payload))
             else:
                 extra = f" (tried to allocate {payload['tried_to_allocate']})" if "tried_to_allocate" in payload else ""
@@ -128,25 +159,40 @@ def explain(
         elif _WORKER_KILLED.search(text):
             msg = f"a data-loader worker was killed (SIGKILL, usually the OOM killer) {_at(epoch, total)}"
             add(Failure(OOM_KILLED, msg, epoch, i, payload={"evidence": "dataloader_worker_killed"}))
-        elif _SHELL_KILLED.search(text) and "Killed" in text:
+        elif _SHELL_KILLED.search(text):
             msg = f"killed by SIGKILL, most likely the OOM killer, {_at(epoch, total)}"
             add(Failure(OOM_KILLED, msg, epoch, i, payload={"evidence": "killed_in_log"}))
 
     for epoch, keys in parsed.nonfinite.items():
         if NAN_LOSS not in seen:
-            add(Failure(NAN_LOSS, f"loss became NaN/Inf at epoch {epoch} ({', '.join(keys)})", epoch, None,
-                        payload={"keys": keys}))
+            add(
+                Failure(
+                    NAN_LOSS,
+                    f"loss became NaN/Inf at epoch {epoch} ({', '.join(keys)})",
+                    epoch,
+                    None,
+                    payload={"keys": keys},
+                )
+            )
 
     sigkill = signal == signals.SIGKILL or (signal is None and exit_code == 128 + signals.SIGKILL)
     near_limit = bool(rss_peak_b and mem_limit_b and rss_peak_b >= NEAR_LIMIT * mem_limit_b)
     if sigkill and near_limit and OOM_KILLED not in seen:
         assert rss_peak_b is not None and mem_limit_b is not None
-        msg = (f"killed by SIGKILL with peak RSS {_gib(rss_peak_b)} of a {_gib(mem_limit_b)} limit "
-               f"(the OOM killer) {_at(parsed.last_epoch, total)}")
-        add(Failure(OOM_KILLED, msg, parsed.last_epoch, None,
-                    payload={"evidence": "sigkill_at_memory_limit", "rss_peak_b": rss_peak_b,
-                             "mem_limit_b": mem_limit_b}))
-    return Diagnosis(found, _reason(found, status))
+        msg = (
+            f"killed by SIGKILL with peak RSS {_gib(rss_peak_b)} of a {_gib(mem_limit_b)} limit "
+            f"(the OOM killer) {_at(parsed.last_epoch, total)}"
+        )
+        add(
+            Failure(
+                OOM_KILLED,
+                msg,
+                parsed.last_epoch,
+                None,
+                payload={"evidence": "sigkill_at_memory_limit", "rss_peak_b": rss_peak_b, "mem_limit_b": mem_limit_b},
+            )
+        )
+    return Diagnosis(found, _reason(found, status), parsed)
 
 
 # Which failure explains the end best: a missing dataset stops everything before anything else.

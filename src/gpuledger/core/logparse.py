@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _PROGRESS = re.compile(r"^\s*(\d+)/(\d+)\s")  # "  12/100  ..." : an epoch's train progress line
 _PERCENT = re.compile(r"^(.*?):\s*(\d{1,3})%")  # description before tqdm's "NN%"
+_COMPLETED = re.compile(r"\d+ epochs? completed in")
 _COUNT_COLUMNS = {"instances", "labels", "targets", "size", "img_size"}
 _V6_LOSSES = {"box": "box_loss", "obj": "obj_loss", "cls": "cls_loss", "total": "total_loss", "giou": "giou_loss"}
 _GROUP_SUFFIX = {"box": "B", "mask": "M", "pose": "P"}
@@ -66,6 +67,9 @@ class ParsedLog:
 
 def screen_lines(data: bytes | str) -> list[str]:
     """The lines a terminal would finally show: colours removed, ``\\r`` redraws reduced to the last."""
+    if isinstance(data, bytes) and b"\x1b]" not in data:
+        return [_last_draw(raw) for raw in data.split(b"\n")]
+    # An OSC sequence (a title, a link) may run across line ends: remove escapes from the whole text.
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     text = _ANSI.sub("", text)
     lines = []
@@ -73,6 +77,28 @@ def screen_lines(data: bytes | str) -> list[str]:
         draws = [part for part in raw.split("\r") if part.strip()]
         lines.append(draws[-1] if draws else "")
     return lines
+
+
+def _last_draw(raw: bytes) -> str:
+    """The last non-blank ``\\r`` draw of one line, decoded without its escapes.
+
+    Only that draw is decoded: a progress bar redrawn a thousand times costs one decode, not a
+    thousand. It is what decoding the whole output first would give: ``\\r`` and ``\\n`` are never
+    part of a UTF-8 sequence or of a CSI or two-byte escape.
+    """
+    end = len(raw)
+    while True:
+        start = raw.rfind(b"\r", 0, end) + 1
+        part = raw[start:end]
+        if part.strip():  # blank in ASCII means blank: skip without decoding
+            text = part.decode("utf-8", "replace")
+            if "\x1b" in text:
+                text = _ANSI.sub("", text)
+            if text.strip():
+                return text
+        if start == 0:
+            return ""
+        end = start - 1
 
 
 def parse_log(data: bytes | str) -> ParsedLog:
@@ -84,6 +110,12 @@ def _number(token: str) -> float | None:
         return float(token.rstrip("G"))
     except ValueError:
         return None
+
+
+def _may_be_val_header(desc: str) -> bool:
+    """Whether ``desc`` starts as a validation header does (``classes`` or ``Class Images``)."""
+    first = desc.split(None, 2)
+    return bool(first) and (first[0] == "classes" or (len(first) > 2 and first[:2] == ["Class", "Images"]))
 
 
 def _val_keys(tokens: list[str], fmt: str | None) -> list[str] | None:
@@ -122,26 +154,30 @@ class _Parser:
         self.after_training = False
 
     def line(self, line: str) -> None:
-        tokens = line.split()
-        if not tokens:
+        # The first words decide what a line is; a long line (a config or tensor dump) is only
+        # split whole when they say it is a table row. Each regex runs only on lines holding a
+        # text every one of its matches holds.
+        first = line.split(None, 2)
+        if not first:
             return
-        if tokens[0] == "Epoch" and len(tokens) > 2 and tokens[1].lower() == "gpu_mem":
+        if first[0] == "Epoch" and len(first) > 2 and first[1].lower() == "gpu_mem":
+            tokens = line.split()
             self.columns = tokens
             if self.out.format is None:
                 v5 = tokens[1] == "gpu_mem" or any(t in ("obj_loss", "obj") for t in tokens)
                 self.out.format = YOLOV5 if v5 else ULTRALYTICS
             return
-        head = _PERCENT.match(line)
+        head = _PERCENT.match(line) if "%" in line else None
         desc = head.group(1) if head else line
         if self.columns and _PROGRESS.match(line):
             self._progress(desc.split())
             return
-        keys = _val_keys(desc.split(), self.out.format)
+        keys = _val_keys(desc.split(), self.out.format) if _may_be_val_header(desc) else None
         if keys is not None:
             self.val_keys = keys
-        elif tokens[0] == "all" and self.val_keys:
-            self._val_result(tokens[1:])
-        elif re.search(r"\d+ epochs? completed in", line):
+        elif first[0] == "all" and self.val_keys:
+            self._val_result(line.split()[1:])
+        elif " completed in" in line and _COMPLETED.search(line):
             self._finish_training()
         elif "recovering from last.pt" in line and self.current is not None:
             self.rows.pop(self.current, None)  # Ultralytics discards a NaN epoch and trains it again

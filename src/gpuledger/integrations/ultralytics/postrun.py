@@ -17,7 +17,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from gpuledger.core import failures, logparse
+from gpuledger.core import failures
 from gpuledger.core.model import Metric
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def explain_run(session: Session, status: str, exit_code: int | None, signal: in
     for failure in diagnosis.failures:
         recorder.event(failure.kind, failure.message, **failure.event_payload(), source="log")
     if epoch_ends_seen(session) == 0:
-        parsed = logparse.parse_log(log)
+        parsed = diagnosis.parsed  # explain read the whole output already
         if parsed.epochs:
             now = time.time()
             recorder.add_metrics(
