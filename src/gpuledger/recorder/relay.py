@@ -11,7 +11,8 @@ it to the terminal in one piece, unchanged. The log copy is redacted in batches 
 (large enough that the redaction's per-call cost is paid rarely, small enough to stay in the CPU's
 cache); a batch is written as soon as CMD pauses (20 ms without output), is 0.2 s old or is full,
 so the file on disk is never far behind the terminal. If the relay itself is killed, at most that
-batch is missing from the file.
+batch is missing from the file. Each source (stdout and stderr on pipes) is redacted as its own
+stream, so the log holds whole lines of each, and the other stream never cuts a secret in two.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import select
 import signal
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 DRAIN_LIMIT_B = 1 << 20  # read one source at most this much before serving the others
 PIPE_SIZE_B = 1 << 20  # asked of the kernel for pipe sources (the unprivileged maximum by default)
@@ -83,25 +86,34 @@ class _Reader:
         return bytes(self._view[:size]), ended
 
 
+class Stream(Protocol):
+    """One source's redaction (core/redact.LineRedactor): complete lines out, the rest held."""
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
 class _LogCopy:
     """The redacted copy: bytes wait here until a batch is due, then are redacted and appended.
-    A failing log is reported once and dropped; the terminal copy goes on."""
+    Each source has its own stream, so a line of stderr never lands inside a line of stdout (and
+    never splits a secret there). A failing log is reported once and dropped; the terminal copy
+    goes on."""
 
-    def __init__(self, fd: int, redact: Callable[[bytes], bytes], flush: Callable[[], bytes]) -> None:
+    def __init__(self, fd: int, streams: dict[int, Stream]) -> None:
         self._fd = fd
-        self._redact = redact
-        self._flush = flush
-        self._waiting: list[bytes] = []
+        self._streams = streams
+        self._waiting: list[tuple[int, bytes]] = []
         self._size = 0
         self._since = 0.0
         self.ok = True
 
-    def add(self, data: bytes) -> None:
+    def add(self, src: int, data: bytes) -> None:
         if not self.ok:
             return
         if not self._waiting:
             self._since = time.monotonic()
-        self._waiting.append(data)
+        self._waiting.append((src, data))
         self._size += len(data)
         if self._size >= LOG_BATCH_B:
             self.write()
@@ -116,20 +128,19 @@ class _LogCopy:
         return bool(self._waiting) and time.monotonic() - self._since >= LOG_MAX_AGE_S
 
     def write(self) -> None:
-        if not self._waiting:
-            return
-        batch = self._waiting[0] if len(self._waiting) == 1 else b"".join(self._waiting)
-        self._waiting, self._size = [], 0
-        if len(batch) <= LOG_BATCH_B:
-            self._append(self._redact(batch))
-            return
-        # One drain can bring 1 MiB: redact it in cache-sized pieces, written as one.
-        self._append(b"".join([self._redact(batch[i : i + LOG_BATCH_B]) for i in range(0, len(batch), LOG_BATCH_B)]))
+        waiting, self._waiting, self._size = self._waiting, [], 0
+        out: list[bytes] = []
+        for src, group in itertools.groupby(waiting, key=lambda item: item[0]):
+            pieces = [data for _, data in group]
+            batch = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            feed = self._streams[src].feed
+            # One drain can bring 1 MiB: redact it in cache-sized pieces.
+            out.extend(feed(batch[i : i + LOG_BATCH_B]) for i in range(0, len(batch), LOG_BATCH_B))
+        self._append(b"".join(out))
 
     def close(self) -> None:
         self.write()
-        if self.ok:
-            self._append(self._flush())
+        self._append(b"".join(stream.flush() for stream in self._streams.values()))
 
     def _append(self, data: bytes) -> None:
         if not self.ok or not data:
@@ -142,13 +153,9 @@ class _LogCopy:
             _warn(f"gpuledger: cannot write the run log ({exc.strerror}); output still shown")
 
 
-def pump(
-    sources: dict[int, int],
-    log_fd: int,
-    redact: Callable[[bytes], bytes],
-    flush: Callable[[], bytes],
-) -> None:
-    """Copy each source fd to its destination fd and the redacted stream to ``log_fd`` until EOF.
+def pump(sources: dict[int, int], log_fd: int, new_stream: Callable[[], Stream]) -> None:
+    """Copy each source fd to its destination fd, and each source's redacted stream (one
+    ``new_stream()`` per source) to ``log_fd``, until every source ends.
 
     A destination that fails (terminal closed) is dropped; the log keeps going, and a failing
     log keeps the terminal going: neither may stop the other or CMD.
@@ -156,7 +163,7 @@ def pump(
     live = dict(sources)
     for fd in live:
         _prepare_source(fd)
-    log = _LogCopy(log_fd, redact, flush)
+    log = _LogCopy(log_fd, {fd: new_stream() for fd in live})
     reader = _Reader()
     dest_ok = dict.fromkeys(set(live.values()), True)
     try:
@@ -180,7 +187,7 @@ def pump(
                         _write_all(dest, data)
                     except OSError:
                         dest_ok[dest] = False
-                log.add(data)
+                log.add(src, data)
             if log.due():
                 log.write()
     finally:
@@ -194,9 +201,9 @@ def _warn(line: str) -> None:
 
 def start_relay(sources: dict[int, int], log_path: str, close_in_child: list[int]) -> int:
     """Fork the relay; return its pid. ``sources`` maps a readable fd to the fd it is copied to."""
-    from gpuledger.core.redact import LineRedactor, Redactor
+    from gpuledger.core.redact import Redactor
 
-    redactor = LineRedactor(Redactor.default())
+    redactor = Redactor.default()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     pid = os.fork()
     if pid:
@@ -210,7 +217,7 @@ def start_relay(sources: dict[int, int], log_path: str, close_in_child: list[int
         for fd in close_in_child:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        pump(sources, log_fd, redactor.feed, redactor.flush)
+        pump(sources, log_fd, redactor.stream)
         with contextlib.suppress(OSError):
             os.fsync(log_fd)
     except BaseException as exc:
