@@ -1,0 +1,86 @@
+"""The capacity report's rules in isolation: the unbilled cost split exactly (property tests), pools
+resolved and refused as documented, fleet statuses, and a price change inside a day."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cost_support import card, ts
+from gpuledger.core.capacity import DAY_MS, FleetGpu, HostStay, ms
+from gpuledger.core.capacity_fleet import SILENT_AFTER_S, fleet_rows
+from gpuledger.core.capacity_pools import Pools, PoolsError, parse_pools
+from gpuledger.core.capacity_report import TeamBill, build_capacity, share_pool
+
+
+@given(st.integers(-(10**30), 10**30), st.lists(st.integers(0, 10**13), min_size=1, max_size=12))
+def test_the_unbilled_cost_is_split_exactly_by_weight(pool: int, weights: list[int]) -> None:
+    parts = share_pool(pool, weights)
+    if not any(weights):
+        assert parts == [0] * len(weights)  # nobody to share with: nothing is handed out
+        return
+    assert sum(parts) == pool
+    whole = sum(weights)
+    for part, w in zip(parts, weights, strict=True):
+        assert abs(Fraction(part) - Fraction(pool * w, whole)) < 1
+
+
+def test_pools_take_the_first_matching_pattern_and_default_to_instance_type_or_model() -> None:
+    pools = parse_pools('[[pool]]\nname = "a"\nhosts = ["gpu-*"]\n\n[[pool]]\nname = "b"\nhosts = "gpu-7"\n')
+    assert pools.name("gpu-7", None, "H100-SXM") == "a"
+    assert pools.name("cpu-1", "p5.48xlarge", "H100-SXM") == "p5.48xlarge"
+    assert Pools().name("cpu-1", None, "H100-SXM") == "H100-SXM"
+    assert pools.instance_type("gpu-1", "g6.xlarge") == "g6.xlarge"  # the agent's own word, without a pool's
+
+
+def test_a_broken_pools_file_names_every_problem_with_its_line() -> None:
+    text = (
+        '[pools]\nx = 1\n\n[[pool]]\nname = "a"\nhosts = ["x"]\ncolour = "red"\n\n[[pool]]\nname = "a"\nhosts = ["y"]\n'
+    )
+    with pytest.raises(PoolsError) as err:
+        parse_pools(text, "p.toml")
+    assert err.value.problems == [
+        "p.toml: file pools: unknown table (a pools file holds [[pool]] entries only)",
+        "p.toml:7: [[pool]] #1 colour: unknown key (expected one of: description, hosts, instance_type, name)",
+        "p.toml:10: [[pool]] #2 name: 'a' is the name of an earlier pool",
+    ]
+    with pytest.raises(PoolsError, match=r"p\.toml"):
+        parse_pools("[[pool]\n", "p.toml")  # a TOML syntax error, with the file's name
+
+
+def _gpu(uuid: str, host: str, last: float, source: str = "agent") -> FleetGpu:
+    return FleetGpu(uuid, "NVIDIA L4", host, 0.0, last, (HostStay(host, 0.0, last),), source=source)
+
+
+def test_fleet_status_says_present_missing_silent() -> None:
+    now = 1_000_000.0
+    gpus = [_gpu("a", "n1", now - 30), _gpu("b", "n1", now - 3600), _gpu("c", "n2", now - 2 * SILENT_AFTER_S),
+            _gpu("d", "ws", now, source="runs")]  # fmt: skip
+    rows = {r["gpu"]: r["status"] for r in fleet_rows(gpus, card=card(""), pools=Pools(), now=now)}
+    assert rows == {"a": "present", "b": "missing", "c": "silent", "d": "in use"}
+
+
+def test_a_price_change_inside_a_day_splits_that_day_in_proportion_to_time() -> None:
+    body = ('[[gpu]]\nmodel = "L4"\nprice_per_hour = "1.00"\neffective_to = 2026-03-10T06:00:00Z\n\n'
+            '[[gpu]]\nmodel = "L4"\nprice_per_hour = "2.00"\neffective_from = 2026-03-10T06:00:00Z\n')  # fmt: skip
+    day = ts("2026-03-10")
+    gpu = FleetGpu("g", "NVIDIA L4", "n1", day, day + 86400)
+    row = ("g", int(day * 1000) // DAY_MS, "n1", ms(day), ms(day) + DAY_MS, DAY_MS, 0, 0, 0, 0, None)
+    report = build_capacity(gpus=[gpu], day_rows=[row], card=card(body), pools=Pools(), start=day, end=day + 86400)
+    assert report.total["asset_cost"] == "42.00"  # 6 h at 1.00 + 18 h at 2.00
+
+
+def test_shares_are_written_with_their_rule_and_add_up_to_the_fleet_cost() -> None:
+    day = ts("2026-03-10")
+    gpu = FleetGpu("g", "NVIDIA L4", "n1", day, day + 86400)
+    row = ("g", int(day * 1000) // DAY_MS, "n1", ms(day), ms(day) + DAY_MS, DAY_MS // 2, DAY_MS // 2, 0, 0, 0, None)
+    l4 = card('[[gpu]]\nmodel = "L4"\nprice_per_hour = "1.00"\n')
+    bills = [TeamBill("a", 3_000_000, 1_000_000, 10**21), TeamBill(None, 1_000_000, 3_000_000, 0)]
+    report = build_capacity(gpus=[gpu], day_rows=[row], card=l4, pools=Pools(), start=day, end=day + 86400,
+                            share_rule="busy", bills=bills)  # fmt: skip
+    shares = {r["team"]: r for r in report.shares}
+    assert (shares["a"]["shared_idle_cost"], shares[None]["shared_idle_cost"]) == ("5.75", "17.25")  # 23 x 1/4, 3/4
+    assert report.shares_total["total_cost"] == report.total["fleet_cost"] == "24.00"
