@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid as uuidlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -103,11 +104,11 @@ def load(url: str, n_runs: int) -> dict[str, int]:
                 held_ms = min(DAY_MS, round(h * 1000))
                 busy = min(held_ms, round(b * 1000))
                 stray = min(DAY_MS - held_ms, 60_000 * (day % 7))  # minutes of work nobody owns
-                days.append({
-                    "gpu_uuid": uuid, "day": day, "host": host, "first_ms": day * DAY_MS, "last_ms": (day + 1) * DAY_MS,
-                    "unallocated_ms": DAY_MS - held_ms - stray, "alloc_idle_ms": held_ms - busy, "busy_attr_ms": busy,
-                    "busy_unattr_ms": stray, "unmeasured_ms": 0, "energy_j": 86400 * watts[name] * 0.5, "intervals": 8640,
-                })  # fmt: skip
+                states = {"unallocated_ms": DAY_MS - held_ms - stray, "alloc_idle_ms": held_ms - busy,
+                          "busy_attr_ms": busy, "busy_unattr_ms": stray, "unmeasured_ms": 0}  # fmt: skip
+                days.append({"gpu_uuid": uuid, "day": day, "host": host, "first_ms": day * DAY_MS,
+                             "last_ms": (day + 1) * DAY_MS, **states, "energy_j": 86400 * watts[name] * 0.5,
+                             "intervals": 8640})  # fmt: skip
     for table, cols, rows in (("gpu_fleet", FLEET_COLUMNS, fleet), ("gpu_fleet_hosts", HOST_COLUMNS, hosts),
                               ("gpu_capacity_days", DAY_COLUMNS, days)):  # fmt: skip
         for i in range(0, len(rows), 50000):
@@ -145,7 +146,8 @@ def bench(url: str, label: str) -> None:
             )
         )
         t = report.total  # type: ignore[attr-defined]
-        note = f"{t['gpus']:,} GPUs, {t['fleet_gpu_h']:,.0f} GPU-h, busy {t['busy_share']:.1%}, cost {t['fleet_cost'][:12]}"
+        note = f"{t['gpus']:,} GPUs, {t['fleet_gpu_h']:,.0f} GPU-h, busy {t['busy_share']:.1%}"
+        note += f", cost {t['fleet_cost'][:12]}"
         print(f"  {label:10} {what:46} {wall:6.2f} s wall {cpu:6.2f} s CPU   ({note})", flush=True)
     led.close()
 
@@ -154,20 +156,20 @@ def agent_write(url: str) -> None:
     """One agent interval (8 GPUs, 10 s) written as the agent's ledger thread writes it."""
     led = Ledger(url)
     t0 = int(YEAR1 * 1000) + 10 * DAY_MS
+    tag = uuidlib.uuid4().hex[:8]  # new GPUs each call: a kept ledger must not turn this into a replay
     walls = []
     for k in range(50):
         a = t0 + k * 10_000
-        ivs = [
-            CapacityInterval(f"GPU-w-{g}", "writer", a, a + 10_000, States(1000, 2000, 6000, 1000)) for g in range(8)
-        ]
-        sights = [Sighting(f"GPU-w-{g}", "NVIDIA H100 80GB HBM3", "writer", a / 1000, (a + 10_000) / 1000)
+        states = States(1000, 2000, 6000, 1000)
+        ivs = [CapacityInterval(f"GPU-{tag}-{g}", "writer", a, a + 10_000, states) for g in range(8)]
+        sights = [Sighting(f"GPU-{tag}-{g}", "NVIDIA H100 80GB HBM3", "writer", a / 1000, (a + 10_000) / 1000)
                   for g in range(8)]  # fmt: skip
         t = time.perf_counter()
         led.write(lambda c, ivs=ivs, sights=sights: write_capacity(led.database, c, ivs, sights))
         walls.append(time.perf_counter() - t)
     led.close()
-    print(f"  agent write: one 10 s interval of 8 GPUs (+ day sums, fleet) median {statistics.median(walls) * 1000:.1f} ms,"
-          f" p95 {sorted(walls)[int(0.95 * len(walls))] * 1000:.1f} ms", flush=True)  # fmt: skip
+    median, p95 = statistics.median(walls) * 1000, sorted(walls)[int(0.95 * len(walls))] * 1000
+    print(f"  agent write: one 10 s interval of 8 GPUs (+ day sums, fleet) median {median:.1f} ms, p95 {p95:.1f} ms")
 
 
 def main() -> None:
