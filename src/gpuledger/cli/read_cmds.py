@@ -114,7 +114,10 @@ def show_cmd(run: str | None, fmt: str, db: str | None) -> None:
 def logs_cmd(run: str | None, db: str | None) -> None:
     """Print a run's archived (redacted) output.
 
-    RUN is a run id, its short id or a unique id prefix; default: the newest run."""
+    RUN is a run id, its short id or a unique id prefix; default: the newest run. A log longer
+    than the cap (GPULEDGER_LOG_MAX_B, 64 MiB) keeps its head and tail: stderr then says so."""
+    from gpuledger.core.logcap import find_cut
+    from gpuledger.core.units import fmt_bytes
     from gpuledger.recorder.liveness import fresh_log
     from gpuledger.reports.runview import load_run
 
@@ -125,6 +128,14 @@ def logs_cmd(run: str | None, db: str | None) -> None:
         raise click.ClickException(f"run {record.id} has no archived log")
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
+    cut = find_cut(data)
+    if cut is not None:
+        click.echo(
+            f"gpuledger: this log was cut: {fmt_bytes(cut.cut_b)} in the middle are not kept; the first "
+            f"{fmt_bytes(cut.head_b)} and the last {fmt_bytes(cut.tail_b)} of {fmt_bytes(cut.total_b)} are "
+            f"(the cap is {fmt_bytes(cut.cap_b)}, set by GPULEDGER_LOG_MAX_B)",
+            err=True,
+        )
 
 
 @click.command("export")

@@ -40,11 +40,10 @@ def reconcile(ledger, run: RunRecord) -> RunRecord:
         fields["ended_at"] = last
     ledger.update_run(run.id, **fields)
     if run.log_path and os.path.isfile(run.log_path):
-        from gpuledger.recorder.wrap import stored_log
+        from gpuledger.recorder.logfile import archive, cap_or_default
 
-        data = stored_log(run.log_path)
-        if data is not None:
-            ledger.set_log(run.id, data)
+        # The file stays: CMD may outlive its recorder and still be writing to it.
+        archive(ledger, run.id, run.log_path, cap_or_default(os.environ), remove=False)
     return ledger.get_run(run.id)
 
 
@@ -53,9 +52,11 @@ def fresh_log(ledger, run: RunRecord) -> bytes | None:
     may still be writing), else the ledger's copy."""
     stored = ledger.get_log(run.id)
     if run.log_path and run.status in ("running", "lost") and os.path.isfile(run.log_path):
-        from gpuledger.recorder.wrap import stored_log
+        from gpuledger.core.logcap import find_cut
+        from gpuledger.recorder.logfile import cap_or_default, read_capped
 
-        on_disk = stored_log(run.log_path)
-        if on_disk is not None and (stored is None or len(on_disk) >= len(stored)):
-            return on_disk
+        on_disk = read_capped(run.log_path, cap_or_default(os.environ))
+        stored_b = None if stored is None else (cut.total_b if (cut := find_cut(stored)) else len(stored))
+        if on_disk is not None and (stored_b is None or on_disk.total_b >= stored_b):
+            return on_disk.data
     return stored

@@ -210,8 +210,10 @@ class Session:
         reason: str | None = None,
         log: bytes | None = None,
         explain: Callable[[Session, str, int | None, int | None], str | None] | None = None,
+        log_truncated: bool = False,
     ) -> dict | None:
         """Stop recording, write the end state and the log; return the summary (None if unwritable).
+        ``log_truncated``: ``log`` is the head and tail of a longer output (core/logcap.py).
 
         ``explain`` reads the run's log after the recorder stopped (why it failed; epochs when no
         integration reported them) and may return a better status reason.
@@ -232,7 +234,7 @@ class Session:
             if self.recorder.pending:  # a last try for anything the final flush could not write
                 self.recorder.flush()
             if log is not None:
-                ledger.set_log(run.id, log)
+                ledger.set_log(run.id, log, truncated=log_truncated)
             ledger.update_run(
                 run.id, status=status, ended_at=ended, exit_code=exit_code, signal=signal, status_reason=reason
             )

@@ -107,11 +107,9 @@ def recover(path: Path, ledger) -> str:
         [_build(Event, e) for e in doc["events"]],
         [_build(Metric, m) for m in doc["metrics"]],
     )
-    if run.log_path and os.path.isfile(run.log_path) and ledger.get_log(run.id) is None:
-        from gpuledger.recorder.wrap import stored_log
+    if run.log_path:
+        from gpuledger.recorder.logfile import archive_once, cap_or_default
 
-        data = stored_log(run.log_path)
-        if data is not None:
-            ledger.set_log(run.id, data)
+        archive_once(ledger, run.id, run.log_path, cap_or_default(os.environ))  # stored capped, file removed
     path.unlink()
     return run.id

@@ -16,6 +16,7 @@ from gpuledger.paths import log_dir
 from gpuledger.recorder.control import ENV_VAR as CONTROL_ENV
 from gpuledger.recorder.control import ControlServer
 from gpuledger.recorder.launch import LaunchError, become_subreaper, copy_window_size, launch
+from gpuledger.recorder.logfile import log_cap, read_capped, remove_file
 from gpuledger.recorder.recorder import ticks_per_interval
 from gpuledger.recorder.session import Session, new_run_record, stderr_line
 
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 RELAY_GRACE_S = 3.0  # after CMD ends, how long a grandchild may keep its output open
-MAX_STORED_LOG_B = 64 * 1024 * 1024
-LOG_HEAD_B = 4 * 1024 * 1024
 
 
 @dataclass
@@ -68,22 +67,6 @@ def _status(wait_status: int, forwarded: int | None) -> tuple[str, int, int | No
     return "failed", code, None, f"exited with code {code}{after}"
 
 
-def stored_log(path: str) -> bytes | None:
-    """The log file as archived in the ledger: whole, or head and tail when it is huge."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
-            if size <= MAX_STORED_LOG_B:
-                return fh.read()
-            head = fh.read(LOG_HEAD_B)
-            fh.seek(size - (MAX_STORED_LOG_B - LOG_HEAD_B))
-            tail = fh.read()
-    except OSError:
-        return None
-    note = f"\n[gpuledger: {size - len(head) - len(tail)} bytes omitted; full log at {path}]\n"
-    return head + note.encode() + tail
-
-
 def child_env(env: Mapping[str, str], run_id: str, db_url: str | None, control_path: str) -> dict[str, str]:
     from gpuledger.integrations.autoload import autoload_env
 
@@ -105,6 +88,10 @@ def control_socket_path(run_id: str) -> str:
 
 def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None = None) -> Outcome:
     env = dict(os.environ if env is None else env)
+    try:
+        log_cap_b = log_cap(env)  # a bad GPULEDGER_LOG_MAX_B is refused before CMD starts
+    except ValueError as exc:
+        raise LaunchError(str(exc), 2) from None
     started = time.time()
     run_id = uuid7(int(started * 1000))
     log_path = str(log_dir(env) / f"{run_id}.log")
@@ -153,21 +140,25 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
         stderr_line(f"gpuledger: monitoring could not start ({exc}); the command runs unmetered")
     wait_status = _reap_until(launched.pid, launched.relay_pid, session)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # finishing the record; CMD is already gone
-    _wait_relay(launched.relay_pid)
+    relay_done = _wait_relay(launched.relay_pid)
     status, code, sig, reason = _status(wait_status, forwarded[-1] if forwarded else None)
     summary = None
     if session is not None:
         from gpuledger.integrations.ultralytics.postrun import explain_run
 
+        capped = read_capped(log_path, log_cap_b)
         summary = session.finish(
             status,
             exit_code=None if sig else code,
             signal=sig,
             reason=reason,
-            log=stored_log(log_path),
+            log=None if capped is None else capped.data,
+            log_truncated=capped is not None and capped.truncated,
             explain=explain_run,
         )
         session.close()
+        if summary is not None and capped is not None and relay_done:
+            remove_file(log_path)  # archived in the ledger: the file was only the crash-safe copy
     if pusher is not None:
         from gpuledger.agent.attach import finish_pusher
 
@@ -255,17 +246,19 @@ def _reap_until(cmd_pid: int, relay_pid: int, session: Session | None) -> int:
             return status
 
 
-def _wait_relay(relay_pid: int) -> None:
+def _wait_relay(relay_pid: int) -> bool:
+    """Wait a moment for the relay to drain CMD's last output; False if it still runs."""
     deadline = time.monotonic() + RELAY_GRACE_S
     while time.monotonic() < deadline:
         try:
             pid, _ = os.waitpid(relay_pid, os.WNOHANG)
         except ChildProcessError:
-            return
+            return True
         if pid:
-            return
+            return True
         time.sleep(0.02)
     stderr_line("gpuledger: CMD ended but a process it started still holds its output; the log on disk keeps growing")
+    return False
 
 
 def run_and_exit_code(argv: Sequence[str], opts: WrapOptions) -> int:
