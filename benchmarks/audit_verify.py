@@ -200,6 +200,7 @@ def main() -> None:
             t = time.perf_counter()
             agents = _accounts(led)
             runs = _data(led, args.runs)
+            led.write(lambda c: c.exec_driver_sql("ANALYZE"))  # what autovacuum does to a real database
             from gpuledger.reports.cost_rollups import materialise_rollups
 
             materialise_rollups(led)
