@@ -5,12 +5,14 @@ ledger on SQLite and PostgreSQL. Every second of each GPU lands in exactly one s
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import pytest
 
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
 from gpuledger.collect.nvml import NvmlCollector
+from gpuledger.core.model import GpuIdentity, RunRecord
 from gpuledger.node.claims import Allocation, Claims
 from gpuledger.store import Ledger
 from gpuledger.store.capacity_queries import day_rows, fleet, intervals
@@ -129,3 +131,20 @@ def test_a_mig_gpu_is_one_asset_busy_while_a_slice_is_in_use(trees: Path, ledger
     totals = _totals(rows[PARENT])
     assert totals["busy_attr_ms"] == 10_000 and totals["unmeasured_ms"] == 10_000  # NVML gives no utilisation
     assert (gpu.uuid, gpu.name, gpu.extra.get("mig_mode")) == (PARENT, "NVIDIA A100-SXM4-80GB", "enabled")
+
+
+def test_a_wrapped_run_holds_its_gpus_while_none_of_its_processes_is_on_them(trees: Path, ledger_url: str) -> None:
+    # `gpuledger run` on this host recorded into the agent's ledger, its GPU1 idle: held, so allocated-idle
+    with Ledger(ledger_url) as led:
+        led.create_run(RunRecord(id="0190aaaa-0000-7000-8000-000000000001", command=["python", "train.py"], user="u",
+                                 host="node-1", cwd="/", started_at=T0, status="running"))  # fmt: skip
+        led.add_devices("0190aaaa-0000-7000-8000-000000000001", [GpuIdentity(0, GPU1, "NVIDIA A100-SXM4-80GB")])
+    node = Node(trees, ledger_url, Claims(), procs={})
+    deadline = time.monotonic() + 30
+    while GPU1 not in node.sink.held_gpus and time.monotonic() < deadline:  # the ledger thread's first look
+        time.sleep(0.05)
+    node.tick(5)
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+    assert _totals(rows[GPU1])["alloc_idle_ms"] == 8000 and _totals(rows[GPU1])["unallocated_ms"] == 0
