@@ -17,7 +17,7 @@ import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core import redact
+from gpuledger.core import redact_search
 from gpuledger.core.redact import LineRedactor, Redactor, _State
 
 R = Redactor.default()
@@ -90,10 +90,10 @@ def test_stream_in_any_pieces_equals_the_whole(data: bytes, cuts: list[int]) -> 
 
 
 def test_keywords_on_most_lines_take_the_whole_text_path_and_agree() -> None:
-    lines = [b"tokens/s %d key_dim %d\n" % (i, i) for i in range(2000)]
+    lines = [b"tokens/s %d batch_key=%d\n" % (i, i) for i in range(2000)]  # key= matches an anchor
     lines[777] = b"export HF_TOKEN=abc123secret\n"
     data = b"".join(lines)
-    assert redact._keyword_lines(data.lower(), R._line_filter.search) is None  # most lines: whole text
+    assert redact_search.keyword_lines(data.lower(), R._line_filter) is None  # most lines: whole text
     out = _stream([data[i : i + 4096] for i in range(0, len(data), 4096)])
     assert out == R._redact(data, _State(), prefilter=False)
     assert b"abc123secret" not in out and out.count(b"[REDACTED:") == 1
@@ -133,17 +133,17 @@ def test_anchor_parts_find_the_lines_the_anchor_finds(low: bytes) -> None:
     for rule in R.rules:
         if rule.anchor is None:
             continue
-        parts = list(redact._anchor_parts(rule.anchor))
+        parts = list(redact_search.anchor_parts(rule.anchor))
         assert _lines_matching(low, parts) == _lines_matching(low, [rule.anchor]), rule.name
 
 
 def test_anchors_that_start_with_a_choice_of_words_are_split() -> None:
     anchor = re.compile(rb"(?:token|secret|key)[=:]")
-    assert [p.pattern for p in redact._anchor_parts(anchor)] == [b"token[=:]", b"secret[=:]", b"key[=:]"]
+    assert [p.pattern for p in redact_search.anchor_parts(anchor)] == [b"token[=:]", b"secret[=:]", b"key[=:]"]
     kept = re.compile(rb"(?:password|passwd)[=:]")  # one first letter: the engine skips to it already
-    assert redact._anchor_parts(kept) == (kept,)
+    assert redact_search.anchor_parts(kept) == (kept,)
     odd = re.compile(rb"(?:a[b]|c)d")  # not plain words
-    assert redact._anchor_parts(odd) == (odd,)
+    assert redact_search.anchor_parts(odd) == (odd,)
 
 
 _keyword_text = st.lists(
@@ -155,21 +155,51 @@ _keyword_text = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(low=_keyword_text)
 def test_present_keywords_are_exactly_the_keywords_present(low: bytes) -> None:
-    assert redact._present_keywords(R._keywords, low) == {k for k in R._keywords if k in low}
+    assert redact_search.present_keywords(R._keywords, low) == {k for k in R._keywords if k in low}
 
 
-@settings(max_examples=300, deadline=None)
-@given(low=_keyword_text)
-def test_the_line_filter_picks_every_line_holding_a_keyword_or_an_escape(low: bytes) -> None:
-    ranges = redact._keyword_lines(low, R._line_filter.search)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=_outputs)
+def test_the_line_filter_picks_every_line_a_rule_can_match_in(data: bytes) -> None:
+    ranges = redact_search.keyword_lines(data.lower(), R._line_filter)
     if ranges is None:
         return  # most lines: the whole text is searched
     picked = set()
     for a, b in ranges:
         picked.update(range(a, b))
+    pem = [k for r in R.rules if r.kind == "pem" for k in r.keywords]
     pos = 0
-    for line in re.findall(rb"[^\r\n]*[\r\n]|[^\r\n]+\Z", low):
-        if any(k in line for k in R._keywords) or b"\x1b" in line:
+    for line in re.findall(rb"[^\r\n]*[\r\n]|[^\r\n]+\Z", data):
+        matched = any(r.regex is not None and r.regex.search(line) for r in R.rules)
+        if matched or b"\x1b" in line or any(k in line.lower() for k in pem):
             assert set(range(pos, pos + len(line))) <= picked, line
         pos += len(line)
-    assert pos == len(low)
+    assert pos == len(data)
+
+
+def test_a_metrics_row_with_tokens_is_not_a_candidate_but_an_assignment_is() -> None:
+    rows = b"step 1 | tokens/s 4512 | key_dim 64 | passed\n" * 3
+    assert redact_search.keyword_lines(rows.lower(), R._line_filter) == []
+    found = redact_search.keyword_lines((rows + b"hub_token: abc\n" + rows).lower(), R._line_filter)
+    assert found == [(len(rows), len(rows) + len(b"hub_token: abc\n"))]
+
+
+def test_an_anchor_splits_into_its_fixed_start_and_the_rest_only_when_that_keeps_its_meaning() -> None:
+    split = redact_search._literal_and_rest
+    assert split(rb"token[=:]") == (b"token", rb"[=:]")
+    assert split(rb"keys?=") == (b"key", rb"s?=")  # the quantified byte is not fixed
+    assert split(rb"a\.b\-c=") == (b"a.b-c=", b"")
+    assert split(rb"tok(?:en)*=") == (b"tok", rb"(?:en)*=")
+    assert split(rb"ab|cd") is None  # an alternative without the fixed start
+    assert split(rb"a[|]b") == (b"a", rb"[|]b")  # a | inside a class is a byte
+    assert split(rb"a(x|y)b") == (b"a", rb"(x|y)b")
+    assert split(rb"(a)b\1") is None  # a back reference would point elsewhere once embedded
+    assert split(rb"\d+x") is None and split(rb"[ab]c") is None and split(rb"(?i)key") is None
+    entries = redact_search._anchor_entries(re.compile(rb"(?:password|passwd)[=:]"))
+    assert entries == [(b"password", rb"[=:]"), (b"passwd", rb"[=:]")]
+
+
+def test_a_rule_whose_anchor_has_no_fixed_start_is_found_by_its_keywords() -> None:
+    rules = [((b"token",), re.compile(rb"[a-z]+token=")), ((b"xox",), None)]
+    search = redact_search.line_filter(rules, extra=())
+    assert redact_search.keyword_lines(b"tokens/s 5\nnothing\nxox\n", search) == [(0, 11), (19, 23)]

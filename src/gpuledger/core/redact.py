@@ -25,10 +25,19 @@ import functools
 import importlib.resources
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpuledger.core.redact_search import EOL as _EOL
+from gpuledger.core.redact_search import (
+    anchor_parts,
+    keyword_lines,
+    line_filter,
+    present_keywords,
+    search_windows,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -43,11 +52,9 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 # CSI (colours, cursor moves), OSC (titles, links; ended by BEL or ST) and two-byte escapes.
 # No alternative can contain \r or \n, so stripping them keeps lines intact.
 _ANSI = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\r\n]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-_EOL = re.compile(rb"[\r\n]")
 _BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 _PEM_HEADER = re.compile(rb"[ \t]*[A-Za-z][A-Za-z-]*:[ \t]")  # Proc-Type:, DEK-Info:, Comment:
 _PEM_MIN_TRAILING_RUN = 16  # a log prefix, then at least this much base64: still key material
-_DENSE_LINES = 256  # past this many hits, a hit on most lines means: search the whole buffer at once
 
 _Span = tuple[int, int, int, bytes]  # (start, rule order, end, replacement) of one find
 _Cut = tuple[int, int, bytes]  # (start, end, replacement): one redaction, after merging
@@ -107,11 +114,11 @@ class Redactor:
             raise RedactionRuleError("at most one rule of kind 'pem' is supported")
         self.rules: tuple[Rule, ...] = tuple(rules)
         self._regex_rules = [(order, r) for order, r in enumerate(rules) if r.kind == "regex"]
-        self._anchors = {r.name: _anchor_parts(r.anchor) for r in rules if r.anchor is not None}
+        self._anchors = {r.name: anchor_parts(r.anchor) for r in rules if r.anchor is not None}
         self._pem = (rules.index(pem[0]), pem[0]) if pem else None
-        # One search for "any rule's keyword", built once from the rules: most lines have none.
+        # Built once from the rules: where they can match at all (core/redact_search.py).
         self._keywords = frozenset(k for r in rules for k in r.keywords)
-        self._line_filter = _keyword_line_pattern(self._keywords | {b"\x1b"})
+        self._line_filter = line_filter([(r.keywords, r.anchor) for r in rules], extra=(b"\x1b",))
         self._argv_rule = argv_rule
         self._argv_flag = re.compile(argv_flag) if argv_flag else None
         self._mapping_rule = mapping_rule
@@ -237,7 +244,7 @@ class Redactor:
         low = data.lower()
         if state.pem_lines_left:
             return self._cuts(data, state, low=low) or []
-        ranges = _keyword_lines(low, self._line_filter.search)
+        ranges = keyword_lines(low, self._line_filter)
         if ranges is None or ranges == [(0, len(data))]:
             return self._cuts(data, state, low=low) or []
         if not ranges:
@@ -288,13 +295,13 @@ class Redactor:
     def _spans(self, clean: bytes, low: bytes, state: _State, *, prefilter: bool = True) -> list[_Span]:
         """Every rule's finds in ``clean`` (escape-free; ``low`` is it lower-cased), unmerged."""
         spans: list[_Span] = []  # (start, rule order, end, replacement)
-        present = _present_keywords(self._keywords, low) if prefilter else frozenset()
+        present = present_keywords(self._keywords, low) if prefilter else frozenset()
         for order, rule in self._regex_rules:
             if prefilter:
                 found = [k for k in rule.keywords if k in present]
                 if not found:
                     continue
-                windows = _search_windows(low, self._anchors.get(rule.name, ()), found)
+                windows = search_windows(low, self._anchors.get(rule.name, ()), found)
             else:
                 windows = [(0, len(clean))]
             assert rule.regex is not None
@@ -308,149 +315,6 @@ class Redactor:
             if state.pem_lines_left or not prefilter or any(k in present for k in rule.keywords):
                 spans.extend((s, order, e, rule.replacement) for s, e in _pem_spans(rule, clean, state))
         return spans
-
-
-@functools.lru_cache(maxsize=256)
-def _keyword_pattern(keywords: frozenset[bytes]) -> re.Pattern[bytes]:
-    """A regex finding any of ``keywords`` (as a trie: each position is tried against one branch
-    per byte). Where several start at the same place it may find any of them."""
-    return re.compile(_trie(sorted(w for w in keywords if w)) or rb"(?!)")
-
-
-def _keyword_line_pattern(keywords: frozenset[bytes]) -> re.Pattern[bytes]:
-    """Any keyword and the rest of its line, so one search finds a line and where it ends. Only
-    the shortest keywords are searched: a keyword holding another is found through it."""
-    words = sorted(w for w in keywords if w and not any(o != w and o and o in w for o in keywords))
-    return re.compile(b"(?:" + _trie(words) + rb")[^\r\n]*[\r\n]?" if words else rb"(?!)")
-
-
-def _trie(words: Sequence[bytes]) -> bytes:
-    """Regex source for the alternation of ``words`` (distinct, non-empty)."""
-    if not words:
-        return b""
-    branches: dict[bytes, list[bytes]] = {}
-    for w in words:
-        branches.setdefault(w[:1], []).append(w[1:])
-    alts = []
-    for head, rest in sorted(branches.items()):
-        longer = [r for r in rest if r]
-        tail = _trie(longer)
-        if tail and len(longer) < len(rest):  # a word ends here and longer ones go on
-            tail = b"(?:" + tail + b")?"
-        alts.append(re.escape(head) + tail)
-    return alts[0] if len(alts) == 1 else b"(?:" + b"|".join(alts) + b")"
-
-
-def _present_keywords(keywords: frozenset[bytes], low: bytes) -> frozenset[bytes]:
-    """Which of ``keywords`` occur in ``low``, in about one pass: search for all of them at once,
-    drop every one that starts at the hit, and search on from there for the rest (nothing is
-    missed: no keyword still looked for starts before the hit)."""
-    left, found, pos = keywords, set(), 0
-    while left and (m := _keyword_pattern(left).search(low, pos)) is not None:
-        pos = m.start()
-        here = {k for k in left if low.startswith(k, pos)}
-        found |= here
-        left = left - here
-    return frozenset(found)
-
-
-def _keyword_lines(low: bytes, search: Callable[[bytes, int], re.Match[bytes] | None]) -> list[tuple[int, int]] | None:
-    """The lines (start, end incl. terminator; adjacent ones merged) where ``search`` finds a
-    keyword (its match runs to the line's end); None when that is most lines, where searching
-    them all at once is cheaper.
-
-    The search resumes after each line it found, and the backward search for that line's start
-    stops where it began, so every byte is looked at a bounded number of times.
-    """
-    ranges: list[tuple[int, int]] = []
-    pos, covered, hits = 0, 0, 0
-    while (m := search(low, pos)) is not None:
-        i, end = m.span()
-        start = max(low.rfind(b"\n", pos, i), low.rfind(b"\r", pos, i), pos - 1) + 1
-        if ranges and ranges[-1][1] == start:
-            ranges[-1] = (ranges[-1][0], end)
-        else:
-            ranges.append((start, end))
-        covered += end - start
-        hits += 1
-        pos = end
-        if hits >= _DENSE_LINES and covered * 2 > pos:
-            return None
-    return ranges
-
-
-def _search_windows(
-    low: bytes, anchors: Sequence[re.Pattern[bytes]], keywords: Sequence[bytes]
-) -> list[tuple[int, int]]:
-    """The parts of the buffer a rule must search: the lines holding its anchor (``anchors``: its
-    parts, see ``_anchor_parts``), or else one of its keywords, adjacent lines merged; the whole
-    buffer when they are on most lines anyway."""
-    if anchors:
-        finders: list[Callable[[int], int]] = [functools.partial(_found_at, a.search, low) for a in anchors]
-    else:
-        finders = [functools.partial(low.find, kw) for kw in keywords]
-    found: list[tuple[int, int]] = []
-    for find in finders:
-        lines = _lines_where(low, find)
-        if lines is None:
-            return [(0, len(low))]
-        found += lines
-    found.sort()
-    merged: list[tuple[int, int]] = []
-    for start, stop in found:
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
-        else:
-            merged.append((start, stop))
-    return merged
-
-
-def _found_at(search: Callable[[bytes, int], re.Match[bytes] | None], low: bytes, pos: int) -> int:
-    m = search(low, pos)
-    return m.start() if m else -1
-
-
-# An anchor that starts with a group of plain words: (?:token|secret|key)...
-_LEADING_WORDS = re.compile(rb"\(\?:((?:[A-Za-z0-9_]|\\[^A-Za-z0-9])+(?:\|(?:[A-Za-z0-9_]|\\[^A-Za-z0-9])+)*)\)")
-_WORD = re.compile(rb"(?:[A-Za-z0-9_]|\\[^A-Za-z0-9])+")
-
-
-def _anchor_parts(anchor: re.Pattern[bytes]) -> tuple[re.Pattern[bytes], ...]:
-    """The anchor as patterns that each start with a plain word, when it starts with a choice of
-    plain words: ``(?:a|b)X`` finds what ``aX`` and ``bX`` together find, and Python's regex engine
-    skips ahead to a fixed first word many times faster than it tries a choice at every byte.
-    Any other anchor is kept whole."""
-    m = _LEADING_WORDS.match(anchor.pattern)
-    if m is None:
-        return (anchor,)
-    words = _WORD.findall(m.group(1))
-    if len({w[:1] for w in words}) == 1:  # (?:password|passwd): the engine skips to "pass" already
-        return (anchor,)
-    rest = anchor.pattern[m.end() :]
-    try:
-        return tuple(re.compile(word + rest, anchor.flags) for word in words)
-    except re.error:
-        return (anchor,)
-
-
-def _lines_where(low: bytes, find: Callable[[int], int]) -> list[tuple[int, int]] | None:
-    """The lines (start, end incl. terminator) where ``find(pos)`` finds something; None when that
-    is most lines, as searching the whole buffer at once is then cheaper than line by line.
-
-    Each search resumes after the line it found, and the backward search for a line start stops
-    there, so every byte is looked at a bounded number of times, however long the line.
-    """
-    lines: list[tuple[int, int]] = []
-    size, pos, covered = len(low), 0, 0
-    while (i := find(pos)) >= 0:
-        start = max(low.rfind(b"\n", pos, i), low.rfind(b"\r", pos, i), pos - 1) + 1
-        eol = _EOL.search(low, i)
-        pos = eol.end() if eol else size
-        lines.append((start, pos))
-        covered += pos - start
-        if len(lines) >= _DENSE_LINES and covered * 2 > pos:
-            return None
-    return lines
 
 
 def _merge(spans: list[_Span]) -> list[_Cut]:
