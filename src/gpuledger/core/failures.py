@@ -16,8 +16,6 @@ Epochs are 1-based, the epoch being trained when the failure was printed (None b
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import re
 import signal as signals
 from collections.abc import Sequence
@@ -45,27 +43,32 @@ _SHELL_KILLED = re.compile(r"(?:^|:\s|\s\d+\s+)Killed(?:\s|$)")
 # Words every match of the patterns above holds: a line with none of them is not searched (on long
 # lines the patterns cost far more than finding these words in the whole log, and most lines of
 # training output hold none). _NAN and _DATASET ignore case: their words are found lower-cased.
-_WORDS = ("out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED", "DataLoader worker", "Killed")
-_WORDS_ANY_CASE = ("nan", "non-finite", "dataset")
-# IGNORECASE also matches these with i or s, and lower() does not map them so (or makes the text
-# longer): a log holding one has every line searched.
+_WORDS = (b"out of memory", b"OutOfMemoryError", b"CUBLAS_STATUS_ALLOC_FAILED", b"DataLoader worker", b"Killed")
+_WORDS_ANY_CASE = (b"nan", b"non-finite", b"dataset")
+# IGNORECASE also matches these with i or s, which lower-casing does not give: a log holding one
+# has every line searched.
 _CASE_SPECIALS = ("\u0130", "\u0131", "\u017f")
 
 
 def _lines_to_search(lines: list[str]) -> Sequence[int]:
-    """The indices, in order, of the lines that may match one of the failure patterns."""
+    """The indices, in order, of the lines that may match one of the failure patterns. The words
+    are looked for in the log's UTF-8 bytes (ASCII words, so lower-casing the bytes is what
+    IGNORECASE does with them), and a hit's line is the number of line ends before it."""
     joined = "\n".join(lines)
     if any(c in joined for c in _CASE_SPECIALS):
         return range(len(lines))
-    starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+    text = joined.encode("utf-8", "surrogatepass")
     found: set[int] = set()
-    for text, words in ((joined, _WORDS), (joined.lower(), _WORDS_ANY_CASE)):
+    for haystack, words in ((text, _WORDS), (text.lower(), _WORDS_ANY_CASE)):
         for word in words:
-            at = text.find(word)
+            line = counted = 0
+            at = haystack.find(word)
             while at >= 0:
-                i = bisect.bisect_right(starts, at) - 1
-                found.add(i)
-                at = text.find(word, starts[i + 1])  # on from the next line
+                line += haystack.count(b"\n", counted, at)
+                counted = at
+                found.add(line)
+                end = haystack.find(b"\n", at)
+                at = haystack.find(word, end + 1) if end >= 0 else -1  # on from the next line
     return sorted(found)
 
 
