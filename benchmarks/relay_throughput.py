@@ -1,0 +1,325 @@
+"""Throughput of the output relay with redaction, beside `cat` and `tee`, and what a chatty command
+costs under `gpuledger run` (issue 11).
+
+    python benchmarks/relay_throughput.py [--mb 50] [--rounds 3] [--output mix|keywords|assignments] [--skip-run]
+
+The output (generated once, seeded; `--mb` of it) is what a chatty training prints. By bytes:
+59 % Ultralytics epochs (a progress row redrawn with \\r some 300 times, coloured headers, the
+validation rows), 14 % LLM-style step lines (`step N | loss ... | tokens/s ...`), 9 % HF-style
+tqdm bars with a postfix, 17 % long lines (config dumps of 30-150 KB whose keys hold `key` and
+`token`, tensor dumps of 40-160 KB), 2 % log lines (paths, URLs, `----` rules, colour codes), and
+a few secrets (HF tokens, database URLs with a password, Authorization headers, W&B keys, a token
+cut by a colour code). `--output keywords` puts rule keywords that are no secret on every line
+(`tokens/s`, `key_dim`, `--`, `passed`); `--output assignments` is logfmt whose fields look like
+secret assignments on every line (`request_key=... token_count=...`): every line then goes through
+the rules' own regexes, the worst case.
+
+Readers, each fed the same bytes by `cat FILE` through a pipe, then through a raw pty:
+  cat    `cat > /dev/null`
+  tee    `tee COPY > /dev/null`: a plain copy to a file, what the relay does without redaction
+  relay  gpuledger's output relay (recorder/relay.pump, the loop of the forked relay process):
+         the bytes to /dev/null unchanged, the redacted copy appended to a log file
+Each figure is MB of output per second of the reader's own CPU time (wait4 for cat and tee, the
+pump's process time for the relay), the median of --rounds rounds with the readers alternated. On
+a shared machine CPU time, not wall time, says what the reader costs.
+
+Then the whole process: `python -c <print the file in 8 KiB writes>` bare and under `gpuledger run
+-q --db sqlite:///...` with stdout on /dev/null (pipes) and on a pty; wall and CPU time (wait4 of
+the top process, which includes gpuledger's relay and everything it reaped), medians, and what is
+kept on disk per run (the ledger's growth and the logs folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pty
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tty
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import gpuledger_executable, machine_line, source_state, version
+
+BLOCKS = "\u2588\u258f\u258e\u258d\u258c\u258b\u258a\u2589"
+
+RELAY = (
+    "import json, os, sys, time\n"
+    "from gpuledger.core.redact import Redactor\n"
+    "from gpuledger.recorder.relay import pump\n"
+    "redactor = Redactor.default()\n"
+    "log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)\n"
+    "t0 = time.process_time()\n"
+    "pump({0: 1}, log, redactor.stream)\n"
+    "print(json.dumps({'cpu': time.process_time() - t0}), file=sys.stderr)\n"
+)
+PRINTER = "import sys\nf = open(sys.argv[1], 'rb')\nw = sys.stdout.buffer.write\nwhile b := f.read(8192):\n    w(b)\n"
+
+
+def _bar(frac: float, width: int = 10) -> bytes:
+    full = int(frac * width)
+    rest = int((frac * width - full) * 8)
+    s = BLOCKS[0] * full + (BLOCKS[8 - rest] if rest and full < width else "")
+    return s.ljust(width).encode()
+
+
+# fmt: off
+def realistic_output(size: int, seed: int = 1) -> bytes:
+    """Training-like output of ``size`` bytes (see the module docstring for what it holds)."""
+    rng = random.Random(seed)
+    parts: list[bytes] = []
+    total = 0
+    step = epoch = 0
+
+    def emit(b: bytes) -> None:
+        nonlocal total
+        parts.append(b)
+        total += len(b)
+
+    while total < size:
+        kind = rng.random()
+        if kind < 0.45:  # an Ultralytics epoch: one progress row redrawn ~300 times
+            epoch += 1
+            emit(b"\n\x1b[1m      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\x1b[0m\n")
+            n = 300
+            for i in range(n + 1):
+                emit(
+                    b"\r%11s %10s %10.4g %10.4g %10.4g %10d %10d: %3d%%|%s| %d/%d [00:%02d<00:%02d, %5.2fit/s]"
+                    % (b"%d/300" % epoch, b"%.3gG" % (3 + rng.random()), 1 + rng.random(), 2 * rng.random(),
+                       1 + rng.random(), rng.randint(20, 250), 640, 100 * i // n, _bar(i / n), i, n, i % 60,
+                       (n - i) % 60, 8 + 4 * rng.random())
+                )
+            emit(b"\n                 Class     Images  Instances      Box(P          R      mAP50  mAP50-95): 100%|"
+                 + _bar(1.0) + b"| 16/16 [00:02<00:00,  7.10it/s]\n")
+            emit(b"                   all        128        929      %.3g      %.3g      %.3g      %.3g\n"
+                 % tuple(rng.random() for _ in range(4)))
+        elif kind < 0.65:  # an LLM trainer: one line per step
+            for _ in range(200):
+                step += 1
+                emit(b"step %6d | loss %.4f | lr %.2e | tokens/s %6d | grad_norm %.3f | mfu %.1f%% | time %.1fms\n"
+                     % (step, 2 + rng.random(), 3e-4 * rng.random(), rng.randint(30000, 60000), rng.random(),
+                        30 + 20 * rng.random(), 80 + 40 * rng.random()))
+        elif kind < 0.80:  # HF-style tqdm with a postfix
+            n = 200
+            for i in range(n + 1):
+                emit(b"\r %3d%%|%s| %d/%d [01:%02d<02:%02d,  %.2fit/s, loss=%.3f, lr=%.1e]"
+                     % (100 * i // n, _bar(i / n), i, n, i % 60, (n - i) % 60, 5 + rng.random(),
+                        2 * rng.random(), 3e-5 * rng.random()))
+            emit(b"\n")
+        elif kind < 0.93:  # log lines: paths, URLs, rules, colours
+            for _ in range(40):
+                emit(rng.choice([
+                    b"[2026-11-30 12:%02d:%02d,%03d][trainer][INFO] - Saving model checkpoint to "
+                    b"/scratch/runs/exp12/checkpoint-%d\n" % (rng.randint(0, 59), rng.randint(0, 59),
+                                                            rng.randint(0, 999), step),
+                    b"Downloading https://github.com/ultralytics/assets/releases/download/v8.2.0/yolov8n.pt to "
+                    b"'yolov8n.pt'...\n",
+                    b"\x1b[34m\x1b[1mtrain: \x1b[0mScanning /data/coco/labels/train2017.cache... 117266 images, "
+                    b"1021 backgrounds, 0 corrupt: 100%|" + _bar(1.0) + b"| 118287/118287 [00:00<?, ?it/s]\n",
+                    b"-" * 100 + b"\n",
+                    b"WARNING: the tokenizer has a pad_token but no eos_token; using pad_token_id=0 for open-end "
+                    b"generation. Passing --max-new-tokens is recommended.\n",
+                    b"\x1b[33mwarning\x1b[0m: key 'model.layers.%d.mlp.gate_proj.weight' was not found in the "
+                    b"checkpoint; initialising it randomly\n" % rng.randint(0, 31),
+                    b"  %-40s %12d  %s\n" % (b"model.%d.conv.weight" % rng.randint(0, 99), rng.randint(1, 10**6),
+                                             b"[64, 3, 3, 3]"),
+                ]))
+        elif kind < 0.985:  # a long line: a config or a tensor dumped on one line
+            if rng.random() < 0.5:
+                items = b", ".join(b'"layer_%d_%s": %.6f' % (i, rng.choice([b"scale", b"key_dim", b"token_mix"]),
+                                                             rng.random()) for i in range(rng.randint(500, 3000)))
+                emit(b"config: {" + items + b"}\n")
+            else:
+                values = b", ".join(b"%.4f" % (rng.random() - 0.5) for _ in range(rng.randint(5000, 20000)))
+                emit(b"tensor([" + values + b"])\n")
+        else:  # secrets, each on its own line
+            emit(rng.choice([
+                b"export HF_TOKEN=hf_" + bytes(rng.choice(b"ABCDEFGHabcdefgh0123456789") for _ in range(34)) + b"\n",
+                b"connecting to postgresql://ml:s3cr3t-%d@db.internal:5432/runs\n" % rng.randint(0, 999),
+                b"curl -H 'Authorization: Bearer tok%08d' https://api.example.com/v1/jobs\n" % rng.randint(0, 10**8),
+                b"wandb: WANDB_API_KEY=%040x\n" % rng.getrandbits(160),
+                b"$ python train.py --epochs 100 --api-key %032x --batch 64\n" % rng.getrandbits(128),
+                b"\x1b[31mHF_TOKEN=hf_AbCdEfGh\x1b[0mIjKlMnOpQrStUvWxYz012345\n",
+            ]))
+    return b"".join(parts)[:size]
+
+
+# fmt: on
+
+
+def keyword_output(size: int, seed: int = 2) -> bytes:
+    """Every line holds rule keywords that are no secret: tokens/s, key_dim, a -- rule, passed."""
+    rng = random.Random(seed)
+    line = b"\rstep %6d | tokens/s %6d | key_dim 64 | checks passed -- loss %.4f | %s"
+    out = b"".join(line % (i, rng.randint(1000, 9999), rng.random(), _bar(rng.random())) for i in range(size // 70))
+    return (out + b"\nexport HF_TOKEN=hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567\n")[:size]
+
+
+def assignment_output(size: int, seed: int = 3) -> bytes:
+    """logfmt lines whose fields look like secret assignments (request_key=, token_count=): every
+    line must go through the rules' own regexes. The worst case."""
+    rng = random.Random(seed)
+    line = b'ts=2026-11-30T12:00:%02d level=info request_key=%08x token_count=%d msg="batch done"\n'
+    return b"".join(line % (i % 60, rng.getrandbits(32), rng.randint(1, 999)) for i in range(size // 80))[:size]
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> float:
+    _, _, ru = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return ru.ru_utime + ru.ru_stime
+
+
+def _feed(path: str, on_pty: bool) -> tuple[int, int]:
+    """(fd for the reader, fd for the writer): a pipe, or a raw pty (bytes passed as written)."""
+    if on_pty:
+        master, slave = pty.openpty()
+        tty.setraw(slave)
+        return master, slave
+    r, w = os.pipe()
+    return r, w
+
+
+def measure(reader: str, path: str, size: int, on_pty: bool, tmp: str) -> float:
+    """MB/s of one reader on the file's bytes: MB per second of the reader's CPU time."""
+    read_fd, write_fd = _feed(path, on_pty)
+    copy = os.path.join(tmp, f"copy-{reader}.out")
+    if os.path.exists(copy):
+        os.unlink(copy)
+    devnull = subprocess.DEVNULL
+    if reader == "cat":
+        proc = subprocess.Popen(["cat"], stdin=read_fd, stdout=devnull, stderr=devnull)
+    elif reader == "tee":
+        proc = subprocess.Popen(["tee", copy], stdin=read_fd, stdout=devnull, stderr=devnull)
+    else:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", RELAY, copy], stdin=read_fd, stdout=devnull, stderr=subprocess.PIPE
+        )
+    writer = subprocess.Popen(["cat", path], stdout=write_fd)
+    os.close(read_fd)
+    os.close(write_fd)
+    _wait(writer)
+    if reader == "relay":
+        err = proc.communicate()[1].decode()
+        cpu = float(err.strip().splitlines()[-1].split(":")[1].strip(" }"))
+    else:
+        cpu = _wait(proc)
+    if reader != "cat" and os.path.getsize(copy) < size * 0.9:
+        raise SystemExit(f"{reader} wrote {os.path.getsize(copy)} of {size} bytes")
+    return size / 1e6 / cpu
+
+
+def whole_run(argv: list[str], env: dict[str, str], on_pty: bool) -> tuple[float, float]:
+    """(wall s, CPU s of the process and everything it reaped)."""
+    if on_pty:
+        master, slave = pty.openpty()
+        tty.setraw(slave)
+        drained = threading.Thread(target=_drain, args=(master,), daemon=True)
+        drained.start()
+        out = slave
+    else:
+        out = subprocess.DEVNULL
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    cpu = _wait(proc)
+    wall = time.monotonic() - t0
+    if on_pty:
+        os.close(slave)
+        drained.join(30)
+    return wall, cpu
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 1 << 16):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _size(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=float, default=50.0, help="MB of output (default 50)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of each measurement (default 3)")
+    ap.add_argument("--output", choices=["mix", "keywords", "assignments"], default="mix", help="what is printed")
+    ap.add_argument("--skip-run", action="store_true", help="only the readers, not gpuledger run")
+    args = ap.parse_args()
+    size = int(args.mb * 1e6)
+    exe = gpuledger_executable()
+    print(f"# {machine_line()}; gpuledger {version('gpuledger')} ({exe})\n# {source_state()}")
+    with tempfile.TemporaryDirectory(prefix="gpl-relay-") as tmp:
+        path = os.path.join(tmp, "output.bin")
+        make = {"mix": realistic_output, "keywords": keyword_output, "assignments": assignment_output}[args.output]
+        data = make(size)
+        with open(path, "wb") as fh:
+            fh.write(data)
+        del data
+        print(f"# output: {size / 1e6:.0f} MB, {args.output}\n")
+
+        readers = ("cat", "tee", "relay")
+        got: dict[tuple[str, bool], list[float]] = {}
+        for r in range(args.rounds):
+            for on_pty in (False, True):
+                order = readers if r % 2 == 0 else readers[::-1]
+                for reader in order:
+                    got.setdefault((reader, on_pty), []).append(measure(reader, path, size, on_pty, tmp))
+        print("| reader | pipe, MB/s | pty, MB/s |\n|---|---:|---:|")
+        med = {k: statistics.median(v) for k, v in got.items()}
+        names = {"cat": "`cat`", "tee": "`tee FILE`", "relay": "gpuledger relay with redaction"}
+        for reader in readers:
+            print(f"| {names[reader]} | {med[(reader, False)]:,.0f} | {med[(reader, True)]:,.0f} |")
+        print(
+            f"| relay / cat | {med[('relay', False)] / med[('cat', False)]:.2f} | "
+            f"{med[('relay', True)] / med[('cat', True)]:.2f} |"
+        )
+        spread = {k: (min(v), max(v)) for k, v in got.items() if k[0] == "relay"}
+        print(
+            f"\nrelay spread over rounds: pipe {spread[('relay', False)][0]:.0f}-{spread[('relay', False)][1]:.0f}, "
+            f"pty {spread[('relay', True)][0]:.0f}-{spread[('relay', True)][1]:.0f} MB/s"
+        )
+        if args.skip_run:
+            return
+
+        home = os.path.join(tmp, "home")
+        db = os.path.join(tmp, "ledger.db")
+        env = {**os.environ, "GPULEDGER_HOME": home}
+        bare = [sys.executable, "-c", PRINTER, path]
+        wrapped = [exe, "run", "-q", "--db", f"sqlite:///{db}", "--", *bare]
+        print("\n| whole process | bare wall | bare CPU | `gpuledger run` wall | `gpuledger run` CPU | CPU added |")
+        print("|---|---:|---:|---:|---:|---:|")
+        runs = 0
+        for on_pty in (False, True):
+            b_runs, w_runs = [], []
+            for r in range(args.rounds):
+                first, second = (bare, wrapped) if r % 2 == 0 else (wrapped, bare)
+                for argv in (first, second):
+                    (b_runs if argv is bare else w_runs).append(whole_run(argv, env, on_pty))
+            runs += args.rounds
+            bw, bc = (statistics.median(x) for x in zip(*b_runs, strict=True))
+            ww, wc = (statistics.median(x) for x in zip(*w_runs, strict=True))
+            print(
+                f"| {'pty' if on_pty else 'pipes (stdout on /dev/null)'} | {bw:.2f} s | {bc:.2f} s | {ww:.2f} s | "
+                f"{wc:.2f} s | +{wc - bc:.2f} s |"
+            )
+        ledger_b = _size(db) + _size(db + "-wal")
+        print(
+            f"\nkept on disk: ledger {ledger_b / 1e6:.1f} MB for {runs} runs ({ledger_b / runs / 1e6:.1f} MB a run; "
+            f"the log cap is 64 MiB), logs folder {_size(os.path.join(home, 'logs')) / 1e6:.1f} MB"
+        )
+
+
+if __name__ == "__main__":
+    main()
