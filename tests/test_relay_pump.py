@@ -4,6 +4,7 @@ between two writes with a pause between them is still redacted), and soon after 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import random
@@ -212,3 +213,37 @@ def test_any_single_write_size_gets_through(tmp_path: Path, size: int) -> None:
     collect.join(30)
     assert b"".join(got) == data
     assert (tmp_path / "run.log").read_bytes() == data
+
+
+def test_descriptors_numbered_past_1024_are_relayed(tmp_path: Path) -> None:
+    """The relay inherits the numbering of the process that started the run (a server, a long
+    session with many files open): select() cannot watch a descriptor >= 1024, poll can."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2100:  # raise our own limit if the machine allows it; the environment decides, not the code
+        if hard != resource.RLIM_INFINITY and hard < 2100:
+            pytest.skip(f"this machine allows {hard} open files, the test needs descriptors past 2048")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2100, hard))
+    data = _output(200_000, seed=9)
+    src_r, src_w = os.pipe()
+    term_r, term_w = os.pipe()
+    high_src, high_term = 2040, 2041
+    os.dup2(src_r, high_src)
+    os.dup2(term_w, high_term)
+    os.close(src_r)
+    os.close(term_w)
+    try:
+        collect, got = _collector(term_r)
+        writer = _writer(src_w, data, 4, SPLIT)
+        _run_pump({high_src: high_term}, tmp_path / "run.log")
+        writer.join(10)
+    finally:
+        for fd in (high_src, high_term):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if soft < 2100:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    collect.join(10)
+    assert b"".join(got) == data + SPLIT
+    assert b"s3cr3t-value" not in (tmp_path / "run.log").read_bytes()

@@ -44,7 +44,9 @@ def _write_all(fd: int, data: bytes) -> None:
         except InterruptedError:
             continue
         except BlockingIOError:  # a terminal someone set non-blocking: wait until it takes more
-            select.select([], [fd], [])
+            waiter = select.poll()
+            waiter.register(fd, select.POLLOUT)
+            waiter.poll()
             continue
         view = view[n:]
 
@@ -166,10 +168,16 @@ def pump(sources: dict[int, int], log_fd: int, new_stream: Callable[[], Stream])
     log = _LogCopy(log_fd, {fd: new_stream() for fd in live})
     reader = _Reader()
     dest_ok = dict.fromkeys(set(live.values()), True)
+    # poll, not select: select cannot watch a descriptor numbered 1024 or more, and the relay
+    # inherits the numbering of whatever process started the run (a server, a test session).
+    poller = select.poll()
+    for fd in live:
+        poller.register(fd, select.POLLIN | select.POLLPRI)  # hang-ups and errors always wake it
     try:
         while live:
+            timeout = log.timeout()
             try:
-                ready, _, _ = select.select(list(live), [], [], log.timeout())
+                ready = [fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)]
             except InterruptedError:
                 continue
             if not ready:  # CMD paused: bring the file up to date
@@ -179,6 +187,7 @@ def pump(sources: dict[int, int], log_fd: int, new_stream: Callable[[], Stream])
                 data, ended = reader.drain(src)
                 if ended:
                     live.pop(src)
+                    poller.unregister(src)
                 if not data:
                     continue
                 dest = sources[src]
