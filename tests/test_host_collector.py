@@ -687,3 +687,24 @@ def test_any_cadence_gives_each_interval_the_host_figures_of_its_own_span(
     for iv in intervals:  # host CPU % weighted by the span each reading covers, not by its tick
         assert_host_wide_over(iv, iv.t0, iv.t1, system)
     collector.close()
+
+
+def test_a_collector_dropped_without_close_gives_its_descriptors_back() -> None:
+    """track() inside a notebook, or a caller that forgets close(): the /proc files a collector
+    keeps open are closed when it is collected, even from a reference cycle, not at process exit."""
+    import gc
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    gc.collect()
+    before = open_fds()
+    for _ in range(20):
+        collector = ProcessTreeCollector(os.getpid(), include_root=True)
+        collector.read()
+        collector.read()
+        collector.cycle = collector  # type: ignore[attr-defined]  # only the cycle collector frees it
+        assert open_fds() > before
+        del collector
+    gc.collect()
+    assert open_fds() == before

@@ -20,8 +20,10 @@ PsutilReader (portable; ``backend="psutil"``, or "auto" where /proc cannot be re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -105,6 +107,13 @@ def _all_processes(wanted: Callable[[int], bool]) -> Scan:
     return out
 
 
+def _close_fds(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+
+
 class OpenFiles:
     """/proc files kept open and re-read with pread at offset 0, which makes the kernel render them
     afresh: half the CPU of open+read+close in the real loop (measured). A kept /proc/<pid>/ file
@@ -115,6 +124,9 @@ class OpenFiles:
         # Never crowd the metered process's own descriptors (track() runs inside the training).
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._limit = 128 if soft == resource.RLIM_INFINITY else min(128, soft // 8)
+        # A collector dropped without close() (a notebook's track(), a caller's mistake) must not
+        # leave its descriptors open for the life of the training process.
+        weakref.finalize(self, _close_fds, self._fds)
 
     def read(self, path: str) -> bytes:
         fd = self._fds.get(path)
