@@ -42,9 +42,9 @@ import psycopg
 import sqlalchemy as sa
 from _common import machine_line, source_state, version
 
-from gpuledger.core.audit_chain import canonical_json, check_chain, row_hash
+from gpuledger.core.audit.chain import canonical_json, check_chain, row_hash
+from gpuledger.core.audit.signing import Keyring, SigningKey
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.core.signing import Keyring, SigningKey
 from gpuledger.store import Ledger, accounts, audit, audit_seals, audit_sign, codec, schema
 
 PG = os.environ.get("GPULEDGER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -201,7 +201,7 @@ def main() -> None:
             agents = _accounts(led)
             runs = _data(led, args.runs)
             led.write(lambda c: c.exec_driver_sql("ANALYZE"))  # what autovacuum does to a real database
-            from gpuledger.reports.cost_rollups import materialise_rollups
+            from gpuledger.reports.cost.rollups import materialise_rollups
 
             materialise_rollups(led)
             _seals(led, runs)

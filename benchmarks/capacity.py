@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chargeback import NODES, RATES, TABLES, YEAR0, YEAR1, _flush, _pg_schema, _pg_writer, _sqlite_writer, generate
 
-from gpuledger.core.capacity import DAY_MS, CapacityInterval, Sighting, States
-from gpuledger.core.capacity_pools import parse_pools
-from gpuledger.core.ratecard_load import parse_rate_card
-from gpuledger.reports.capacity import capacity
-from gpuledger.reports.costing import month_window, window_from_args
+from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, Sighting, States
+from gpuledger.core.capacity.pools import parse_pools
+from gpuledger.core.pricing.ratecard_load import parse_rate_card
+from gpuledger.reports.capacity.report import capacity
+from gpuledger.reports.cost.costing import month_window, window_from_args
 from gpuledger.store import Ledger
 from gpuledger.store.capacity import write_capacity
 

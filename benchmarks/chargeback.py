@@ -34,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpuledger.core.ratecard_load import parse_rate_card
-from gpuledger.reports.costing import chargeback, month_window, window_from_args
+from gpuledger.core.pricing.ratecard_load import parse_rate_card
+from gpuledger.reports.cost.costing import chargeback, month_window, window_from_args
 from gpuledger.store import Ledger
 
 YEAR0, YEAR1 = 1767225600.0, 1798761600.0  # 2026-01-01 .. 2027-01-01 UTC

@@ -347,7 +347,7 @@ def main() -> None:
     print(source_state())
     print(f"gpuledger {version('gpuledger')}; mlflow-skinny {version('mlflow-skinny')}; PostgreSQL at {PG}")
     if not args.unsigned:  # the set-up here and the server process both sign the audit trail
-        from gpuledger.core.signing import SigningKey
+        from gpuledger.core.audit.signing import SigningKey
 
         key = SigningKey.generate()
         os.environ["GPULEDGER_AUDIT_KEY"] = key.text

@@ -51,7 +51,7 @@ BLOCKS = "\u2588\u258f\u258e\u258d\u258c\u258b\u258a\u2589"
 
 RELAY = (
     "import json, os, sys, time\n"
-    "from gpuledger.core.redact import Redactor\n"
+    "from gpuledger.core.redaction.redact import Redactor\n"
     "from gpuledger.recorder.relay import pump\n"
     "redactor = Redactor.default()\n"
     "log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)\n"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gpuledger.core.audit_chain import canonical_json, row_hash
-from gpuledger.core.signing import Keyring, SigningKey
+from gpuledger.core.audit.chain import canonical_json, row_hash
+from gpuledger.core.audit.signing import Keyring, SigningKey
 from gpuledger.store import Ledger, audit_sign
 
 

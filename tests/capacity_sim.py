@@ -18,7 +18,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
 
 from cost_support import card, ts
-from gpuledger.core.capacity import CapacityInterval, Sighting, States
+from gpuledger.core.capacity.model import CapacityInterval, Sighting, States
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
 from gpuledger.store import Ledger
 from gpuledger.store.capacity import write_capacity

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
-from gpuledger.core.cost import Usage
-from gpuledger.core.ratecard import RateCard
-from gpuledger.core.ratecard_load import parse_rate_card
+from gpuledger.core.pricing.cost import Usage
+from gpuledger.core.pricing.ratecard import RateCard
+from gpuledger.core.pricing.ratecard_load import parse_rate_card
 
 H = 3600.0
 

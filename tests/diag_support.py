@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpuledger.core.diagnose import Trace
+from gpuledger.core.diagnosis.diagnose import Trace
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
 
 GIB = 2**30

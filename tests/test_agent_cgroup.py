@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuledger.core.cgroup_path import read_cgroup
+from gpuledger.core.metering.cgroup_path import read_cgroup
 from gpuledger.node.cgroup_stats import CgroupCollector, interval_peak, io_bytes_v1, io_bytes_v2, locate
 
 CID = "d" * 64

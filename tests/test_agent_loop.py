@@ -325,12 +325,12 @@ class FollowedLog:
     """What the Docker adapter's ContainerLog.view() gives the agent (node/docker_logs.LogView)."""
 
     def __init__(self) -> None:
-        from gpuledger.core.logparse import ParsedLog
+        from gpuledger.core.training.logparse import ParsedLog
 
         self.parsed, self.times, self.error = ParsedLog(format="ultralytics"), {}, None
 
     def shows(self, epoch: int, t: float, **metrics: float) -> None:
-        from gpuledger.core.logparse import ParsedEpoch
+        from gpuledger.core.training.logparse import ParsedEpoch
 
         self.parsed.epochs.append(ParsedEpoch(epoch, dict(metrics)))
         self.times[epoch] = t

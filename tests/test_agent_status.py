@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from cost_support import H, card, ts
+from gpuledger.core.audit.run_rules import Span, is_final, judge_record
 from gpuledger.core.model import DISCOVERED, RUN_STATUSES, GpuIdentity, GpuInterval, RunRecord, run_is_open
-from gpuledger.core.run_rules import Span, is_final, judge_record
-from gpuledger.core.usage import partial_flag
-from gpuledger.reports.cost_rollups import materialise_rollups
-from gpuledger.reports.costing import chargeback, month_window, run_costs
+from gpuledger.core.pricing.usage import partial_flag
+from gpuledger.reports.cost.costing import chargeback, month_window, run_costs
+from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.store import Ledger
 from gpuledger.store import cost_queries as cq
 from gpuledger.store.metrics_queries import live_runs

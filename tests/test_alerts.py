@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 
 from diag_support import GIB, T0, device, gpu_intervals
-from gpuledger.core.alerts import AlertEngine, AlertRules, rules_from_config
+from gpuledger.core.diagnosis.alerts import AlertEngine, AlertRules, rules_from_config
 from gpuledger.core.model import GpuTick, HostTick, RunRecord
 from gpuledger.recorder.alerting import LiveAlerts, load_rules
 from gpuledger.recorder.webhook import WebhookSender

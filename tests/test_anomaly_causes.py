@@ -1,4 +1,4 @@
-"""core/anomaly_causes.py: each likely cause at its threshold, and the message they make."""
+"""core/chargeback/anomaly_causes.py: each likely cause at its threshold, and the message they make."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from cost_support import ts
-from gpuledger.core.anomaly_causes import (
+from gpuledger.core.chargeback.anomaly_causes import (
     CauseThresholds,
     causes_of,
     explain,
@@ -18,9 +18,9 @@ from gpuledger.core.anomaly_causes import (
     setting_changed,
     utilisation_fell,
 )
-from gpuledger.core.anomaly_rule import Anomaly
+from gpuledger.core.chargeback.anomaly_rule import Anomaly
+from gpuledger.core.chargeback.value_trends import WEEK_S, RunValue
 from gpuledger.core.money import MONEY_SCALE
-from gpuledger.core.value_trends import WEEK_S, RunValue
 
 W = ts("2026-03-02")
 TH = CauseThresholds()
@@ -172,7 +172,7 @@ def test_the_chargeback_doc_states_every_threshold_with_its_default() -> None:
     import dataclasses
     from pathlib import Path
 
-    from gpuledger.core.anomaly_rule import AnomalyRule
+    from gpuledger.core.chargeback.anomaly_rule import AnomalyRule
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "CHARGEBACK.md").read_text()
     section = doc[doc.index("## Value for money over weeks") :]

@@ -1,4 +1,4 @@
-"""core/anomaly_rule.py: the last week against the median of the weeks before (figures by hand)."""
+"""core/chargeback/anomaly_rule.py: the last week against the median of the weeks before (figures by hand)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cost_support import ts
-from gpuledger.core.anomaly_rule import AnomalyRule, find_anomalies
+from gpuledger.core.chargeback.anomaly_rule import AnomalyRule, find_anomalies
+from gpuledger.core.chargeback.value_trends import WEEK_S, RunValue, weekly_cells
 from gpuledger.core.money import MONEY_SCALE
-from gpuledger.core.value_trends import WEEK_S, RunValue, weekly_cells
 
 W0 = ts("2026-02-02")  # a Monday
 WEEKS = [W0 + k * WEEK_S for k in range(5)]

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from gpuledger.core.audit_chain import GENESIS, check_chain, row_hash
+from gpuledger.core.audit.chain import GENESIS, check_chain, row_hash
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, audit
 from server_support import NOW, batch, bearer, fresh_pg_url, gpu_rows, run_doc, setup_accounts

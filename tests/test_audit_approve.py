@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from audit_support import audit_key, audit_rows, keyring, payload_of
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
-from gpuledger.reports.cost_rollups import materialise_rollups
+from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, audit
 from server_support import NOW, batch, bearer, run_doc, setup_accounts

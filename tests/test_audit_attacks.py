@@ -18,7 +18,7 @@ import pytest
 
 from audit_support import audit_key, audit_rows, forged_reseal, keyring, payload_of, sql
 from conftest import _pg_schema_url
-from gpuledger.core.signing import SigningKey
+from gpuledger.core.audit.signing import SigningKey
 from gpuledger.store import Ledger, accounts, audit
 from server_support import NOW, ServerProcess, Tokens, batch, bearer, gpu_rows, run_doc, setup_accounts
 

@@ -17,7 +17,7 @@ from audit_support import audit_key, keyring
 from gpuledger.agent.client import Client
 from gpuledger.agent.sync import sync
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.reports.cost_rollups import materialise_rollups
+from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, accounts, audit, ownership
 from gpuledger.store.retention import DAY_S, Policy, run_retention

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from cost_support import H, card, ts
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
-from gpuledger.reports.costing import run_costs
+from gpuledger.reports.cost.costing import run_costs
 from gpuledger.store import Ledger, audit, migrations, ownership, schema, schema_audit, schema_ingest
 from gpuledger.store.engine import Database
 

@@ -1,4 +1,4 @@
-"""Seals (core/seal.py): any edited row of a series is found, whatever its place in a hashed chunk;
+"""Seals (core/audit/seal.py): any edited row of a series is found, whatever its place in a hashed chunk;
 gpuledger's own later changes (a derived column rewritten, a column added by a migration) never
 look like tampering."""
 
@@ -9,8 +9,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core import seal
-from gpuledger.core.run_rules import Span, judge_record
+from gpuledger.core.audit import seal
+from gpuledger.core.audit.run_rules import Span, judge_record
 
 GPU = "gpu_intervals/GPU-0"
 
@@ -103,7 +103,7 @@ def test_canonical_json_is_the_same_text_as_ever(value: object) -> None:
     """The fast path writes exactly what the spelled-out form wrote, so old hashes still verify."""
     import json
 
-    from gpuledger.core.audit_chain import _plain, canonical_json
+    from gpuledger.core.audit.chain import _plain, canonical_json
 
     spelled = json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     assert canonical_json(value) == spelled

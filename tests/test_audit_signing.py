@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from audit_support import audit_key, audit_rows, forge_row, forged_reseal, keyring, no_audit_key, payload_of, sql
-from gpuledger.core.audit_chain import canonical_json, check_chain, row_hash
-from gpuledger.core.signing import SigningKey, parse_public
+from gpuledger.core.audit.chain import canonical_json, check_chain, row_hash
+from gpuledger.core.audit.signing import SigningKey, parse_public
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, accounts, audit, audit_sign
 from server_support import NOW, batch, bearer, run_doc, setup_accounts
@@ -150,7 +150,7 @@ def test_a_leaked_retired_key_cannot_sign_new_history(signed: Signed, tmp_path: 
         accounts.add_project(led, "after-rotation", actor="admin")
     ring = [parse_public(f"{old.public.text} retired-after={retired_after}"), new.public]
     with Ledger(url) as led:
-        from gpuledger.core.signing import Keyring
+        from gpuledger.core.audit.signing import Keyring
 
         assert audit.verify(led, keyring=Keyring.of(ring), all_signatures=True).ok
         # the old private key leaks; the thief signs a new project into the trail

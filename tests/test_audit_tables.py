@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from audit_support import audit_key, keyring, sql
-from gpuledger.core.signing import SigningKey
-from gpuledger.reports.cost_rollups import materialise_rollups
+from gpuledger.core.audit.signing import SigningKey
+from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, accounts, audit
 from server_support import NOW, batch, bearer, run_doc, setup_accounts

@@ -1,4 +1,4 @@
-"""Busy time from utilisation samples (core/busy.py): each sample covers at most one period."""
+"""Busy time from utilisation samples (core/metering/busy.py): each sample covers at most one period."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.busy import PERIOD_MAX_S, PERIOD_MIN_S, SamplePeriod, busy_from_samples
+from gpuledger.core.metering.busy import PERIOD_MAX_S, PERIOD_MIN_S, SamplePeriod, busy_from_samples
 
 P_US = 166_667
 P_S = P_US / 1e6

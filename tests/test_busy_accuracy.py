@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
 from gpuledger.collect.fake_nvml_profiles import PROFILES
 from gpuledger.collect.nvml import NvmlCollector
-from gpuledger.core.intervals import merge_gpu_ticks
+from gpuledger.core.metering.intervals import merge_gpu_ticks
 from gpuledger.recorder.recorder import tick_seconds
 
 T0 = 1_700_000_000.0

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from cost_support import ts
 from gpuledger.cli.main import cli
-from gpuledger.core.capacity import DAY_MS, CapacityInterval, Sighting, States
-from gpuledger.core.capacity_columns import COLUMNS
+from gpuledger.core.capacity.columns import COLUMNS
+from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, Sighting, States
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
 from gpuledger.store import Ledger
 from gpuledger.store.capacity import write_capacity

@@ -1,5 +1,5 @@
-"""The column-wise hours of the capacity report (core/capacity_columnar.py) are, cell by cell, the
-integers the one-at-a-time rules give (core/capacity.to_uh, money.joules_to_mwh): property tests."""
+"""The column-wise hours of the capacity report (core/capacity/columnar.py) are, cell by cell, the
+integers the one-at-a-time rules give (core/capacity/model.to_uh, money.joules_to_mwh): property tests."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuledger.core.capacity import DAY_MS, to_uh
-from gpuledger.core.capacity_columnar import cells_to_uh, sums_by_slot
+from gpuledger.core.capacity.columnar import cells_to_uh, sums_by_slot
+from gpuledger.core.capacity.model import DAY_MS, to_uh
 from gpuledger.core.money import joules_to_mwh
 
 cell = st.lists(st.integers(0, DAY_MS // 5), min_size=5, max_size=5)

@@ -1,4 +1,4 @@
-"""The capacity states' arithmetic (core/capacity.py): every reading in exactly one state, parts that
+"""The capacity states' arithmetic (core/capacity/model.py): every reading in exactly one state, parts that
 add up exactly whatever the cut. Property tests, with the expectations computed here."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuledger.core.capacity import (
+from gpuledger.core.capacity.model import (
     DAY_MS,
     CapacityInterval,
     Reading,

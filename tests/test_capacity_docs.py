@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuledger.core.capacity import WIRE_COLUMNS
-from gpuledger.core.capacity_columns import COLUMNS
-from gpuledger.core.capacity_pools import parse_pools
+from gpuledger.core.capacity.columns import COLUMNS
+from gpuledger.core.capacity.model import WIRE_COLUMNS
+from gpuledger.core.capacity.pools import parse_pools
 from test_cost_docs import _sections
 
 ROOT = Path(__file__).resolve().parents[1]

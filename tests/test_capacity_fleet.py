@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from capacity_sim import CARD, CARD_TEXT, END, POOLS_TEXT, START, expected_bills, load, workstation_truth
 from gpuledger.cli.main import cli
-from gpuledger.core.capacity_pools import parse_pools
-from gpuledger.reports.capacity import capacity, fleet
+from gpuledger.core.capacity.pools import parse_pools
+from gpuledger.reports.capacity.report import capacity, fleet
 from gpuledger.store import Ledger
 
 POOLS = parse_pools(POOLS_TEXT)

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from gpuledger.agent.capacity_push import push_capacity
 from gpuledger.agent.client import Client
 from gpuledger.agent.sync import sync
-from gpuledger.core.capacity import CapacityInterval, Sighting, States
+from gpuledger.core.capacity.model import CapacityInterval, Sighting, States
 from gpuledger.node.push import NodePusher
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger

@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cost_support import card, ts
-from gpuledger.core.capacity import DAY_MS, FleetGpu, HostStay, ms
-from gpuledger.core.capacity_fleet import SILENT_AFTER_S, fleet_rows
-from gpuledger.core.capacity_pools import Pools, PoolsError, parse_pools
-from gpuledger.core.capacity_report import TeamBill, build_capacity, share_pool
+from gpuledger.core.capacity.fleet import SILENT_AFTER_S, fleet_rows
+from gpuledger.core.capacity.model import DAY_MS, FleetGpu, HostStay, ms
+from gpuledger.core.capacity.pools import Pools, PoolsError, parse_pools
+from gpuledger.core.capacity.report import TeamBill, build_capacity, share_pool
 
 
 @given(st.integers(-(10**30), 10**30), st.lists(st.integers(0, 10**13), min_size=1, max_size=12))

@@ -8,7 +8,7 @@ import random
 
 import sqlalchemy as sa
 
-from gpuledger.core.capacity import DAY_MS, CapacityInterval, Sighting, States
+from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, Sighting, States
 from gpuledger.store import Ledger, schema
 from gpuledger.store.capacity import rebuild_days, write_capacity
 from gpuledger.store.capacity_queries import day_rows, fleet, intervals

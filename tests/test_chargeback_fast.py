@@ -1,4 +1,4 @@
-"""The columnar chargeback path (core/chargeback_fast.py) against the per-row path: for any rollup
+"""The columnar chargeback path (core/chargeback/fast.py) against the per-row path: for any rollup
 rows, runs, groupings and basis, the whole report (groups, total, top runs and users, trend,
 warnings) is identical, to the last unit of money."""
 
@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cost_support import card, ts
-from gpuledger.core.chargeback import build_from_compact, grouping
-from gpuledger.core.chargeback_fast import price_plain_rows
-from gpuledger.core.cost import Pricer
-from gpuledger.core.usage import DAY_S, day_of
-from gpuledger.reports.cost_usage import RunRow
+from gpuledger.core.chargeback.fast import price_plain_rows
+from gpuledger.core.chargeback.report import build_from_compact, grouping
+from gpuledger.core.pricing.cost import Pricer
+from gpuledger.core.pricing.usage import DAY_S, day_of
+from gpuledger.reports.cost.usage import RunRow
 
 START, END = ts("2026-03-01"), ts("2026-04-01")
 CARD = card(

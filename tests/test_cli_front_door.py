@@ -18,9 +18,9 @@ from rich.console import Console
 from diag_support import T0, device, gpu_intervals, host_intervals
 from gpuledger.cli.main import cli
 from gpuledger.core.ids import short_id, tail_of_short_id, uuid7
+from gpuledger.core.metering.summary import format_summary, summarize
 from gpuledger.core.model import Event, HostInterval, Metric, RunRecord
-from gpuledger.core.summary import format_summary, summarize
-from gpuledger.recorder.metadata import host_name
+from gpuledger.runs.host import host_name
 from gpuledger.store import Ledger
 from report_support import write_run
 
@@ -206,7 +206,7 @@ def test_top_piped_prints_plain_text_with_whole_ids(db: str) -> None:
 
 def test_top_on_a_narrow_terminal_never_cuts_the_run(db: str) -> None:
     from gpuledger.cli.top_cmd import frame
-    from gpuledger.reports.top import snapshot
+    from gpuledger.reports.run.top import snapshot
 
     with Ledger(db) as ledger:
         rows = snapshot(ledger, time.time())
@@ -277,7 +277,7 @@ def test_a_command_too_short_to_sample_has_no_peak_rss_not_zero() -> None:
 
 
 def test_compare_has_no_percentage_of_a_zero_and_money_in_cents() -> None:
-    from gpuledger.core.compare import rows
+    from gpuledger.core.diagnosis.compare import rows
 
     table = {r["key"]: r for r in rows([{"cpu_seconds": 0.0, "cost": "0.00012348 USD"},
                                         {"cpu_seconds": 4.5, "cost": "0.03974341 USD"}])}  # fmt: skip

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from diag_support import T0
 from gpuledger.cli.main import cli
-from gpuledger.core import compare as core_compare
+from gpuledger.core.diagnosis import compare as core_compare
 from gpuledger.core.ids import short_id
 from gpuledger.store import Ledger
 from report_support import write_run

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuledger.cli.cost_cmds import cost_cmd, report_group
-from gpuledger.core.chargeback_columns import COLUMNS
+from gpuledger.core.chargeback.columns import COLUMNS
 from gpuledger.store import Ledger
 from test_cost_ledger import scenario
 

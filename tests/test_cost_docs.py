@@ -6,9 +6,9 @@ import re
 from decimal import Decimal
 from pathlib import Path
 
-from gpuledger.core.chargeback_columns import COLUMNS
+from gpuledger.core.chargeback.columns import COLUMNS
 from gpuledger.core.gpumodels import default_table
-from gpuledger.core.ratecard_load import SCHEMA
+from gpuledger.core.pricing.ratecard_load import SCHEMA
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -10,8 +10,8 @@ import sqlalchemy as sa
 
 from cost_support import H, card, ts
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
-from gpuledger.reports.cost_rollups import materialise_rollups
-from gpuledger.reports.costing import chargeback, month_window, run_costs
+from gpuledger.reports.cost.costing import chargeback, month_window, run_costs
+from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.store import Ledger, schema
 from gpuledger.store import migrations as mig
 from gpuledger.store.engine import Database

@@ -7,10 +7,10 @@ from decimal import Decimal
 import pytest
 
 from cost_support import A100_250, H, card, ts, usage
-from gpuledger.core.chargeback import Totals, usage_columns
-from gpuledger.core.cost import Pricer, month_bounds, month_of
+from gpuledger.core.chargeback.report import Totals, usage_columns
 from gpuledger.core.money import money_decimal, money_str
-from gpuledger.core.usage import held_span
+from gpuledger.core.pricing.cost import Pricer, month_bounds, month_of
+from gpuledger.core.pricing.usage import held_span
 
 
 def _totals(lines):  # type: ignore[no-untyped-def]

@@ -10,8 +10,8 @@ import pytest
 
 from cost_sim import CARD, MONTH, expected_bill, simulate, write
 from cost_support import ts
-from gpuledger.reports.cost_rollups import materialise_rollups
-from gpuledger.reports.costing import chargeback
+from gpuledger.reports.cost.costing import chargeback
+from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.store import Ledger
 
 

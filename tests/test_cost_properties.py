@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cost_support import card, ts
-from gpuledger.core.chargeback import RunInfo, build_chargeback
-from gpuledger.core.cost import Pricer, Usage
-from gpuledger.core.share import Reading, Tenant, attribute
-from gpuledger.core.usage import Segment, days_from_segments
+from gpuledger.core.chargeback.report import RunInfo, build_chargeback
+from gpuledger.core.pricing.cost import Pricer, Usage
+from gpuledger.core.pricing.share import Reading, Tenant, attribute
+from gpuledger.core.pricing.usage import Segment, days_from_segments
 
 T0 = ts("2026-01-20")
 SPAN = 80 * 86400.0  # late January to April: two month boundaries and the price changes below
@@ -232,7 +232,7 @@ class _Run:
 @given(st.lists(usages(), min_size=1, max_size=8), st.sampled_from(["allocated", "busy"]))
 def test_the_fast_path_prices_exactly_like_the_slow_one(runs: list[Usage], basis: str) -> None:
     # Rollup-shaped rows (one per usage, inside one day) through price_rollups vs price().
-    from gpuledger.core.cost import compact
+    from gpuledger.core.pricing.cost import compact
 
     day_rows, usages_, run_map = [], [], {}
     for i, u in enumerate(runs):
@@ -262,7 +262,7 @@ def test_the_fast_path_prices_exactly_like_the_slow_one(runs: list[Usage], basis
 def test_cost_per_a100eq_hour_is_the_exact_quotient_rounded_half_even(cost: int, a100eq: int) -> None:
     from decimal import ROUND_HALF_EVEN, Context
 
-    from gpuledger.core.chargeback_totals import A100_SCALE, Totals
+    from gpuledger.core.chargeback.totals import A100_SCALE, Totals
     from gpuledger.core.money import MONEY_SCALE
 
     t = Totals()

@@ -9,8 +9,8 @@ import pytest
 
 from cost_support import card, ts
 from gpuledger.core.gpumodels import default_table, mig_slices_of_profile
-from gpuledger.core.ratecard_load import RateCardError, default_rate_card, parse_rate_card
-from gpuledger.reports.costing import load_rate_card
+from gpuledger.core.pricing.ratecard_load import RateCardError, default_rate_card, parse_rate_card
+from gpuledger.reports.cost.costing import load_rate_card
 
 NVML_NAMES = {
     "NVIDIA A100-SXM4-80GB": "A100-80GB-SXM",

@@ -6,11 +6,11 @@ from decimal import Decimal
 from pathlib import Path
 
 from cost_support import H, card, ts
+from gpuledger.core.chargeback.value import value_for_money, yolo_inputs
 from gpuledger.core.model import GpuIdentity, GpuInterval, Metric, RunRecord
-from gpuledger.core.value import value_for_money, yolo_inputs
-from gpuledger.reports.cost import run_cost
-from gpuledger.reports.cost import value_for_money as value_of_run
-from gpuledger.reports.costing import run_value
+from gpuledger.reports.cost.costing import run_value
+from gpuledger.reports.cost.run_money import run_cost
+from gpuledger.reports.cost.run_money import value_for_money as value_of_run
 from gpuledger.store import Ledger
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from diag_support import GIB, T0, device, epoch_events, gpu_intervals, host_intervals, make_trace
-from gpuledger.core.diagnose import RunFacts, Thresholds, diagnose
+from gpuledger.core.diagnosis.diagnose import RunFacts, Thresholds, diagnose
 from gpuledger.core.model import Event
 
 ROOT = Path(__file__).resolve().parents[1]

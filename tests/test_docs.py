@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuledger.reports.export import COLUMNS
+from gpuledger.reports.run.export import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 

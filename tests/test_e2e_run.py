@@ -277,7 +277,7 @@ def test_track_api_meters_the_current_process(tmp_path: Path, env: dict[str, str
 
 def test_export_formats_share_the_documented_columns(tmp_path: Path, env: dict[str, str]) -> None:
     pq = need_module("pyarrow.parquet", "pip install 'gpuledger[parquet]'")
-    from gpuledger.reports.export import COLUMN_NAMES
+    from gpuledger.reports.run.export import COLUMN_NAMES
 
     assert run_cli(["run", "--interval", "0.5", "--", *py("import time; time.sleep(1.2)")], env).returncode == 0
     run_id = runs_json(env)[0]["id"]

@@ -20,13 +20,13 @@ from cost_support import card, ts
 from focus_spec_rules import COLUMNS as SPEC_COLUMNS
 from focus_spec_rules import violations
 from focus_support import CHANGE_RUN, LABELLED_RUN, month_ledger, read_csv, read_parquet
-from gpuledger.core.cost import Pricer, Usage, compact
-from gpuledger.core.focus import FocusIdentity, build_focus
+from gpuledger.core.chargeback.focus import FocusIdentity, build_focus
 from gpuledger.core.money import money_decimal
-from gpuledger.reports.cost_rollups import materialise_rollups
-from gpuledger.reports.costing import chargeback
-from gpuledger.reports.focus import chargeback_focus
-from gpuledger.reports.focus_render import focus_csv, write_focus_parquet
+from gpuledger.core.pricing.cost import Pricer, Usage, compact
+from gpuledger.reports.cost.costing import chargeback
+from gpuledger.reports.cost.focus import chargeback_focus
+from gpuledger.reports.cost.focus_render import focus_csv, write_focus_parquet
+from gpuledger.reports.cost.rollups import materialise_rollups
 
 START, END = ts(MONTH[0]), ts(MONTH[1])
 MONEY = ("BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "x_IdleCost")

@@ -16,11 +16,11 @@ from capacity_sim import CARD, CARD_TEXT, END, L4_CHANGE, POOLS_TEXT, START, loa
 from focus_spec_rules import violations
 from focus_support import read_csv, read_parquet
 from gpuledger.cli.capacity_cmds import capacity_cmd
-from gpuledger.core.capacity_pools import parse_pools
-from gpuledger.core.focus import utc
+from gpuledger.core.capacity.pools import parse_pools
+from gpuledger.core.chargeback.focus import utc
 from gpuledger.core.money import money_decimal
-from gpuledger.reports.capacity import capacity
-from gpuledger.reports.focus_capacity import capacity_focus
+from gpuledger.reports.capacity.focus import capacity_focus
+from gpuledger.reports.capacity.report import capacity
 from gpuledger.store import Ledger
 
 STATES = {

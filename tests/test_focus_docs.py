@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuledger.core.focus_columns import CUSTOM_COLUMNS, FOCUS_COLUMNS, FOCUS_VERSION
+from gpuledger.core.chargeback.focus_columns import CUSTOM_COLUMNS, FOCUS_COLUMNS, FOCUS_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "FOCUS.md").read_text()

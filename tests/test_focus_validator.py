@@ -30,13 +30,13 @@ from capacity_sim import POOLS_TEXT, load
 from cost_sim import CARD, MONTH
 from cost_support import ts
 from focus_support import month_ledger
-from gpuledger.core.capacity_pools import Pools, parse_pools
-from gpuledger.core.focus_columns import FOCUS_VERSION
-from gpuledger.reports.capacity import add_shared_idle, fleet_cost
-from gpuledger.reports.costing import chargeback
-from gpuledger.reports.focus import add_shared_idle_rows, chargeback_focus, default_identity
-from gpuledger.reports.focus_capacity import capacity_focus
-from gpuledger.reports.focus_render import focus_csv, write_focus_parquet
+from gpuledger.core.capacity.pools import Pools, parse_pools
+from gpuledger.core.chargeback.focus_columns import FOCUS_VERSION
+from gpuledger.reports.capacity.focus import capacity_focus
+from gpuledger.reports.capacity.report import add_shared_idle, fleet_cost
+from gpuledger.reports.cost.costing import chargeback
+from gpuledger.reports.cost.focus import add_shared_idle_rows, chargeback_focus, default_identity
+from gpuledger.reports.cost.focus_render import focus_csv, write_focus_parquet
 from gpuledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]

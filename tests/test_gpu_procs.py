@@ -1,4 +1,4 @@
-"""Which GPU processes are the run's: the pure rules (core/gpu_procs.py) and the /proc facts (pid_owner.py)."""
+"""Which GPU processes are the run's: the pure rules (core/metering/gpu_procs.py) and the /proc facts (pid_owner.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuledger.collect.pid_owner import PidOwner, job_scope
-from gpuledger.core.gpu_procs import PROC_CGROUP, PROC_PID, PROC_PIDNS, attribute, sm_share
+from gpuledger.core.metering.gpu_procs import PROC_CGROUP, PROC_PID, PROC_PIDNS, attribute, sm_share
 
 GiB = 2**30
 

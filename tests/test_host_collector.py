@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from gpuledger.collect.base import HostCollector
 from gpuledger.collect.host import ProcessTreeCollector, Usage
-from gpuledger.core.intervals import merge_host_ticks
+from gpuledger.core.metering.intervals import merge_host_ticks
 from gpuledger.core.model import HostInterval, HostTick
 from host_support import (
     CPUS,

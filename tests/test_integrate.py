@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.integrate import counter_delta, trapezoid_energy_j
+from gpuledger.core.metering.integrate import counter_delta, trapezoid_energy_j
 
 
 @pytest.mark.parametrize("width", [32, 64])

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.intervals import (
+from gpuledger.core.metering.intervals import (
     GpuIntervalBuilder,
     HostIntervalBuilder,
     merge_gpu_intervals,

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.logcap import DEFAULT_MAX_B, HEAD_SHARE, MIN_MAX_B, cap_bytes, find_cut, parse_size
-from gpuledger.recorder.logfile import archive, archive_once, cap_or_default, log_cap, read_capped
+from gpuledger.core.training.logcap import DEFAULT_MAX_B, HEAD_SHARE, MIN_MAX_B, cap_bytes, find_cut, parse_size
+from gpuledger.runs.logfile import archive, archive_once, cap_or_default, log_cap, read_capped
 from gpuledger.store import Ledger
 from gpuledger.store.audit_seals import current_seal
 from test_store_records import minimal_run, run_id

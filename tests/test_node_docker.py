@@ -23,7 +23,7 @@ from docker_support import (
 )
 from gpuledger.collect.fake_nvml import FakeNvml, TracePoint
 from gpuledger.collect.nvml import NvmlCollector
-from gpuledger.core.logparse import parse_log
+from gpuledger.core.training.logparse import parse_log
 from gpuledger.node.claims import ContainerClaim, SourceOptions
 from gpuledger.node.docker import DockerSource, open_source
 from gpuledger.node.docker_api import DockerClient

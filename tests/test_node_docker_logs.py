@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from docker_support import long_progress
-from gpuledger.core.logparse import parse_log
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
+from gpuledger.core.training.logparse import parse_log
 from gpuledger.node.docker_logs import ContainerLog, FrameDecoder, Message, RawDecoder, ScreenLines
 
 YOLO = Path(__file__).parent / "data" / "yolo"

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.claims import Allocation, ContainerClaim
 from gpuledger.node.docker_api import DockerConfigError, docker_host
 from gpuledger.node.docker_inspect import (

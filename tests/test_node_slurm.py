@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.core.owners import attribute
+from gpuledger.core.metering.owners import attribute
 from gpuledger.node.claims import Allocation, SourceOptions
 from gpuledger.node.procfacts import ProcReader
 from gpuledger.node.slurm import (

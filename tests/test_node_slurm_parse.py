@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuledger.core.owners import attribute
+from gpuledger.core.metering.owners import attribute
 from gpuledger.node.claims import Claims, JobClaim, ProcFacts
 from gpuledger.node.slurm_files import GpuHolder, gpu_uuid, read_job_facts, read_mapping
 from gpuledger.node.slurm_parse import (

@@ -1,4 +1,4 @@
-"""Attribution of GPU processes (core/owners.py, core/cgroup_path.py): a table of every path shape."""
+"""Attribution of GPU processes (core/metering/owners.py, core/metering/cgroup_path.py): a table of every path shape."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuledger.collect.pid_owner import job_scope
-from gpuledger.core.cgroup_path import read_cgroup
-from gpuledger.core.owners import (
+from gpuledger.core.metering.cgroup_path import read_cgroup
+from gpuledger.core.metering.owners import (
     WRAPPED_ANCESTOR,
     WRAPPED_ENVIRON,
     WRAPPED_RECORDER,

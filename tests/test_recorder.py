@@ -15,8 +15,8 @@ from gpuledger.collect.base import GpuRead
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
 from gpuledger.collect.host import ProcessTreeCollector
 from gpuledger.collect.nvml import NvmlCollector
-from gpuledger.core.epochs import account
 from gpuledger.core.model import HostInterval, HostTick
+from gpuledger.core.training.epochs import account
 from gpuledger.recorder.recorder import SLIVER_S, Recorder, ticks_per_interval
 from host_support import (
     CPUS,

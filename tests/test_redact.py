@@ -12,10 +12,10 @@ import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.redact import LineRedactor, RedactionRuleError, Redactor, _State
+from gpuledger.core.redaction.redact import LineRedactor, RedactionRuleError, Redactor, _State
 
 CORPUS_PATH = Path(__file__).parent / "data" / "redaction_corpus.toml"
-RULES_PATH = Path(__file__).parents[1] / "src" / "gpuledger" / "core" / "redact_rules.toml"
+RULES_PATH = Path(__file__).parents[1] / "src" / "gpuledger" / "core" / "redaction" / "redact_rules.toml"
 
 
 def _joined(value: str | list[str]) -> str:

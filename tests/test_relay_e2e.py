@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import GPULEDGER, cli_env, only_run, py, run_cli
-from gpuledger.core.logcap import find_cut
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
+from gpuledger.core.training.logcap import find_cut
 from gpuledger.store import Ledger
 
 pytestmark = pytest.mark.slow

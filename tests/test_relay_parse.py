@@ -14,7 +14,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core import failures, logparse
+from gpuledger.core.training import failures, logparse
 
 DATA = Path(__file__).parent / "data" / "yolo"
 _ANSI_STR = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")

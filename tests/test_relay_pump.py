@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.recorder.relay import pump
 
 R = Redactor.default()

@@ -17,8 +17,8 @@ import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core import redact_search
-from gpuledger.core.redact import LineRedactor, Redactor, _State
+from gpuledger.core.redaction import search as redact_search
+from gpuledger.core.redaction.redact import LineRedactor, Redactor, _State
 
 R = Redactor.default()
 CORPUS = tomllib.loads((Path(__file__).parent / "data" / "redaction_corpus.toml").read_text(encoding="utf-8"))

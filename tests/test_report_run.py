@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from gpuledger.cli.main import cli
 from gpuledger.core.ids import short_id
-from gpuledger.reports import runreport
+from gpuledger.reports.run import report as runreport
 from gpuledger.store import Ledger
 from report_support import NASTY_NAME, write_run
 
@@ -104,9 +104,9 @@ def test_unknown_run_is_a_one_line_error(db: str) -> None:
 def test_cost_block_appears_when_a_cost_engine_prices_the_run(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    fake = types.ModuleType("gpuledger.reports.cost")
+    fake = types.ModuleType("gpuledger.reports.cost.run_money")
     fake.run_cost = lambda ledger, run_id: {"total": "11.70", "currency": "USD", "basis": "busy GPU-hours"}
-    monkeypatch.setitem(__import__("sys").modules, "gpuledger.reports.cost", fake)
+    monkeypatch.setitem(__import__("sys").modules, "gpuledger.reports.cost.run_money", fake)
     with Ledger(db) as ledger:
         model = runreport.build(ledger, ledger.get_run(RUN))
     assert model["cost"]["total"] == "11.70"
@@ -119,21 +119,21 @@ def test_no_cost_block_when_asked_or_when_the_cost_engine_fails(db: str, monkeyp
 
     with Ledger(db) as ledger:
         assert runreport.build(ledger, ledger.get_run(RUN), with_cost=False)["cost"] is None
-        broken = types.ModuleType("gpuledger.reports.cost")
+        broken = types.ModuleType("gpuledger.reports.cost.run_money")
 
         def run_cost(ledger, run_id):
             raise RuntimeError("rate card unreadable")
 
         broken.run_cost = run_cost
-        monkeypatch.setitem(__import__("sys").modules, "gpuledger.reports.cost", broken)
-        monkeypatch.setattr("gpuledger.reports.costhook.MODULES", ("gpuledger.reports.cost",))
+        monkeypatch.setitem(__import__("sys").modules, "gpuledger.reports.cost.run_money", broken)
+        monkeypatch.setattr("gpuledger.reports.run.cost_hook.MODULES", ("gpuledger.reports.cost.run_money",))
         model = runreport.build(ledger, ledger.get_run(RUN))
     assert model["cost"] is None and model["cost_rows"] == []  # the report still renders
 
 
 def test_fast_epoch_accounting_equals_core_epochs(db: str) -> None:
-    from gpuledger.core import epochs as core_epochs
-    from gpuledger.reports import rundata
+    from gpuledger.core.training import epochs as core_epochs
+    from gpuledger.reports.run import data as rundata
 
     with Ledger(db) as ledger:
         run = ledger.get_run(RUN)
@@ -153,8 +153,8 @@ def test_fast_epoch_accounting_equals_core_epochs(db: str) -> None:
 
 def test_fast_epoch_accounting_shares_intervals_cut_by_a_boundary() -> None:
     from diag_support import T0, epoch_events, gpu_intervals, host_intervals
-    from gpuledger.core import epochs as core_epochs
-    from gpuledger.reports import rundata
+    from gpuledger.core.training import epochs as core_epochs
+    from gpuledger.reports.run import data as rundata
 
     events = epoch_events(5, 333.0)  # boundaries fall inside the 7 s intervals
     gpu = {"GPU-test-0": gpu_intervals("GPU-test-0", 240, step=7.0, util=lambda i: (i % 10) / 10)}

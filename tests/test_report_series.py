@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diag_support import T0, device, gpu_intervals, host_intervals
-from gpuledger.core import series
+from gpuledger.core.metering import series
 from gpuledger.core.model import RunRecord
 from gpuledger.store import Ledger, series_queries
 
@@ -75,7 +75,8 @@ def test_totals_over_buckets_equal_totals_over_intervals(ledger: Ledger) -> None
 
 
 def test_a_one_second_spike_and_a_one_second_drop_survive_downsampling(ledger: Ledger) -> None:
-    from gpuledger.reports import charts, rundata
+    from gpuledger.reports.run import charts
+    from gpuledger.reports.run import data as rundata
 
     data = rundata.load(ledger, ledger.get_run(RUN), max_points=50)
     assert data.downsampled and data.plan.width_s == pytest.approx(N / 50, rel=1e-6)

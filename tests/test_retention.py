@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import pytest
 from fastapi.testclient import TestClient
 
+from gpuledger.core.metering.rollup import groups, rollup_gpu
 from gpuledger.core.model import GpuInterval
-from gpuledger.core.rollup import groups, rollup_gpu
-from gpuledger.reports import epochs as epochs_report
-from gpuledger.reports.runview import summary
+from gpuledger.reports.run import epochs as epochs_report
+from gpuledger.runs.view import summary
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, audit
 from gpuledger.store.retention import DAY_S, Policy, run_retention

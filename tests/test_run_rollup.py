@@ -6,9 +6,9 @@ import random
 
 import pytest
 
+from gpuledger.core.metering.summary import summarize
 from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval, RunRecord
-from gpuledger.core.summary import summarize
-from gpuledger.reports.runview import summary
+from gpuledger.runs.view import summary
 from gpuledger.store import Ledger
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 from fastapi.testclient import TestClient
 
-from gpuledger.core.summary import summarize
+from gpuledger.core.metering.summary import summarize
 from gpuledger.server.app import create_app
 from gpuledger.server.settings import Settings
 from gpuledger.store import Ledger, SchemaOutdated, audit

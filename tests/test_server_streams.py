@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuledger.core.model import GpuInterval, HostInterval
-from gpuledger.reports import export
+from gpuledger.reports.run import export
 from gpuledger.server.app import create_app
 from gpuledger.server.settings import Settings
 from gpuledger.store import Ledger

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from gpuledger.core.metering.summary import REPLAY_BANNER, format_summary, summarize
 from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval, RunRecord
-from gpuledger.core.summary import REPLAY_BANNER, format_summary, summarize
 from gpuledger.core.units import (
     fmt_bytes,
     fmt_duration,

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from diag_support import device, gpu_intervals, host_intervals
 from gpuledger.cli.main import cli
 from gpuledger.core.model import Event, RunRecord
-from gpuledger.recorder.metadata import host_name
+from gpuledger.runs.host import host_name
 from gpuledger.store import Ledger
 
 

@@ -1,4 +1,4 @@
-"""core/value_trends.py: weeks, mAP points gained, weekly sums and ratios, TOP lists (figures by hand)."""
+"""core/chargeback/value_trends.py: weeks, mAP points gained, weekly sums and ratios, TOP lists (figures by hand)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cost_support import ts
-from gpuledger.core.money import MONEY_SCALE, money_decimal
-from gpuledger.core.value_trends import (
+from gpuledger.core.chargeback.value_trends import (
     WEEK_S,
     Cell,
     RunValue,
@@ -23,6 +22,7 @@ from gpuledger.core.value_trends import (
     weekly_cells,
     weeks_before,
 )
+from gpuledger.core.money import MONEY_SCALE, money_decimal
 
 W10 = ts("2026-03-02")  # Monday of ISO week 2026-W10
 

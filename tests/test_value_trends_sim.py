@@ -7,9 +7,9 @@ from decimal import Decimal
 
 import pytest
 
-from gpuledger.core.anomaly_rule import AnomalyRule
-from gpuledger.core.value_trends import week_label
-from gpuledger.reports.value_trends import run_values, value_trends
+from gpuledger.core.chargeback.anomaly_rule import AnomalyRule
+from gpuledger.core.chargeback.value_trends import week_label
+from gpuledger.reports.cost.value_trends import run_values, value_trends
 from gpuledger.store import Ledger
 from value_sim import CARD, REPORT_END, WEEKS, expected, simulate, write
 

@@ -11,7 +11,7 @@ import pytest
 from ci_support import need_module
 from gpuledger.core.model import RunRecord
 from gpuledger.integrations.ultralytics import attach, callbacks
-from gpuledger.reports.attempts import find_earlier_attempt
+from gpuledger.runs.attempts import find_earlier_attempt
 from gpuledger.store import Ledger
 
 

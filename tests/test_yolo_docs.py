@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuledger.core.failures import KINDS
-from gpuledger.reports.epochs import EXPORT_COLUMNS
+from gpuledger.core.training.failures import KINDS
+from gpuledger.reports.run.epochs import EXPORT_COLUMNS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "YOLO.md"
 

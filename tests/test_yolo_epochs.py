@@ -1,4 +1,4 @@
-"""Per-epoch resource accounting (core/epochs.py): spans from boundary events, sums that add up."""
+"""Per-epoch resource accounting (core/training/epochs.py): spans from boundary events, sums that add up."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.epochs import AFTER, BETWEEN, EPOCH, SETUP, account, merge_phases, spans, totals
 from gpuledger.core.model import Event, GpuInterval, HostInterval
+from gpuledger.core.training.epochs import AFTER, BETWEEN, EPOCH, SETUP, account, merge_phases, spans, totals
 
 
 def ev(t: float, kind: str, **payload: object) -> Event:

@@ -1,10 +1,10 @@
-"""Failure detection from a training's output and exit status (core/failures.py)."""
+"""Failure detection from a training's output and exit status (core/training/failures.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpuledger.core.failures import CUDA_OOM, DATASET_NOT_FOUND, NAN_LOSS, OOM_KILLED, explain
+from gpuledger.core.training.failures import CUDA_OOM, DATASET_NOT_FOUND, NAN_LOSS, OOM_KILLED, explain
 
 DATA = Path(__file__).parent / "data" / "yolo"
 GIB = 2**30

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from gpuledger.cli.import_cmd import import_cmd
 from gpuledger.importers.ultralytics import NotARunDirectory, import_run_dir
-from gpuledger.reports.epochs import metrics_by_epoch
+from gpuledger.reports.run.epochs import metrics_by_epoch
 from gpuledger.store import Ledger
 
 DATA = Path(__file__).parent / "data" / "yolo"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.core.logparse import ULTRALYTICS, YOLOV5, parse_log, screen_lines
+from gpuledger.core.training.logparse import ULTRALYTICS, YOLOV5, parse_log, screen_lines
 
 DATA = Path(__file__).parent / "data" / "yolo"
 ULTRALYTICS_FIXTURES = [

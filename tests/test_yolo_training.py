@@ -31,8 +31,8 @@ import pytest
 from ci_support import need_module
 from gpuledger.core.model import RunRecord
 from gpuledger.importers.ultralytics import import_run_dir
-from gpuledger.reports import epochs as epoch_report
-from gpuledger.reports.attempts import attempt_chain
+from gpuledger.reports.run import epochs as epoch_report
+from gpuledger.runs.attempts import attempt_chain
 from gpuledger.store import Ledger
 from yolo_support import make_dataset, prepare_config_dir, yolo_env
 

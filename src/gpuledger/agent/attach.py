@@ -1,30 +1,37 @@
-"""The two calls ``gpuledger run`` makes to push a run to a team server (kept out of wrap.py)."""
+"""A wrapped run's push to a team server, as the recorder's ``start_push`` hook (recorder/hooks.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-from gpuledger.agent.client import ENV_SERVER, normalise_server
+from gpuledger.agent.client import normalise_server
 from gpuledger.agent.pusher import Pusher
 
 FINAL_PUSH_S = 5.0  # how long ``gpuledger run`` waits, after CMD ended, for the last batches
 
 
-def server_from(option: str | None, env: Mapping[str, str]) -> str | None:
-    """--server, else GPULEDGER_SERVER; None when neither is set."""
-    url = (option or env.get(ENV_SERVER, "")).strip()
-    return normalise_server(url) if url else None
+class RunPush:
+    """The recorder's view of a Pusher (recorder/hooks.Push): wake it after a flush, finish it at the end."""
+
+    def __init__(self, pusher: Pusher) -> None:
+        self.pusher = pusher
+
+    def wake(self) -> None:
+        self.pusher.wake()
+
+    def finish(self, warn: Callable[[str], None]) -> None:
+        finish_pusher(self.pusher, warn)
 
 
 def start_pusher(
     server: str | None, token: str | None, db_url: str | None, run_id: str, warn: Callable[[str], None]
-) -> Pusher | None:
+) -> RunPush | None:
     if not server:
         return None
     try:
         pusher = Pusher(db_url, normalise_server(server), token, run_id, warn=warn)
         pusher.start()
-        return pusher
+        return RunPush(pusher)
     except Exception as exc:  # never in the way of the training
         warn(f"gpuledger: cannot push to {server} ({exc}); push later with: gpuledger sync --all")
         return None

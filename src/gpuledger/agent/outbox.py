@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuledger.agent.client import Client, Rejected
-from gpuledger.core.audit_chain import canonical_json
-from gpuledger.core.redact import Redactor
-from gpuledger.core.run_rules import is_final
+from gpuledger.core.audit.chain import canonical_json
+from gpuledger.core.audit.run_rules import is_final
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.core.wire import GPU_COLUMNS, HOST_COLUMNS
 from gpuledger.store import RunNotFound, pushes, quarantine
 

@@ -47,7 +47,7 @@ def sync(
 ) -> SyncReport:
     """Push what the outbox holds for ``client.server``. Unreachable / Unauthorized propagate
     (nothing is lost: the next sync starts where this one stopped)."""
-    from gpuledger.recorder.liveness import reconcile
+    from gpuledger.runs.liveness import reconcile
 
     server = client.server
     report = SyncReport()

@@ -11,7 +11,7 @@ import time
 import click
 
 from gpuledger.cli.common import FiniteFloat, db_option
-from gpuledger.core.owners import DEFAULT_COPY_LABELS
+from gpuledger.core.metering.owners import DEFAULT_COPY_LABELS
 from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 
 FIRST_ANSWER_S = 6.0  # how long the start report waits for the platforms' first answers (Docker: 5 s)
@@ -105,7 +105,7 @@ def agent_cmd(
     Runs until SIGTERM or Ctrl-C, which close the open intervals; the next agent on this host
     resumes the runs still open.
     """
-    from gpuledger.core.owners import parse_label_patterns
+    from gpuledger.core.metering.owners import parse_label_patterns
 
     try:
         patterns = parse_label_patterns(copy_labels)
@@ -158,7 +158,7 @@ def _run(stop: threading.Event, **o) -> None:  # type: ignore[no-untyped-def]
     from gpuledger.node.sink import LedgerSink
     from gpuledger.node.sources import load_sources
     from gpuledger.node.startup import Seen, cgroup_version, report
-    from gpuledger.recorder.metadata import host_name
+    from gpuledger.runs.host import host_name
     from gpuledger.store import display_url
 
     if o["proc_root"].rstrip("/") != "/proc":

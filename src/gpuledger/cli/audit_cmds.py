@@ -23,7 +23,7 @@ audit_group.add_command(key_group)
 
 def _keyring(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
     """The trusted keys: each value a key line or a file of them; none given: the environment's."""
-    from gpuledger.core.signing import Keyring, KeyTextError, parse_public
+    from gpuledger.core.audit.signing import Keyring, KeyTextError, parse_public
     from gpuledger.store import audit_sign
 
     keys = []

@@ -21,7 +21,7 @@ def key_group() -> None:
 def key_new(out_path: str) -> None:
     """Make a signing key: the private key goes to --out, the public key to stdout (publish it:
     verifiers need only that)."""
-    from gpuledger.core.signing import SigningKey
+    from gpuledger.core.audit.signing import SigningKey
 
     key = SigningKey.generate()
     try:
@@ -40,7 +40,7 @@ def key_new(out_path: str) -> None:
 @click.option("--key-file", required=True, type=click.Path(exists=True, dir_okay=False))
 def key_public(key_file: str) -> None:
     """Print the public key of a private key file."""
-    from gpuledger.core.signing import KeyTextError, parse_private
+    from gpuledger.core.audit.signing import KeyTextError, parse_private
 
     try:
         with open(key_file, encoding="utf-8") as fh:

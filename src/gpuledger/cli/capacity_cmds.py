@@ -1,7 +1,7 @@
 """``gpuledger report capacity`` and ``gpuledger report fleet``: the fleet's capacity and what it
 cost, used or not (docs/CAPACITY.md); and the chargeback's ``--share-idle`` (``shared_idle``).
 
-Thin: parse, call reports/capacity.py, render with reports/capacity_render.py.
+Thin: parse, call reports/capacity/report.py, render with reports/capacity/render.py.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def pools_option(func: Any) -> Any:
 
 
 def _pools(path: str | None) -> Any:
-    from gpuledger.core.capacity_pools import PoolsError
-    from gpuledger.reports.capacity import load_pools
+    from gpuledger.core.capacity.pools import PoolsError
+    from gpuledger.reports.capacity.report import load_pools
 
     try:
         return load_pools(path)
@@ -40,8 +40,8 @@ def _pools(path: str | None) -> Any:
 
 
 def _window(month: str | None, start: str | None, end: str | None) -> tuple[float, float]:
-    from gpuledger.reports.capacity_runs import whole_days
-    from gpuledger.reports.costing import window_from_args
+    from gpuledger.reports.capacity.runs import whole_days
+    from gpuledger.reports.cost.costing import window_from_args
 
     try:
         lo, hi = window_from_args(month, start, end, time.time())
@@ -96,9 +96,9 @@ def capacity_cmd(
 ) -> None:
     """The fleet's GPU-hours and asset cost in each state — unallocated, allocated-idle, busy with
     and without an owner — and the unbilled cost shared back to teams (docs/CAPACITY.md)."""
-    from gpuledger.core.capacity_columns import CAPACITY_KEYS
-    from gpuledger.reports import capacity_render as render
-    from gpuledger.reports.capacity import capacity
+    from gpuledger.core.capacity.columns import CAPACITY_KEYS
+    from gpuledger.reports.capacity import render
+    from gpuledger.reports.capacity.report import capacity
 
     keys = tuple(k.strip() for k in by.split(",") if k.strip())
     if not keys or any(k not in CAPACITY_KEYS for k in keys):
@@ -147,8 +147,8 @@ def capacity_cmd(
 def fleet_cmd(fmt: str, rates: str | None, pools: str | None, output: str | None, db: str | None) -> None:
     """Every GPU of the fleet: model, hosts (a GPU that moved shows each), pool, the rate-card line
     pricing it, first and last sighting, and whether it is still seen."""
-    from gpuledger.reports import capacity_render as render
-    from gpuledger.reports.capacity import fleet
+    from gpuledger.reports.capacity import render
+    from gpuledger.reports.capacity.report import fleet
 
     card, pool_set = rate_card(rates), _pools(pools)
     rows = fleet(open_ledger(db), card=card, pools=pool_set)
@@ -178,6 +178,6 @@ def shared_idle(cb: Any, ledger: Any, card: Any, lo: float, hi: float, rule: str
     """The chargeback ``cb`` with the shared idle columns of ``rule`` (none: unchanged)."""
     if rule == "none":
         return cb
-    from gpuledger.reports.capacity import add_shared_idle, fleet_cost
+    from gpuledger.reports.capacity.report import add_shared_idle, fleet_cost
 
     return add_shared_idle(cb, fleet_cost(ledger, card=card, pools=_pools(pools), start=lo, end=hi), rule)

@@ -23,7 +23,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def friendly(exc: BaseException) -> click.ClickException | None:
     """The one-line error for an exception a user can cause, or None for one that is a bug."""
-    from gpuledger.core.ratecard_load import RateCardError
+    from gpuledger.core.pricing.ratecard_load import RateCardError
     from gpuledger.extras import MissingExtra
     from gpuledger.store.errors import LedgerError
 
@@ -151,7 +151,7 @@ def resolve_run(ledger, ref: str | None) -> str:  # type: ignore[no-untyped-def]
 
 def rate_card(path: str | None):  # type: ignore[no-untyped-def]
     """The rate card at ``path`` (None: the example card); a broken card is an error naming file and line."""
-    from gpuledger.reports.costing import load_rate_card
+    from gpuledger.reports.cost.costing import load_rate_card
 
     return load_rate_card(path)
 

@@ -74,8 +74,8 @@ def cost_cmd(
     Shows allocated, busy and idle GPU-hours, A100-equivalent hours, energy, cost and idle cost.
     A resumed training also gets the total of all its attempts.
     """
-    from gpuledger.reports.cost_render import cost_csv, cost_text, to_json
-    from gpuledger.reports.costing import run_costs
+    from gpuledger.reports.cost.costing import run_costs
+    from gpuledger.reports.cost.render import cost_csv, cost_text, to_json
 
     card = rate_card(rates)
     scope = _scope(projects)
@@ -168,9 +168,9 @@ def chargeback_cmd(
 ) -> None:
     """GPU cost by team, project, user or GPU model for a month (columns: docs/CHARGEBACK.md;
     --format focus: the FinOps FOCUS 1.0 dataset, CSV or -o FILE.parquet, docs/FOCUS.md)."""
-    from gpuledger.core.chargeback_columns import GROUP_KEYS
-    from gpuledger.reports import cost_render
-    from gpuledger.reports.costing import chargeback, window_from_args
+    from gpuledger.core.chargeback.columns import GROUP_KEYS
+    from gpuledger.reports.cost import render as cost_render
+    from gpuledger.reports.cost.costing import chargeback, window_from_args
 
     keys = tuple(k.strip() for k in by.split(",") if k.strip())
     unknown = [k for k in keys if k not in GROUP_KEYS]
@@ -211,8 +211,8 @@ def chargeback_cmd(
     elif fmt == "md":
         text = cost_render.chargeback_markdown(cb, top_n)
     elif fmt == "html":
-        from gpuledger.reports.chargeback_html import chargeback_html
-        from gpuledger.reports.value_trends import value_trends
+        from gpuledger.reports.cost.chargeback_html import chargeback_html
+        from gpuledger.reports.cost.value_trends import value_trends
 
         # The weeks before the report's end (or now): trend, TOP lists and anomalies by model_version.
         weekly = value_trends(
@@ -231,7 +231,7 @@ def chargeback_cmd(
 def rollup_cmd(rebuild: bool, db: str | None) -> None:
     """Sum the intervals of finished runs per GPU and day, so cost reports over months stay fast."""
     from gpuledger.core.units import fmt_count
-    from gpuledger.reports.cost_rollups import materialise_rollups
+    from gpuledger.reports.cost.rollups import materialise_rollups
 
     ledger = open_ledger(db)
     counts = materialise_rollups(ledger, rebuild=rebuild)

@@ -32,7 +32,7 @@ def write_chargeback_focus(
     output: str | None,
 ) -> None:
     from gpuledger.core.months import month_of
-    from gpuledger.reports.focus import add_shared_idle_rows, chargeback_focus, default_identity
+    from gpuledger.reports.cost.focus import add_shared_idle_rows, chargeback_focus, default_identity
 
     _check_parquet(output)
     if share_idle != "none" and month_of(lo) != month_of(hi - 1e-6):
@@ -44,7 +44,7 @@ def write_chargeback_focus(
     export = chargeback_focus(ledger, scope=scope, card=card, start=lo, end=hi, basis=basis, identity=identity)
     if share_idle != "none":
         from gpuledger.cli.capacity_cmds import shared_idle
-        from gpuledger.reports.costing import chargeback
+        from gpuledger.reports.cost.costing import chargeback
 
         cb = chargeback(ledger, scope=scope, card=card, start=lo, end=hi, by=by, basis=basis, trend_months=0)
         cb = shared_idle(cb, ledger, card, lo, hi, share_idle, pools)
@@ -55,8 +55,8 @@ def write_chargeback_focus(
 def write_capacity_focus(
     ledger: Any, card: Any, pools: Any, lo: float, hi: float, *, provider: str | None, output: str | None
 ) -> None:
-    from gpuledger.reports.focus import default_identity
-    from gpuledger.reports.focus_capacity import capacity_focus
+    from gpuledger.reports.capacity.focus import capacity_focus
+    from gpuledger.reports.cost.focus import default_identity
 
     _check_parquet(output)
     identity = default_identity(card, provider)
@@ -65,7 +65,7 @@ def write_capacity_focus(
 
 def _check_parquet(output: str | None) -> None:
     """A missing [parquet] extra is said before any work."""
-    from gpuledger.reports.focus_render import is_parquet_path
+    from gpuledger.reports.cost.focus_render import is_parquet_path
 
     if is_parquet_path(output):
         from gpuledger.extras import require
@@ -74,7 +74,7 @@ def _check_parquet(output: str | None) -> None:
 
 
 def _write(export: Any, output: str | None) -> None:
-    from gpuledger.reports.focus_render import focus_csv, is_parquet_path, write_focus_parquet
+    from gpuledger.reports.cost.focus_render import focus_csv, is_parquet_path, write_focus_parquet
 
     for note in export.notes:
         click.echo(f"note: {note}", err=True)

@@ -26,7 +26,7 @@ def _range_options(func: F) -> F:
 def _time(text: str | None, param: str) -> float | None:
     if text is None:
         return None
-    from gpuledger.reports.runview import parse_since
+    from gpuledger.runs.view import parse_since
 
     try:
         return parse_since(text)
@@ -36,7 +36,7 @@ def _time(text: str | None, param: str) -> float | None:
 
 def _when(t: float | None) -> str | None:
     """A time for a table: "2026-11-20 14:03:07" (UTC; a space lets a narrow terminal wrap it)."""
-    from gpuledger.reports.runview import iso
+    from gpuledger.runs.view import iso
 
     stamp = iso(t)
     return None if stamp is None else stamp.replace("T", " ").removesuffix("Z")
@@ -116,7 +116,7 @@ def failures_cmd(since: str | None, until: str | None, short_s: float, fmt: str,
     """Failed, killed and lost runs: how many, the GPU-hours they wasted, the commonest causes; and
     succeeded runs shorter than --short, listed apart (a short success is not waste)."""
     from gpuledger.core.units import fmt_count, fmt_duration, fmt_hours
-    from gpuledger.reports.query_views import failure_report
+    from gpuledger.reports.run.query_views import failure_report
     from gpuledger.store.audit_queries import failures
 
     ledger = open_ledger(db)
@@ -183,7 +183,7 @@ def configs_cmd(since: str | None, until: str | None, fmt: str, db: str | None) 
 @cli_errors
 def gpu_cmd(uuid: str, since: str | None, until: str | None, fmt: str, db: str | None) -> None:
     """Who ran on GPU UUID (or a MIG slice of it) in a time range."""
-    from gpuledger.reports.query_views import mark_replayed
+    from gpuledger.reports.run.query_views import mark_replayed
     from gpuledger.store.audit_queries import gpu_users
 
     ledger = open_ledger(db)

@@ -57,7 +57,7 @@ def runs_cmd(project, team, user, status, labels, since, limit, fmt, server, tok
                                 since=since, limit=limit)  # fmt: skip
         empty_ledger = not rows and not given
     else:
-        from gpuledger.reports.runview import list_rows, parse_since
+        from gpuledger.runs.view import list_rows, parse_since
 
         try:
             since_t = parse_since(since) if since else None
@@ -90,9 +90,9 @@ def show_cmd(run: str | None, fmt: str, db: str | None) -> None:
 
     RUN is a run id, its short id (the ID column of gpuledger runs) or a unique id prefix;
     default: the newest run."""
-    from gpuledger.core.summary import format_summary
-    from gpuledger.reports import epochs as epochs_report
-    from gpuledger.reports.runview import load_run, summary
+    from gpuledger.core.metering.summary import format_summary
+    from gpuledger.reports.run import epochs as epochs_report
+    from gpuledger.runs.view import load_run, summary
 
     ledger = open_ledger(db)
     record = load_run(ledger, resolve_run(ledger, run))
@@ -116,10 +116,10 @@ def logs_cmd(run: str | None, db: str | None) -> None:
 
     RUN is a run id, its short id or a unique id prefix; default: the newest run. A log longer
     than the cap (GPULEDGER_LOG_MAX_B, 64 MiB) keeps its head and tail: stderr then says so."""
-    from gpuledger.core.logcap import find_cut
+    from gpuledger.core.training.logcap import find_cut
     from gpuledger.core.units import fmt_bytes
-    from gpuledger.recorder.liveness import fresh_log
-    from gpuledger.reports.runview import load_run
+    from gpuledger.runs.liveness import fresh_log
+    from gpuledger.runs.view import load_run
 
     ledger = open_ledger(db)
     record = load_run(ledger, resolve_run(ledger, run))
@@ -152,9 +152,9 @@ def export_cmd(run: str | None, fmt: str, output: str | None, metrics: bool, db:
 
     RUN is a run id, its short id or a unique id prefix; default: the newest run.
     Parquet needs the [parquet] extra: pip install 'gpuledger[parquet]'."""
-    from gpuledger.reports import epochs as er
-    from gpuledger.reports import export
-    from gpuledger.reports.runview import load_run
+    from gpuledger.reports.run import epochs as er
+    from gpuledger.reports.run import export
+    from gpuledger.runs.view import load_run
 
     if fmt == "parquet" and output in (None, "-"):
         raise click.UsageError("Parquet is binary: give a file with -o FILE")

@@ -63,9 +63,9 @@ def report_run_cmd(
     default: the newest run.
     """
     from gpuledger.core.ids import short_id
-    from gpuledger.reports import runreport
-    from gpuledger.reports.costhook import rate_card_configured
-    from gpuledger.reports.runview import load_run
+    from gpuledger.reports.run import report as runreport
+    from gpuledger.reports.run.cost_hook import rate_card_configured
+    from gpuledger.runs.view import load_run
 
     with_cost = rate_card_configured() if cost is None else cost
     check_report_rate_card(with_cost)
@@ -107,9 +107,9 @@ def compare_cmd(runs: tuple[str, ...], fmt: str, output: str | None, cost: bool 
     """
     if len(runs) < 2:
         raise click.UsageError("give at least two runs to compare")
-    from gpuledger.reports import compare
-    from gpuledger.reports.costhook import rate_card_configured
-    from gpuledger.reports.runview import load_run
+    from gpuledger.reports.run import compare
+    from gpuledger.reports.run.cost_hook import rate_card_configured
+    from gpuledger.runs.view import load_run
 
     with_cost = rate_card_configured() if cost is None else cost
     check_report_rate_card(with_cost)

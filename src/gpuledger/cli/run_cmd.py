@@ -75,6 +75,7 @@ def run_cmd(
     (128+N when it died of signal N).
     """
     from gpuledger.agent.client import token_from
+    from gpuledger.cli.run_hooks import run_hooks
     from gpuledger.recorder.wrap import WrapOptions, run_and_exit_code
 
     label_map = parse_labels(labels)
@@ -103,7 +104,6 @@ def run_cmd(
         summary=not quiet,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
-        server=server or None,
-        token=token_from(None, token_file) if server else None,
+        hooks=run_hooks(server or None, token_from(None, token_file) if server else None, db),
     )
     sys.exit(run_and_exit_code(list(command), opts))

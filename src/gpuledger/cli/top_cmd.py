@@ -1,4 +1,4 @@
-"""``gpuledger top``: a live terminal view of the runs recording on this machine (reports/top.py).
+"""``gpuledger top``: a live terminal view of the runs recording on this machine (reports/run/top.py).
 
 On a terminal the view redraws in place; piped or redirected, it prints a plain-text frame every
 ``--interval`` seconds (like ``top -b``), so a log or ``watch`` gets whole lines with whole ids.
@@ -107,7 +107,7 @@ def top_cmd(once: bool, interval: float, fmt: str, db: str | None) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    from gpuledger.reports.top import snapshot
+    from gpuledger.reports.run.top import snapshot
 
     ledger = open_ledger(db)
     if fmt == "json":
@@ -131,7 +131,7 @@ def top_cmd(once: bool, interval: float, fmt: str, db: str | None) -> None:
 
 
 def _print_frames(ledger: Any, interval: float, once: bool) -> None:
-    from gpuledger.reports.top import snapshot
+    from gpuledger.reports.run.top import snapshot
 
     try:
         while True:

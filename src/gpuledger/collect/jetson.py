@@ -27,7 +27,7 @@ from pathlib import Path
 from gpuledger.collect import jetson_sysfs as fs
 from gpuledger.collect.base import CollectorUnavailable, GpuRead
 from gpuledger.collect.visible import Candidate, resolve_visible
-from gpuledger.core.integrate import trapezoid_energy_j
+from gpuledger.core.metering.integrate import trapezoid_energy_j
 from gpuledger.core.model import ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
 
 # Fixed so the same board always gets the same uuid, on every install of gpuledger.

@@ -20,7 +20,7 @@ from typing import Any
 from gpuledger.collect.base import CollectorUnavailable, GpuRead
 from gpuledger.collect.nvml_throttle import REASON_BITS as THROTTLE_BITS
 from gpuledger.collect.visible import resolve_visible
-from gpuledger.core.integrate import trapezoid_energy_j
+from gpuledger.core.metering.integrate import trapezoid_energy_j
 from gpuledger.core.model import ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
 
 BASE_FIELDS = (

@@ -6,7 +6,7 @@ which method it used; docs/METERING.md says it for users):
 
 * busy time: from the driver's utilisation sample buffer (``nvmlDeviceGetSamples``), each sample
   covering at most one sample period before its timestamp; unsampled time is idle when the driver
-  stopped sampling, unknown when samples were lost (nvml_util.py, core/busy.py). Unknown time and
+  stopped sampling, unknown when samples were lost (nvml_util.py, core/metering/busy.py). Unknown time and
   GPUs without samples: the instant reading ``nvmlDeviceGetUtilizationRates`` × time.
 * energy: the cumulative energy counter (mJ; field value ``NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION``,
   else ``nvmlDeviceGetTotalEnergyConsumption``) with wrap/reset handling; where unsupported, or for
@@ -16,7 +16,7 @@ which method it used; docs/METERING.md says it for users):
 * throttling: cumulative violation counters or reason bits (nvml_throttle.py).
 * memory: v2 API (used excludes driver-reserved memory, reported apart), else v1.
 * temperature: ``nvmlDeviceGetTemperatureV``, else the deprecated ``nvmlDeviceGetTemperature``.
-* the run's processes: memory and SM share of the processes that are the run's (core/gpu_procs.py
+* the run's processes: memory and SM share of the processes that are the run's (core/metering/gpu_procs.py
   decides, collect/pid_owner.py gathers the facts: host PIDs, containers, Slurm steps).
 
 Every query goes through nvml_query.Querier: absent series are None and not asked again, a field
@@ -41,8 +41,8 @@ from gpuledger.collect.nvml_query import NOTHING_NEW, DeviceQueries, Querier
 from gpuledger.collect.nvml_throttle import ThrottleReader, ThrottleState
 from gpuledger.collect.nvml_util import UtilReader
 from gpuledger.collect.pid_owner import PidOwner
-from gpuledger.core.gpu_procs import attribute, sm_share
-from gpuledger.core.integrate import counter_delta, trapezoid_energy_j
+from gpuledger.core.metering.gpu_procs import attribute, sm_share
+from gpuledger.core.metering.integrate import counter_delta, trapezoid_energy_j
 from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
 
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 1.0, 60.0
@@ -346,7 +346,7 @@ class NvmlCollector:
             for s in samples:
                 ts, value = int(s.timeStamp), float(s.smUtil)
                 if ts <= d.proc_ts or not 0 <= value <= 100:
-                    continue  # stale or impossible (core/gpu_procs.py)
+                    continue  # stale or impossible (core/metering/gpu_procs.py)
                 newest = max(newest, ts)
                 acc = sm.setdefault(int(s.pid), [0.0, 0.0])
                 acc[0] += value

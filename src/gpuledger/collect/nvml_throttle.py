@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuledger.collect.nvml_query import DeviceQueries, Querier
-from gpuledger.core.integrate import counter_delta
+from gpuledger.core.metering.integrate import counter_delta
 
 # reason key -> (NVML_PERF_POLICY_* constant name, NVML_FI_DEV_PERF_POLICY_* field constant name)
 POLICIES = (

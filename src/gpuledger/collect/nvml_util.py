@@ -1,6 +1,6 @@
 """Busy time of one GPU from NVML's utilisation sample buffer, read tick after tick.
 
-The integration rule is core/busy.py's (a sample covers at most one sample period before its
+The integration rule is core/metering/busy.py's (a sample covers at most one sample period before its
 timestamp; unsampled time is idle when nothing was lost, unknown when samples may be lost). This
 module keeps the per-device state that decides which case a read is in:
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuledger.collect.nvml_query import NOTHING_NEW, VALUE_MEMBERS
-from gpuledger.core.busy import SamplePeriod, busy_from_samples
+from gpuledger.core.metering.busy import SamplePeriod, busy_from_samples
 from gpuledger.core.model import UTIL_INSTANT, UTIL_SAMPLES
 
 STALL_S = 8.0  # a read this late may find the ring buffer wrapped (100 samples at 1/6 s: ~16 s)

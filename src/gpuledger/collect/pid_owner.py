@@ -1,4 +1,4 @@
-"""Facts from /proc for telling which GPU processes are a run's (the rules are core/gpu_procs.py).
+"""Facts from /proc for telling which GPU processes are a run's (the rules are core/metering/gpu_procs.py).
 
 * **Foreign PID namespace.** The kernel thread ``kthreadd`` is pid 2 with parent 0 only in the
   initial PID namespace (a child namespace cannot see kernel threads). If the /proc we read does
@@ -13,7 +13,7 @@
 * **Job scope.** A process outside the run's tree but inside the same container (a 64-hex
   container id in its cgroup path) or Slurm job (``job_<id>``) — an ``srun`` step, say — is the
   run's by cgroup. Only visible where the host's processes are (initial namespace). The paths are
-  read by ``core/cgroup_path.py``, the parser the node agent attributes processes with.
+  read by ``core/metering/cgroup_path.py``, the parser the node agent attributes processes with.
 
 File descriptors and cgroups are read at most every ``REFRESH_S`` per process: they change when a
 process initialises CUDA, not every tick.
@@ -26,8 +26,8 @@ import re
 import time
 from collections.abc import Callable, Iterable
 
-from gpuledger.core.cgroup_path import read_cgroup
-from gpuledger.core.gpu_procs import PROC_CGROUP, PROC_PID
+from gpuledger.core.metering.cgroup_path import read_cgroup
+from gpuledger.core.metering.gpu_procs import PROC_CGROUP, PROC_PID
 
 REFRESH_S = 30.0
 _NVIDIA_NODE = re.compile(r"^/dev/nvidia(\d+)$")

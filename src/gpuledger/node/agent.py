@@ -2,7 +2,7 @@
 
 A tick (``interval / 5``, 2 s at the default 10 s interval) reads every GPU and its processes
 (node/gpus.py), looks each process up in /proc (node/procfacts.py), takes the platforms' latest
-claims (node/sources.py, never waiting for them) and attributes it (core/owners.py). Processes a
+claims (node/sources.py, never waiting for them) and attributes it (core/metering/owners.py). Processes a
 ``gpuledger run`` wraps are left to their own run; the others are grouped into discovered runs
 (node/track.py), which record the GPUs they hold and their host figures; at each interval boundary
 (the same instant for every run) the ticks become intervals, handed to the ledger thread
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 from gpuledger.collect.base import GpuCollector, GpuProcess, GpuRead
 from gpuledger.collect.host import ProcessTreeCollector
-from gpuledger.core.capacity_meter import CapacityMeter, GpuFacts, physical_gpus
+from gpuledger.core.capacity.meter import CapacityMeter, GpuFacts, physical_gpus
+from gpuledger.core.metering.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
 from gpuledger.core.model import GpuIdentity, GpuTick, Metric
-from gpuledger.core.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.cgroup_stats import CgroupCollector, locate
 from gpuledger.node.claims import Claims, ProcFacts
 from gpuledger.node.metrics import NodeMetrics, OwnerLabels
@@ -40,7 +40,7 @@ from gpuledger.node.sources import Sources
 from gpuledger.node.track import META_KEY, RunTrack, discovered_record, gpu_share
 
 GPU_RETRY_S = 60.0  # without NVML, how often the agent tries again
-_PGRP = "pgrp:"  # the weakest grouping (core/owners.py): a platform may later place the process
+_PGRP = "pgrp:"  # the weakest grouping (core/metering/owners.py): a platform may later place the process
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ class NodeAgent:
 
     def _take_log(self, track: RunTrack, now: float, final: bool = False) -> None:
         """The epochs its log has shown since the last look: metrics and ``epoch_end`` events, as
-        the log parser gives them for a wrapped run without callbacks (core/logparse.py)."""
+        the log parser gives them for a wrapped run without callbacks (core/training/logparse.py)."""
         if track.log is None:
             return
         view = track.log.view()  # type: ignore[attr-defined]
@@ -332,7 +332,7 @@ class NodeAgent:
 
     def _meter_capacity(self, read: GpuRead, by_gpu: dict[str, list[tuple[GpuProcess, Owner]]],
                         unattributed: dict[str, int], claims: Claims, now: float) -> None:  # fmt: skip
-        """This reading's span of every physical GPU in one capacity state (core/capacity.py): held
+        """This reading's span of every physical GPU in one capacity state (core/capacity/model.py): held
         by a discovered run, an open run of this host's ledger or a platform allocation; in use and
         attributed by the processes found on it or its MIG slices. The first reading only primes
         NVML's cursors (no busy time, no process yet): its span is left unobserved, not guessed."""

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuledger.collect.system import SysSample, SystemReader, system_fields
-from gpuledger.core.cgroup_path import CgroupFacts
+from gpuledger.core.metering.cgroup_path import CgroupFacts
 from gpuledger.core.model import HostTick
 
 _V1_CPU_DIRS = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")

@@ -1,6 +1,6 @@
 """What the node's platforms claim: the contract between platform adapters and attribution.
 
-Attribution (``core/owners.py``) is a pure function of two kinds of facts:
+Attribution (``core/metering/owners.py``) is a pure function of two kinds of facts:
 
 * ``ProcFacts`` — what /proc says about one GPU process (who, when, which cgroup, whether a
   ``gpuledger run`` wraps it: its environment's run id, its ancestors); ``node/procfacts.py``
@@ -43,7 +43,7 @@ class ProcFacts:
     cgroup: tuple[str, ...]  # the lines of /proc/<pid>/cgroup, as read
     run_id: str | None = None  # GPULEDGER_RUN_ID from its environment: a wrapped run owns it
     cmdline: tuple[str, ...] = ()
-    # Added for attribution (core/owners.py); defaults keep older callers valid.
+    # Added for attribution (core/metering/owners.py); defaults keep older callers valid.
     ancestors: tuple[int, ...] = ()  # parent, grandparent ... up to (not including) pid 1
     wrapper_pid: int | None = None  # nearest ancestor whose command line is ``gpuledger run``
     environ_readable: bool = True  # False: /proc/<pid>/environ could not be read (run_id unknown)

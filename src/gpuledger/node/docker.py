@@ -15,11 +15,11 @@ line (``follow_logs="gpu"``; ``"all"`` or ``"none"``), and the agent can ask for
   GPU process turns up in a container that claimed no GPU;
 * ``log(container_id) -> ContainerLog | None`` the one already followed;
 * ``ContainerLog.view() -> LogView``: the parsed YOLO epochs and metrics so far
-  (``view().parsed``, a ``core.logparse.ParsedLog``), when each epoch was seen finished
+  (``view().parsed``, a ``core.training.logparse.ParsedLog``), when each epoch was seen finished
   (``epoch_times``), whether the log has ended (``done``) or cannot be read (``error``), and the
   path of the redacted copy when ``log_dir`` is given (``docker-<id>.log``).
 
-Everything stored — labels, log bytes, parsed figures — has been through ``core/redact.py``.
+Everything stored — labels, log bytes, parsed figures — has been through ``core/redaction/redact.py``.
 Only GET endpoints are used (``docker_api.py``), so a read-only socket proxy suffices.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.claims import Allocation, Claims, ContainerClaim, SourceOptions
 from gpuledger.node.docker_api import DockerApiError, DockerClient, DockerConfigError, DockerUnavailable
 from gpuledger.node.docker_inspect import (

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.claims import Allocation, ContainerClaim
 
 _TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")

@@ -13,8 +13,8 @@ Wire format (Docker Engine API, "Get container logs"; observed on Engine 20.10):
   in the raw stream a timestamp can appear in the middle of a line: it is removed here.
 
 What comes out (``ContainerLog``) is what ``gpuledger run`` keeps for a wrapped run: the
-program's bytes, redacted by ``core/redact.py`` before anything is stored, written to an optional
-file, and parsed line by line by ``core/logparse.py`` into YOLO epochs and metrics (``\\r``
+program's bytes, redacted by ``core/redaction/redact.py`` before anything is stored, written to an optional
+file, and parsed line by line by ``core/training/logparse.py`` into YOLO epochs and metrics (``\\r``
 redraws reduced to the last, as a terminal shows them). Lines are capped, so binary garbage or a
 100 MB line without a newline costs bounded memory.
 """
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from gpuledger.core.logparse import LineParser, ParsedLog, screen_lines
-from gpuledger.core.redact import LineRedactor, Redactor
+from gpuledger.core.redaction.redact import LineRedactor, Redactor
+from gpuledger.core.training.logparse import LineParser, ParsedLog, screen_lines
 from gpuledger.node.docker_inspect import docker_time_ns
 
 STDOUT, STDERR, SYSTEMERR = 1, 2, 3

@@ -20,7 +20,7 @@ last allocations stay in the claims, ``status()`` says they are stale, and the s
 again with a backoff doubling up to ``max_backoff_s``; an API server that refuses (RBAC) or
 cannot be reached leaves the last pod identities in place and says so.
 
-Pod labels pass through ``core/redact.py`` before anyone sees them, as containers' labels do.
+Pod labels pass through ``core/redaction/redact.py`` before anyone sees them, as containers' labels do.
 grpcio and protobuf are the optional ``gpuledger[kubernetes]`` extra: without them the source
 still names pods from the API server and ``status()`` says what to install.
 """
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.claims import Allocation, Claims, PodClaim, SourceOptions
 from gpuledger.node.kubelet_api import ApiError, ApiServerClient, PodIdentity, api_config
 from gpuledger.node.kubelet_devices import (

@@ -15,7 +15,7 @@ happens here too:
   ended while the agent was away: they are ended at their last interval.
 
 It also keeps, every ``RECORDERS_EVERY_S``, the pids of the recorders of runs ``running`` on this
-host (``recorders``: the wrapped-run rule of core/owners.py) and the GPUs the open runs of this host
+host (``recorders``: the wrapped-run rule of core/metering/owners.py) and the GPUs the open runs of this host
 hold (``held_gpus``: held time in the capacity ledger), and writes the agent's capacity intervals
 and GPU sightings (store/capacity.py) in order with the rest.
 """
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.core.capacity import CapacityInterval, Sighting
+from gpuledger.core.capacity.model import CapacityInterval, Sighting
 from gpuledger.core.model import GpuIdentity, RunRecord
 from gpuledger.node.track import META_KEY, Closed
 from gpuledger.store.capacity import write_capacity

@@ -4,7 +4,7 @@ A track is fed by the agent's loop: each tick adds, per GPU it holds, the GPU's 
 own processes' memory and SM share (``GpuTick.proc_*``, exactly as a wrapped run on a shared GPU
 records them, so the cost code's shared-GPU split works unchanged), and a reading of its host
 collector (its cgroup, or its process tree). At every interval boundary of the agent the ticks
-merge into intervals (core/intervals.py), numbered per device from the seqs the ledger already
+merge into intervals (core/metering/intervals.py), numbered per device from the seqs the ledger already
 holds for a resumed run.
 """
 
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from gpuledger.collect.base import HostCollector
 from gpuledger.core.ids import uuid7
-from gpuledger.core.intervals import merge_gpu_ticks, merge_host_ticks
+from gpuledger.core.metering.intervals import merge_gpu_ticks, merge_host_ticks
+from gpuledger.core.metering.owners import Owner
 from gpuledger.core.model import (
     DISCOVERED,
     Event,
@@ -30,8 +31,7 @@ from gpuledger.core.model import (
     Metric,
     RunRecord,
 )
-from gpuledger.core.owners import Owner
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.claims import ProcFacts
 
 META_KEY = "node"  # RunRecord.meta["node"]: the agent's own facts about a discovered run

@@ -2,7 +2,7 @@
 
 Runs that ended within ``recent_s`` (the same hour the run series stay in the scrape), carry a
 model or model_version label and were metered (not imported); newest first, at most ``max_runs``.
-Each is priced once per process with the server's rate card (reports/value_trends.py, as
+Each is priced once per process with the server's rate card (reports/cost/value_trends.py, as
 ``gpuledger cost`` prices it) and kept: an ended run's figures do not change, so a scrape reads
 only the list of runs and prices the runs it has not seen. A run whose end or status changes is
 priced again.
@@ -15,16 +15,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpuledger.core.chargeback.value_trends import group_of
 from gpuledger.core.money import money_decimal
-from gpuledger.core.value_trends import group_of
 from gpuledger.prom.ledger_source import MAX_RUNS, RECENT_S
 from gpuledger.prom.series import RunKey
 from gpuledger.prom.value_families import RunValueFigures
 from gpuledger.store import value_queries as vq
 
 if TYPE_CHECKING:
-    from gpuledger.core.ratecard import RateCard
-    from gpuledger.core.value_trends import RunValue
+    from gpuledger.core.chargeback.value_trends import RunValue
+    from gpuledger.core.pricing.ratecard import RateCard
     from gpuledger.store import Ledger
 
 _UH_TO_S = 0.0036  # one micro-GPU-hour in seconds
@@ -68,7 +68,7 @@ class ValueSource:
         self.priced = 0  # runs priced by the last call (the cost of a scrape)
 
     def figures(self, scope: frozenset[str] | None = None) -> list[RunValueFigures]:
-        from gpuledger.reports.value_trends import values_of
+        from gpuledger.reports.cost.value_trends import values_of
 
         with self._lock:
             now = self._clock()

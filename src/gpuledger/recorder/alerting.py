@@ -1,4 +1,4 @@
-"""Live alerts inside a recording session: core.alerts' evaluator plugged into the recorder.
+"""Live alerts inside a recording session: core.diagnosis.alerts' evaluator plugged into the recorder.
 
 Wiring (recorder/session.py): the Recorder's ``on_interval`` hook is ``LiveAlerts.hook(...)``
 (chained before any other consumer of the hook), every control message goes through
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuledger.core.alerts import Alert, AlertEngine, AlertRules, rules_from_config
+from gpuledger.core.diagnosis.alerts import Alert, AlertEngine, AlertRules, rules_from_config
 from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval, RunRecord
 from gpuledger.core.units import iso_utc
 

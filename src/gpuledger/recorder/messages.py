@@ -2,7 +2,7 @@
 
 Types: ``epoch_start`` {epoch}, ``epoch_end`` {epoch, metrics, payload}, ``phase`` {name} (a span
 after the epochs, e.g. "final validation"): each closes the current interval first, so usage can be
-summed per epoch exactly (core/epochs.py). ``metrics`` {metrics, epoch|step}; ``event`` {kind,
+summed per epoch exactly (core/training/epochs.py). ``metrics`` {metrics, epoch|step}; ``event`` {kind,
 message, payload}; ``metadata`` {labels, meta}; ``attempt_of`` {run_id}; ``resume_of`` {save_dir}:
 link this run to the latest earlier run that wrote to the same save_dir (a resumed training).
 
@@ -72,7 +72,7 @@ def handle(session: Session, recorder: Recorder, msg: dict, cut: bool = True) ->
     elif kind == "attempt_of":
         session.link_attempt(str(msg["run_id"]))
     elif kind == "resume_of":
-        from gpuledger.reports.attempts import find_earlier_attempt
+        from gpuledger.runs.attempts import find_earlier_attempt
 
         earlier = find_earlier_attempt(session.ledger(), str(msg["save_dir"]), before=session.run)
         if earlier is not None:

@@ -6,7 +6,6 @@ import getpass
 import importlib.metadata
 import os
 import platform
-import socket
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,10 +41,6 @@ def current_user(env: Mapping[str, str]) -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return env.get("USER") or f"uid{os.getuid()}"
-
-
-def host_name() -> str:
-    return socket.gethostname()
 
 
 def parse_label(text: str) -> tuple[str, str]:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuledger.collect.base import GpuCollector, HostCollector
-from gpuledger.core.intervals import merge_gpu_ticks, merge_host_ticks
+from gpuledger.core.metering.intervals import merge_gpu_ticks, merge_host_ticks
 from gpuledger.core.model import Event, GpuInterval, GpuTick, HostInterval, HostTick, Metric
 from gpuledger.recorder.control import ControlServer
 
@@ -36,7 +36,7 @@ MIN_FLUSH_S = 2.0  # short intervals are batched: fewer, larger writes to a shar
 MAX_TICK_S = 1.0
 FIRST_TICK_S = 0.25
 # A cut this soon after the latest interval edge is absorbed (module doc): far below a tick
-# (>= 0.5 s), and below core.epochs.SNAP_S (0.05 s) with room for the message handling, so the
+# (>= 0.5 s), and below core.training.epochs.SNAP_S (0.05 s) with room for the message handling, so the
 # boundary event, written just after the cut, is snapped onto that edge and per-epoch sums stay exact.
 SLIVER_S = 0.02
 REPEAT_WINDOW_S = 60.0  # a repeating problem is recorded at most once a minute

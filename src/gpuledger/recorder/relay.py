@@ -89,7 +89,7 @@ class _Reader:
 
 
 class Stream(Protocol):
-    """One source's redaction (core/redact.LineRedactor): complete lines out, the rest held."""
+    """One source's redaction (core/redaction/redact.LineRedactor): complete lines out, the rest held."""
 
     def feed(self, data: bytes) -> bytes: ...
 
@@ -210,7 +210,7 @@ def _warn(line: str) -> None:
 
 def start_relay(sources: dict[int, int], log_path: str, close_in_child: list[int]) -> int:
     """Fork the relay; return its pid. ``sources`` maps a readable fd to the fd it is copied to."""
-    from gpuledger.core.redact import Redactor
+    from gpuledger.core.redaction.redact import Redactor
 
     redactor = Redactor.default()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -17,13 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from gpuledger.collect.base import GpuCollector, HostCollector
 from gpuledger.core.ids import uuid7
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.recorder import metadata
 from gpuledger.recorder.alerting import LiveAlerts
 from gpuledger.recorder.clock import SteadyClock
 from gpuledger.recorder.control import ControlServer
 from gpuledger.recorder.messages import handle as handle_message
 from gpuledger.recorder.recorder import Recorder
+from gpuledger.runs.host import host_name
 
 
 def stderr_line(line: str) -> None:
@@ -60,7 +61,7 @@ def new_run_record(
         id=run_id or uuid7(int(now * 1000)),
         command=redactor.redact_argv(list(command)),
         user=metadata.current_user(env),
-        host=metadata.host_name(),
+        host=host_name(),
         cwd=cwd,
         started_at=now,
         name=name,
@@ -167,7 +168,7 @@ class Session:
 
         Labels given on the command line win over labels an integration fills automatically.
         """
-        from gpuledger.core.redact import Redactor
+        from gpuledger.core.redaction.redact import Redactor
 
         redactor = Redactor.default()
         with self._ledger_lock:
@@ -213,7 +214,7 @@ class Session:
         log_truncated: bool = False,
     ) -> dict | None:
         """Stop recording, write the end state and the log; return the summary (None if unwritable).
-        ``log_truncated``: ``log`` is the head and tail of a longer output (core/logcap.py).
+        ``log_truncated``: ``log`` is the head and tail of a longer output (core/training/logcap.py).
 
         ``explain`` reads the run's log after the recorder stopped (why it failed; epochs when no
         integration reported them) and may return a better status reason.
@@ -280,6 +281,6 @@ def _driver_versions(devices: list[GpuIdentity]) -> dict[str, str]:
 
 
 def run_summary(ledger, run_id: str, now: float) -> dict:
-    from gpuledger.reports.runview import summary
+    from gpuledger.runs.view import summary
 
     return summary(ledger, ledger.get_run(run_id), now=now)

@@ -108,7 +108,7 @@ def recover(path: Path, ledger) -> str:
         [_build(Metric, m) for m in doc["metrics"]],
     )
     if run.log_path:
-        from gpuledger.recorder.logfile import archive_once, cap_or_default
+        from gpuledger.runs.logfile import archive_once, cap_or_default
 
         archive_once(ledger, run.id, run.log_path, cap_or_default(os.environ))  # stored capped, file removed
     path.unlink()

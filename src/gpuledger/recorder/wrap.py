@@ -15,10 +15,11 @@ from gpuledger.core.ids import uuid7
 from gpuledger.paths import log_dir
 from gpuledger.recorder.control import ENV_VAR as CONTROL_ENV
 from gpuledger.recorder.control import ControlServer
+from gpuledger.recorder.hooks import RunHooks
 from gpuledger.recorder.launch import LaunchError, become_subreaper, copy_window_size, launch
-from gpuledger.recorder.logfile import log_cap, read_capped, remove_file
 from gpuledger.recorder.recorder import ticks_per_interval
 from gpuledger.recorder.session import Session, new_run_record, stderr_line
+from gpuledger.runs.logfile import log_cap, read_capped, remove_file
 
 if TYPE_CHECKING:
     from gpuledger.prom.serve import MetricsServer
@@ -39,8 +40,7 @@ class WrapOptions:
     summary: bool = True
     metrics_port: int | None = None  # serve Prometheus /metrics from this process (0: any free port)
     metrics_host: str = "127.0.0.1"
-    server: str | None = None  # team server to push the run to (gpuledger run --server)
-    token: str | None = None
+    hooks: RunHooks = field(default_factory=RunHooks)  # integrations and the team-server push
 
 
 @dataclass
@@ -67,15 +67,16 @@ def _status(wait_status: int, forwarded: int | None) -> tuple[str, int, int | No
     return "failed", code, None, f"exited with code {code}{after}"
 
 
-def child_env(env: Mapping[str, str], run_id: str, db_url: str | None, control_path: str) -> dict[str, str]:
-    from gpuledger.integrations.autoload import autoload_env
-
+def child_env(
+    env: Mapping[str, str], run_id: str, db_url: str | None, control_path: str, hooks: RunHooks | None = None
+) -> dict[str, str]:
     out = dict(env)
     out["GPULEDGER_RUN_ID"] = run_id  # lets integrations inside CMD attach to this run
     out[CONTROL_ENV] = control_path
     if db_url:
         out["GPULEDGER_DB"] = db_url
-    out.update(autoload_env(out))  # zero-code capture: integrations load inside CMD's Python
+    if hooks is not None and hooks.child_env is not None:
+        out.update(hooks.child_env(out))  # zero-code capture: integrations load inside CMD's Python
     return out
 
 
@@ -96,7 +97,7 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     run_id = uuid7(int(started * 1000))
     log_path = str(log_dir(env) / f"{run_id}.log")
     control = ControlServer(control_socket_path(run_id))
-    cmd_env = child_env(env, run_id, opts.db_url, control.path)
+    cmd_env = child_env(env, run_id, opts.db_url, control.path, opts.hooks)
     become_subreaper()
     try:
         launched = launch(list(argv), cmd_env, log_path, use_pty=opts.use_pty)  # CMD runs from here on
@@ -117,11 +118,7 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
         previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda *_: copy_window_size(1, master))
 
     metrics = _start_metrics(opts)  # after the launch: CMD and the relay must not inherit its socket
-    pusher = None
-    if opts.server:  # the agent (httpx, outbox) is only loaded for a run that pushes to a server
-        from gpuledger.agent.attach import start_pusher
-
-        pusher = start_pusher(opts.server, opts.token, opts.db_url, run_id, stderr_line)
+    pusher = opts.hooks.start_push(run_id, stderr_line) if opts.hooks.start_push is not None else None
     session: Session | None = None
     try:
         session = _start_session(
@@ -144,8 +141,6 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     status, code, sig, reason = _status(wait_status, forwarded[-1] if forwarded else None)
     summary = None
     if session is not None:
-        from gpuledger.integrations.ultralytics.postrun import explain_run
-
         capped = read_capped(log_path, log_cap_b)
         summary = session.finish(
             status,
@@ -154,15 +149,13 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
             reason=reason,
             log=None if capped is None else capped.data,
             log_truncated=capped is not None and capped.truncated,
-            explain=explain_run,
+            explain=opts.hooks.explain,
         )
         session.close()
         if summary is not None and capped is not None and relay_done:
             remove_file(log_path)  # archived in the ledger: the file was only the crash-safe copy
     if pusher is not None:
-        from gpuledger.agent.attach import finish_pusher
-
-        finish_pusher(pusher, stderr_line)
+        pusher.finish(stderr_line)
     if metrics is not None:
         metrics.stop()
     control.close()
@@ -268,7 +261,7 @@ def run_and_exit_code(argv: Sequence[str], opts: WrapOptions) -> int:
         stderr_line(f"gpuledger: {exc}")
         return exc.exit_code
     if opts.summary and outcome.summary is not None:
-        from gpuledger.core.summary import format_summary
+        from gpuledger.core.metering.summary import format_summary
 
         stderr_line(format_summary(outcome.summary))
     return outcome.exit_code

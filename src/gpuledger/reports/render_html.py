@@ -74,7 +74,7 @@ def _num(value: Any, significant: int = 3) -> str:
 
 
 def _metric_keys(rows: list[dict[str, Any]]) -> list[str]:
-    from gpuledger.reports.epochs import metric_columns
+    from gpuledger.reports.run.epochs import metric_columns
 
     return metric_columns(rows, MAX_METRIC_COLUMNS)
 

@@ -70,7 +70,7 @@ def render_run(model: dict[str, Any]) -> str:
         )
     epochs = [e for e in model["epochs"] if e["phase"] == "epoch"]
     if epochs:
-        from gpuledger.reports.epochs import metric_columns
+        from gpuledger.reports.run.epochs import metric_columns
 
         keys = metric_columns(epochs, MAX_METRIC_COLUMNS)
         lines += ["", "#### Epochs", ""]

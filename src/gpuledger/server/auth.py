@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import HTTPException, Request
 
-from gpuledger.core.access import Principal, parse_token
+from gpuledger.core.audit.access import Principal, parse_token
 from gpuledger.store import accounts
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 time.
 
 The body is never held in memory while it arrives: chunks are redacted line by line (the same
-rules as the agent, core/redact.py) and appended to a temporary file, in the thread pool so a large
+rules as the agent, core/redaction/redact.py) and appended to a temporary file, in the thread pool so a large
 log never blocks the event loop. The request guard (limits.py) has already checked the token and
 counts the bytes: past ``Settings.max_log_b`` the upload stops with 413, and a body that stalls gets
 408. Only then is the file read back and stored in the ledger (the database takes the log in one
@@ -24,7 +24,7 @@ from typing import TypeVar
 from fastapi import HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
-from gpuledger.core.redact import LineRedactor, Redactor
+from gpuledger.core.redaction.redact import LineRedactor, Redactor
 from gpuledger.server.limits import BodyTimeout, BodyTooLarge
 
 T = TypeVar("T")

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from gpuledger.core.access import Principal
+from gpuledger.core.audit.access import Principal
 from gpuledger.prom.families import SnapshotCollector
 from gpuledger.prom.ledger_source import LedgerSource
 from gpuledger.prom.value_families import ValueCollector
@@ -47,8 +47,8 @@ def _value_source(request: Request) -> ValueSource | None:
         source = getattr(state, "metrics_value_source", None)
         if source is not None or getattr(state, "metrics_value_refused", False):
             return source
-    from gpuledger.core.ratecard_load import RateCardError
-    from gpuledger.reports import costing
+    from gpuledger.core.pricing.ratecard_load import RateCardError
+    from gpuledger.reports.cost import costing
     from gpuledger.server.routes_misc import _rate_card
 
     try:

@@ -3,14 +3,14 @@
 The agent redacts when it records (recorder/session.py, the log relay), but the server cannot
 trust that: an old agent, a run recorded before a rule existed, a hand-written push or an
 integration's metadata may still carry a secret. The server applies the same rules (one rule set,
-core/redact_rules.toml, through core/redact.py) to the command line, labels, metadata, git state,
+core/redaction/redact_rules.toml, through core/redaction/redact.py) to the command line, labels, metadata, git state,
 run name and status reason, and to event messages and payloads; logs are redacted as they stream
 in (routes_write.py). Redacting twice changes nothing, so an already redacted push is stored as is.
 """
 
 from __future__ import annotations
 
-from gpuledger.core.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.server.models import IngestBatch
 
 

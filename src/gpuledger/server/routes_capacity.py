@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuledger.core.capacity import CapacityInterval, Sighting, States
+from gpuledger.core.capacity.model import CapacityInterval, Sighting, States
 from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.wire_types import FUTURE_SKEW_S, MIN_T, Bytes, Short, T
 from gpuledger.store.capacity import write_capacity
@@ -44,7 +44,7 @@ class CapacityGpuIn(_Strict):
 
 
 # gpu_uuid, host, t0_ms, t1_ms, unallocated_ms, alloc_idle_ms, busy_attr_ms, busy_unattr_ms,
-# unmeasured_ms, energy_j (core/capacity.WIRE_COLUMNS)
+# unmeasured_ms, energy_j (core/capacity/model.WIRE_COLUMNS)
 Row = tuple[Short, Short, Ms, Ms, Ms, Ms, Ms, Ms, Ms, Annotated[float, Field(ge=0, allow_inf_nan=False)] | None]
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
-from gpuledger.core.chargeback_columns import GROUP_KEYS
+from gpuledger.core.chargeback.columns import GROUP_KEYS
 from gpuledger.server.auth import Principal, current_principal
 from gpuledger.server.routes_runs import _finite, parse_since
 from gpuledger.store import server_queries
@@ -76,7 +76,7 @@ def _card_text(path: str | None) -> str | None:
     try:
         from importlib import resources
 
-        return resources.files("gpuledger.core").joinpath("default_rates.toml").read_text(encoding="utf-8")
+        return resources.files("gpuledger.core.pricing").joinpath("default_rates.toml").read_text(encoding="utf-8")
     except (OSError, ModuleNotFoundError):
         return None
 
@@ -99,7 +99,7 @@ def chargeback(
     ] = "team",
     format: Literal["json"] = "json",
 ) -> dict[str, Any]:
-    from gpuledger.reports import costing  # ships with the server: a failure to import is a bug, not a 501
+    from gpuledger.reports.cost import costing  # ships with the server: a failure to import is a bug, not a 501
 
     keys = tuple(k.strip() for k in by.split(",") if k.strip())
     unknown = [k for k in keys if k not in SERVER_GROUP_KEYS]

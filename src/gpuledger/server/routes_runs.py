@@ -55,7 +55,7 @@ def parse_since(text: str | None) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        from gpuledger.reports.runview import parse_since as parse
+        from gpuledger.runs.view import parse_since as parse
 
         try:
             return parse(text)
@@ -89,15 +89,15 @@ def list_runs(
 
     runs, busy = db.read(tx)
     now = time.time()
-    from gpuledger.reports.runview import run_row
+    from gpuledger.runs.view import run_row
 
     return [run_row(run, *busy.get(run.id, (0, None)), now) for run in runs]
 
 
 @router.get("/runs/{run_id}", summary="One run: the same JSON as `gpuledger show --json`")
 def show_run(request: Request, principal: Caller, run_id: str) -> dict[str, Any]:
-    from gpuledger.reports import epochs as epochs_report
-    from gpuledger.reports.runview import summary
+    from gpuledger.reports.run import epochs as epochs_report
+    from gpuledger.runs.view import summary
 
     view, run = visible(request, principal, run_id)
     data = summary(view, run)
@@ -117,7 +117,7 @@ async def run_intervals(
     after_t: Annotated[float | None, Query(description="only intervals ending after this (epoch s)")] = None,
     limit: Annotated[int, Query(ge=1, le=100_000, description="rows per series (at most max_page)")] = 10_000,
 ) -> Response:
-    from gpuledger.reports.export import COLUMN_NAMES
+    from gpuledger.reports.run.export import COLUMN_NAMES
 
     if after_t is not None and not math.isfinite(after_t):
         raise HTTPException(status_code=422, detail="after_t must be a finite number")
@@ -190,7 +190,7 @@ def run_log(request: Request, principal: Caller, run_id: str) -> Response:
 async def run_export(
     request: Request, principal: Caller, run_id: str, format: Literal["csv", "jsonl"] = "csv"
 ) -> Response:
-    from gpuledger.reports.export import COLUMN_NAMES
+    from gpuledger.reports.run.export import COLUMN_NAMES
 
     settings = request.app.state.settings
     _, run = await run_in_threadpool(visible, request, principal, run_id)

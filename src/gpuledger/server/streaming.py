@@ -34,7 +34,7 @@ def gate(request: Request) -> threading.Semaphore:
 
 
 def export_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A database row in the export's shape (reports/export.py): throttle_s as sorted JSON text."""
+    """A database row in the export's shape (reports/run/export.py): throttle_s as sorted JSON text."""
     out = dict(row)
     if out.get("throttle_s") is not None:
         out["throttle_s"] = json.dumps(out["throttle_s"], sort_keys=True)

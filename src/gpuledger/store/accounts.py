@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.access import Principal, check_name, check_role, format_token, parse_token
+from gpuledger.core.audit.access import Principal, check_name, check_role, format_token, parse_token
 from gpuledger.store import audit, schema
 from gpuledger.store.audit_state import secret_check
 from gpuledger.store.errors import LedgerError

@@ -3,7 +3,7 @@
 Every change the team server makes (run created / changed / ended, token issued / revoked, rate
 card changed, rollups, retention deletes, owners) is appended with ``append`` inside the
 transaction that makes the change, signed with the writer's audit key (store/audit_sign.py). A
-finished run is *sealed*: a digest of its rows (core/seal.py) goes into the chain; a later
+finished run is *sealed*: a digest of its rows (core/audit/seal.py) goes into the chain; a later
 legitimate change (a late push, a rollup) appends a new seal. ``verify`` (store/audit_verify.py)
 checks the signatures and the chain, recomputes every sealed run and names each row that differs.
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.audit_chain import GENESIS, canonical_json, row_hash
+from gpuledger.core.audit.chain import GENESIS, canonical_json, row_hash
 from gpuledger.store import audit_seals, audit_sign, audit_verify, schema
 from gpuledger.store.audit_verify import Verification
 

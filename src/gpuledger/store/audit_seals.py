@@ -1,4 +1,4 @@
-"""Runs' seals computed from their rows now, many runs per query (core/seal.py does the digest).
+"""Runs' seals computed from their rows now, many runs per query (core/audit/seal.py does the digest).
 
 ``verify`` recomputes the seal of every sealed run: one query per table for a chunk of runs,
 instead of eight per run, so a ledger of a hundred thousand runs is read in a few thousand queries.
@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core import seal as seals
+from gpuledger.core.audit import seal as seals
 from gpuledger.store import schema as T
 
 CHUNK = 200  # runs per query

@@ -23,7 +23,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.signing import Keyring, KeyTextError, SigningKey, parse_private
+from gpuledger.core.audit.signing import Keyring, KeyTextError, SigningKey, parse_private
 from gpuledger.store import schema
 from gpuledger.store.errors import LedgerError
 

@@ -5,7 +5,7 @@
    unsigned rows it finds (store/audit_sign.py), so a good head vouches for every row below it.
    A bad head: the rows after the last good signature are named as written without the key.
    ``all_signatures`` checks every row's signature as well (slow: ~0.1 ms a row).
-2. **The chain**: every row's hash and its link to the row before (core/audit_chain.py), read in
+2. **The chain**: every row's hash and its link to the row before (core/audit/chain.py), read in
    one streaming pass; rows that writers found unsigned (``audit.unsigned_rows``) are named.
 3. **Runs**: every sealed run is recomputed and compared with its latest seal; runs missing from
    the trail (inserted with SQL), deleted without an entry, or finished but never sealed.
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core import seal as seals
-from gpuledger.core.audit_chain import GENESIS, check_chain
+from gpuledger.core.audit import seal as seals
+from gpuledger.core.audit.chain import GENESIS, check_chain
+from gpuledger.core.audit.signing import Keyring
 from gpuledger.core.model import run_is_open
-from gpuledger.core.signing import Keyring
 from gpuledger.store import audit_seals, audit_sign, audit_state, liveness_sweep
 from gpuledger.store import schema as T
 

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.capacity import CapacityDay, CapacityInterval, Sighting, States, merge_days, split_days
+from gpuledger.core.capacity.model import CapacityDay, CapacityInterval, Sighting, States, merge_days, split_days
 from gpuledger.store.engine import Database
 from gpuledger.store.schema import gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts
 from gpuledger.store.schema_capacity import STATE_COLUMNS

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.capacity import WIRE_COLUMNS
+from gpuledger.core.capacity.model import WIRE_COLUMNS
 from gpuledger.store.schema import capacity_pushes, gpu_capacity, gpu_fleet, gpu_fleet_hosts
 
 if TYPE_CHECKING:

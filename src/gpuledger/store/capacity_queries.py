@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.capacity import CapacityDay, FleetGpu, HostStay, States
+from gpuledger.core.capacity.model import CapacityDay, FleetGpu, HostStay, States
 from gpuledger.store.cost_queries import _fetch
 from gpuledger.store.queries import open_run
 from gpuledger.store.schema import devices, gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts, runs

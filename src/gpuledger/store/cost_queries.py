@@ -97,7 +97,7 @@ RUN_COLUMNS = ("id", "status", "user", "team", "project", "name", "started_at", 
 
 def _run_columns() -> list[sa.ColumnElement[Any]]:
     # RUN_COLUMNS, then NULL for the instance type and the id again as the logical id: the row is
-    # already shaped like reports.cost_usage.RunRow.
+    # already shaped like reports.cost.usage.RunRow.
     return [*(runs.c[c] for c in RUN_COLUMNS), sa.null().label("instance_type"), runs.c.id.label("logical_id")]
 
 

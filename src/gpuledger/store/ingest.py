@@ -6,7 +6,7 @@ events and metrics by (run, seq) as numbered by the agent's local ledger; a rese
 nothing. The run's row is locked first (PostgreSQL: SELECT ... FOR UPDATE), so pushes of one run
 from several replicas are serialised and the bulk path (store/bulk.py) can use COPY safely.
 
-History is immutable (core/run_rules.py): only the run's owner may push it (store/ownership.py),
+History is immutable (core/audit/run_rules.py): only the run's owner may push it (store/ownership.py),
 its identity and devices never change, a finished run's record is final, GPUs belong to the host
 that reported them first, and rows outside the run's span are refused one by one (``refused``).
 A push that breaks a rule raises PushRefused; the attempt is audited in a transaction of its own.
@@ -21,9 +21,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core import run_rules
+from gpuledger.core.audit import run_rules
+from gpuledger.core.audit.run_rules import FINAL, Span, is_final
 from gpuledger.core.model import RunRecord
-from gpuledger.core.run_rules import FINAL, Span, is_final
 from gpuledger.store import audit, bulk, codec, ownership, rollup_stale, schema, writes
 from gpuledger.store.engine import Database
 from gpuledger.store.ownership import PushRefused, Writer
@@ -94,7 +94,7 @@ def _upsert_run(
     new_devices: Sequence[Mapping[str, Any]],
 ) -> tuple[bool, bool, dict[str, Any]]:
     """(created, changed, the run's row now). ``authorize(existing_project, new_project)`` raises
-    to refuse; PushRefused for a push that breaks the rules of core/run_rules.py."""
+    to refuse; PushRefused for a push that breaks the rules of core/audit/run_rules.py."""
     existing = _lock_run(db, conn, run.id)
     new_row = codec.run_row(run)
     if existing is None:

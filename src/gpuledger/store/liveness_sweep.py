@@ -1,6 +1,6 @@
 """Runs whose agent went silent become ``lost`` on the server; a run that speaks again comes back.
 
-Locally a dead recorder is noticed by its pid (recorder/liveness.py); the server cannot see an
+Locally a dead recorder is noticed by its pid (runs/liveness.py); the server cannot see an
 agent's processes, only its pushes. A running agent pushes after every flush (seconds), and one
 that cannot reach the server retries at least every minute, so a run that has not been heard of
 for ``lost_after_s`` (default an hour) is taken for lost: its agent was killed, its machine died,
@@ -14,7 +14,7 @@ end of the last host interval, and the run's start.
 ``lost`` is a verdict drawn from silence, not a fact: when the run's own agent pushes it again as
 still running (a long network cut), ``revive`` puts it back to ``running`` (audited,
 ``run.revived``) before the push is applied, unless the run was sealed meanwhile; and whatever the
-verdict, its owner may still report how the run really ended (core/run_rules.py).
+verdict, its owner may still report how the run really ended (core/audit/run_rules.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Per finished run, one transaction each, audited:
 
 1. the cost engine's per-day rollups are written first (``gpu_rollups``), so costs stay exact;
 2. a run that ended more than ``raw_days`` ago has its intervals replaced by 1-minute intervals
-   (core/rollup.py: exact sums, cut at epoch boundaries), after ``minute_days`` by 1-hour ones;
+   (core/metering/rollup.py: exact sums, cut at epoch boundaries), after ``minute_days`` by 1-hour ones;
    ``rollup_marks`` remembers how far the raw seqs went, so a late replay of raw rows is dropped;
 3. logs of runs that ended more than ``log_days`` ago are deleted (their sha256 stays in the
    audit chain); runs older than ``run_days`` (off by default) are deleted whole.
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core import rollup
-from gpuledger.core.epochs import BOUNDARY_KINDS
-from gpuledger.core.seal import compare
+from gpuledger.core.audit.seal import compare
+from gpuledger.core.metering import rollup
+from gpuledger.core.training.epochs import BOUNDARY_KINDS
 from gpuledger.store import audit, codec, liveness_sweep, schema, writes
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def run_retention(
     cost_rollups: Callable[[Ledger], dict[str, int]] | None = None,
 ) -> Report:
     """Apply ``policy`` to every finished run; ``cost_rollups`` writes the cost engine's day
-    rollups first (reports/cost_rollups.materialise_rollups when installed)."""
+    rollups first (reports/cost/rollups.materialise_rollups when installed)."""
     now = time.time() if now is None else now
     report = Report()
     if cost_rollups is not None:

@@ -48,7 +48,7 @@ def drop_after_append(conn: Connection, run_id: str, spans: Sequence[tuple[str, 
     """After GPU intervals (device uuid, t0, t1) were added to ``run_id``: if it has already ended
     (a late replay), drop its rollups and those of the runs that held one of the same GPUs on the
     same days. A running run is never rolled up, nor is anything chained to it on its GPUs
-    (reports/cost_rollups.py), so the usual append, while recording, costs one primary-key probe."""
+    (reports/cost/rollups.py), so the usual append, while recording, costs one primary-key probe."""
     if not spans:
         return
     row = conn.execute(sa.select(runs.c.status, runs.c.ended_at).where(runs.c.id == run_id)).first()

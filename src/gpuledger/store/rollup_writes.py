@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.usage import DayUsage, weakest_rule
+from gpuledger.core.pricing.usage import DayUsage, weakest_rule
 from gpuledger.store import rollup_audit
 from gpuledger.store.schema import gpu_rollups, runs
 

@@ -2,7 +2,7 @@
 
 ``gpuledger show`` needs the run's totals, not its rows: summing in the database keeps it fast
 on runs of millions of intervals (72 h x 8 GPUs at 1 s), where decoding every row took minutes.
-The merge rules are those of core/intervals.py: integrals summed (None when never measured),
+The merge rules are those of core/metering/intervals.py: integrals summed (None when never measured),
 gauges max / last / time-weighted, methods joined.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.intervals import merge_methods
+from gpuledger.core.metering.intervals import merge_methods
 from gpuledger.core.model import GpuInterval, HostInterval
 from gpuledger.store import queries
 from gpuledger.store.schema import gpu_intervals

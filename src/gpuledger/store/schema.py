@@ -247,7 +247,7 @@ logs = sa.Table(
 )
 
 # Per run, GPU model and UTC day: the sums of the GPU intervals, as the cost model prices them (the
-# run's own share of a shared GPU, held time up to the last interval of a killed run: core/usage.py).
+# run's own share of a shared GPU, held time up to the last interval of a killed run: core/pricing/usage.py).
 # Derived and rebuildable; reports read it instead of the intervals when it is there (migration 2).
 # One row sums the run's GPUs of one name and MIG profile ('' = a whole GPU), so a report reads
 # about one row per run and day.
@@ -285,7 +285,7 @@ audit_log = _team[schema_team.AUDIT_LOG]
 push_state = _team[schema_team.PUSH_STATE]
 rollup_marks = _team[schema_team.ROLLUP_MARKS]
 # Signatures of the audit chain (migration 7): each row's Ed25519 signature and the id of the key
-# that made it (core/signing.py); NULL on a chain written without a key.
+# that made it (core/audit/signing.py); NULL on a chain written without a key.
 audit_log.append_column(sa.Column("key_id", sa.String(16)))
 audit_log.append_column(sa.Column("sig", sa.Text))
 

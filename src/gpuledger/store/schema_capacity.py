@@ -6,7 +6,7 @@ these tables changes, freeze a copy of this function in the migration module fir
 here and write the ALTER in a new migration.
 
 Times of capacity rows are integer epoch milliseconds and states integer milliseconds, so a row's
-four states add up to its span exactly and sums of them stay exact (core/capacity.py).
+four states add up to its span exactly and sums of them stay exact (core/capacity/model.py).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Bucketed interval series computed in SQL (read-only): the fast path for big runs' reports.
 
-Same buckets as ``core/series.py`` (the reference): GROUP BY device and bucket number, with sums,
+Same buckets as ``core/metering/series.py`` (the reference): GROUP BY device and bucket number, with sums,
 maxima, time-weighted means and per-interval minima/maxima. Reading 2 million intervals into
 Python objects takes many seconds; letting the database aggregate them takes about one.
 Each aggregate costs about 60 ns per row, so only the fields the report uses are computed; the
 rest of ``merged`` stays None / 0 (GPU: samples, last values, memory clock, per-process SM share;
 host: samples, threads). Methods come from each device's first and last interval, and throttle
-reasons other than ``core.series.THROTTLE_REASONS`` are not summed. The tests check the computed
+reasons other than ``core.metering.series.THROTTLE_REASONS`` are not summed. The tests check the computed
 fields against the pure reference.
 """
 
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.intervals import merge_methods
+from gpuledger.core.metering.intervals import merge_methods
+from gpuledger.core.metering.series import THROTTLE_REASONS, GpuBucket, HostBucket, Plan
 from gpuledger.core.model import GpuInterval, HostInterval
-from gpuledger.core.series import THROTTLE_REASONS, GpuBucket, HostBucket, Plan
 from gpuledger.store.schema import devices, gpu_intervals, host_intervals
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def _sum_int(col: Any) -> Any:
 def bucketed_gpu(
     ledger: Ledger, run_id: str, plan: Plan, devices: list[str] | None = None, threads: int = 2
 ) -> dict[str, list[GpuBucket]]:
-    """Per device uuid, the buckets of ``plan`` in time order (see core.series.bucket_gpu).
+    """Per device uuid, the buckets of ``plan`` in time order (see core.metering.series.bucket_gpu).
 
     One query per device: SQLite sorts each device's rows for GROUP BY, and several small sorts
     are cheaper than one big one; ``threads`` of them run at once (sqlite3 releases the GIL).

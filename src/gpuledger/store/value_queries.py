@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.value import MAP50_95_KEYS
+from gpuledger.core.chargeback.value import MAP50_95_KEYS
 from gpuledger.store.queries import open_run
 from gpuledger.store.schema import metrics, run_labels, runs
 

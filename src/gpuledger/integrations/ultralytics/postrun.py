@@ -4,10 +4,10 @@
 the run's end state is written (Session.finish's ``explain`` hook). It:
 
 1. reads CMD's log file (``run.log_path``, written by the output relay),
-2. records failures found there (CUDA OOM, NaN loss, dataset not found, OOM killer: core/failures.py)
+2. records failures found there (CUDA OOM, NaN loss, dataset not found, OOM killer: core/training/failures.py)
    as run events with the epoch they happened in, and returns the one-line reason for the status,
 3. when no ``epoch_end`` came from the callbacks (YOLOv5 scripts, a Python the hook could not load
-   into), parses the training output into per-epoch metrics (core/logparse.py).
+   into), parses the training output into per-epoch metrics (core/training/logparse.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from gpuledger.core import failures
 from gpuledger.core.model import Metric
+from gpuledger.core.training import failures
 
 if TYPE_CHECKING:
     from gpuledger.recorder.session import Session

@@ -4,7 +4,7 @@
   datagrams (control.py), fire-and-forget.
 - Inside ``gpuledger.track()``: the session registered with ``active_session`` receives them
   directly (messages.handle with ``cut=False``: the recorder thread owns interval cutting, so per
-  epoch figures are shared out in proportion to time, see core/epochs.py).
+  epoch figures are shared out in proportion to time, see core/training/epochs.py).
 
 Nothing here raises: a sink that cannot deliver drops the message.
 """

@@ -1,0 +1,289 @@
+"""Rendering the capacity report and the fleet: terminal table, CSV, Markdown, one offline HTML
+file (inline SVG, no script, the report's JSON embedded), JSON.
+
+Machine formats carry exactly the documented columns (core/capacity/columns.py, docs/CAPACITY.md)
+with money as exact decimal strings; people's formats round money to cents.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gpuledger.core.capacity.columns import COLUMNS
+from gpuledger.core.capacity.report import CapacityReport
+from gpuledger.core.units import fmt_money, fmt_number, fmt_pct
+
+__all__ = [
+    "capacity_csv",
+    "capacity_html",
+    "capacity_markdown",
+    "capacity_text",
+    "fleet_csv",
+    "fleet_markdown",
+    "fleet_text",
+    "to_json",
+]
+
+_MONEY = {c.name for cols in COLUMNS.values() for c in cols if c.unit == "currency"}
+_RATIO = {c.name for cols in COLUMNS.values() for c in cols if c.unit == "ratio"}
+_VIEW = [
+    "gpus",
+    "fleet_gpu_h",
+    "unallocated_gpu_h",
+    "alloc_idle_gpu_h",
+    "busy_attributed_gpu_h",
+    "busy_unattributed_gpu_h",
+    "unobserved_gpu_h",
+    "busy_share",
+    "asset_cost",
+    "unallocated_cost",
+    "alloc_idle_cost",
+    "busy_attributed_cost",
+    "busy_unattributed_cost",
+    "unobserved_cost",
+    "energy_cost",
+    "fleet_cost",
+]
+_SHORT = {
+    "gpus": "GPUS",
+    "fleet_gpu_h": "FLEET GPU-H",
+    "unallocated_gpu_h": "UNALLOC",
+    "alloc_idle_gpu_h": "ALLOC IDLE",
+    "busy_attributed_gpu_h": "BUSY OWNED",
+    "busy_unattributed_gpu_h": "BUSY NO OWNER",
+    "unobserved_gpu_h": "UNOBSERVED",
+    "busy_share": "BUSY",
+    "asset_cost": "ASSET COST",
+    "unallocated_cost": "UNALLOC COST",
+    "alloc_idle_cost": "IDLE COST",
+    "busy_attributed_cost": "OWNED COST",
+    "busy_unattributed_cost": "NO-OWNER COST",
+    "unobserved_cost": "UNOBS COST",
+    "energy_cost": "ENERGY",
+    "fleet_cost": "FLEET COST",
+    "allocated_gpu_h": "ALLOC GPU-H",
+    "busy_gpu_h": "BUSY GPU-H",
+    "weight": "WEIGHT",
+    "billed_cost": "BILLED",
+    "shared_idle_cost": "SHARED IDLE",
+    "total_cost": "TOTAL",
+}
+_SHARE_VIEW = [c.name for c in COLUMNS["shares"]]
+_FLEET_VIEW = ["gpu", "gpu_model", "host", "hosts", "pool", "rate", "first_seen", "last_seen", "status", "source"]
+RULES_IN_WORDS = {
+    "none": "not shared: the fleet's owner carries the cost no run was billed for",
+    "allocated": "shared in proportion to each team's allocated GPU-hours",
+    "busy": "shared in proportion to each team's busy GPU-hours",
+}
+
+
+def to_json(data: Any) -> str:
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return "—"
+    if column in _MONEY:
+        return fmt_money(value)
+    if column in _RATIO:
+        return fmt_pct(float(value))
+    if isinstance(value, float):
+        return fmt_number(value)
+    return str(value)
+
+
+def _grid(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    return [[_SHORT.get(c, c.upper()) for c in columns], *([_cell(c, r.get(c)) for c in columns] for r in rows)]
+
+
+def _plain(table: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = []
+    for n, row in enumerate(table):
+        cells = [
+            c.ljust(w) if i == 0 or not c[:1].isdigit() else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  " + "  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _md(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
+    table = _grid(columns, rows)
+    out = ["| " + " | ".join(table[0]) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table[1:]]
+    return "\n".join(out)
+
+
+def _csv(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
+    return buf.getvalue()
+
+
+def title(report: CapacityReport) -> str:
+    p = report.params
+    period = p.get("month") or f"{p.get('from')} -> {p.get('to')}"
+    return (
+        f"Capacity {period} by {', '.join(p.get('by', []))}  ({report.total.get('gpus', 0)} GPUs; "
+        f"{p.get('currency')}; rate card: {p.get('rate_card')}; pools: {p.get('pools') or 'by instance type or model'})"
+    )
+
+
+def _rule_line(report: CapacityReport) -> str:
+    rule = str(report.params.get("share_idle", "none"))
+    return f"Idle cost rule: {rule} — {RULES_IN_WORDS.get(rule, rule)}"
+
+
+def capacity_csv(report: CapacityReport, section: str = "groups") -> str:
+    """One section: ``groups`` (the --by keys lead, then TOTAL) or ``shares``."""
+    if section == "shares":
+        rows = [*report.shares, *([report.shares_total] if report.shares_total else [])]
+        return _csv(_SHARE_VIEW, rows)
+    by = list(report.params.get("by", []))
+    return _csv(by + [c.name for c in COLUMNS["groups"]], [*report.groups, report.total])
+
+
+def capacity_text(report: CapacityReport) -> str:
+    by = list(report.params.get("by", []))
+    parts = [title(report), _rule_line(report), "", _plain(_grid(by + _VIEW, [*report.groups, report.total]))]
+    if report.shares_total is not None:
+        parts += ["", "Shared back to teams", _plain(_grid(_SHARE_VIEW, [*report.shares, report.shares_total]))]
+    if report.warnings:
+        parts += ["", "Notes", *(f"  - {w}" for w in report.warnings)]
+    return "\n".join(parts) + "\n"
+
+
+def capacity_markdown(report: CapacityReport) -> str:
+    by = list(report.params.get("by", []))
+    out = [f"# {title(report)}", "", f"**{_rule_line(report)}**", "", _md(by + _VIEW, [*report.groups, report.total])]
+    if report.shares_total is not None:
+        out += ["", "## Shared back to teams", "", _md(_SHARE_VIEW, [*report.shares, report.shares_total])]
+    if report.warnings:
+        out += ["", "## Notes", "", *(f"- {w}" for w in report.warnings)]
+    return "\n".join(out) + "\n"
+
+
+# -- HTML -------------------------------------------------------------------------------------------
+
+_STATE_BARS = (  # (column, label, colour)
+    ("busy_attributed_gpu_h", "busy, owner found", "#3ca951"),
+    ("busy_unattributed_gpu_h", "busy, no owner", "#efb118"),
+    ("alloc_idle_gpu_h", "allocated, idle", "#ff725c"),
+    ("unallocated_gpu_h", "unallocated", "#9498a0"),
+    ("unobserved_gpu_h", "unobserved", "#d9d9de"),
+)
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;
+color:#1d1d1f;padding:0 16px}h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
+th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th{background:#f6f6f8;font-weight:600}td:first-child,th:first-child{text-align:left}
+tr.total td{font-weight:700;border-top:2px solid #999}.rule{font-weight:600}.note{color:#666}.wide{overflow-x:auto}
+svg text{font:11px system-ui,sans-serif;fill:#333}
+"""
+
+
+def _esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _html_table(columns: Sequence[str], rows: Sequence[dict[str, Any]], total: dict[str, Any] | None) -> str:
+    head = "".join(f"<th>{_esc(_SHORT.get(c, c.replace('_', ' ')))}</th>" for c in columns)
+    body = ["<tr>" + "".join(f"<td>{_esc(_cell(c, r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows]
+    if total is not None:
+        body.append(
+            '<tr class="total">' + "".join(f"<td>{_esc(_cell(c, total.get(c)))}</td>" for c in columns) + "</tr>"
+        )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _stacked(report: CapacityReport) -> str:
+    """One horizontal bar per group: its GPU-hours in each state, stacked."""
+    by = list(report.params.get("by", []))
+    rows = sorted(report.groups, key=lambda r: -float(r["fleet_gpu_h"]))[:20]
+    if not rows:
+        return ""
+    width, label_w, row_h = 760, 190, 22
+    top = max(float(r["fleet_gpu_h"]) for r in rows) or 1.0
+    scale = (width - label_w - 90) / top
+    height = 30 + row_h * len(rows) + 28
+    out = [
+        f'<svg role="img" aria-label="GPU-hours by state" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}"><text x="0" y="14" style="font-weight:600">GPU-hours by state</text>'
+    ]
+    for i, r in enumerate(rows):
+        y, x = 26 + i * row_h, float(label_w)
+        name = " / ".join("(none)" if r.get(k) is None else str(r[k]) for k in by)
+        out.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{_esc(name[:30])}</text>')
+        for column, label, colour in _STATE_BARS:
+            w = float(r[column]) * scale
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="{colour}">'
+                       f"<title>{_esc(name)}: {label} {float(r[column]):,.1f} GPU-h</title></rect>")  # fmt: skip
+            x += w
+        out.append(f'<text x="{x + 4:.1f}" y="{y + 13}">{float(r["fleet_gpu_h"]):,.0f}</text>')
+    x = float(label_w)
+    for _, label, colour in _STATE_BARS:
+        out.append(f'<rect x="{x:.0f}" y="{height - 19}" width="10" height="10" fill="{colour}"/>'
+                   f'<text x="{x + 14:.0f}" y="{height - 10}">{_esc(label)}</text>')  # fmt: skip
+        x += 24 + 7 * len(label)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def capacity_html(report: CapacityReport) -> str:
+    """One offline page: the states chart, the groups, the shares, the notes, the JSON."""
+    by = list(report.params.get("by", []))
+    data = json.dumps(report.as_dict()).replace("</", "<\\/")
+    parts = [
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_esc(title(report))}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{_esc(title(report))}</h1>",
+        f'<p class="rule">{_esc(_rule_line(report))}</p>',
+        '<p class="note">Every GPU-second of the fleet is in one state: unallocated (nobody held the GPU), '
+        "allocated-idle (held, not busy), busy with its owner found, busy with no owner, or unobserved (no agent "
+        "watched). Asset cost = GPU-hours x the rate card's rate, used or not. Money is exact; shown in cents.</p>",
+        _stacked(report),
+        f"<h2>By {_esc(', '.join(by))}</h2>",
+        '<div class="wide">',
+        _html_table(by + _VIEW, report.groups, report.total),
+        "</div>",
+    ]
+    if report.shares_total is not None:
+        parts += ["<h2>Shared back to teams</h2>", _html_table(_SHARE_VIEW, report.shares, report.shares_total)]
+    if report.warnings:
+        parts += ["<h2>Notes</h2><ul>", *(f"<li>{_esc(w)}</li>" for w in report.warnings), "</ul>"]
+    parts.append(f'<script type="application/json" id="capacity-data">{data}</script></body></html>\n')
+    return "".join(parts)
+
+
+# -- the fleet --------------------------------------------------------------------------------------
+
+
+def fleet_csv(rows: Sequence[dict[str, Any]]) -> str:
+    return _csv([c.name for c in COLUMNS["fleet"]], rows)
+
+
+def fleet_text(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return "no GPUs yet: run gpuledger agent on the GPU nodes, or record runs (docs/CAPACITY.md)\n"
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    head = f"Fleet: {len(rows)} GPUs (" + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ")"
+    return head + "\n" + _plain(_grid(_FLEET_VIEW, rows)) + "\n"
+
+
+def fleet_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    return f"# Fleet: {len(rows)} GPUs\n\n" + _md([c.name for c in COLUMNS["fleet"]], rows) + "\n"

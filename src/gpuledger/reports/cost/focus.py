@@ -1,0 +1,97 @@
+"""The chargeback as a FOCUS 1.0 cost-and-usage dataset (docs/FOCUS.md): read, price, make rows.
+
+The window is read and priced exactly as ``costing.chargeback`` prices it (the same usage reader,
+the same Pricer, the same cuts at month boundaries, price changes and the window's edges), but
+every priced piece is kept with its run and UTC day instead of being summed into groups, so the
+rows add up to the chargeback's totals to the last unit. The chargeback's columnar fast path is
+not used here: it sums before a piece's day is known.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from gpuledger.core.chargeback.focus import FocusExport, FocusIdentity, build_focus
+from gpuledger.core.chargeback.focus_shared import shared_idle_rows
+from gpuledger.core.chargeback.report import Chargeback
+from gpuledger.core.pricing.cost import Compact, Pricer, compact, month_starts
+from gpuledger.core.pricing.ratecard import RateCard
+from gpuledger.reports.cost.usage import Scope, UsageSet, collect_report, read
+from gpuledger.store.label_queries import labels_of
+
+if TYPE_CHECKING:
+    from gpuledger.store import Ledger
+
+__all__ = ["add_shared_idle_rows", "chargeback_focus", "default_identity"]
+
+
+def default_identity(card: RateCard, provider: str | None = None) -> FocusIdentity:
+    """Who provides the GPU time: ``provider`` when given, else the rate card's name, else gpuledger."""
+    return FocusIdentity((provider or "").strip() or card.name or "gpuledger")
+
+
+def chargeback_focus(
+    ledger: Ledger,
+    *,
+    scope: Scope,
+    card: RateCard,
+    start: float,
+    end: float,
+    basis: str | None = None,
+    identity: FocusIdentity | None = None,
+) -> FocusExport:
+    """The FOCUS rows of [start, end): one per UTC day, run, GPU model, instance type and price."""
+    cut_times = sorted({start, end} | {t for t in card.change_points if start < t < end})
+    edges = {start, *month_starts(start, end), *cut_times}
+    pricer = Pricer(card, basis, start, end)
+
+    def collect(conn: Any) -> tuple[UsageSet, dict[str, dict[str, str]]]:
+        usage = collect_report(
+            conn,
+            scope=scope,
+            trend_start=start,
+            start=start,
+            end=end,
+            edges=edges,
+            cut_times=cut_times,
+            group_keys=[],
+        )
+        return usage, labels_of(conn, list(usage.runs))
+
+    usage, labels = read(ledger, collect)
+    items: Iterable[Compact] = itertools.chain(
+        (compact(ln) for ln in pricer.price_all(usage.usages)),
+        pricer.price_rollups(usage.rollups, usage.runs, usage.period_of_day, usage.periods),
+    )
+    return build_focus(
+        items,
+        usage.runs,
+        labels,
+        card=card,
+        basis=str(pricer.basis),
+        start=start,
+        end=end,
+        identity=identity or default_identity(card),
+    )
+
+
+def add_shared_idle_rows(export: FocusExport, cb: Chargeback, *, card: RateCard, start: float, end: float,
+                         identity: FocusIdentity) -> FocusExport:  # fmt: skip
+    """A copy of ``export`` with a row per group of ``cb`` (a chargeback of the same window after
+    reports/capacity/report.add_shared_idle) for its part of the fleet's unbilled cost; ValueError when
+    the window is not inside one calendar month."""
+    rows = shared_idle_rows(
+        cb.groups,
+        by=cb.params["by"],
+        rule=cb.params["share_idle"],
+        fleet_cost=cb.params["fleet_cost"],
+        billed=cb.total["cost"],
+        card=card,
+        basis=export.basis,
+        start=start,
+        end=end,
+        identity=identity,
+    )
+    return FocusExport([*export.rows, *rows], list(export.notes), export.currency, export.basis)

@@ -1,0 +1,264 @@
+"""Value for money week by week, with its anomalies and their likely causes (docs/CHARGEBACK.md,
+"Value for money over weeks"): what the chargeback HTML and the server's /metrics show.
+
+``run_values`` reads the finished runs that carry a model or model_version label and prices each
+as ``gpuledger cost`` does (from its intervals, the card's basis); ``value_trends`` sums them per
+group and week (core/chargeback/value_trends.py), finds the weeks that got worse (core/chargeback/anomaly_rule.py) and
+explains them: only the runs of a flagged group, in the weeks compared, are diagnosed
+(core/diagnosis/diagnose.py), so a report of many weeks reads few runs in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpuledger.core.chargeback.anomaly_causes import CauseThresholds, explain
+from gpuledger.core.chargeback.anomaly_rule import Anomaly, AnomalyRule, find_anomalies
+from gpuledger.core.chargeback.value import yolo_inputs
+from gpuledger.core.chargeback.value_trends import (
+    WEEK_S,
+    RunValue,
+    group_of,
+    map_gain_points,
+    series_rows,
+    top_lists,
+    week_label,
+    week_start,
+    weekly_cells,
+    weeks_before,
+)
+from gpuledger.core.pricing.cost import Pricer
+from gpuledger.reports.cost.usage import collect_runs
+from gpuledger.store import value_queries as vq
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from gpuledger.core.pricing.ratecard import RateCard
+    from gpuledger.store import Ledger
+
+__all__ = ["ValueTrends", "run_values", "value_trends", "values_of"]
+
+DIAGNOSE_LIMIT = 40  # runs diagnosed per flagged group and week (the newest)
+_SETTINGS = ("batch", "imgsz", "workers")
+
+
+@dataclass
+class ValueTrends:
+    """Everything the value sections of a report show; ``as_dict`` is JSON-ready."""
+
+    by: str
+    currency: str
+    weeks: list[float]
+    rule: AnomalyRule
+    thresholds: CauseThresholds
+    series: list[dict[str, Any]]
+    tops: dict[str, list[dict[str, Any]]]
+    anomalies: list[Anomaly]
+    runs: int  # run records counted
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "by": self.by,
+            "currency": self.currency,
+            "weeks": [week_label(w) for w in self.weeks],
+            "runs": self.runs,
+            "anomaly_rule": self.rule.as_dict(),
+            "cause_thresholds": dataclasses.asdict(self.thresholds),
+            "series": self.series,
+            **self.tops,
+            "anomalies": [a.as_dict(self.by) for a in self.anomalies],
+            "notes": self.notes,
+        }
+
+
+def _setting(meta: Mapping[str, Any], labels: Mapping[str, Any], key: str) -> Any:
+    """A hyper-parameter as the YOLO integration records it (meta, then its resolved
+    hyperparameters), else a label of that name."""
+    hp = meta.get("hyperparameters") if isinstance(meta.get("hyperparameters"), Mapping) else {}
+    value = meta.get(key, hp.get(key, labels.get(key)))
+    return value if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
+
+
+def _name(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        value = value.get("name")
+    return str(value) if value else None
+
+
+def _best(meta: Mapping[str, Any], from_metrics: float | None) -> float | None:
+    reported = yolo_inputs(meta, [])["map50_95"]  # meta.result.best_map50_95 wins, as in value.py
+    return reported if reported is not None else from_metrics
+
+
+def _read(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> Any:
+    ids = [r["id"] for r in rows]
+    chains = vq.ancestors(conn, rows)
+    earlier = sorted({a for chain in chains.values() for a in chain})
+    # Unscoped on purpose: the rows are already the reader's; a shared GPU's split needs every tenant.
+    usage = collect_runs(conn, ids, scope=None)
+    return vq.metric_figures(conn, ids + earlier), chains, vq.run_meta(conn, earlier), usage
+
+
+def values_of(
+    ledger: Ledger, rows: Sequence[Mapping[str, Any]], *, card: RateCard, basis: str | None = None
+) -> list[RunValue]:
+    """The value of each run in ``rows`` (store.value_queries.finished_model_runs rows), in order."""
+    if not rows:
+        return []
+    figures, chains, earlier_meta, usage = ledger.read(lambda conn: _read(conn, rows))
+    sums: dict[str, list[int]] = {}
+    models: dict[str, set[str]] = {}
+    for ln in Pricer(card, basis).price_all(usage.usages):
+        acc = sums.setdefault(ln.run_id, [0, 0, 0, 0, 0])
+        acc[0] += ln.cost
+        acc[1] += ln.idle_cost
+        acc[2] += ln.alloc_uh
+        acc[3] += ln.busy_uh
+        acc[4] += ln.alloc_uh - ln.unmeasured_uh
+        models.setdefault(ln.run_id, set()).add(ln.model)
+    out = []
+    for row in rows:
+        rid, meta, labels = row["id"], row["meta"] or {}, row["labels"] or {}
+        best_map, epochs = figures.get(rid, (None, 0))
+        best = _best(meta, best_map)
+        before = [_best(earlier_meta.get(a, {}), figures.get(a, (None, 0))[0]) for a in chains.get(rid, [])]
+        earlier_best = max((b for b in before if b is not None), default=None)
+        train = yolo_inputs(meta, [])["train_images"]
+        cost, idle, alloc, busy, measured = sums.get(rid, [0, 0, 0, 0, 0])
+        settings = {k: _setting(meta, labels, k) for k in _SETTINGS}
+        settings["gpu_model"] = ";".join(sorted(models.get(rid, ()))) or None
+        settings["dataset"] = labels.get("dataset") or _name(meta.get("dataset"))
+        out.append(
+            RunValue(
+                run_id=rid,
+                ended_at=float(row["ended_at"]),
+                status=row["status"],
+                model=labels.get("model") or _name(meta.get("model")),
+                model_version=labels.get("model_version"),
+                cost=cost,
+                idle_cost=idle,
+                alloc_uh=alloc,
+                busy_uh=busy,
+                measured_uh=measured,
+                epochs=epochs,
+                images_seen=epochs * train if train else 0,
+                map_points=map_gain_points(best, earlier_best),
+                map50_95=best,
+                settings=settings,
+            )
+        )
+    return out
+
+
+def run_values(
+    ledger: Ledger,
+    *,
+    scope: frozenset[str] | None,
+    card: RateCard,
+    start: float,
+    end: float,
+    basis: str | None = None,
+    limit: int | None = None,
+) -> list[RunValue]:
+    """The value of every finished, labelled run in scope that ended in [start, end), newest end first."""
+    rows = ledger.read(lambda conn: vq.finished_model_runs(conn, scope=scope, start=start, end=end, limit=limit))
+    return values_of(ledger, rows, card=card, basis=basis)
+
+
+def _findings(ledger: Ledger, run_id: str) -> frozenset[str] | None:
+    """The rules the diagnosis of ``run_id`` found (None when the run is gone)."""
+    from gpuledger.core.diagnosis.diagnose import diagnose
+    from gpuledger.reports.run import data as rundata
+    from gpuledger.store.errors import RunNotFound
+
+    try:
+        run = ledger.get_run(run_id)
+    except RunNotFound:
+        return None
+    data = rundata.load(ledger, run)
+    return frozenset(f.rule for f in diagnose(rundata.trace_of(ledger, data, with_history=False)))
+
+
+def _diagnosed(ledger: Ledger, runs: Sequence[RunValue], limit: int) -> list[RunValue]:
+    """The newest ``limit`` of ``runs`` with their findings (the runs the finding causes compare)."""
+    out = []
+    for r in sorted(runs, key=lambda r: (-r.ended_at, r.run_id))[:limit]:
+        found = _findings(ledger, r.run_id)
+        if found is not None:
+            out.append(dataclasses.replace(r, findings=found, diagnosed=True))
+    return out
+
+
+def value_trends(
+    ledger: Ledger,
+    *,
+    scope: frozenset[str] | None,
+    card: RateCard,
+    end: float,
+    weeks: int = 8,
+    by: str = "model_version",
+    basis: str | None = None,
+    top_n: int = 10,
+    rule: AnomalyRule | None = None,
+    thresholds: CauseThresholds | None = None,
+    diagnose_limit: int = DIAGNOSE_LIMIT,
+) -> ValueTrends:
+    """The ``weeks`` complete ISO weeks before ``end``: series, TOP lists, anomalies of the last."""
+    rule = rule or AnomalyRule()
+    thresholds = thresholds or CauseThresholds()
+    if weeks < 1:
+        raise ValueError("value trends need at least one week")
+    starts = weeks_before(end, weeks)
+    values = run_values(ledger, scope=scope, card=card, basis=basis, start=starts[0], end=starts[-1] + WEEK_S)
+    cells = weekly_cells(values, starts, by)
+    anomalies = find_anomalies(cells, starts, rule)
+    diagnosed: dict[str, RunValue] = {}
+    for a in anomalies:
+        now, before = _split(values, a, by)
+        for week_runs in (now, *_by_week(before)):
+            for r in _diagnosed(ledger, [r for r in week_runs if r.run_id not in diagnosed], diagnose_limit):
+                diagnosed[r.run_id] = r
+        explain(
+            a,
+            [diagnosed.get(r.run_id, r) for r in now],
+            [diagnosed.get(r.run_id, r) for r in before],
+            currency=card.currency,
+            th=thresholds,
+        )
+    notes = []
+    if len(starts) <= rule.baseline_weeks:
+        notes.append(f"anomalies need {rule.baseline_weeks + 1} weeks or more (the week and those it is compared with)")
+    return ValueTrends(
+        by=by,
+        currency=card.currency,
+        weeks=starts,
+        rule=rule,
+        thresholds=thresholds,
+        series=series_rows(cells, starts, by),
+        tops=top_lists(cells, by, top_n),
+        anomalies=anomalies,
+        runs=sum(c.runs for c in cells.values()),
+        notes=notes,
+    )
+
+
+def _split(values: Sequence[RunValue], a: Anomaly, by: str) -> tuple[list[RunValue], list[RunValue]]:
+    """The anomaly's group: its runs of the week, and of the baseline weeks."""
+    mine = [r for r in values if group_of(r, by) == a.group]
+    baseline = set(a.baseline_weeks)
+    return (
+        [r for r in mine if week_start(r.ended_at) == a.week],
+        [r for r in mine if week_start(r.ended_at) in baseline],
+    )
+
+
+def _by_week(runs: Sequence[RunValue]) -> list[list[RunValue]]:
+    out: dict[float, list[RunValue]] = {}
+    for r in runs:
+        out.setdefault(week_start(r.ended_at), []).append(r)
+    return [out[w] for w in sorted(out)]

@@ -1,0 +1,158 @@
+"""``gpuledger compare``: load each run's figures and per-epoch curves, then core.diagnosis.compare does the rest.
+
+Money comes from the cost engine when it prices the runs (reports/run/cost_hook.py): the run's cost and
+the engine's value for money (cost per mAP point, per epoch). Without it, the comparison shows
+resource figures only, including busy GPU-hours per mAP point.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING, Any
+
+from gpuledger import __version__
+from gpuledger.core.diagnosis import compare as core_compare
+from gpuledger.core.diagnosis.diagnose import diagnose
+from gpuledger.core.ids import short_id
+from gpuledger.core.units import iso_utc
+from gpuledger.reports.run import cost_hook as costhook
+from gpuledger.reports.run import data as rundata
+
+if TYPE_CHECKING:
+    from gpuledger.core.model import RunRecord
+    from gpuledger.store import Ledger
+
+CURVES = (
+    # (chart id, title, unit, value of an epoch row)
+    ("epoch_time", "Time per epoch", "s", lambda r: r.get("wall_s")),
+    ("map", "mAP50-95 per epoch", "", lambda r: _metric(r, rundata.MAP_KEYS)),
+    ("box_loss", "Training box loss per epoch", "", lambda r: _metric(r, ("train/box_loss", "train/loss"))),
+    ("gpu_busy", "GPU busy per epoch (all GPUs)", "GPU-s", lambda r: r.get("gpu_busy_s")),
+    (
+        "vram",
+        "Peak VRAM per epoch",
+        "GiB",
+        lambda r: None if r.get("gpu_mem_peak_b") is None else r["gpu_mem_peak_b"] / 2**30,
+    ),
+)
+
+
+def _metric(row: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        value = (row.get("metrics") or {}).get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def label_of(run: RunRecord) -> str:
+    return f"{run.name} ({short_id(run.id)})" if run.name else short_id(run.id)
+
+
+def side(
+    ledger: Ledger, run: RunRecord, now: float, with_cost: bool = True
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One run's figures (flat, keyed like core.diagnosis.compare.FIGURES) and its epoch rows."""
+    data = rundata.load(ledger, run, now)
+    s = data.summary
+    epochs = rundata.epoch_rows(data)
+    epoch_rows = [r for r in epochs if r["phase"] == "epoch"]
+    n, per_epoch = rundata.sec_per_epoch(data.events, run.started_at, data.end)
+    best = rundata.best_map(data.metrics)
+    rates = [r["images_per_s"] for r in epoch_rows if r.get("images_per_s")]
+    findings = diagnose(rundata.trace_of(ledger, data, with_history=False))
+    counts = [sum(1 for f in findings if f.severity == sev) for sev in ("critical", "warning", "info")]
+    names = sorted({g.get("name") or "unknown" for g in s["gpus"]})
+    key = rundata.config_key(run)
+    fig: dict[str, Any] = {
+        "status": s["status"],
+        "gpus": f"{len(s['gpus'])} × {', '.join(names)}" if s["gpus"] else "none",
+        "config": None if key is None else " · ".join("–" if v is None else str(v) for v in (key[0], *key[2:])),
+        "wall_seconds": s["wall_seconds"],
+        "epochs": n or None,
+        "sec_per_epoch": per_epoch,
+        "images_per_s": statistics.median(rates) if rates else None,
+        "best_map": best,
+        "busy_gpu_hours": s["busy_gpu_hours"],
+        "allocated_gpu_hours": s["allocated_gpu_hours"],
+        "idle_gpu_hours": s["idle_gpu_hours"],
+        "mean_utilization": s["mean_utilization"],
+        "peak_memory_bytes": s["peak_memory_bytes"],
+        "energy_kwh": s["energy_kwh"],
+        "cpu_seconds": s["cpu_seconds"],
+        "peak_rss_bytes": s["peak_rss_bytes"],
+        "busy_h_per_map_point": (s["busy_gpu_hours"] / (best * 100)) if best and s["busy_gpu_hours"] else None,
+        "findings": " / ".join(str(c) for c in counts),
+    }
+    cost = costhook.run_cost(ledger, run) if with_cost else None
+    if cost:
+        total = costhook.cost_value(cost)
+        currency = cost.get("currency") or ""
+        fig["cost"] = f"{cost.get('total')} {currency}".strip() if total else None
+        value = costhook.value_for_money(ledger, run) or {}
+        for key_ in ("cost_per_map_point", "cost_per_epoch"):
+            if value.get(key_) is not None:
+                fig[key_] = f"{value[key_]} {value.get('currency') or currency}".strip()
+        if "cost_per_map_point" not in fig and total and best:
+            fig["cost_per_map_point"] = f"{total[0] / (best * 100):.6f} {currency}".strip()
+    return fig, epochs
+
+
+def build(ledger: Ledger, runs: list[RunRecord], now: float | None = None, with_cost: bool = True) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    sides = [side(ledger, run, now, with_cost) for run in runs]
+    figures = [f for f, _ in sides]
+    charts = []
+    for cid, title, unit, get in CURVES:
+        per_run = [
+            {r["epoch"]: get(r) for r in rows if r["phase"] == "epoch" and r["epoch"] is not None} for _, rows in sides
+        ]
+        epochs, values = core_compare.aligned_curves(per_run)
+        if not epochs or all(v is None for vs in values for v in vs):
+            continue
+        charts.append(
+            {
+                "id": cid,
+                "title": title,
+                "group": "compare",
+                "time": False,
+                "xlabel": "epoch",
+                "x": epochs,
+                "series": [
+                    {"label": label_of(run), "unit": unit, "values": [_round(v) for v in vs]}
+                    for run, vs in zip(runs, values, strict=True)
+                ],
+            }
+        )
+    notes = []
+    keys = {rundata.config_key(r) for r in runs}
+    if len(keys) > 1:
+        notes.append("The runs differ in configuration (model, dataset, imgsz, batch or workers).")
+    if not any("cost" in f for f in figures):
+        notes.append("No rate card priced these runs (set GPULEDGER_RATES, or --cost): resource figures only.")
+    return {
+        "report": "compare",
+        "version": 1,
+        "generated_at": iso_utc(now),
+        "gpuledger_version": __version__,
+        "runs": [
+            {
+                "id": r.id,
+                "label": label_of(r),
+                "name": r.name,
+                "status": r.status,
+                "started_at": iso_utc(r.started_at),
+                "user": r.user,
+                "host": r.host,
+            }
+            for r in runs
+        ],
+        "rows": core_compare.rows(figures),
+        "charts": charts,
+        "notes": notes,
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 6)

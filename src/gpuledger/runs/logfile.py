@@ -1,0 +1,91 @@
+"""A run's log: the relay's file while the run lives, one capped copy in the ledger after it.
+
+Where the log is kept, and why:
+
+- ``<data dir>/logs/<run id>.log`` is written by the output relay (redacted) while CMD runs. It is
+  the copy that survives gpuledger being killed, so it exists for as long as the run is live, and
+  for a run whose end could not be written (``lost``, or kept in the spool for ``gpuledger
+  recover``).
+- The ledger's ``logs`` row is the archived copy: what ``gpuledger logs``, the team server push
+  and the audit trail's seal (the sha256 of the stored bytes) read. When the run's end is written
+  the file is copied there, capped (core/training/logcap.py: head and tail around a marker), and removed,
+  so a finished run's output is kept once.
+
+The cap is ``GPULEDGER_LOG_MAX_B`` (bytes, or e.g. ``256MiB``; at least 64 KiB), 64 MiB by default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+
+from gpuledger.core.training.logcap import DEFAULT_MAX_B, ENV_VAR, CappedLog, cap_parts, check_cap, parse_size, windows
+
+
+def log_cap(env: Mapping[str, str]) -> int:
+    """The cap from ``env``; ValueError with a message naming the variable when it is not a size
+    (``gpuledger run`` checks it before CMD starts)."""
+    text = env.get(ENV_VAR, "").strip()
+    if not text:
+        return DEFAULT_MAX_B
+    try:
+        return check_cap(parse_size(text))
+    except ValueError as exc:
+        raise ValueError(f"{ENV_VAR}={text!r}: {exc}") from None
+
+
+def cap_or_default(env: Mapping[str, str]) -> int:
+    """The cap for reading a log back (``gpuledger logs``, recover): the default when ``env``'s
+    value is not a size, as a read must not fail on it."""
+    try:
+        return log_cap(env)
+    except ValueError:
+        return DEFAULT_MAX_B
+
+
+def read_capped(path: str, cap_b: int) -> CappedLog | None:
+    """The log file as it would be stored: whole, or its head and tail around the marker. Only
+    those parts are read, however large the file. None when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            total = os.fstat(fh.fileno()).st_size
+            head_b, tail_b = windows(total, cap_b)
+            if not head_b:
+                data = fh.read(total)  # what it held when looked at (a lost run's CMD may still write)
+                return CappedLog(data, len(data), False)
+            head = fh.read(head_b)
+            fh.seek(total - tail_b)
+            tail = fh.read(tail_b)
+    except OSError:
+        return None
+    return cap_parts(head, tail, total, cap_b)
+
+
+def archive(ledger, run_id: str, path: str, cap_b: int, *, remove: bool) -> CappedLog | None:
+    """Store the log file in the ledger (capped); with ``remove``, delete the file once stored.
+    Returns what was stored; None when there is no file. Ledger errors are raised, and the file
+    is then kept."""
+    capped = read_capped(path, cap_b)
+    if capped is None:
+        return None
+    ledger.set_log(run_id, capped.data, truncated=capped.truncated)
+    if remove:
+        remove_file(path)
+    return capped
+
+
+def archive_once(ledger, run_id: str, path: str, cap_b: int) -> None:
+    """Store the file unless the ledger has the run's log already, then remove it (a recovered
+    run: the ledger is where its log is kept from now on)."""
+    if not os.path.isfile(path):
+        return
+    if ledger.log_info(run_id) is None:
+        archive(ledger, run_id, path, cap_b, remove=True)
+    else:
+        remove_file(path)
+
+
+def remove_file(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
