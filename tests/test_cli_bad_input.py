@@ -251,6 +251,43 @@ def test_a_non_finite_number_is_refused(command: list[str], value: str, world: d
     assert_one_error(invoke([*command, value], world), 2, "Invalid value")
 
 
+def _float_options() -> list[list[str]]:
+    """[command path..., option] for every option of every command that takes a real number."""
+    found: list[list[str]] = []
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        if isinstance(cmd, click.Group):
+            ctx = click.Context(cmd)
+            for name in cmd.list_commands(ctx):
+                walk(cmd.get_command(ctx, name), [*path, name])  # type: ignore[arg-type]
+            return
+        for param in cmd.params:
+            if isinstance(param, click.Option) and isinstance(param.type, click.types.FloatParamType):
+                found.append([*path, param.opts[0]])
+
+    walk(cli, [])
+    return found
+
+
+FLOAT_OPTIONS = _float_options()
+
+
+def test_the_float_options_are_found() -> None:
+    assert ["retention", "run", "--raw-days"] in FLOAT_OPTIONS and ["run", "--interval"] in FLOAT_OPTIONS
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+@pytest.mark.parametrize("option", [o for o in FLOAT_OPTIONS if o[0] not in OWN_PROCESS], ids=" ".join)
+def test_every_real_number_option_refuses_a_non_finite_value(
+    option: list[str], value: str, world: dict[str, str], unchanged: None
+) -> None:
+    # The bad value first: click checks options in the order they were given, so nothing else
+    # (a missing argument, a ledger) can answer before the refusal this test is about.
+    command = " ".join(option[:-1])
+    args = [*option, value, *_fill(LEDGER_COMMANDS.get(command, []), world)]
+    assert_one_error(invoke(args, world), 2, "Invalid value", option[-1])
+
+
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_run_with_a_non_finite_interval_starts_nothing(value: str, world: dict[str, str]) -> None:
     marker = Path(world["root"]) / "command-ran"

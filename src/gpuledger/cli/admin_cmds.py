@@ -12,7 +12,7 @@ import socket
 
 import click
 
-from gpuledger.cli.common import echo_json
+from gpuledger.cli.common import FiniteFloat, echo_json
 from gpuledger.cli.server_cmds import db_required, server_ledger
 
 
@@ -141,7 +141,7 @@ def token_group() -> None:
 @click.option("--role", type=click.Choice(["admin", "member", "agent"]), default="admin", show_default=True)
 @click.option("--projects", help="Comma-separated projects the token is limited to (agents: the projects it writes).")
 @click.option("--note", help="What the token is for.")
-@click.option("--expires-days", type=click.FloatRange(min=0, min_open=True), help="Valid this many days.")
+@click.option("--expires-days", type=FiniteFloat(min=0, min_open=True), help="Valid this many days.")
 @click.option("--create-user", is_flag=True, help="Add USER first if missing (the first admin of a fresh server).")
 @db_required
 @_account_errors
