@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import click
 
 from gpuledger.cli.admin_cmds import _account_errors, _actor
 from gpuledger.cli.audit_key_cmds import key_group
-from gpuledger.cli.common import echo_json
+from gpuledger.cli.common import FiniteFloat, echo_json
 from gpuledger.cli.server_cmds import db_required, server_ledger
 
 
@@ -165,42 +166,59 @@ def retention_group() -> None:
 @retention_group.command("run")
 @db_required
 @click.option(
-    "--raw-days", type=click.FloatRange(0), default=7.0, show_default=True, help="Keep raw intervals this long."
+    "--raw-days", type=FiniteFloat(0), default=7.0, show_default=True, help="Keep raw intervals this long."
 )
 @click.option(
     "--minute-days",
-    type=click.FloatRange(0),
+    type=FiniteFloat(0),
     default=90.0,
     show_default=True,
     help="Then 1-minute intervals this long; 1-hour ones after.",
 )
 @click.option(
     "--log-days",
-    type=click.FloatRange(0),
+    type=FiniteFloat(0),
     default=90.0,
     show_default=True,
     help="Delete logs of runs ended longer ago.",
 )
 @click.option("--keep-logs", is_flag=True, help="Never delete logs.")
-@click.option("--run-days", type=click.FloatRange(0), help="Delete whole runs ended longer ago (default: never).")
+@click.option("--run-days", type=FiniteFloat(0), help="Delete whole runs ended longer ago (default: never).")
+@click.option(
+    "--capacity-days",
+    type=FiniteFloat(0),
+    default=90.0,
+    show_default=True,
+    help="Delete the fleet's raw capacity intervals older than this (their day sums are kept).",
+)
+@click.option("--keep-capacity", is_flag=True, help="Never delete raw capacity intervals.")
 @_account_errors
 def retention_run_cmd(
-    db: str | None, raw_days: float, minute_days: float, log_days: float, keep_logs: bool, run_days: float | None
+    db: str | None, raw_days: float, minute_days: float, log_days: float, keep_logs: bool, run_days: float | None,
+    capacity_days: float, keep_capacity: bool,
 ) -> None:  # fmt: skip
     """Apply the retention policy once (schedule it daily, e.g. with cron or a systemd timer)."""
     from gpuledger.store.retention import Policy, run_retention
 
     try:
-        from gpuledger.reports.cost_rollups import materialise_rollups
+        from gpuledger.reports.cost.rollups import materialise_rollups
     except ImportError:
         materialise_rollups = None  # type: ignore[assignment]
-    policy = Policy(raw_days, max(minute_days, raw_days), None if keep_logs else log_days, run_days)
+    policy = Policy(
+        raw_days, max(minute_days, raw_days), None if keep_logs else log_days, run_days,
+        None if keep_capacity else capacity_days,
+    )  # fmt: skip
     report = run_retention(server_ledger(db), policy, actor=_actor(), cost_rollups=materialise_rollups)
     levels = ", ".join(f"{n} runs to {lvl} s" for lvl, n in sorted(report.rolled_up.items())) or "nothing"
     click.echo(
         f"rolled up {levels} ({report.rows_before} -> {report.rows_after} interval rows); "
         f"{report.logs_deleted} logs and {report.runs_deleted} runs deleted"
     )
+    if report.capacity is not None and (report.capacity.rows or report.capacity.kept_unpushed):
+        cut = time.strftime("%Y-%m-%d", time.gmtime(report.capacity.cut_ms / 1000))
+        kept = report.capacity.kept_unpushed
+        held = f"; {kept} kept until a team server acknowledges them" if kept else ""
+        click.echo(f"capacity: {report.capacity.rows} raw intervals before {cut} deleted (day sums kept){held}")
     for run_id, why in report.skipped.items():
         click.echo(f"SKIPPED {run_id}: {why}", err=True)
     if report.skipped:

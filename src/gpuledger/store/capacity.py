@@ -16,7 +16,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.capacity.model import CapacityDay, CapacityInterval, Sighting, States, merge_days, split_days
+from gpuledger.core.capacity.model import (
+    DAY_MS,
+    CapacityDay,
+    CapacityInterval,
+    Sighting,
+    States,
+    merge_days,
+    split_days,
+)
 from gpuledger.store.engine import Database
 from gpuledger.store.schema import gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts
 from gpuledger.store.schema_capacity import STATE_COLUMNS
@@ -150,12 +158,18 @@ def _latest_per_gpu(sightings: Sequence[Sighting]) -> list[Sighting]:
     return list(out.values())
 
 
-def rebuild_days(db: Database, conn: Connection) -> int:
-    """Recompute every day sum from the stored intervals (after a hand edit, or to check them)."""
-    conn.execute(sa.delete(gpu_capacity_days))
+def rebuild_days(db: Database, conn: Connection, from_day: int | None = None) -> int:
+    """Recompute the day sums from the stored intervals (after a hand edit, or to check them): every
+    day, or those from ``from_day`` on (after retention deleted the intervals of earlier days:
+    store/capacity_retention.py, whose cut is a midnight, so no day from the cut on lost one)."""
+    d = gpu_capacity_days.c
+    conn.execute(sa.delete(gpu_capacity_days).where(sa.true() if from_day is None else d.day >= from_day))
+    rows = sa.select(gpu_capacity)
+    if from_day is not None:
+        rows = rows.where(gpu_capacity.c.t1_ms > from_day * DAY_MS)
     parts: list[CapacityDay] = []
-    for row in conn.execute(sa.select(gpu_capacity)).mappings():
-        parts += split_days(interval_from_row(row))
+    for row in conn.execute(rows).mappings():
+        parts += [p for p in split_days(interval_from_row(row)) if from_day is None or p.day >= from_day]
     days = merge_days(parts)
     if days:
         _add_days(db, conn, days)

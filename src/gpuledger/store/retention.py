@@ -7,7 +7,9 @@ Per finished run, one transaction each, audited:
    (core/metering/rollup.py: exact sums, cut at epoch boundaries), after ``minute_days`` by 1-hour ones;
    ``rollup_marks`` remembers how far the raw seqs went, so a late replay of raw rows is dropped;
 3. logs of runs that ended more than ``log_days`` ago are deleted (their sha256 stays in the
-   audit chain); runs older than ``run_days`` (off by default) are deleted whole.
+   audit chain); runs older than ``run_days`` (off by default) are deleted whole;
+4. the capacity ledger's raw intervals older than ``capacity_days`` are deleted, its day sums kept
+   (store/capacity_retention.py: cut at a midnight, nothing a server has not acknowledged).
 
 A run's rows are checked against its seal before they are rewritten: a tampered run is skipped
 and reported, never laundered into a fresh seal, and so is a finished run nobody sealed (an admin
@@ -29,6 +31,7 @@ from gpuledger.core.audit.seal import compare
 from gpuledger.core.metering import rollup
 from gpuledger.core.training.epochs import BOUNDARY_KINDS
 from gpuledger.store import audit, codec, liveness_sweep, schema, writes
+from gpuledger.store.capacity_retention import Pruned, prune_capacity
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -42,6 +45,7 @@ class Policy:
     minute_days: float = 90.0
     log_days: float | None = 90.0
     run_days: float | None = None
+    capacity_days: float | None = 90.0
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Report:
     logs_deleted: int = 0
     runs_deleted: int = 0
     cost_rollups: dict[str, int] | None = None
+    capacity: Pruned | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # run id -> why
 
 
@@ -208,6 +213,8 @@ def run_retention(
     if policy.run_days is not None:
         for run_id in read(lambda c: _ended_before(c, now - policy.run_days * DAY_S)):  # type: ignore[operator]
             _delete_run(ledger, run_id, actor, report)
+    if policy.capacity_days is not None:
+        report.capacity = prune_capacity(ledger, int((now - policy.capacity_days * DAY_S) * 1000))
     summary = {
         "policy": policy.__dict__,
         "rolled_up": {str(k): v for k, v in report.rolled_up.items()},
@@ -216,6 +223,7 @@ def run_retention(
         "logs_deleted": report.logs_deleted,
         "runs_deleted": report.runs_deleted,
         "skipped": report.skipped,
+        "capacity": None if report.capacity is None else report.capacity.__dict__,
     }
     ledger.write(lambda c: audit.append(c, actor=actor, action="retention.run", obj="retention", payload=summary))
     return report

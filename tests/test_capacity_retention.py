@@ -1,0 +1,101 @@
+"""Retention of the capacity ledger (store/capacity_retention.py), on SQLite and PostgreSQL: the raw
+intervals of days before the cut go, every day sum stays exactly what it was, and an interval a
+team server has not acknowledged is never deleted (an agent's outbox loses nothing)."""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from gpuledger.cli.main import cli
+from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, States
+from gpuledger.store import Ledger, audit, schema
+from gpuledger.store.capacity import rebuild_days, write_capacity
+from gpuledger.store.capacity_push import acknowledge
+from gpuledger.store.capacity_queries import day_rows, intervals
+from gpuledger.store.retention import DAY_S, Policy, run_retention
+
+DAY0 = 20_500  # 2026-02-15 UTC
+STEP = 3 * 3600 * 1000  # 3-hour intervals, offset so some cross midnight
+GPUS = {"GPU-1": "node-a", "GPU-2": "node-a", "GPU-3": "node-b"}
+
+
+def _fleet_days(days: int = 4) -> list[CapacityInterval]:
+    out = []
+    for gpu, host in GPUS.items():
+        t = DAY0 * DAY_MS + 3_600_000  # 01:00 on day 0
+        while t + STEP <= (DAY0 + days) * DAY_MS:
+            busy = (t // STEP) % 4 * 900_000
+            out.append(CapacityInterval(gpu, host, t, t + STEP, States(STEP - busy, 0, busy, 0), 0, 12.5))
+            t += STEP
+    return out
+
+
+def _now_cutting_at(day: int) -> float:
+    """A retention time whose 1-day policy cuts at the midnight that starts ``day``."""
+    return (day * DAY_MS + DAY_MS // 2) / 1000 + DAY_S
+
+
+def test_the_raw_intervals_before_the_cut_go_and_the_day_sums_stay(ledger_url: str) -> None:
+    ivs = _fleet_days()
+    cut = (DAY0 + 2) * DAY_MS
+    with Ledger(ledger_url) as led:
+        led.write(lambda c: write_capacity(led.database, c, ivs))
+        days_before = sorted(led.read(lambda c: day_rows(c, 0, 10**6)))
+        report = run_retention(led, Policy(raw_days=30, capacity_days=1), actor="test", now=_now_cutting_at(DAY0 + 2))
+
+        assert report.capacity is not None and report.capacity.cut_ms == cut
+        ended_by_cut = [iv for iv in ivs if iv.t1_ms <= cut]
+        assert report.capacity.rows == len(ended_by_cut) > 0 and report.capacity.kept_unpushed == 0
+        left = {(r["gpu_uuid"], r["t0_ms"]) for r in led.read(lambda c: intervals(c))}
+        assert left == {(iv.gpu_uuid, iv.t0_ms) for iv in ivs if iv.t1_ms > cut}  # one crossing the cut stays
+        assert sorted(led.read(lambda c: day_rows(c, 0, 10**6))) == days_before  # what every report reads
+        assert led.write(lambda c: rebuild_days(led.database, c, from_day=DAY0 + 2)) > 0
+        assert sorted(led.read(lambda c: day_rows(c, 0, 10**6))) == days_before  # the kept days still add up
+        log = schema.audit_log.c
+        q = sa.select(log.payload).where(log.action == "retention.run").order_by(log.seq.desc())
+        assert json.loads(led.read(lambda c: c.scalar(q)))["capacity"]["rows"] == len(ended_by_cut)
+        assert audit.verify(led).ok
+        again = run_retention(led, Policy(raw_days=30, capacity_days=1), actor="test", now=_now_cutting_at(DAY0 + 2))
+        assert again.capacity is not None and again.capacity.rows == 0
+
+
+def test_an_interval_a_server_has_not_acknowledged_is_kept(ledger_url: str) -> None:
+    ivs = _fleet_days()
+    cut = (DAY0 + 3) * DAY_MS
+    half = (DAY0 + 1) * DAY_MS + 4 * 3_600_000  # server B has GPU-2 only up to day 1, 04:00
+    with Ledger(ledger_url) as led:
+        led.write(lambda c: write_capacity(led.database, c, ivs))
+        everything = (DAY0 + 10) * DAY_MS
+        acknowledge(led, "https://a", dict.fromkeys(GPUS, everything))  # A has it all
+        acknowledge(led, "https://b", {"GPU-1": everything, "GPU-2": half})  # B: GPU-3 never
+        report = run_retention(led, Policy(raw_days=30, capacity_days=1), actor="test", now=_now_cutting_at(DAY0 + 3))
+
+        def pushed_everywhere(iv: CapacityInterval) -> bool:
+            return iv.gpu_uuid == "GPU-1" or (iv.gpu_uuid == "GPU-2" and iv.t0_ms < half)
+
+        gone = {(iv.gpu_uuid, iv.t0_ms) for iv in ivs if iv.t1_ms <= cut and pushed_everywhere(iv)}
+        left = {(r["gpu_uuid"], r["t0_ms"]) for r in led.read(lambda c: intervals(c))}
+        assert left == {(iv.gpu_uuid, iv.t0_ms) for iv in ivs} - gone
+        assert report.capacity is not None and report.capacity.rows == len(gone)
+        assert report.capacity.kept_unpushed == sum(1 for iv in ivs if iv.t1_ms <= cut) - len(gone) > 0
+
+
+def test_retention_run_says_what_it_deleted_and_keep_capacity_keeps_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path}/team.db"
+    ivs = _fleet_days()
+    with Ledger(url) as led:
+        led.write(lambda c: write_capacity(led.database, c, ivs))
+    runner = CliRunner()
+    kept = runner.invoke(cli, ["retention", "run", "--db", url, "--keep-capacity"])
+    assert kept.exit_code == 0, kept.output
+    with Ledger(url) as led:
+        assert len(led.read(lambda c: intervals(c))) == len(ivs)
+    done = runner.invoke(cli, ["retention", "run", "--db", url, "--capacity-days", "1"])
+    assert done.exit_code == 0, done.output
+    assert f"capacity: {len(ivs)} raw intervals before" in done.output and "(day sums kept)" in done.output
+    with Ledger(url) as led:
+        assert led.read(lambda c: c.scalar(sa.text("SELECT count(*) FROM gpu_capacity"))) == 0
+        assert led.read(lambda c: c.scalar(sa.text("SELECT count(*) FROM gpu_capacity_days"))) > 0
