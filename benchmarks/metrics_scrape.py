@@ -35,9 +35,19 @@ REASONS = ("power", "thermal", "sync_boost", "board_limit", "low_util", "reliabi
 
 
 def _gpu(uuid: str, seq: int, t0: float) -> GpuInterval:
-    return GpuInterval(uuid, seq, t0, t0 + 5, samples=5, busy_s=4.0, energy_j=1500.0, power_max_w=310.0,
-                       mem_used_last_b=40 * 2**30, temp_max_c=60.0,
-                       throttle_s=dict.fromkeys(REASONS, 0.0) | {"power": 0.5})
+    return GpuInterval(
+        uuid,
+        seq,
+        t0,
+        t0 + 5,
+        samples=5,
+        busy_s=4.0,
+        energy_j=1500.0,
+        power_max_w=310.0,
+        mem_used_last_b=40 * 2**30,
+        temp_max_c=60.0,
+        throttle_s=dict.fromkeys(REASONS, 0.0) | {"power": 0.5},
+    )
 
 
 def fill(ledger: Ledger, runs: int, gpus: int, hours: float, now: float) -> tuple[int, list[tuple[str, list[str]]]]:
@@ -46,13 +56,22 @@ def fill(ledger: Ledger, runs: int, gpus: int, hours: float, now: float) -> tupl
     for r in range(2 * runs):
         live = r < runs
         start = now - hours * 3600 if live else now - 30 * 86400
-        run = RunRecord(id=str(uuidlib.uuid4()), command=["python", "train.py"], user=f"user{r % 7}", host="node",
-                        cwd="/", started_at=start, status="running" if live else "succeeded",
-                        ended_at=None if live else start + hours * 3600,
-                        labels={"project": f"p{r % 5}", "team": f"t{r % 3}"})
+        run = RunRecord(
+            id=str(uuidlib.uuid4()),
+            command=["python", "train.py"],
+            user=f"user{r % 7}",
+            host="node",
+            cwd="/",
+            started_at=start,
+            status="running" if live else "succeeded",
+            ended_at=None if live else start + hours * 3600,
+            labels={"project": f"p{r % 5}", "team": f"t{r % 3}"},
+        )
         ledger.create_run(run)
-        devs = [GpuIdentity(index=i, uuid=f"GPU-{run.id[:8]}-{i}", name="NVIDIA H100 80GB HBM3",
-                            memory_total_b=80 * 2**30) for i in range(gpus)]
+        devs = [
+            GpuIdentity(index=i, uuid=f"GPU-{run.id[:8]}-{i}", name="NVIDIA H100 80GB HBM3", memory_total_b=80 * 2**30)
+            for i in range(gpus)
+        ]
         ledger.add_devices(run.id, devs)
         if live:
             running.append((run.id, [d.uuid for d in devs]))
@@ -85,21 +104,30 @@ def measure(url: str, args: argparse.Namespace) -> None:
         print(f"  filled {2 * total:,} interval rows ({total:,} of live runs) in {time.perf_counter() - t:.1f} s")
         source = LedgerSource(ledger, clock=lambda: now)
         read, render, gpus, size = _scrape(source)
-        print(f"  first scrape of a process: read {read * 1000:.0f} ms ({source.rows_read:,} rows) + render "
-              f"{render * 1000:.1f} ms; {gpus} GPUs of {len(running)} runs, {size:,} bytes")
+        print(
+            f"  first scrape of a process: read {read * 1000:.0f} ms ({source.rows_read:,} rows) + render "
+            f"{render * 1000:.1f} ms; {gpus} GPUs of {len(running)} runs, {size:,} bytes"
+        )
         reads, renders, rows = [], [], []
         for _ in range(7):
             for run_id, uuids in running:  # 15 s more of recording: 3 intervals per GPU and the host
                 seqs = range(next_seq, next_seq + 3)
-                ledger.append(run_id, [_gpu(u, s, now) for s in seqs for u in uuids],
-                              [HostInterval(s, now, now + 5, samples=5, cpu_s=2.0) for s in seqs], [], [])
+                ledger.append(
+                    run_id,
+                    [_gpu(u, s, now) for s in seqs for u in uuids],
+                    [HostInterval(s, now, now + 5, samples=5, cpu_s=2.0) for s in seqs],
+                    [],
+                    [],
+                )
             next_seq += 3
             read, render, _, _ = _scrape(source)
             reads.append(read)
             renders.append(render)
             rows.append(source.rows_read)
-        print(f"  steady scrape: read {statistics.median(reads) * 1000:.0f} ms ({statistics.median(rows):,.0f} "
-              f"rows) + render {statistics.median(renders) * 1000:.1f} ms (medians of 7)")
+        print(
+            f"  steady scrape: read {statistics.median(reads) * 1000:.0f} ms ({statistics.median(rows):,.0f} "
+            f"rows) + render {statistics.median(renders) * 1000:.1f} ms (medians of 7)"
+        )
 
 
 def main() -> None:

@@ -36,13 +36,47 @@ SPIKE_AT_S = 3600 * 5 + 17  # one second at 100 % in an idle stretch: must survi
 
 
 GPU_COLUMNS = (
-    "run_id", "device_uuid", "seq", "t0", "t1", "samples", "busy_s", "util_method", "util_max_pct", "energy_j",
-    "energy_method", "power_max_w", "mem_used_max_b", "mem_used_last_b", "mem_reserved_b", "proc_mem_max_b",
-    "proc_sm_util_avg_pct", "temp_max_c", "sm_clock_avg_mhz", "mem_clock_max_mhz", "throttle_s",
+    "run_id",
+    "device_uuid",
+    "seq",
+    "t0",
+    "t1",
+    "samples",
+    "busy_s",
+    "util_method",
+    "util_max_pct",
+    "energy_j",
+    "energy_method",
+    "power_max_w",
+    "mem_used_max_b",
+    "mem_used_last_b",
+    "mem_reserved_b",
+    "proc_mem_max_b",
+    "proc_sm_util_avg_pct",
+    "temp_max_c",
+    "sm_clock_avg_mhz",
+    "mem_clock_max_mhz",
+    "throttle_s",
 )
 HOST_COLUMNS = (
-    "run_id", "seq", "t0", "t1", "samples", "cpu_s", "rss_max_b", "read_b", "write_b", "threads_max", "procs_max",
-    "sys_cpu_util_avg_pct", "iowait_s", "sys_mem_used_max_b", "disk_read_b", "disk_write_b", "net_rx_b", "net_tx_b",
+    "run_id",
+    "seq",
+    "t0",
+    "t1",
+    "samples",
+    "cpu_s",
+    "rss_max_b",
+    "read_b",
+    "write_b",
+    "threads_max",
+    "procs_max",
+    "sys_cpu_util_avg_pct",
+    "iowait_s",
+    "sys_mem_used_max_b",
+    "disk_read_b",
+    "disk_write_b",
+    "net_rx_b",
+    "net_tx_b",
 )
 
 
@@ -65,9 +99,27 @@ def _gpu_rows(run_id: str, uuid: str, gpu: int, start: float, seconds: int, rng:
         throttle = '{"power": 1.0}' if power > 385 else "{}"
         mem = int(mem_total * (0.62 + 0.0000004 * s)) if not idle else int(mem_total * 0.05)
         yield (
-            run_id, uuid, s, t0, t0 + 1.0, 1, util, "samples", util * 100, power, "counter", power,
-            mem, mem, None, mem - GIB, util * 95, 45 + 30 * util + gpu * 0.5, 1410.0 - (60 if power > 385 else 0),
-            1593.0, throttle,
+            run_id,
+            uuid,
+            s,
+            t0,
+            t0 + 1.0,
+            1,
+            util,
+            "samples",
+            util * 100,
+            power,
+            "counter",
+            power,
+            mem,
+            mem,
+            None,
+            mem - GIB,
+            util * 95,
+            45 + 30 * util + gpu * 0.5,
+            1410.0 - (60 if power > 385 else 0),
+            1593.0,
+            throttle,
         )
 
 
@@ -76,8 +128,24 @@ def _host_rows(run_id: str, start: float, seconds: int, rng: random.Random):
         t0 = start + s
         cpu = 5.5 + rng.uniform(-0.5, 0.5)
         yield (
-            run_id, s, t0, t0 + 1.0, 1, cpu, 24 * GIB + (s % 600) * 1024, 40 * 2**20, 2**20, 64, 9,
-            70.0, 0.05, 180 * GIB, 40 * 2**20, 2**20, 3 * 2**20, 2**20,
+            run_id,
+            s,
+            t0,
+            t0 + 1.0,
+            1,
+            cpu,
+            24 * GIB + (s % 600) * 1024,
+            40 * 2**20,
+            2**20,
+            64,
+            9,
+            70.0,
+            0.05,
+            180 * GIB,
+            40 * 2**20,
+            2**20,
+            3 * 2**20,
+            2**20,
         )
 
 
@@ -89,20 +157,37 @@ def generate(path: str, hours: float, gpus: int) -> str:
     start = 1_760_000_000.0
     rng = random.Random(5)
     devices = [
-        GpuIdentity(index=i, uuid=f"GPU-bench-{i:02d}", name="NVIDIA H100 80GB HBM3", memory_total_b=80 * GIB,
-                    power_limit_w=700.0)
+        GpuIdentity(
+            index=i,
+            uuid=f"GPU-bench-{i:02d}",
+            name="NVIDIA H100 80GB HBM3",
+            memory_total_b=80 * GIB,
+            power_limit_w=700.0,
+        )
         for i in range(gpus)
     ]
-    run = RunRecord(id=RUN_ID, command=["yolo", "train", "model=yolov8x.pt", "imgsz=1280"], user="bench",
-                    host="bench-host", cwd="/bench", started_at=start, status="succeeded", ended_at=start + seconds,
-                    exit_code=0, labels={"project": "bench", "team": "perf"}, interval_s=1.0,
-                    meta={"model": {"name": "yolov8x"}, "imgsz": 1280, "batch": 64, "epochs": seconds // EPOCH_S})
+    run = RunRecord(
+        id=RUN_ID,
+        command=["yolo", "train", "model=yolov8x.pt", "imgsz=1280"],
+        user="bench",
+        host="bench-host",
+        cwd="/bench",
+        started_at=start,
+        status="succeeded",
+        ended_at=start + seconds,
+        exit_code=0,
+        labels={"project": "bench", "team": "perf"},
+        interval_s=1.0,
+        meta={"model": {"name": "yolov8x"}, "imgsz": 1280, "batch": 64, "epochs": seconds // EPOCH_S},
+    )
     events, metrics = [], []
     for e in range(1, seconds // EPOCH_S + 1):
         t = start + e * EPOCH_S
         events += [Event(t - EPOCH_S, "epoch_start", payload={"epoch": e}), Event(t, "epoch_end", payload={"epoch": e})]
-        metrics += [Metric(t, "train/box_loss", 1.5 * math.exp(-e / 30), e), Metric(t, "metrics/mAP50-95(B)",
-                    0.55 * (1 - math.exp(-e / 20)), e)]
+        metrics += [
+            Metric(t, "train/box_loss", 1.5 * math.exp(-e / 30), e),
+            Metric(t, "metrics/mAP50-95(B)", 0.55 * (1 - math.exp(-e / 20)), e),
+        ]
     with Ledger(path) as ledger:
         ledger.create_run(run)
         ledger.add_devices(RUN_ID, devices)
@@ -156,8 +241,10 @@ def main() -> None:
         generate(args.db, args.hours, args.gpus)
         print(f"generated {args.hours:g} h x {args.gpus} GPUs in {time.perf_counter() - t:.0f} s -> {args.db}")
     gpu_rows = int(args.hours * 3600) * args.gpus
-    print(f"run: {gpu_rows:,} GPU intervals, {int(args.hours * 3600):,} host intervals "
-          f"(ledger {os.path.getsize(args.db) / 2**20:,.0f} MiB)")
+    print(
+        f"run: {gpu_rows:,} GPU intervals, {int(args.hours * 3600):,} host intervals "
+        f"(ledger {os.path.getsize(args.db) / 2**20:,.0f} MiB)"
+    )
     print(f"machine load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     # Default: no rate card configured, no cost block; --cost prices the run with the cost engine's
     # example card (its own time, measured apart).
@@ -171,8 +258,10 @@ def main() -> None:
             walls.append(wall)
             cpus.append(cpu)
         label = " ".join(["report run", "--format", fmt, *extra])
-        print(f"{label}: wall median {statistics.median(walls):.2f} s (min {min(walls):.2f}), CPU median "
-              f"{statistics.median(cpus):.2f} s, file {os.path.getsize(out) / 2**20:.2f} MiB")
+        print(
+            f"{label}: wall median {statistics.median(walls):.2f} s (min {min(walls):.2f}), CPU median "
+            f"{statistics.median(cpus):.2f} s, file {os.path.getsize(out) / 2**20:.2f} MiB"
+        )
     if args.peer:
         wall, cpu, proc = _timed(["show", RUN_ID, "--json"], args.db)
         print(f"peer: gpuledger show --json (every interval into Python): wall {wall:.2f} s, CPU {cpu:.2f} s")

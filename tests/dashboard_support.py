@@ -21,9 +21,22 @@ def uvicorn_server(db_url: str, log: Path) -> Iterator[str]:
     env = dict(os.environ, GPULEDGER_SERVER_DB=db_url, GPULEDGER_TOKEN_CACHE_S="0")
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "gpuledger.server.app:app_from_env",
-             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "gpuledger.server.app:app_from_env",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -73,12 +86,15 @@ def wait_for(check: Callable[[], object], timeout: float, what: str):
 def watch(page, origin: str) -> list[str]:
     """Console errors and warnings, page errors, dialogs and any request leaving ``origin``."""
     problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-            if m.type in ("error", "warning") else None)
+    page.on(
+        "console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
-    page.on("request", lambda r: problems.append(f"network: {r.url}")
-            if not r.url.startswith((origin + "/", "data:")) else None)
+    page.on(
+        "request",
+        lambda r: problems.append(f"network: {r.url}") if not r.url.startswith((origin + "/", "data:")) else None,
+    )
     return problems
 
 

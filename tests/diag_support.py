@@ -13,8 +13,9 @@ T0 = 1_760_000_000.0
 
 
 def device(index: int = 0, memory_gib: int = 80, name: str = "NVIDIA A100-SXM4-80GB") -> GpuIdentity:
-    return GpuIdentity(index=index, uuid=f"GPU-test-{index}", name=name, memory_total_b=memory_gib * GIB,
-                       power_limit_w=400.0)
+    return GpuIdentity(
+        index=index, uuid=f"GPU-test-{index}", name=name, memory_total_b=memory_gib * GIB, power_limit_w=400.0
+    )
 
 
 def gpu_intervals(
@@ -32,14 +33,27 @@ def gpu_intervals(
     for i in range(n):
         t0 = start + i * step
         proc = proc_gib(i) if proc_gib else None
-        out.append(GpuInterval(
-            device_uuid=uuid, seq=i, t0=t0, t1=t0 + step, samples=int(step), busy_s=util(i) * step,
-            util_method="samples", util_max_pct=util(i) * 100, energy_j=300 * step, energy_method="counter",
-            power_max_w=100 + 250 * util(i), mem_used_max_b=int(mem_gib(i) * GIB),
-            mem_used_last_b=int(mem_gib(i) * GIB),
-            proc_mem_max_b=None if proc is None else int(proc * GIB), temp_max_c=temp(i), sm_clock_avg_mhz=1410.0,
-            throttle_s=throttle(i),
-        ))
+        out.append(
+            GpuInterval(
+                device_uuid=uuid,
+                seq=i,
+                t0=t0,
+                t1=t0 + step,
+                samples=int(step),
+                busy_s=util(i) * step,
+                util_method="samples",
+                util_max_pct=util(i) * 100,
+                energy_j=300 * step,
+                energy_method="counter",
+                power_max_w=100 + 250 * util(i),
+                mem_used_max_b=int(mem_gib(i) * GIB),
+                mem_used_last_b=int(mem_gib(i) * GIB),
+                proc_mem_max_b=None if proc is None else int(proc * GIB),
+                temp_max_c=temp(i),
+                sm_clock_avg_mhz=1410.0,
+                throttle_s=throttle(i),
+            )
+        )
     return out
 
 
@@ -53,11 +67,25 @@ def host_intervals(
     sys_cpu: Callable[[int], float | None] = lambda i: 30.0,
 ) -> list[HostInterval]:
     return [
-        HostInterval(seq=i, t0=start + i * step, t1=start + (i + 1) * step, samples=int(step), cpu_s=cores(i) * step,
-                     rss_max_b=4 * GIB, read_b=0, write_b=0, threads_max=20, procs_max=procs,
-                     sys_cpu_util_avg_pct=sys_cpu(i), iowait_s=None if iowait(i) is None else iowait(i) * step,
-                     sys_mem_used_max_b=40 * GIB, disk_read_b=int(50e6 * step), disk_write_b=int(1e6 * step),
-                     net_rx_b=int(2e6 * step), net_tx_b=int(1e5 * step))
+        HostInterval(
+            seq=i,
+            t0=start + i * step,
+            t1=start + (i + 1) * step,
+            samples=int(step),
+            cpu_s=cores(i) * step,
+            rss_max_b=4 * GIB,
+            read_b=0,
+            write_b=0,
+            threads_max=20,
+            procs_max=procs,
+            sys_cpu_util_avg_pct=sys_cpu(i),
+            iowait_s=None if iowait(i) is None else iowait(i) * step,
+            sys_mem_used_max_b=40 * GIB,
+            disk_read_b=int(50e6 * step),
+            disk_write_b=int(1e6 * step),
+            net_rx_b=int(2e6 * step),
+            net_tx_b=int(1e5 * step),
+        )
         for i in range(n)
     ]
 
@@ -84,8 +112,26 @@ def make_trace(
 ) -> Trace:
     ends = [iv.t1 for ivs in gpu.values() for iv in ivs] + [h.t1 for h in host or []]
     end = max(ends) if ends else T0 + 60
-    run = RunRecord(id="0190aaaa-0000-7000-8000-000000000001", command=["python", "train.py"], user="u",
-                    host="h", cwd="/", started_at=T0, status=status, ended_at=end, status_reason=reason,
-                    meta=meta or {})
-    return Trace(run=run, devices=devices, gpu=gpu, host=host or [], events=events or [], metrics=metrics or [],
-                 end=end, cpu_cores=cores, **kw)
+    run = RunRecord(
+        id="0190aaaa-0000-7000-8000-000000000001",
+        command=["python", "train.py"],
+        user="u",
+        host="h",
+        cwd="/",
+        started_at=T0,
+        status=status,
+        ended_at=end,
+        status_reason=reason,
+        meta=meta or {},
+    )
+    return Trace(
+        run=run,
+        devices=devices,
+        gpu=gpu,
+        host=host or [],
+        events=events or [],
+        metrics=metrics or [],
+        end=end,
+        cpu_cores=cores,
+        **kw,
+    )

@@ -64,23 +64,38 @@ class Prometheus:
 
 
 @contextmanager
-def prometheus_server(tmp_path: Path, targets: list[str], *, rule_files: list[Path] = (),
-                      metrics_path: str = "/metrics", bearer: str | None = None) -> Iterator[Prometheus]:
+def prometheus_server(
+    tmp_path: Path,
+    targets: list[str],
+    *,
+    rule_files: list[Path] = (),
+    metrics_path: str = "/metrics",
+    bearer: str | None = None,
+) -> Iterator[Prometheus]:
     """A real Prometheus on 127.0.0.1 (free port, tmp storage) scraping ``targets`` every second."""
     binary = need_binary("prometheus")
     port = free_port()
     job = {"job_name": "gpuledger", "metrics_path": metrics_path, "static_configs": [{"targets": targets}]}
     if bearer:
         job["authorization"] = {"type": "Bearer", "credentials": bearer}
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "rule_files": [str(p) for p in rule_files], "scrape_configs": [job]}
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [job],
+    }
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(json.dumps(config))  # JSON is YAML
     log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
-        [binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            binary,
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1h",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     prom = Prometheus(port)
     try:
@@ -91,8 +106,9 @@ def prometheus_server(tmp_path: Path, targets: list[str], *, rule_files: list[Pa
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("Prometheus did not start:\n" + (tmp_path / "prometheus.log").read_text()
-                                       ) from None
+                    raise RuntimeError(
+                        "Prometheus did not start:\n" + (tmp_path / "prometheus.log").read_text()
+                    ) from None
                 time.sleep(0.2)
         yield prom
     finally:
@@ -106,9 +122,14 @@ def prometheus_server(tmp_path: Path, targets: list[str], *, rule_files: list[Pa
 
 
 CONSTANT_TRACE = [
-    {"format": "gpuledger-gpu-trace", "version": 1,
-     "gpus": [{"uuid": "GPU-00000000-0000-4000-8000-000000000001", "name": "NVIDIA A100-SXM4-80GB"},
-              {"uuid": "GPU-00000000-0000-4000-8000-000000000002", "name": "NVIDIA A100-SXM4-80GB"}]},
+    {
+        "format": "gpuledger-gpu-trace",
+        "version": 1,
+        "gpus": [
+            {"uuid": "GPU-00000000-0000-4000-8000-000000000001", "name": "NVIDIA A100-SXM4-80GB"},
+            {"uuid": "GPU-00000000-0000-4000-8000-000000000002", "name": "NVIDIA A100-SXM4-80GB"},
+        ],
+    },
     {"t": 0, "gpu": 0, "util_pct": 50, "mem_used_b": 20 * 2**30, "power_w": 250.0, "temp_c": 60, "throttle": ["power"]},
     {"t": 0, "gpu": 1, "util_pct": 80, "mem_used_b": 40 * 2**30, "power_w": 300.0, "temp_c": 65},
 ]

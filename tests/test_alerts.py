@@ -69,18 +69,27 @@ def test_config_file_maps_to_rules(tmp_path: Path) -> None:
         "[alerts.temperature]\nabove_c = 80\n"
     )
     rules = load_rules({"GPULEDGER_ALERTS": str(path)})
-    assert rules == AlertRules(low_util_pct=20, low_util_minutes=3, vram=False, temp_c=80, repeat_minutes=5,
-                               webhook="https://hooks.example.org/T1")
+    assert rules == AlertRules(
+        low_util_pct=20,
+        low_util_minutes=3,
+        vram=False,
+        temp_c=80,
+        repeat_minutes=5,
+        webhook="https://hooks.example.org/T1",
+    )
     assert load_rules({"GPULEDGER_HOME": str(tmp_path / "none")}) == AlertRules()  # no file: defaults
     assert rules_from_config({"alerts": {"enabled": False}}) is None
 
 
-@pytest.mark.parametrize("config", [
-    {"alerts": {"low_util": {"below": 5}}},
-    {"alerts": {"vrma": {}}},
-    {"alerts": {"vram": {"above_pct": "high"}}},
-    {"alerts": {"webhook": "ftp://x"}},
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"alerts": {"low_util": {"below": 5}}},
+        {"alerts": {"vrma": {}}},
+        {"alerts": {"vram": {"above_pct": "high"}}},
+        {"alerts": {"webhook": "ftp://x"}},
+    ],
+)
 def test_config_mistakes_are_errors(config: dict) -> None:
     with pytest.raises(ValueError):
         rules_from_config(config)
@@ -165,8 +174,16 @@ def test_webhook_never_blocks_and_drops_when_the_queue_is_full(hook) -> None:
 
 
 def _run() -> RunRecord:
-    return RunRecord(id="0190abcd-0000-7000-8000-000000000009", command=["train"], user="u", host="h", cwd="/",
-                     started_at=T0, name="nightly", labels={"project": "det"})
+    return RunRecord(
+        id="0190abcd-0000-7000-8000-000000000009",
+        command=["train"],
+        user="u",
+        host="h",
+        cwd="/",
+        started_at=T0,
+        name="nightly",
+        labels={"project": "det"},
+    )
 
 
 class _Host:
@@ -202,11 +219,22 @@ def test_live_alerts_through_a_real_recorder(hook) -> None:
     handler, url = hook
     clock = [T0]
     lines: list[str] = []
-    live = LiveAlerts(_run(), [device(0, memory_gib=80)], AlertRules(low_util_minutes=3, webhook=url), lines.append,
-                      WebhookSender(url))
+    live = LiveAlerts(
+        _run(),
+        [device(0, memory_gib=80)],
+        AlertRules(low_util_minutes=3, webhook=url),
+        lines.append,
+        WebhookSender(url),
+    )
     seen_by_next_hook: list[int] = []
-    rec = Recorder(lambda *batch: None, host=_Host(), gpu=_Gpu(), interval_s=60, clock=lambda: clock[0],
-                   on_interval=live.hook(lambda gpu, host: seen_by_next_hook.append(len(gpu))))
+    rec = Recorder(
+        lambda *batch: None,
+        host=_Host(),
+        gpu=_Gpu(),
+        interval_s=60,
+        clock=lambda: clock[0],
+        on_interval=live.hook(lambda gpu, host: seen_by_next_hook.append(len(gpu))),
+    )
     live.bind(rec)
     for _ in range(4):  # four one-minute intervals
         clock[0] += 60

@@ -45,8 +45,9 @@ def test_input_pipeline_bound_when_gpu_starved_and_cpu_saturated() -> None:
 def test_input_pipeline_single_process_loader_is_caught_without_knowing_the_cores() -> None:
     dev = device(0)
     gpu = {dev.uuid: gpu_intervals(dev.uuid, 100, util=lambda i: 0.15, mem_gib=lambda i: 60.0)}
-    trace = make_trace([dev], gpu, host_intervals(100, cores=lambda i: 0.98, procs=1, sys_cpu=lambda i: None),
-                       cores=None)
+    trace = make_trace(
+        [dev], gpu, host_intervals(100, cores=lambda i: 0.98, procs=1, sys_cpu=lambda i: None), cores=None
+    )
     assert rules(trace)["input_pipeline"].figures["reason"] == "single_process"
 
 
@@ -60,12 +61,24 @@ def test_input_pipeline_iowait() -> None:
 
 def test_no_input_pipeline_finding_when_the_cpu_has_room_or_the_gpu_is_busy() -> None:
     dev = device(0)
-    starved_idle_cpu = make_trace([dev], {dev.uuid: gpu_intervals(dev.uuid, 200, util=lambda i: 0.2)},
-                                  host_intervals(200, cores=lambda i: 2.0), cores=8)
-    busy_gpu_busy_cpu = make_trace([dev], {dev.uuid: gpu_intervals(dev.uuid, 200, util=lambda i: 0.9)},
-                                   host_intervals(200, cores=lambda i: 7.9), cores=8)
-    brief = make_trace([dev], {dev.uuid: gpu_intervals(dev.uuid, 200, util=lambda i: 0.2 if i < 10 else 0.9)},
-                       host_intervals(200, cores=lambda i: 7.9), cores=8)
+    starved_idle_cpu = make_trace(
+        [dev],
+        {dev.uuid: gpu_intervals(dev.uuid, 200, util=lambda i: 0.2)},
+        host_intervals(200, cores=lambda i: 2.0),
+        cores=8,
+    )
+    busy_gpu_busy_cpu = make_trace(
+        [dev],
+        {dev.uuid: gpu_intervals(dev.uuid, 200, util=lambda i: 0.9)},
+        host_intervals(200, cores=lambda i: 7.9),
+        cores=8,
+    )
+    brief = make_trace(
+        [dev],
+        {dev.uuid: gpu_intervals(dev.uuid, 200, util=lambda i: 0.2 if i < 10 else 0.9)},
+        host_intervals(200, cores=lambda i: 7.9),
+        cores=8,
+    )
     for trace in (starved_idle_cpu, busy_gpu_busy_cpu, brief):
         assert "input_pipeline" not in rules(trace)
 
@@ -79,8 +92,9 @@ def test_memory_leak_rising_across_epochs_with_estimated_oom_epoch() -> None:
     # 20 GiB, then +4 GiB every epoch: epoch 10 peaks at 56 GiB, 24 GiB left -> 6 more epochs -> epoch 16
     mem = lambda i: 20.0 + 4.0 * (i // per_epoch)  # noqa: E731
     gpu = {dev.uuid: gpu_intervals(dev.uuid, 10 * per_epoch, mem_gib=mem, util=lambda i: 0.9)}
-    trace = make_trace([dev], gpu, host_intervals(600, cores=lambda i: 3.0), epoch_events(10, per_epoch * 5),
-                       meta={"epochs": 30})
+    trace = make_trace(
+        [dev], gpu, host_intervals(600, cores=lambda i: 3.0), epoch_events(10, per_epoch * 5), meta={"epochs": 30}
+    )
     f = rules(trace)["memory_leak"]
     assert f.figures["oom_epoch"] == 16
     assert f.figures["per_step_b"] == pytest.approx(4 * GIB)
@@ -139,8 +153,9 @@ def test_host_oom_kill_and_recovered_oom() -> None:
 def test_no_oom_finding_for_other_failures() -> None:
     dev = device(0)
     gpu = {dev.uuid: gpu_intervals(dev.uuid, 20, mem_gib=lambda i: 60.0)}
-    trace = make_trace([dev], gpu, status="failed", reason="exited with code 1",
-                       events=[Event(T0 + 5, "nan_loss", "loss is nan")])
+    trace = make_trace(
+        [dev], gpu, status="failed", reason="exited with code 1", events=[Event(T0 + 5, "nan_loss", "loss is nan")]
+    )
     assert "oom_crash" not in rules(trace)
 
 
@@ -151,8 +166,10 @@ def test_idle_gpus_never_used_and_long_idle_span() -> None:
     used, unused = device(0), device(1)
     n = 1440  # 2 h of 5 s intervals
     idle = lambda i: 0.01 if 300 <= i < 500 else 0.9  # noqa: E731  # 1000 s idle
-    gpu = {used.uuid: gpu_intervals(used.uuid, n, util=idle, mem_gib=lambda i: 60.0),
-           unused.uuid: gpu_intervals(unused.uuid, n, util=lambda i: 0.0, mem_gib=lambda i: 0.5)}
+    gpu = {
+        used.uuid: gpu_intervals(used.uuid, n, util=idle, mem_gib=lambda i: 60.0),
+        unused.uuid: gpu_intervals(unused.uuid, n, util=lambda i: 0.0, mem_gib=lambda i: 0.5),
+    }
     f = rules(make_trace([used, unused], gpu, host_intervals(n, cores=lambda i: 3.0)))["idle_gpus"]
     assert f.figures["unused"] == [1]
     assert f.figures["idle_spans"] == 1

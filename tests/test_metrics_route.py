@@ -18,17 +18,44 @@ GIB = 2**30
 def _seed(ledger: Ledger, now: float) -> dict[str, str]:
     ids = {}
     for n, (project, status, ended) in enumerate(
-        [("vision", "running", None), ("nlp", "running", None), ("vision", "failed", now - 60),
-         ("vision", "succeeded", now - 86400)]
+        [
+            ("vision", "running", None),
+            ("nlp", "running", None),
+            ("vision", "failed", now - 60),
+            ("vision", "succeeded", now - 86400),
+        ]
     ):
-        run = RunRecord(id=f"01900000-0000-7000-8000-00000000000{n}", command=["train"], user=f"u{n}", host="node",
-                        cwd="/", started_at=now - 3600 * (n + 1), status=status, ended_at=ended,
-                        labels={"project": project, "team": "t"})
+        run = RunRecord(
+            id=f"01900000-0000-7000-8000-00000000000{n}",
+            command=["train"],
+            user=f"u{n}",
+            host="node",
+            cwd="/",
+            started_at=now - 3600 * (n + 1),
+            status=status,
+            ended_at=ended,
+            labels={"project": project, "team": "t"},
+        )
         ledger.create_run(run)
         ledger.add_devices(run.id, [GpuIdentity(index=0, uuid=f"GPU-{n}", name="NVIDIA H100", memory_total_b=80 * GIB)])
-        ledger.append(run.id, [GpuInterval(f"GPU-{n}", 0, now - 10, now - 5, busy_s=2.0, energy_j=1000.0,
-                                           mem_used_last_b=GIB, throttle_s={"thermal": 0.5})],
-                      [HostInterval(0, now - 10, now - 5, cpu_s=3.0)], [], [])
+        ledger.append(
+            run.id,
+            [
+                GpuInterval(
+                    f"GPU-{n}",
+                    0,
+                    now - 10,
+                    now - 5,
+                    busy_s=2.0,
+                    energy_j=1000.0,
+                    mem_used_last_b=GIB,
+                    throttle_s={"thermal": 0.5},
+                )
+            ],
+            [HostInterval(0, now - 10, now - 5, cpu_s=3.0)],
+            [],
+            [],
+        )
         ids[f"{project}-{status}"] = run.id
     return ids
 
@@ -41,11 +68,13 @@ def server(ledger_url: str):
         accounts.add_project(ledger, "vision", actor="test")
         accounts.add_project(ledger, "nlp", actor="test")
         _, admin = accounts.issue_token(ledger, "root", role="admin", actor="test", create_user=True)
-        _, member = accounts.issue_token(ledger, "ann", role="member", actor="test", create_user=True,
-                                         projects=["vision"])
+        _, member = accounts.issue_token(
+            ledger, "ann", role="member", actor="test", create_user=True, projects=["vision"]
+        )
         accounts.add_member(ledger, "ann", "vision", actor="test")
-        _, agent = accounts.issue_token(ledger, "node-1", role="agent", actor="test", create_user=True,
-                                        projects=["vision"])
+        _, agent = accounts.issue_token(
+            ledger, "node-1", role="agent", actor="test", create_user=True, projects=["vision"]
+        )
     app = create_app(ledger_url)
     with TestClient(app) as client:
         yield client, ids, {"admin": admin, "member": member, "agent": agent}
@@ -90,8 +119,10 @@ def test_a_member_sees_only_their_projects_and_an_agent_nothing(server) -> None:
 
 def test_openmetrics_is_offered_to_scrapers_that_ask(server) -> None:
     client, _, tokens = server
-    resp = client.get("/metrics", headers={"Authorization": f"Bearer {tokens['admin']}",
-                                           "Accept": "application/openmetrics-text; version=1.0.0"})
+    resp = client.get(
+        "/metrics",
+        headers={"Authorization": f"Bearer {tokens['admin']}", "Accept": "application/openmetrics-text; version=1.0.0"},
+    )
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("application/openmetrics-text")
     assert resp.text.rstrip().endswith("# EOF")

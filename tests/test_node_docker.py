@@ -38,7 +38,6 @@ LABEL_ARGS = [arg for k, v in LABELS.items() for arg in ("--label", f"{k}={v}")]
 GiB = 2**30
 
 
-
 @pytest.fixture
 def source(engine: Engine, tmp_path: Path):
     src = DockerSource(engine.env, gpu_uuids=NODE, log_dir=tmp_path / "logs", max_backoff_s=0.5)

@@ -23,7 +23,6 @@ SANDBOX = {**POD, "io.kubernetes.docker.type": "podsandbox", "io.kubernetes.cont
 APP = {**POD, "io.kubernetes.docker.type": "container", "io.kubernetes.container.name": "main"}
 
 
-
 def labelled(engine: Engine, labels: dict[str, str], name: str) -> str:
     args = [arg for k, v in labels.items() for arg in ("--label", f"{k}={v}")]
     return engine.run("--name", name, *args, IMAGE, "sleep", "300")

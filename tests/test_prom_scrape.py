@@ -35,9 +35,14 @@ def _wait_for(fn, timeout: float, what: str):
 
 
 def _grafana_expr(expr: str) -> str:
-    return (expr.replace("$__rate_interval", "10s").replace("$__range", "1m")
-            .replace('"$project"', '".*"').replace('"$team"', '".*"').replace('"$user"', '".*"')
-            .replace('"$run_id"', '".*"'))
+    return (
+        expr.replace("$__rate_interval", "10s")
+        .replace("$__range", "1m")
+        .replace('"$project"', '".*"')
+        .replace('"$team"', '".*"')
+        .replace('"$user"', '".*"')
+        .replace('"$run_id"', '".*"')
+    )
 
 
 def test_prometheus_rate_of_busy_seconds_is_the_replayed_utilisation(tmp_path: Path) -> None:
@@ -47,9 +52,27 @@ def test_prometheus_rate_of_busy_seconds_is_the_replayed_utilisation(tmp_path: P
     env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db")
     with prometheus_server(tmp_path, [f"127.0.0.1:{port}"], rule_files=[ALERTS]) as prom:
         run = subprocess.Popen(
-            [*GPULEDGER, "run", "--metrics-port", str(port), "--interval", "1", "--project", "vision", "--team", "cv",
-             "--replay-gpus", str(trace), "--", sys.executable, "-c", f"import time; time.sleep({RUN_S})"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                *GPULEDGER,
+                "run",
+                "--metrics-port",
+                str(port),
+                "--interval",
+                "1",
+                "--project",
+                "vision",
+                "--team",
+                "cv",
+                "--replay-gpus",
+                str(trace),
+                "--",
+                sys.executable,
+                "-c",
+                f"import time; time.sleep({RUN_S})",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         try:
             body = _wait_for(lambda: _scrape(port), 20, "the exporter")
@@ -63,7 +86,8 @@ def test_prometheus_rate_of_busy_seconds_is_the_replayed_utilisation(tmp_path: P
             assert by_gpu["1"] == pytest.approx(0.8, abs=0.05), rates
             power = prom.query("rate(gpuledger_gpu_energy_joules_total[10s])")
             assert {r["metric"]["gpu"]: round(float(r["value"][1])) for r in power} == pytest.approx(
-                {"0": 250, "1": 300}, abs=15)
+                {"0": 250, "1": 300}, abs=15
+            )
             info = prom.query("gpuledger_run_info")
             assert len(info) == 1
             labels = info[0]["metric"]
@@ -72,8 +96,11 @@ def test_prometheus_rate_of_busy_seconds_is_the_replayed_utilisation(tmp_path: P
             throttled = prom.query('rate(gpuledger_gpu_throttle_seconds_total{reason="power"}[10s]) > 0.5')
             assert [r["metric"]["gpu"] for r in throttled] == ["0"]
             rules = prom.api("rules")["groups"][0]["rules"]
-            assert {r["name"] for r in rules} == {"GpuledgerGpuUnderused", "GpuledgerGpuMemoryNearlyFull",
-                                                  "GpuledgerRunsFailingFast"}
+            assert {r["name"] for r in rules} == {
+                "GpuledgerGpuUnderused",
+                "GpuledgerGpuMemoryNearlyFull",
+                "GpuledgerRunsFailingFast",
+            }
             assert all(r["health"] == "ok" for r in rules), rules
             for panel_expr in _dashboard_exprs():
                 prom.query(_grafana_expr(panel_expr))  # raises on a PromQL error

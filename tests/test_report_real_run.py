@@ -37,8 +37,11 @@ if __name__ == "__main__":
 @pytest.mark.slow
 def test_a_real_cpu_bound_input_pipeline_is_diagnosed(tmp_path: Path) -> None:
     env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db")
-    ran = run_cli(["run", "--name", "slow loader", "--interval", "1", "--replay-gpus", str(TRACE), "--",
-                   *py(SLOW_LOADER)], env, timeout=180)
+    ran = run_cli(
+        ["run", "--name", "slow loader", "--interval", "1", "--replay-gpus", str(TRACE), "--", *py(SLOW_LOADER)],
+        env,
+        timeout=180,
+    )
     assert ran.returncode == 0, ran.stderr.decode()
     run_id = json.loads(run_cli(["runs", "--json"], env).stdout)[0]["id"]
     out = run_cli(["report", "run", run_id, "--format", "json"], env)

@@ -25,8 +25,11 @@ def _dip(i: int) -> float:
 @pytest.fixture
 def ledger(ledger_url: str):
     with Ledger(ledger_url) as led:
-        led.create_run(RunRecord(id=RUN, command=["x"], user="u", host="h", cwd="/", started_at=T0,
-                                 status="succeeded", ended_at=T0 + N))
+        led.create_run(
+            RunRecord(
+                id=RUN, command=["x"], user="u", host="h", cwd="/", started_at=T0, status="succeeded", ended_at=T0 + N
+            )
+        )
         devs = [device(0), device(1)]
         led.add_devices(RUN, devs)
         throttle = lambda i: {"power": 0.5, "thermal": 0.25} if i % 7 == 0 else ({} if i % 11 else None)  # noqa: E731
@@ -46,20 +49,32 @@ def test_sql_buckets_equal_the_pure_reference(ledger: Ledger) -> None:
         assert [b.key for b in fast[uuid]] == [b.key for b in ref[uuid]]
         for a, b in zip(fast[uuid], ref[uuid], strict=True):
             assert (a.n, a.util_min, a.util_max, a.mem_min_b, a.sm_clock_min_mhz, a.throttled) == pytest.approx(
-                (b.n, b.util_min, b.util_max, b.mem_min_b, b.sm_clock_min_mhz, b.throttled))
+                (b.n, b.util_min, b.util_max, b.mem_min_b, b.sm_clock_min_mhz, b.throttled)
+            )
             assert a.covered_s == pytest.approx(b.covered_s)
             # the SQL twin's bucket spans are the plan's edges, clipped to the stream
             assert fast[uuid][0].merged.t0 == pytest.approx(ref[uuid][0].merged.t0)
             assert fast[uuid][-1].merged.t1 == pytest.approx(ref[uuid][-1].merged.t1)
-            for name in ("busy_s", "energy_j", "power_max_w", "mem_used_max_b", "proc_mem_max_b",
-                         "temp_max_c", "sm_clock_avg_mhz", "util_max_pct", "util_method", "energy_method"):
+            for name in (
+                "busy_s",
+                "energy_j",
+                "power_max_w",
+                "mem_used_max_b",
+                "proc_mem_max_b",
+                "temp_max_c",
+                "sm_clock_avg_mhz",
+                "util_max_pct",
+                "util_method",
+                "energy_method",
+            ):
                 assert getattr(a.merged, name) == pytest.approx(getattr(b.merged, name)), name
             assert a.merged.throttle_s == pytest.approx(b.merged.throttle_s)
     host_fast = series_queries.bucketed_host(ledger, RUN, plan)
     host_ref = series.bucket_host(ledger.host_intervals(RUN), plan)
     for a, b in zip(host_fast, host_ref, strict=True):
         assert (a.key, a.n, a.cpu_rate_min, a.cpu_rate_max, a.rss_min_b) == pytest.approx(
-            (b.key, b.n, b.cpu_rate_min, b.cpu_rate_max, b.rss_min_b))
+            (b.key, b.n, b.cpu_rate_min, b.cpu_rate_max, b.rss_min_b)
+        )
         for name in ("cpu_s", "rss_max_b", "read_b", "sys_cpu_util_avg_pct", "iowait_s", "procs_max"):
             assert getattr(a.merged, name) == pytest.approx(getattr(b.merged, name)), name
 

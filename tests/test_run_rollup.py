@@ -13,8 +13,16 @@ from gpuledger.store import Ledger
 
 
 def _run() -> RunRecord:
-    return RunRecord(id="0190abcd-0001-7000-8000-000000000001", command=["train"], user="u", host="h",
-                     cwd="/", started_at=1000.0, ended_at=1100.0, status="succeeded")
+    return RunRecord(
+        id="0190abcd-0001-7000-8000-000000000001",
+        command=["train"],
+        user="u",
+        host="h",
+        cwd="/",
+        started_at=1000.0,
+        ended_at=1100.0,
+        status="succeeded",
+    )
 
 
 def _intervals(rng: random.Random) -> tuple[list[GpuInterval], list[HostInterval]]:
@@ -46,8 +54,10 @@ def _intervals(rng: random.Random) -> tuple[list[GpuInterval], list[HostInterval
 
 def test_rollup_summary_equals_the_interval_summary(ledger_url: str) -> None:
     run = _run()
-    devices = [GpuIdentity(index=0, uuid="GPU-a", name="NVIDIA A100-SXM4-80GB"),
-               GpuIdentity(index=1, uuid="GPU-b", name="NVIDIA A100-SXM4-80GB")]
+    devices = [
+        GpuIdentity(index=0, uuid="GPU-a", name="NVIDIA A100-SXM4-80GB"),
+        GpuIdentity(index=1, uuid="GPU-b", name="NVIDIA A100-SXM4-80GB"),
+    ]
     gpu, host = _intervals(random.Random(7))
     with Ledger(ledger_url) as ledger:
         ledger.create_run(run)

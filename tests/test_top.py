@@ -17,17 +17,41 @@ from gpuledger.store import Ledger
 
 
 def _live_run(ledger: Ledger, rid: str, pid: int, host: str, started: float, name: str) -> None:
-    ledger.create_run(RunRecord(id=rid, command=["train"], user="ana", host=host, cwd="/", started_at=started,
-                                name=name, recorder_pid=pid, meta={"epochs": 10}, labels={"project": "det"}))
+    ledger.create_run(
+        RunRecord(
+            id=rid,
+            command=["train"],
+            user="ana",
+            host=host,
+            cwd="/",
+            started_at=started,
+            name=name,
+            recorder_pid=pid,
+            meta={"epochs": 10},
+            labels={"project": "det"},
+        )
+    )
     ledger.add_devices(rid, [device(0), device(1)])
     for d in (device(0), device(1)):
-        ledger.append(rid, gpu=gpu_intervals(d.uuid, 10, step=5.0, start=started, util=lambda i: 0.75,
-                                             mem_gib=lambda i: 40.0, proc_gib=lambda i: 38.0))
+        ledger.append(
+            rid,
+            gpu=gpu_intervals(
+                d.uuid,
+                10,
+                step=5.0,
+                start=started,
+                util=lambda i: 0.75,
+                mem_gib=lambda i: 40.0,
+                proc_gib=lambda i: 38.0,
+            ),
+        )
     ledger.append(rid, host=host_intervals(10, step=5.0, start=started, cores=lambda i: 3.5))
     events = []
     for e in range(1, 4):  # three 10 s epochs done, the fourth running since 30 s
-        events += [Event(started + (e - 1) * 10, "epoch_start", payload={"epoch": e}),
-                   Event(started + e * 10, "epoch_end", payload={"epoch": e})]
+        events += [
+            Event(started + (e - 1) * 10, "epoch_start", payload={"epoch": e}),
+            Event(started + e * 10, "epoch_end", payload={"epoch": e}),
+        ]
     events.append(Event(started + 30, "epoch_start", payload={"epoch": 4}))
     ledger.append(rid, events=events)
 
@@ -41,10 +65,8 @@ def test_top_once_shows_live_runs_of_this_host_only(tmp_path: Path) -> None:
         started = now - 50
         with Ledger(db) as ledger:
             _live_run(ledger, "0190aaaa-1111-7000-8000-000000000001", recorder.pid, host_name(), started, "live")
-            _live_run(ledger, "0190aaaa-1111-7000-8000-000000000002", 2**22 + 7, host_name(), started,
-                      "dead recorder")
-            _live_run(ledger, "0190aaaa-1111-7000-8000-000000000003", recorder.pid, "other-host", started,
-                      "elsewhere")
+            _live_run(ledger, "0190aaaa-1111-7000-8000-000000000002", 2**22 + 7, host_name(), started, "dead recorder")
+            _live_run(ledger, "0190aaaa-1111-7000-8000-000000000003", recorder.pid, "other-host", started, "elsewhere")
         runner = CliRunner()
         out = runner.invoke(cli, ["top", "--once", "--json", "--db", db])
         text = runner.invoke(cli, ["top", "--once", "--db", db], env={"COLUMNS": "200"}).stdout

@@ -66,8 +66,9 @@ def test_intervals_cut_at_the_boundaries_split_exactly() -> None:
 
 
 def test_a_boundary_inside_an_interval_shares_it_by_time() -> None:
-    usage = account([ev(5.0, "epoch_start", epoch=1), ev(8.0, "epoch_end", epoch=1)], [],
-                    [host(0, 0, 10, 10.0)], 0.0, 10.0)
+    usage = account(
+        [ev(5.0, "epoch_start", epoch=1), ev(8.0, "epoch_end", epoch=1)], [], [host(0, 0, 10, 10.0)], 0.0, 10.0
+    )
     cpu = {(u.phase, u.epoch): u.cpu_s for u in usage}
     assert cpu == {(SETUP, None): 5.0, (EPOCH, 1): 3.0, (AFTER, None): 2.0}
     assert not any(u.exact for u in usage)
@@ -75,8 +76,13 @@ def test_a_boundary_inside_an_interval_shares_it_by_time() -> None:
 
 def test_a_boundary_a_few_ms_off_the_interval_edge_is_the_edge() -> None:
     # the recorder cuts, then writes the event a moment later
-    usage = account([ev(5.002, "epoch_start", epoch=1), ev(9.001, "epoch_end", epoch=1)], [],
-                    [host(0, 0, 5, 1.0), host(1, 5, 9, 2.0), host(2, 9, 10, 3.0)], 0.0, 10.0)
+    usage = account(
+        [ev(5.002, "epoch_start", epoch=1), ev(9.001, "epoch_end", epoch=1)],
+        [],
+        [host(0, 0, 5, 1.0), host(1, 5, 9, 2.0), host(2, 9, 10, 3.0)],
+        0.0,
+        10.0,
+    )
     assert [(u.phase, u.cpu_s, u.exact) for u in usage] == [(SETUP, 1.0, True), (EPOCH, 2.0, True), (AFTER, 3.0, True)]
 
 
@@ -87,21 +93,34 @@ def test_absent_gpu_figures_stay_absent() -> None:
 
 
 def test_a_restarted_epoch_is_one_epoch_and_an_end_without_start_still_counts() -> None:
-    events = [ev(1, "epoch_start", epoch=1), ev(2, "epoch_start", epoch=1), ev(3, "epoch_end", epoch=1),
-              ev(5, "epoch_end", epoch=2)]
+    events = [
+        ev(1, "epoch_start", epoch=1),
+        ev(2, "epoch_start", epoch=1),
+        ev(3, "epoch_end", epoch=1),
+        ev(5, "epoch_end", epoch=2),
+    ]
     found = spans(events, 0.0, 6.0)
     assert [(s.phase, s.epoch, s.t0, s.t1) for s in found] == [
-        (SETUP, None, 0.0, 1.0), (EPOCH, 1, 1.0, 3.0), (EPOCH, 2, 3.0, 5.0), (AFTER, None, 5.0, 6.0)]
+        (SETUP, None, 0.0, 1.0),
+        (EPOCH, 1, 1.0, 3.0),
+        (EPOCH, 2, 3.0, 5.0),
+        (AFTER, None, 5.0, 6.0),
+    ]
 
 
 times = st.lists(st.floats(min_value=0.0, max_value=100.0, allow_nan=False), min_size=1, max_size=12)
 
 
 @settings(max_examples=200, deadline=None)
-@given(cuts=times, bounds=times, cpu=st.lists(st.floats(0, 50), min_size=12, max_size=12),
-       busy=st.lists(st.one_of(st.none(), st.floats(0, 50)), min_size=12, max_size=12))
-def test_spans_always_add_up_to_the_run_totals(cuts: list[float], bounds: list[float], cpu: list[float],
-                                                busy: list[float | None]) -> None:
+@given(
+    cuts=times,
+    bounds=times,
+    cpu=st.lists(st.floats(0, 50), min_size=12, max_size=12),
+    busy=st.lists(st.one_of(st.none(), st.floats(0, 50)), min_size=12, max_size=12),
+)
+def test_spans_always_add_up_to_the_run_totals(
+    cuts: list[float], bounds: list[float], cpu: list[float], busy: list[float | None]
+) -> None:
     edges = sorted({0.0, 100.0, *cuts})
     hosts = [host(i, a, b, cpu[i % 12]) for i, (a, b) in enumerate(itertools.pairwise(edges))]
     gpus = [gpu(i, a, b, busy[i % 12], busy[i % 12]) for i, (a, b) in enumerate(itertools.pairwise(edges))]

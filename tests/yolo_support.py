@@ -48,8 +48,16 @@ def prepare_config_dir(config_dir: Path) -> Path:
     shutil.copy(font_file(), target / "Arial.ttf")
     shutil.copy(font_file(), target / "Arial.Unicode.ttf")
     env = yolo_env(config_dir)
-    settings = ["sync=False", "mlflow=False", "clearml=False", "comet=False", "dvc=False", "raytune=False",
-                "tensorboard=False", "wandb=False"]
+    settings = [
+        "sync=False",
+        "mlflow=False",
+        "clearml=False",
+        "comet=False",
+        "dvc=False",
+        "raytune=False",
+        "tensorboard=False",
+        "wandb=False",
+    ]
     yolo = shutil.which("yolo") or str(Path(sys.executable).parent / "yolo")
     subprocess.run([yolo, "settings", *settings], env=env, check=True, capture_output=True, timeout=120)
     return config_dir
@@ -90,8 +98,9 @@ def _label_line(task: str, shape: tuple[int, float, float, float, float]) -> str
     return f"{cls} {cx:.4f} {cy:.4f} {w:.4f} {h:.4f}"
 
 
-def make_dataset(root: Path, task: str = "detect", n_train: int = 8, n_val: int = 4, size: int = 64,
-                 seed: int = 0) -> Path:
+def make_dataset(
+    root: Path, task: str = "detect", n_train: int = 8, n_val: int = 4, size: int = 64, seed: int = 0
+) -> Path:
     """Write a dataset for ``task``; returns the data argument (a data.yaml, or the folder for classify)."""
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)

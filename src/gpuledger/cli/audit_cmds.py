@@ -165,9 +165,7 @@ def retention_group() -> None:
 
 @retention_group.command("run")
 @db_required
-@click.option(
-    "--raw-days", type=FiniteFloat(0), default=7.0, show_default=True, help="Keep raw intervals this long."
-)
+@click.option("--raw-days", type=FiniteFloat(0), default=7.0, show_default=True, help="Keep raw intervals this long.")
 @click.option(
     "--minute-days",
     type=FiniteFloat(0),

@@ -63,8 +63,10 @@ def try_start(port: int, host: str, warn: Callable[[str], None]) -> MetricsServe
     try:
         return start(port, host)
     except ImportError:
-        warn("gpuledger: --metrics-port needs prometheus-client (pip install 'gpuledger[prometheus]'); "
-             "the run is recorded without a metrics endpoint")
+        warn(
+            "gpuledger: --metrics-port needs prometheus-client (pip install 'gpuledger[prometheus]'); "
+            "the run is recorded without a metrics endpoint"
+        )
     except (OSError, ValueError) as exc:
         warn(f"gpuledger: cannot serve Prometheus metrics on {host}:{port} ({exc}); the run is recorded without")
     return None

@@ -72,8 +72,13 @@ class LiveAlerts:
         self.fired: list[Alert] = []
 
     @classmethod
-    def for_session(cls, run: RunRecord, devices: Sequence[GpuIdentity], warn: Callable[[str], None],
-                    env: Mapping[str, str] | None = None) -> LiveAlerts:
+    def for_session(
+        cls,
+        run: RunRecord,
+        devices: Sequence[GpuIdentity],
+        warn: Callable[[str], None],
+        env: Mapping[str, str] | None = None,
+    ) -> LiveAlerts:
         try:
             rules = load_rules(env)
         except ValueError as exc:
@@ -89,8 +94,10 @@ class LiveAlerts:
     def bind(self, recorder: Recorder) -> None:
         self._recorder = recorder
 
-    def hook(self, then: Callable[[list[GpuInterval], HostInterval | None], None] | None = None,
-             ) -> Callable[[list[GpuInterval], HostInterval | None], None]:
+    def hook(
+        self,
+        then: Callable[[list[GpuInterval], HostInterval | None], None] | None = None,
+    ) -> Callable[[list[GpuInterval], HostInterval | None], None]:
         """The Recorder's ``on_interval``: alerts first, then ``then`` (another consumer of the hook),
         which runs even when the alert evaluation fails."""
 
@@ -165,7 +172,13 @@ class LiveAlerts:
             "gpu": alert.gpu,
             "t": alert.t,
             "time": iso_utc(alert.t),
-            "run": {"id": run.id, "name": run.name, "user": run.user, "host": run.host,
-                    "project": run.labels.get("project"), "team": run.labels.get("team")},
+            "run": {
+                "id": run.id,
+                "name": run.name,
+                "user": run.user,
+                "host": run.host,
+                "project": run.labels.get("project"),
+                "team": run.labels.get("team"),
+            },
             "details": alert.payload,
         }

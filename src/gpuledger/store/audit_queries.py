@@ -67,14 +67,26 @@ def _floor(dialect: str, expr: Any) -> Any:
 
 
 def _chunks(items: Sequence[str], size: int = CHUNK) -> list[Sequence[str]]:
-    return [items[i: i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def runs_between(conn: Connection, start: float | None, end: float | None, extra: Sequence[Any] = ()) -> list[RunRow]:
     """Runs whose time overlaps [start, end) (a running run reaches to now), oldest first."""
     r = runs.c
-    q = sa.select(r.id, r.name, r.user, r.team, r.project, r.host, r.status, r.status_reason, r.started_at,
-                  r.ended_at, r.meta, r.labels).where(*extra)
+    q = sa.select(
+        r.id,
+        r.name,
+        r.user,
+        r.team,
+        r.project,
+        r.host,
+        r.status,
+        r.status_reason,
+        r.started_at,
+        r.ended_at,
+        r.meta,
+        r.labels,
+    ).where(*extra)
     if end is not None:
         q = q.where(r.started_at < end)
     if start is not None:
@@ -85,20 +97,38 @@ def runs_between(conn: Connection, start: float | None, end: float | None, extra
     ngpus: dict[str, int] = {}
     g, d = gpu_intervals.c, devices.c
     for chunk in _chunks(ids, 500):
-        last.update(conn.execute(sa.select(g.run_id, sa.func.max(g.t1)).where(g.run_id.in_(chunk))
-                                 .group_by(g.run_id)).all())
-        ngpus.update(conn.execute(sa.select(d.run_id, sa.func.count()).where(d.run_id.in_(chunk))
-                                  .group_by(d.run_id)).all())
+        last.update(
+            conn.execute(sa.select(g.run_id, sa.func.max(g.t1)).where(g.run_id.in_(chunk)).group_by(g.run_id)).all()
+        )
+        ngpus.update(
+            conn.execute(sa.select(d.run_id, sa.func.count()).where(d.run_id.in_(chunk)).group_by(d.run_id)).all()
+        )
     return [
-        RunRow(row.id, row.name, row.user, row.team, row.project, row.host, row.status, row.status_reason,
-               row.started_at, row.ended_at if row.ended_at is not None else last.get(row.id, row.started_at),
-               row.meta or {}, row.labels or {}, int(ngpus.get(row.id, 0)))
+        RunRow(
+            row.id,
+            row.name,
+            row.user,
+            row.team,
+            row.project,
+            row.host,
+            row.status,
+            row.status_reason,
+            row.started_at,
+            row.ended_at if row.ended_at is not None else last.get(row.id, row.started_at),
+            row.meta or {},
+            row.labels or {},
+            int(ngpus.get(row.id, 0)),
+        )
         for row in rows
     ]
 
 
-def busy_per_day(conn: Connection, dialect: str, run_ids: Sequence[str], progress: Progress = None,
-                 ) -> dict[str, list[tuple[int, float, float]]]:
+def busy_per_day(
+    conn: Connection,
+    dialect: str,
+    run_ids: Sequence[str],
+    progress: Progress = None,
+) -> dict[str, list[tuple[int, float, float]]]:
     """Run id -> [(UTC day number, busy seconds, energy joules)], all GPUs of the run summed; an
     interval counts in the day it starts."""
     g = gpu_intervals.c
@@ -106,8 +136,11 @@ def busy_per_day(conn: Connection, dialect: str, run_ids: Sequence[str], progres
     out: dict[str, list[tuple[int, float, float]]] = {}
     done = 0
     for chunk in _chunks(run_ids):
-        q = (sa.select(g.run_id, day, sa.func.sum(g.busy_s), sa.func.sum(g.energy_j))
-             .where(g.run_id.in_(chunk)).group_by(g.run_id, day))
+        q = (
+            sa.select(g.run_id, day, sa.func.sum(g.busy_s), sa.func.sum(g.energy_j))
+            .where(g.run_id.in_(chunk))
+            .group_by(g.run_id, day)
+        )
         for run_id, d, busy, energy in conn.execute(q):
             out.setdefault(run_id, []).append((int(d), float(busy or 0.0), float(energy or 0.0)))
         done += len(chunk)
@@ -141,8 +174,14 @@ def _days(t0: float, t1: float) -> list[tuple[int, float]]:
     return out
 
 
-def gpu_hours(ledger: Ledger, by: str = "user", per: str = "month", start: float | None = None,
-              end: float | None = None, progress: Progress = None) -> list[dict[str, Any]]:
+def gpu_hours(
+    ledger: Ledger,
+    by: str = "user",
+    per: str = "month",
+    start: float | None = None,
+    end: float | None = None,
+    progress: Progress = None,
+) -> list[dict[str, Any]]:
     """Rows per (period, group): runs, allocated / busy / idle GPU-hours, energy kWh; newest period first,
     then by busy hours. Only the part of each run inside [start, end) counts."""
     if by not in ("user", "team", "project") or per not in ("week", "month"):
@@ -156,8 +195,17 @@ def gpu_hours(ledger: Ledger, by: str = "user", per: str = "month", start: float
 
         def row_for(day: int, run: RunRow) -> dict[str, Any]:
             key = (_period(day, per), _group(run, by))
-            row = acc.setdefault(key, {"period": key[0], by: key[1], "runs": set(), "allocated_gpu_hours": 0.0,
-                                       "busy_gpu_hours": 0.0, "energy_kwh": 0.0})
+            row = acc.setdefault(
+                key,
+                {
+                    "period": key[0],
+                    by: key[1],
+                    "runs": set(),
+                    "allocated_gpu_hours": 0.0,
+                    "busy_gpu_hours": 0.0,
+                    "energy_kwh": 0.0,
+                },
+            )
             row["runs"].add(run.id)
             return row
 
@@ -196,14 +244,22 @@ def cause_of(run: RunRow, kinds: Sequence[str]) -> str:
     return reason[:80]
 
 
-def failures(ledger: Ledger, start: float | None = None, end: float | None = None, short_s: float = 300.0,
-             progress: Progress = None) -> dict[str, Any]:
+def failures(
+    ledger: Ledger,
+    start: float | None = None,
+    end: float | None = None,
+    short_s: float = 300.0,
+    progress: Progress = None,
+) -> dict[str, Any]:
     """Failed, killed and lost runs, and succeeded runs shorter than ``short_s``: counts, allocated
     GPU-hours spent on them ("wasted"), the commonest causes, and the runs."""
 
     def tx(conn: Connection) -> dict[str, Any]:
-        found = [r for r in runs_between(conn, start, end)
-                 if r.status in BAD_STATUSES or (r.status == "succeeded" and r.wall_s < short_s)]
+        found = [
+            r
+            for r in runs_between(conn, start, end)
+            if r.status in BAD_STATUSES or (r.status == "succeeded" and r.wall_s < short_s)
+        ]
         e = events.c
         kinds: dict[str, list[str]] = {}
         for i, chunk in enumerate(_chunks([r.id for r in found])):
@@ -220,9 +276,20 @@ def failures(ledger: Ledger, start: float | None = None, end: float | None = Non
             gpu_h = r.wall_s * r.gpus / 3600
             causes[cause] += 1
             hours[cause] += gpu_h
-            listed.append({"id": r.id, "name": r.name, "user": r.user, "project": r.project, "status": r.status,
-                           "started_at": r.started_at, "wall_seconds": r.wall_s, "gpus": r.gpus,
-                           "allocated_gpu_hours": gpu_h, "cause": cause})
+            listed.append(
+                {
+                    "id": r.id,
+                    "name": r.name,
+                    "user": r.user,
+                    "project": r.project,
+                    "status": r.status,
+                    "started_at": r.started_at,
+                    "wall_seconds": r.wall_s,
+                    "gpus": r.gpus,
+                    "allocated_gpu_hours": gpu_h,
+                    "cause": cause,
+                }
+            )
         by_status = Counter("short" if r.status == "succeeded" else r.status for r in found)
         return {
             "runs": len(found),
@@ -247,8 +314,9 @@ def _pick(run: RunRow, key: str) -> Any:
     return value
 
 
-def configs(ledger: Ledger, start: float | None = None, end: float | None = None,
-            progress: Progress = None) -> list[dict[str, Any]]:
+def configs(
+    ledger: Ledger, start: float | None = None, end: float | None = None, progress: Progress = None
+) -> list[dict[str, Any]]:
     """Succeeded runs with an mAP, grouped by (model, imgsz, batch, workers): runs, best mAP50-95, busy
     GPU-hours, and mAP points per busy GPU-hour (median over the runs), best value first."""
 
@@ -259,8 +327,11 @@ def configs(ledger: Ledger, start: float | None = None, end: float | None = None
         best: dict[str, float] = {}
         busy: dict[str, float] = {}
         for i, chunk in enumerate(_chunks(ids)):
-            q = (sa.select(m.run_id, m.key, sa.func.max(m.value)).where(m.run_id.in_(chunk), m.key.in_(MAP_KEYS))
-                 .group_by(m.run_id, m.key))
+            q = (
+                sa.select(m.run_id, m.key, sa.func.max(m.value))
+                .where(m.run_id.in_(chunk), m.key.in_(MAP_KEYS))
+                .group_by(m.run_id, m.key)
+            )
             for run_id, key, value in conn.execute(q):
                 if value is not None and value == value and (run_id not in best or key == MAP_KEYS[0]):
                     best[run_id] = float(value)
@@ -275,14 +346,19 @@ def configs(ledger: Ledger, start: float | None = None, end: float | None = None
         out = []
         for key, members in groups.items():
             values = [best[r.id] * 100 / (busy[r.id] / 3600) for r in members if busy.get(r.id)]
-            out.append({
-                "model": key[0], "imgsz": key[1], "batch": key[2], "workers": key[3],
-                "runs": len(members),
-                "best_map": max(best[r.id] for r in members),
-                "busy_gpu_hours": sum(busy.get(r.id, 0.0) for r in members) / 3600,
-                "map_points_per_busy_gpu_hour": statistics.median(values) if values else None,
-                "run_ids": [r.id for r in members],
-            })
+            out.append(
+                {
+                    "model": key[0],
+                    "imgsz": key[1],
+                    "batch": key[2],
+                    "workers": key[3],
+                    "runs": len(members),
+                    "best_map": max(best[r.id] for r in members),
+                    "busy_gpu_hours": sum(busy.get(r.id, 0.0) for r in members) / 3600,
+                    "map_points_per_busy_gpu_hour": statistics.median(values) if values else None,
+                    "run_ids": [r.id for r in members],
+                }
+            )
         out.sort(key=lambda r: -(r["map_points_per_busy_gpu_hour"] or -1.0))
         return out
 
@@ -298,8 +374,9 @@ def gpu_users(ledger: Ledger, uuid: str, start: float | None = None, end: float 
 
     def tx(conn: Connection) -> list[dict[str, Any]]:
         d, g = devices.c, gpu_intervals.c
-        held = conn.execute(sa.select(d.run_id, d.uuid, d.index, d.name)
-                            .where(sa.or_(d.uuid == uuid, d.mig_parent_uuid == uuid))).all()
+        held = conn.execute(
+            sa.select(d.run_id, d.uuid, d.index, d.name).where(sa.or_(d.uuid == uuid, d.mig_parent_uuid == uuid))
+        ).all()
         by_run: dict[str, list[Any]] = {}
         for row in held:
             by_run.setdefault(row.run_id, []).append(row)
@@ -314,10 +391,23 @@ def gpu_users(ledger: Ledger, uuid: str, start: float | None = None, end: float 
                 q = q.where(g.t0 < end)
             busy = conn.scalar(q)
             first = by_run[r.id][0]
-            out.append({"id": r.id, "name": r.name, "user": r.user, "team": r.team, "project": r.project,
-                        "host": r.host, "status": r.status, "started_at": r.started_at, "ended_at": r.end,
-                        "gpu_index": first.index, "gpu_name": first.name, "device_uuids": uuids,
-                        "busy_gpu_hours": None if busy is None else float(busy) / 3600})
+            out.append(
+                {
+                    "id": r.id,
+                    "name": r.name,
+                    "user": r.user,
+                    "team": r.team,
+                    "project": r.project,
+                    "host": r.host,
+                    "status": r.status,
+                    "started_at": r.started_at,
+                    "ended_at": r.end,
+                    "gpu_index": first.index,
+                    "gpu_name": first.name,
+                    "device_uuids": uuids,
+                    "busy_gpu_hours": None if busy is None else float(busy) / 3600,
+                }
+            )
         return out
 
     return ledger.read(tx)

@@ -43,7 +43,8 @@ def stream_counts(ledger: Ledger, run_id: str) -> dict[str, Any]:
         if not known:
             known = list(conn.scalars(sa.select(g.device_uuid).where(g.run_id == run_id).distinct()))
         streams: list[tuple[str | None, Any, tuple[Any, ...]]] = [
-            (uuid, gpu_intervals, (g.run_id == run_id, g.device_uuid == uuid)) for uuid in known]
+            (uuid, gpu_intervals, (g.run_id == run_id, g.device_uuid == uuid)) for uuid in known
+        ]
         streams.append((None, host_intervals, (h.run_id == run_id,)))
         counts: dict[str | None, int] = {}
         starts, ends = [], []
@@ -200,8 +201,9 @@ def _ends(conn: Connection, run_id: str, uuid: str) -> dict[str, Any]:
     where = (g.run_id == run_id, g.device_uuid == uuid)
     first = sa.select(sa.func.min(g.seq)).where(*where).scalar_subquery()
     last = sa.select(sa.func.max(g.seq)).where(*where).scalar_subquery()
-    rows = conn.execute(sa.select(g.t0, g.t1, g.util_method, g.energy_method, g.throttle_s)
-                        .where(*where, g.seq.in_([first, last]))).all()
+    rows = conn.execute(
+        sa.select(g.t0, g.t1, g.util_method, g.energy_method, g.throttle_s).where(*where, g.seq.in_([first, last]))
+    ).all()
     return {
         "t0": min((r[0] for r in rows), default=None),
         "t1": max((r[1] for r in rows), default=None),
@@ -308,8 +310,9 @@ def latest(ledger: Ledger, run_id: str, last: int = 3) -> dict[str, Any]:
         out: dict[str, Any] = {"gpu": {}, "host": []}
         d = devices.c
         uuids = list(conn.scalars(sa.select(d.uuid).where(d.run_id == run_id)))
-        tops = [(u, conn.scalar(sa.select(sa.func.max(g.seq)).where(g.run_id == run_id, g.device_uuid == u)))
-                for u in uuids]
+        tops = [
+            (u, conn.scalar(sa.select(sa.func.max(g.seq)).where(g.run_id == run_id, g.device_uuid == u))) for u in uuids
+        ]
         for uuid, top in tops:
             if top is None:
                 continue

@@ -155,8 +155,8 @@ def price_plain_rows(
     if not rows:
         return FastPart(), []
     n = len(rows)
-    run_col, day_col, name_col, profile_col, t0_col, t1_col, alloc_col, busy_col, energy_col, rule_col, inst_col = (
-        zip(*rows, strict=True)
+    run_col, day_col, name_col, profile_col, t0_col, t1_col, alloc_col, busy_col, energy_col, rule_col, inst_col = zip(
+        *rows, strict=True
     )
     # One pass of dict look-ups over the rows' run ids (each is a cache miss in a large dict):
     # the code of a row's run is its position in ``runs``, -1 for a run not there.

@@ -125,8 +125,15 @@ class AlertEngine:
                     minutes = (iv.t1 - since) / 60
                     if minutes >= r.low_util_minutes and self._due("low_util", iv.device_uuid, iv.t1):
                         lasted = f"{minutes:.0f} min" if minutes >= 1 else f"{minutes * 60:.0f} s"
-                        out.append(Alert("low_util", iv.t1, f"{label} busy under {r.low_util_pct:g} % for "
-                                         f"{lasted}", index, {"minutes": minutes}))
+                        out.append(
+                            Alert(
+                                "low_util",
+                                iv.t1,
+                                f"{label} busy under {r.low_util_pct:g} % for {lasted}",
+                                index,
+                                {"minutes": minutes},
+                            )
+                        )
                 else:
                     self._low_since.pop(iv.device_uuid, None)
                     self._last.pop(("low_util", iv.device_uuid), None)  # a new streak alerts again
@@ -134,21 +141,36 @@ class AlertEngine:
             if r.vram and total and iv.mem_used_max_b is not None:
                 share = iv.mem_used_max_b / total * 100
                 if share >= r.vram_pct and self._due("vram", iv.device_uuid, iv.t1):
-                    out.append(Alert("vram", iv.t1, f"{label} memory at {share:.1f} % "
-                                     f"({iv.mem_used_max_b / 2**30:.1f} of {total / 2**30:.1f} GiB)", index,
-                                     {"used_b": iv.mem_used_max_b, "total_b": total}))
+                    out.append(
+                        Alert(
+                            "vram",
+                            iv.t1,
+                            f"{label} memory at {share:.1f} % "
+                            f"({iv.mem_used_max_b / 2**30:.1f} of {total / 2**30:.1f} GiB)",
+                            index,
+                            {"used_b": iv.mem_used_max_b, "total_b": total},
+                        )
+                    )
             hot = r.temperature and iv.temp_max_c is not None and iv.temp_max_c >= r.temp_c
             if hot and self._due("temperature", iv.device_uuid, iv.t1):
-                out.append(Alert("temperature", iv.t1, f"{label} at {iv.temp_max_c:.0f} °C "
-                                 f"(limit {r.temp_c:g} °C)", index, {"temp_c": iv.temp_max_c}))
+                out.append(
+                    Alert(
+                        "temperature",
+                        iv.t1,
+                        f"{label} at {iv.temp_max_c:.0f} °C (limit {r.temp_c:g} °C)",
+                        index,
+                        {"temp_c": iv.temp_max_c},
+                    )
+                )
         return out
 
     def on_event(self, kind: str, message: str, payload: Mapping[str, Any], t: float) -> list[Alert]:
         if kind in OOM_KINDS and self.rules.oom and self._due("oom", kind, t):
             what = "host memory (OOM killer)" if kind == "oom_killed" else "GPU memory"
             recovered = " (recovered)" if payload.get("fatal") is False else ""
-            return [Alert("oom", t, f"out of {what}{recovered}: {message}".rstrip(": "), payload.get("gpu"),
-                          dict(payload))]
+            return [
+                Alert("oom", t, f"out of {what}{recovered}: {message}".rstrip(": "), payload.get("gpu"), dict(payload))
+            ]
         if kind in NAN_KINDS and self.rules.nan_loss and self._due("nan_loss", None, t):
             return [Alert("nan_loss", t, f"non-finite loss: {message}".rstrip(": "), None, dict(payload))]
         return []

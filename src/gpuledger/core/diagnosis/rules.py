@@ -98,9 +98,8 @@ def _gpu_oom(trace: Trace, t: float, payload: dict, reason: str) -> Finding:
         proc = max((iv.proc_mem_max_b or 0 for iv in trace.gpu[uuid] if iv.t0 < t), default=0) or None
         share = peak / total if total else None
         label = trace.gpu_label(uuid)
-        detail = (
-            f"Peak device memory before the crash: {gib(peak)} of {gib(total)} ({pct(share)}) on {label}"
-            + (f"; the run's own processes held {gib(proc)}." if proc else ".")
+        detail = f"Peak device memory before the crash: {gib(peak)} of {gib(total)} ({pct(share)}) on {label}" + (
+            f"; the run's own processes held {gib(proc)}." if proc else "."
         )
         figures.update(gpu=gpu_index(trace, uuid), peak_memory_b=peak, memory_total_b=total, peak_share=share)
     if reason:
@@ -126,8 +125,14 @@ def _host_oom(trace: Trace, t: float, message: str) -> Finding:
         f"Peak resident memory of the training's processes: {gib(peak)}. {message}".strip(),
         "Use fewer data-loader workers, cache=disk or cache=False instead of cache=ram, or give the job "
         "more RAM (a higher memory limit).",
-        [Evidence(max(trace.run.started_at, min(t, trace.end) - 300), min(t, trace.end), "before the kill",
-                  charts=("ram",))],
+        [
+            Evidence(
+                max(trace.run.started_at, min(t, trace.end) - 300),
+                min(t, trace.end),
+                "before the kill",
+                charts=("ram",),
+            )
+        ],
         {"peak_rss_b": peak, "t": t},
     )
 
@@ -149,8 +154,10 @@ def memory_leak(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Find
             windows = [(float(s.epoch or i + 1), s.t0, s.t1) for i, s in enumerate(epoch_spans)]
         elif trace.wall_s >= 1200:  # no epochs: ten windows of time
             width = trace.wall_s / 10
-            windows = [(float(i + 1), trace.run.started_at + i * width, trace.run.started_at + (i + 1) * width)
-                       for i in range(10)]
+            windows = [
+                (float(i + 1), trace.run.started_at + i * width, trace.run.started_at + (i + 1) * width)
+                for i in range(10)
+            ]
         else:
             continue
         points = []
@@ -163,15 +170,22 @@ def memory_leak(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Find
         xs, ys = [p[0] for p in points], [float(p[3]) for p in points]
         slope, _, r2 = linear_fit(xs, ys)
         rising = sum(1 for a, b in itertools.pairwise(ys) if b > a) / (len(ys) - 1)
-        if not (slope >= th.leak_min_step * total and ys[-1] - ys[0] >= th.leak_min_rise * total
-                and r2 >= th.leak_min_r2 and rising >= th.leak_rising_steps):
+        if not (
+            slope >= th.leak_min_step * total
+            and ys[-1] - ys[0] >= th.leak_min_rise * total
+            and r2 >= th.leak_min_r2
+            and rising >= th.leak_rising_steps
+        ):
             continue
         unit = "epoch" if by_epoch else "tenth of the run"
         left = max(0.0, total - ys[-1]) / slope
         oom_at = xs[-1] + math.ceil(left) if by_epoch else None
         planned = trace.run.meta.get("epochs") if isinstance(trace.run.meta.get("epochs"), int) else None
-        when = (f"it would run out at about epoch {oom_at:.0f}" + (f" of {planned}" if planned else "")
-                if oom_at is not None else f"it would run out in about {minutes(left * trace.wall_s / 10)}")
+        when = (
+            f"it would run out at about epoch {oom_at:.0f}" + (f" of {planned}" if planned else "")
+            if oom_at is not None
+            else f"it would run out in about {minutes(left * trace.wall_s / 10)}"
+        )
         critical = oom_at is not None and planned is not None and oom_at <= planned
         out.append(
             Finding(
@@ -184,8 +198,16 @@ def memory_leak(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Find
                 ".detach(), growing caches, or metrics accumulated on the GPU. torch.cuda.memory_summary() "
                 "at each epoch end shows what grows.",
                 [Evidence(points[0][1], points[-1][2], "memory rising", gpu_index(trace, uuid), ("vram",))],
-                {"gpu": gpu_index(trace, uuid), "per_step_b": slope, "r2": r2, "first_b": ys[0], "last_b": ys[-1],
-                 "memory_total_b": total, "oom_epoch": oom_at, "by": "epoch" if by_epoch else "time"},
+                {
+                    "gpu": gpu_index(trace, uuid),
+                    "per_step_b": slope,
+                    "r2": r2,
+                    "first_b": ys[0],
+                    "last_b": ys[-1],
+                    "memory_total_b": total,
+                    "oom_epoch": oom_at,
+                    "by": "epoch" if by_epoch else "time",
+                },
             )
         )
     return out
@@ -263,10 +285,18 @@ def input_pipeline(trace: Trace, th: Thresholds, found: list[Finding]) -> list[F
             f"For {minutes(flagged_s)} ({pct(share)} of the measured time) the GPUs were busy only "
             f"{pct(busy_mean)} while {because}.",
             action,
-            [Evidence(a, b, "GPU starved", charts=("gpu_util", "cpu")) for a, b in
-             longest(merge_spans(flagged, gap_s=1.0))],
-            {"share": share, "seconds": flagged_s, "gpu_busy": busy_mean, "cpu_cores": cpu_cores,
-             "cores": cores, "reason": main},
+            [
+                Evidence(a, b, "GPU starved", charts=("gpu_util", "cpu"))
+                for a, b in longest(merge_spans(flagged, gap_s=1.0))
+            ],
+            {
+                "share": share,
+                "seconds": flagged_s,
+                "gpu_busy": busy_mean,
+                "cpu_cores": cpu_cores,
+                "cores": cores,
+                "reason": main,
+            },
         )
     ]
 
@@ -291,19 +321,27 @@ def idle_gpus(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findin
     idle_h = sum(t1 - t0 for _, t0, t1 in idle) / 3600
     if unused:
         names = ", ".join(trace.gpu_label(u) for u in unused)
-        parts.append(f"{names} {'was' if len(unused) == 1 else 'were'} allocated for {minutes(wall)} but never "
-                     f"used (busy under {pct(th.unused_busy)}): {unused_h:.2f} GPU-hours held for nothing.")
-        evidence += [Evidence(trace.run.started_at, trace.end, "never used", gpu_index(trace, u), ("gpu_util",))
-                     for u in unused]
+        parts.append(
+            f"{names} {'was' if len(unused) == 1 else 'were'} allocated for {minutes(wall)} but never "
+            f"used (busy under {pct(th.unused_busy)}): {unused_h:.2f} GPU-hours held for nothing."
+        )
+        evidence += [
+            Evidence(trace.run.started_at, trace.end, "never used", gpu_index(trace, u), ("gpu_util",)) for u in unused
+        ]
     if idle:
         longest = max(idle, key=lambda s: s[2] - s[1])
-        parts.append(f"{len(idle)} span(s) of at least {minutes(min_span)} under {pct(th.idle_busy)} busy on "
-                     f"used GPUs, {idle_h:.2f} GPU-hours in all; the longest {minutes(longest[2] - longest[1])} "
-                     f"on {trace.gpu_label(longest[0])}.")
-        evidence += [Evidence(t0, t1, "idle", gpu_index(trace, u), ("gpu_util",))
-                     for u, t0, t1 in sorted(idle, key=lambda s: s[1] - s[2])[:MAX_EVIDENCE]]
+        parts.append(
+            f"{len(idle)} span(s) of at least {minutes(min_span)} under {pct(th.idle_busy)} busy on "
+            f"used GPUs, {idle_h:.2f} GPU-hours in all; the longest {minutes(longest[2] - longest[1])} "
+            f"on {trace.gpu_label(longest[0])}."
+        )
+        evidence += [
+            Evidence(t0, t1, "idle", gpu_index(trace, u), ("gpu_util",))
+            for u, t0, t1 in sorted(idle, key=lambda s: s[1] - s[2])[:MAX_EVIDENCE]
+        ]
     title = (f"{len(unused)} allocated GPU(s) never used" if unused else "") + (
-        (" and " if unused else "") + f"{minutes(idle_h * 3600)} of idle GPU time" if idle else "")
+        (" and " if unused else "") + f"{minutes(idle_h * 3600)} of idle GPU time" if idle else ""
+    )
     return [
         Finding(
             "idle_gpus",
@@ -313,8 +351,12 @@ def idle_gpus(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findin
             "Request only the GPUs the training uses (CUDA_VISIBLE_DEVICES, YOLO device=0,1) or make it use all "
             "of them (DDP); release GPUs during long evaluation or data preparation steps.",
             evidence,
-            {"unused": [gpu_index(trace, u) for u in unused], "unused_gpu_h": unused_h, "idle_gpu_h": idle_h,
-             "idle_spans": len(idle)},
+            {
+                "unused": [gpu_index(trace, u) for u in unused],
+                "unused_gpu_h": unused_h,
+                "idle_gpu_h": idle_h,
+                "idle_spans": len(idle),
+            },
         )
     ]
 

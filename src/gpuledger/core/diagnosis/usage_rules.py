@@ -43,10 +43,17 @@ def throttling(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findi
             slowed += min(span, sum(perf.values()))  # reasons can overlap in time: never above the span
             for r, s in perf.items():
                 by_reason[r] = by_reason.get(r, 0.0) + s
-        spans_ = runs_where(ivs, lambda iv: iv.throttle_s is not None and span_of(iv) > 0 and sum(
-            s for r, s in iv.throttle_s.items() if r in PERF_THROTTLE) / span_of(iv) > th.throttle_span)
-        evidence += [Evidence(a, b, "throttled", gpu_index(trace, uuid), ("clocks", "power", "temp"))
-                     for a, b in longest(spans_)]
+        spans_ = runs_where(
+            ivs,
+            lambda iv: (
+                iv.throttle_s is not None
+                and span_of(iv) > 0
+                and sum(s for r, s in iv.throttle_s.items() if r in PERF_THROTTLE) / span_of(iv) > th.throttle_span
+            ),
+        )
+        evidence += [
+            Evidence(a, b, "throttled", gpu_index(trace, uuid), ("clocks", "power", "temp")) for a, b in longest(spans_)
+        ]
     if not covered or slowed / covered < th.throttle_share:
         return []
     share = slowed / covered
@@ -69,8 +76,12 @@ def throttling(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findi
             f"Power or thermal limits slowed the GPUs for {pct(share)} of their time: {breakdown}.",
             action,
             sorted(evidence, key=lambda e: e.t0)[:MAX_EVIDENCE],
-            {"share": share, "by_reason": {r: s / covered for r, s in by_reason.items()}, "main": main,
-             "peak_temp_c": temp},
+            {
+                "share": share,
+                "by_reason": {r: s / covered for r, s in by_reason.items()},
+                "main": main,
+                "peak_temp_c": temp,
+            },
         )
     ]
 
@@ -92,13 +103,20 @@ def underused(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findin
             rows.append((uuid, peak, total, busy / covered))
     if not rows:
         return []
-    text = "; ".join(f"{trace.gpu_label(u)} used at most {gib(p)} of {gib(t)} ({pct(p / t)}) and was busy "
-                     f"{pct(b)} of the time" for u, p, t, b in rows)
+    text = "; ".join(
+        f"{trace.gpu_label(u)} used at most {gib(p)} of {gib(t)} ({pct(p / t)}) and was busy {pct(b)} of the time"
+        for u, p, t, b in rows
+    )
     starved = any(f.rule == "input_pipeline" for f in found)
-    action = ("Fix the input pipeline first (see above): a bigger batch does not help a GPU waiting for data. "
-              if starved else "")
-    action += ("A larger batch (YOLO: batch=-1, or batch=0.8 for 80 % of memory) or a larger imgsz gives the GPU "
-               "more work per step; or share it: several experiments per GPU, a MIG slice or a smaller GPU.")
+    action = (
+        "Fix the input pipeline first (see above): a bigger batch does not help a GPU waiting for data. "
+        if starved
+        else ""
+    )
+    action += (
+        "A larger batch (YOLO: batch=-1, or batch=0.8 for 80 % of memory) or a larger imgsz gives the GPU "
+        "more work per step; or share it: several experiments per GPU, a MIG slice or a smaller GPU."
+    )
     return [
         Finding(
             "underused",
@@ -135,8 +153,10 @@ def regression(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findi
     if me.sec_per_epoch and known:
         ref = statistics.median(known)
         if me.sec_per_epoch >= (1 + th.regression) * ref:
-            lines.append(f"{pct(me.sec_per_epoch / ref - 1)} slower per epoch ({me.sec_per_epoch:.0f} s against "
-                         f"a median of {ref:.0f} s)")
+            lines.append(
+                f"{pct(me.sec_per_epoch / ref - 1)} slower per epoch ({me.sec_per_epoch:.0f} s against "
+                f"a median of {ref:.0f} s)"
+            )
             figures.update(sec_per_epoch=me.sec_per_epoch, baseline_sec_per_epoch=ref)
     use_cost = me.cost is not None and all(h.cost is not None for h in base)
     mine = _per_map_point(me) if use_cost else _per_map_point(_no_cost(me))
@@ -154,7 +174,9 @@ def regression(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findi
             "regression",
             "warning",
             "Regression against earlier runs of the same configuration",
-            "Compared with the latest " + f"{len(base)} earlier run(s) of the same configuration: " + "; ".join(lines)
+            "Compared with the latest "
+            + f"{len(base)} earlier run(s) of the same configuration: "
+            + "; ".join(lines)
             + ".",
             f"Compare side by side: gpuledger compare {base[0].run_id[:13]} {me.run_id[:13]}. Look for a changed "
             "dataset or code (git), another GPU model or host, jobs sharing the GPU, throttling or a starved input.",

@@ -25,7 +25,14 @@ from gpuledger.core.model import GpuInterval, HostInterval
 MAX_POINTS = 2000  # buckets per series: enough for a full-width chart, small enough for 10 MB
 # Throttle reasons the collectors record (collect/nvml.py); the SQL downsampler sums these keys.
 THROTTLE_REASONS = (
-    "power", "thermal", "sync_boost", "board_limit", "low_util", "reliability", "hw_slowdown", "hw_power_brake",
+    "power",
+    "thermal",
+    "sync_boost",
+    "board_limit",
+    "low_util",
+    "reliability",
+    "hw_slowdown",
+    "hw_power_brake",
 )
 
 

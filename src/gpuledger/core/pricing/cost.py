@@ -326,9 +326,7 @@ class Pricer:
             ctx = get_ctx(key)
             if ctx is None:
                 at, uniform = periods[period]
-                ctx = contexts[key] = (
-                    self._context(name or None, profile or None, instance, at) if uniform else ()
-                )
+                ctx = contexts[key] = self._context(name or None, profile or None, instance, at) if uniform else ()
             if not ctx or rule or busy_s is None:  # the rare cases: priced like price_sums
                 slow.append(
                     (

@@ -185,8 +185,13 @@ def _throughput(u: SpanUsage) -> None:
 def totals(usage: Iterable[SpanUsage]) -> SpanUsage:
     """All spans summed (integrals) and maxed (peaks): equals the run's totals."""
     items = list(usage)
-    total = SpanUsage("total", None, min((u.t0 for u in items), default=0.0), max((u.t1 for u in items), default=0.0),
-                      sum(u.wall_s for u in items))
+    total = SpanUsage(
+        "total",
+        None,
+        min((u.t0 for u in items), default=0.0),
+        max((u.t1 for u in items), default=0.0),
+        sum(u.wall_s for u in items),
+    )
     for u in items:
         total.gpu_busy_s = _add(total.gpu_busy_s, u.gpu_busy_s, 1.0)
         total.gpu_energy_j = _add(total.gpu_energy_j, u.gpu_energy_j, 1.0)

@@ -135,8 +135,12 @@ def dataset_info(data: Mapping[str, Any], data_arg: Any, images: Mapping[str, in
 def model_info(source: Any, parameters: int | None) -> dict[str, Any]:
     text = str(source) if source is not None else ""
     kind = "yaml" if text.endswith((".yaml", ".yml")) else "weights"
-    info: dict[str, Any] = {"source": text or None, "kind": kind, "name": Path(text).stem or None,
-                            "parameters": parameters}
+    info: dict[str, Any] = {
+        "source": text or None,
+        "kind": kind,
+        "name": Path(text).stem or None,
+        "parameters": parameters,
+    }
     if kind == "weights" and text and Path(text).is_file():
         file = file_info(text)
         if file:

@@ -344,9 +344,7 @@ def collect_report(
     return usage
 
 
-def _exact_cut_days(
-    conn: Connection, usage: UsageSet, days: Sequence[int], cut_times: Sequence[float]
-) -> list[Usage]:
+def _exact_cut_days(conn: Connection, usage: UsageSet, days: Sequence[int], cut_times: Sequence[float]) -> list[Usage]:
     """A rollup row sums a whole day, so on a day a price changes within it could only be split
     in proportion to held time. For runs whose intervals are still there, such rows are replaced
     by those intervals, cut exactly at the change (the same figures as a run never rolled up)."""

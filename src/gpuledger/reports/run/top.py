@@ -43,35 +43,40 @@ def snapshot(ledger: Ledger, now: float, host: str | None = None) -> list[dict[s
             iv = ivs[-1]
             dev = devices.get(uuid)
             span = iv.t1 - iv.t0
-            gpus.append({
-                "index": dev.index if dev else None,
-                "name": dev.name if dev else uuid,
-                "util": None if iv.busy_s is None or span <= 0 else min(1.0, iv.busy_s / span),
-                "mem_used_b": iv.mem_used_max_b,
-                "proc_mem_b": iv.proc_mem_max_b,
-                "mem_total_b": dev.memory_total_b if dev else None,
-                "power_w": iv.power_max_w,
-                "temp_c": iv.temp_max_c,
-                "age_s": max(0.0, now - iv.t1),
-            })
+            gpus.append(
+                {
+                    "index": dev.index if dev else None,
+                    "name": dev.name if dev else uuid,
+                    "util": None if iv.busy_s is None or span <= 0 else min(1.0, iv.busy_s / span),
+                    "mem_used_b": iv.mem_used_max_b,
+                    "proc_mem_b": iv.proc_mem_max_b,
+                    "mem_total_b": dev.memory_total_b if dev else None,
+                    "power_w": iv.power_max_w,
+                    "temp_c": iv.temp_max_c,
+                    "age_s": max(0.0, now - iv.t1),
+                }
+            )
         host_iv = recent["host"][-1] if recent["host"] else None
         epoch, total, eta = _progress(ledger, run, now)
-        out.append({
-            "id": run.id,
-            "name": run.name,
-            "user": run.user,
-            "project": run.labels.get("project"),
-            "started_at": run.started_at,
-            "elapsed_s": now - run.started_at,
-            "epoch": epoch,
-            "epochs": total,
-            "eta_s": eta,
-            "cpu_cores": None if host_iv is None or host_iv.t1 <= host_iv.t0
-            else host_iv.cpu_s / (host_iv.t1 - host_iv.t0),
-            "rss_b": host_iv.rss_max_b if host_iv else None,
-            "gpus": gpus,
-            "replayed": run.replayed,
-        })
+        out.append(
+            {
+                "id": run.id,
+                "name": run.name,
+                "user": run.user,
+                "project": run.labels.get("project"),
+                "started_at": run.started_at,
+                "elapsed_s": now - run.started_at,
+                "epoch": epoch,
+                "epochs": total,
+                "eta_s": eta,
+                "cpu_cores": None
+                if host_iv is None or host_iv.t1 <= host_iv.t0
+                else host_iv.cpu_s / (host_iv.t1 - host_iv.t0),
+                "rss_b": host_iv.rss_max_b if host_iv else None,
+                "gpus": gpus,
+                "replayed": run.replayed,
+            }
+        )
     return out
 
 
