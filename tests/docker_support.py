@@ -18,6 +18,7 @@ request per connection.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import re
 import shutil
@@ -198,6 +199,9 @@ class GetOnlyProxy:
         self._sock_path = str(sock_path)
         self._allowed = re.compile(r"^(/v[\d.]+)?/(" + "|".join(re.escape(s) for s in sections) + r")\b")
         self.deny_logs = False
+        # Set: a followed log's response ends cleanly after this many body bytes, as a daemon
+        # that closes a follow before it has sent a stopping container's last lines.
+        self.cut_follow_b: int | None = None
         self.inspect_gate = threading.Event()  # cleared: inspect requests wait (a slow daemon or agent)
         self.inspect_gate.set()
         self.seen: list[tuple[str, str, int]] = []  # (method, path, status)
@@ -256,6 +260,9 @@ class GetOnlyProxy:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as upstream:
                 upstream.connect(self._sock_path)
                 upstream.sendall(head)
+                if self.cut_follow_b is not None and re.search(r"/logs$", path) and "follow=1" in target:
+                    self._cut_follow(upstream, client, self.cut_follow_b)
+                    return
                 while True:
                     data = upstream.recv(65536)
                     if not data:
@@ -264,3 +271,20 @@ class GetOnlyProxy:
                         client.sendall(data)
                     except OSError:
                         return
+
+    @staticmethod
+    def _cut_follow(upstream: socket.socket, client: socket.socket, limit: int) -> None:
+        """Relay the daemon's answer, then end its chunked body cleanly after ``limit`` bytes."""
+        response = http.client.HTTPResponse(upstream)
+        response.begin()
+        head = f"HTTP/1.1 {response.status} {response.reason}\r\n"
+        for name, value in response.getheaders():
+            if name.lower() not in ("transfer-encoding", "content-length", "connection"):
+                head += f"{name}: {value}\r\n"
+        client.sendall((head + "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode())
+        sent = 0
+        with contextlib.suppress(OSError):
+            while sent < limit and (data := response.read1(limit - sent)):
+                client.sendall(b"%x\r\n%s\r\n" % (len(data), data))
+                sent += len(data)
+            client.sendall(b"0\r\n\r\n")

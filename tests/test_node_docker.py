@@ -169,6 +169,28 @@ def test_an_unwrapped_yolo_container_gets_its_epochs(
     assert view.path.read_bytes() == shown.stdout + shown.stderr  # type: ignore[union-attr]
 
 
+def test_a_follow_that_ends_before_the_last_lines_is_read_to_the_end(engine: Engine, tmp_path: Path) -> None:
+    """The daemon may close the follow of a container that exits at once before it has sent the
+    last lines (seen once in CI): the adapter reads what is left without follow before it says done."""
+    proxy = GetOnlyProxy(engine.sock)
+    proxy.cut_follow_b = 1024  # every followed log ends cleanly after 1 KiB of its body
+    src = DockerSource({"DOCKER_HOST": proxy.url}, gpu_uuids=NODE, max_backoff_s=0.5)
+    try:
+        assert src.wait_synced(30), src.status()
+        data = (YOLO_DATA / "yolov8n_detect.log").read_bytes()
+        assert len(data) > 3 * 1024
+        (tmp_path / "train.log").write_bytes(data)
+        mount = ["-v", f"{tmp_path}:/data:ro", "-e", "NVIDIA_VISIBLE_DEVICES=0"]
+        cid = engine.run(*mount, IMAGE, "sh", "-c", "cat /data/train.log")
+        wait_for(lambda: (log := src.log(cid)) and log.view().done, what="its log read to the end")
+        view = src.log(cid).view()  # type: ignore[union-attr]
+        expected = parse_log(data)
+        assert view.parsed.epochs == expected.epochs and view.bytes == len(data)
+    finally:
+        src.close()
+        proxy.close()
+
+
 def test_any_container_can_be_followed_on_request(engine: Engine, source: DockerSource, tmp_path: Path) -> None:
     (tmp_path / "train.log").write_bytes((YOLO_DATA / "yolo26n_detect.log").read_bytes())
     cid = engine.run("-v", f"{tmp_path}:/data:ro", IMAGE, "sh", "-c", "cat /data/train.log; sleep 1")

@@ -344,6 +344,14 @@ class DockerSource:
                 # The stream ended: the container stopped, or a proxy closed an idle stream.
                 doc = self._client.inspect(cid)
                 if doc is None or not (doc.get("State") or {}).get("Running"):
+                    if doc is not None:
+                        # A follow of a container that exits at once can end before the daemon
+                        # has handed out its last lines: read once more, without follow, from
+                        # where this one stopped (what was read already is skipped).
+                        decoder = RawDecoder() if tty else FrameDecoder()
+                        with self._client.logs(cid, since=clog.resume(), follow=False) as chunks:
+                            for chunk in chunks:
+                                clog.add(decoder.feed(chunk))
                     clog.finish()
                     return
                 backoff = 0.5
