@@ -126,7 +126,6 @@ def test_no_cost_block_when_asked_or_when_the_cost_engine_fails(db: str, monkeyp
 
         broken.run_cost = run_cost
         monkeypatch.setitem(__import__("sys").modules, "gpuledger.reports.cost.run_money", broken)
-        monkeypatch.setattr("gpuledger.reports.run.cost_hook.MODULES", ("gpuledger.reports.cost.run_money",))
         model = runreport.build(ledger, ledger.get_run(RUN))
     assert model["cost"] is None and model["cost_rows"] == []  # the report still renders
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from gpuledger.core.model import RunRecord
     from gpuledger.store import Ledger
 
-MODULES = ("gpuledger.reports.cost.run_money",)
+MODULE = "gpuledger.reports.cost.run_money"  # imported only when a report asks for money
 RATES_ENV = "GPULEDGER_RATES"  # the rate card file the cost engine prices with
 TOTAL_KEYS = ("total", "cost", "amount", "total_cost")
 
@@ -34,30 +34,12 @@ def rate_card_configured(env: Mapping[str, str] | None = None) -> bool:
     return bool((os.environ if env is None else env).get(RATES_ENV))
 
 
-def _find(name: str) -> Callable[..., Any] | None:
-    for module in MODULES:
-        try:
-            mod = importlib.import_module(module)
-        except Exception:  # absent, or broken while someone edits it: no cost block
-            continue
-        fn = getattr(mod, name, None)
-        if callable(fn):
-            return fn
-    return None
-
-
 def _call(name: str, ledger: Ledger, run: RunRecord) -> Any:
-    fn = _find(name)
-    if fn is None:
+    """``name(ledger, run_id)`` of the cost engine; None when it is absent or fails."""
+    try:
+        return getattr(importlib.import_module(MODULE), name)(ledger, run.id)
+    except Exception:  # a broken rate card, an engine error: the report renders without money
         return None
-    for args in ((ledger, run.id), (ledger, run)):
-        try:
-            return fn(*args)
-        except TypeError:
-            continue
-        except Exception:
-            return None
-    return None
 
 
 def jsonable(value: Any) -> Any:
