@@ -87,6 +87,45 @@ def test_out_of_range_percent_is_clamped() -> None:
     assert busy_from_samples([(T0 + 1_000_000, -5.0)], T0, 1.0).busy_s == 0.0
 
 
+def reference_busy(samples: list[tuple[int, float]], cursor: int, period_us: int) -> tuple[float, float, float, float]:
+    """The rule as written in the module docstring, one sample at a time: (busy, sampled, idle, max)."""
+    busy = sampled = idle = 0.0
+    top = -1.0
+    prev = cursor
+    for ts, pct in samples:
+        start = max(ts - period_us, prev)
+        idle += start - prev
+        value = min(max(pct, 0.0), 100.0)
+        if ts > start:
+            busy += value * (ts - start) / 100
+            sampled += ts - start
+            top = max(top, value)
+        prev = ts
+    return busy / 1e6, sampled / 1e6, idle / 1e6, top
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([0, 0, P_US // 2, P_US, P_US + 7, 3 * P_US]), st.integers(-20, 300)),
+             min_size=1, max_size=40),
+)  # fmt: skip
+def test_matches_the_rule_with_repeated_instants_and_out_of_range_values(steps) -> None:
+    """Samples at the same instant cover nothing; values outside 0-100 (seen in the field) are clamped,
+    wherever they are in the batch (the hot loop handles in-range batches, another path the rest)."""
+    ts, samples = T0, []
+    for gap, value in steps:
+        ts += gap or 0
+        samples.append((ts + P_US, float(value)))
+    r = busy_from_samples(samples, T0, P_S)
+    busy, sampled, idle, top = reference_busy(samples, T0, P_US)
+    assert close(r.busy_s, busy) and close(r.sampled_s, sampled) and close(r.idle_s, idle)
+    assert r.max_pct == top and r.unknown_s == 0 and r.last_us == samples[-1][0]
+
+
+def test_a_sample_at_the_same_instant_covers_nothing() -> None:
+    r = busy_from_samples([(T0 + P_US, 10.0), (T0 + P_US, 90.0), (T0 + 2 * P_US, 20.0)], T0, P_S)
+    assert close(r.busy_s, 0.3 * P_S) and close(r.sampled_s, 2 * P_S) and r.max_pct == 20.0
+
+
 def test_no_samples_is_nothing() -> None:
     r = busy_from_samples([], T0, P_S)
     assert (r.busy_s, r.sampled_s, r.idle_s, r.unknown_s, r.max_pct, r.last_us) == (0, 0, 0, 0, None, None)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuledger.collect.pid_owner import PidOwner, job_scope
-from gpuledger.core.metering.gpu_procs import PROC_CGROUP, PROC_PID, PROC_PIDNS, attribute, sm_share
+from gpuledger.core.metering.gpu_procs import PROC_CGROUP, PROC_PID, PROC_PIDNS, ProcSample, attribute, sm_share
 
 GiB = 2**30
 
@@ -17,39 +17,42 @@ GiB = 2**30
 
 
 def test_verified_pids_are_the_runs_and_others_are_not() -> None:
-    m = attribute([(10, GiB), (99, 5 * GiB)], {10: PROC_PID}, foreign_ns=False, holders=None)
+    m = attribute({10: GiB, 99: 5 * GiB}, {10: PROC_PID}, foreign_ns=False, holders=None)
     assert (m.mem_b, m.pids, m.method, m.all_ours) == (GiB, frozenset({10}), PROC_PID, False)
 
 
 def test_unknown_memory_stays_unknown() -> None:
-    m = attribute([(10, None), (11, GiB)], {10: PROC_PID, 11: PROC_PID}, foreign_ns=False, holders=None)
+    m = attribute({10: None, 11: GiB}, {10: PROC_PID, 11: PROC_PID}, foreign_ns=False, holders=None)
     assert m.mem_b is None and m.method == PROC_PID  # MIG: usedGpuMemory None is not a measured 0
 
 
 def test_a_gpu_with_no_process_holds_nothing_of_the_run() -> None:
-    assert attribute([], {}, foreign_ns=True, holders=0).mem_b == 0
+    assert attribute({}, {}, foreign_ns=True, holders=0).mem_b == 0
 
 
 def test_same_namespace_and_no_match_means_others_only() -> None:
-    m = attribute([(99, 5 * GiB)], {}, foreign_ns=False, holders=None)
+    m = attribute({99: 5 * GiB}, {}, foreign_ns=False, holders=None)
     assert (m.mem_b, m.method) == (0, PROC_PID)
 
 
 def test_foreign_namespace_attributes_by_device_node_holders() -> None:
     # a container: NVML lists host pid 401234 for the run's process, which holds /dev/nvidia0
-    m = attribute([(401234, 20 * GiB)], {}, foreign_ns=True, holders=1)
+    m = attribute({401234: 20 * GiB}, {}, foreign_ns=True, holders=1)
     assert (m.mem_b, m.method, m.all_ours) == (20 * GiB, PROC_PIDNS, True)
 
 
 def test_foreign_namespace_with_more_processes_than_the_run_holds_is_unknown() -> None:
-    m = attribute([(401234, 20 * GiB), (401300, GiB)], {}, foreign_ns=True, holders=1)
+    m = attribute({401234: 20 * GiB, 401300: GiB}, {}, foreign_ns=True, holders=1)
     assert m.mem_b is None and m.method is None and "host pid" in (m.reason or "")
-    assert attribute([(401234, GiB)], {}, foreign_ns=True, holders=0).mem_b is None
+    assert attribute({401234: GiB}, {}, foreign_ns=True, holders=0).mem_b is None
 
 
 def test_sm_share_drops_stale_and_impossible_samples() -> None:
-    m = attribute([(10, GiB), (99, GiB)], {10: PROC_PID}, foreign_ns=False, holders=None)
-    rows = [(10, 900, 40.0), (10, 1_100, 60.0), (10, 1_200, 250.0), (99, 1_150, 30.0), (10, 1_300, 80.0)]
+    m = attribute({10: GiB, 99: GiB}, {10: PROC_PID}, foreign_ns=False, holders=None)
+    rows = [
+        ProcSample(*r)
+        for r in ((10, 900, 40.0), (10, 1_100, 60.0), (10, 1_200, 250.0), (99, 1_150, 30.0), (10, 1_300, 80.0))
+    ]
     share, newest = sm_share(rows, m, cursor_us=1_000)
     assert share == pytest.approx(70.0)  # (60 + 80) / 2; 900 is stale, 250 % impossible, 99 is not ours
     assert newest == 1_300
@@ -58,12 +61,15 @@ def test_sm_share_drops_stale_and_impossible_samples() -> None:
 def test_sm_share_in_a_foreign_namespace() -> None:
     # the driver translated the process list (pid 10 is ours) but not the samples (host pid 401234)
     listed = frozenset({10})
-    only_ours = attribute([(10, GiB)], {10: PROC_PID}, foreign_ns=True, holders=1)
-    assert sm_share([(401234, 2_000, 50.0)], only_ours, 1_000, listed=listed, foreign_ns=True)[0] == 50.0
-    shared = attribute([(10, GiB), (11, GiB)], {10: PROC_PID}, foreign_ns=True, holders=1)
-    assert sm_share([(401234, 2_000, 50.0)], shared, 1_000, listed=frozenset({10, 11}), foreign_ns=True)[0] is None
-    unknown = attribute([(7, GiB), (8, GiB)], {}, foreign_ns=True, holders=1)
-    assert sm_share([(7, 2_000, 50.0)], unknown, 1_000)[0] is None
+    only_ours = attribute({10: GiB}, {10: PROC_PID}, foreign_ns=True, holders=1)
+    assert sm_share([ProcSample(401234, 2_000, 50.0)], only_ours, 1_000, listed=listed, foreign_ns=True)[0] == 50.0
+    shared = attribute({10: GiB, 11: GiB}, {10: PROC_PID}, foreign_ns=True, holders=1)
+    assert (
+        sm_share([ProcSample(401234, 2_000, 50.0)], shared, 1_000, listed=frozenset({10, 11}), foreign_ns=True)[0]
+        is None
+    )
+    unknown = attribute({7: GiB, 8: GiB}, {}, foreign_ns=True, holders=1)
+    assert sm_share([ProcSample(7, 2_000, 50.0)], unknown, 1_000)[0] is None
 
 
 # -- the /proc facts ----------------------------------------------------------------------------

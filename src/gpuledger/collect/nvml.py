@@ -40,7 +40,7 @@ from gpuledger.collect.nvml_devices import DeviceFinder, Found
 from gpuledger.collect.nvml_query import NOTHING_NEW, DeviceQueries, Querier
 from gpuledger.collect.nvml_throttle import ThrottleReader, ThrottleState
 from gpuledger.collect.nvml_util import UtilReader
-from gpuledger.collect.pid_owner import PidOwner
+from gpuledger.collect.pid_owner import REFRESH_S, PidOwner
 from gpuledger.core.metering.gpu_procs import attribute, sm_share
 from gpuledger.core.metering.integrate import counter_delta, trapezoid_energy_j
 from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
@@ -48,6 +48,9 @@ from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Eve
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 1.0, 60.0
 _RARE_LIST_TICKS = 10  # the MPS and graphics process lists, while empty, are asked this seldom
 _NOTE = "note"  # event kind for facts about the metering (not errors)
+# The run's processes on a GPU are verified again when the lists change, else this often: the
+# /proc facts behind a verdict (device nodes held, cgroups) are re-read every REFRESH_S anyway.
+VERIFY_S = REFRESH_S / 2
 
 
 class _Device:
@@ -63,6 +66,8 @@ class _Device:
         self.proc_ts = 0  # NVML µs timestamp of the last per-process utilisation sample seen
         self.proc_reads = 0
         self.busy_lists: set[str] = set()  # MPS / graphics process lists that have held a process
+        # (listed pids, run pids, when, verdict): the last verification, reused while nothing changed
+        self.verified_memo: tuple[frozenset[int], frozenset[int], float, dict[int, str]] | None = None
         self.energy_mj: int | None = None
         self.power_w: float | None = None
         self.lost = False
@@ -145,7 +150,7 @@ class NvmlCollector:
         self._clock_sm, self._clock_mem = nv.NVML_CLOCK_SM, nv.NVML_CLOCK_MEM
         self._fi_energy = getattr(nv, "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", None)
         self._fi_power = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
-        self._power_ids = [i for i in (self._fi_energy, self._fi_power) if i is not None]
+        self._power_ids = tuple(i for i in (self._fi_energy, self._fi_power) if i is not None)
 
     def _device(self, found: Found) -> _Device:
         mig = found.ident.mig_parent_uuid is not None
@@ -314,11 +319,12 @@ class NvmlCollector:
         procs = self._gpu_processes(d)
         if procs is None:
             return
-        owner = self._pid_owner()
-        verified = owner.verified([p for p, _ in procs], pids)
-        holders = owner.holders(pids, d.minor) if owner.foreign_ns and not verified and procs else None
-        match = attribute(procs, verified, foreign_ns=owner.foreign_ns, holders=holders)
-        if owner.foreign_ns and procs:
+        owner = self._owner or self._pid_owner()
+        foreign = owner.foreign_ns
+        verified = self._verified(d, owner, procs, pids, tick.t1) if procs else {}
+        holders = owner.holders(pids, d.minor) if foreign and procs and not verified else None
+        match = attribute(procs, verified, foreign_ns=foreign, holders=holders)
+        if foreign and procs:
             self._q.once(d.q, "pidns", _NOTE, "this run is in a PID namespace (a container): NVML lists GPU "
                          "processes by host pid, so the run's processes are found by verified pid or by the "
                          "processes holding the GPU's device node")  # fmt: skip
@@ -329,10 +335,21 @@ class NvmlCollector:
         if samples is NOTHING_NEW:
             tick.proc_sm_util_pct = 0.0 if match.method is not None else None  # no process ran a kernel
         elif samples is not None:
-            rows = [(s.pid, s.timeStamp, s.smUtil) for s in samples]
-            listed = frozenset(p for p, _ in procs) if owner.foreign_ns else frozenset()
-            tick.proc_sm_util_pct, d.proc_ts = sm_share(rows, match, d.proc_ts, listed=listed,
-                                                        foreign_ns=owner.foreign_ns)  # fmt: skip
+            tick.proc_sm_util_pct, d.proc_ts = sm_share(
+                samples, match, d.proc_ts, listed=procs.keys(), foreign_ns=foreign
+            )
+
+    @staticmethod
+    def _verified(
+        d: _Device, owner: PidOwner, procs: dict[int, int | None], pids: set[int], now: float
+    ) -> dict[int, str]:
+        """The owner's verdict on the listed pids; the same lists within ``VERIFY_S`` reuse the last one."""
+        memo = d.verified_memo
+        if memo is not None and memo[0] == procs.keys() and memo[1] == pids and 0 <= now - memo[2] < VERIFY_S:
+            return memo[3]
+        verified = owner.verified(procs, pids)
+        d.verified_memo = (frozenset(procs), frozenset(pids), now, verified)
+        return verified
 
     def _every_process(self, d: _Device) -> list[GpuProcess]:
         """Every process on the GPU with its memory and mean SM share since the previous read."""
@@ -353,10 +370,12 @@ class NvmlCollector:
                 acc[1] += 1
             d.proc_ts = newest
         idle = 0.0 if samples is NOTHING_NEW else None  # nothing newer: no process ran a kernel
-        return [GpuProcess(d.uuid, pid, mem, (sm[pid][0] / sm[pid][1]) if pid in sm else idle) for pid, mem in procs]
+        return [
+            GpuProcess(d.uuid, pid, mem, (sm[pid][0] / sm[pid][1]) if pid in sm else idle) for pid, mem in procs.items()
+        ]
 
-    def _gpu_processes(self, d: _Device) -> list[tuple[int, int | None]] | None:
-        """(pid, usedGpuMemory) of every process on the GPU (compute, MPS and graphics); None: unknown.
+    def _gpu_processes(self, d: _Device) -> dict[int, int | None] | None:
+        """pid -> usedGpuMemory of every process on the GPU (compute, MPS and graphics); None: unknown.
 
         The MPS and graphics lists are empty on almost every training node: while they stay empty
         they are asked every ``_RARE_LIST_TICKS``-th read only, then every read once one is not.
@@ -364,8 +383,9 @@ class NvmlCollector:
         seen: dict[int, int | None] = {}
         known = False
         d.proc_reads += 1
+        rare = d.proc_reads % _RARE_LIST_TICKS
         for key, fn, fn_v2 in self._proc_fns:
-            if key != "procs" and key not in d.busy_lists and d.proc_reads % _RARE_LIST_TICKS:
+            if rare and key != "procs" and key not in d.busy_lists:
                 continue
             procs = self._q.call(d.q, key, fn, d.handle)
             if procs is None and key in d.q.unsupported:
@@ -376,9 +396,11 @@ class NvmlCollector:
             if procs and key != "procs":
                 d.busy_lists.add(key)
             for p in procs:
-                mem = p.usedGpuMemory
-                seen.setdefault(int(p.pid), None if mem is None else int(mem))  # a process may be in two lists
-        return list(seen.items()) if known else None
+                pid = int(p.pid)
+                if pid not in seen:  # a process may be in two lists
+                    mem = p.usedGpuMemory
+                    seen[pid] = None if mem is None else int(mem)
+        return seen if known else None
 
     def _pid_owner(self) -> PidOwner:
         if self._owner is None:

@@ -21,7 +21,7 @@ through the same rules, so one unsupported or failing field never hides the othe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from gpuledger.core.model import Event
@@ -30,6 +30,7 @@ MAX_FAILURES = 3
 NOTHING_NEW: Any = object()  # a buffer query (with a timestamp cursor) that has nothing newer
 # NVML_VALUE_TYPE_* -> the member of nvmlValue_t that holds the value (nvml.h, stable ABI)
 VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+_MEMBER_OF = dict(enumerate(VALUE_MEMBERS))  # value type -> member
 
 LOST_ERRORS = (
     "NVMLError_GpuIsLost",
@@ -64,6 +65,7 @@ class DeviceQueries:
         self.ok = 0  # queries that answered in the current read
         self.failed = 0  # queries that failed (not "absent") in the current read
         self.said: list[str] = []  # event memo keys added in the current read
+        self.wanted: dict[tuple[int, ...], tuple[int, list[int]]] = {}  # field ids -> (len(unsupported), still asked)
 
     def start_read(self) -> None:
         self.ok = self.failed = 0
@@ -121,27 +123,33 @@ class Querier:
             d.failures.pop(key, None)
         return value
 
-    def fields(self, d: DeviceQueries, fn: Any, handle: Any, ids: Sequence[int]) -> dict[int, Any]:
+    def fields(self, d: DeviceQueries, fn: Any, handle: Any, ids: tuple[int, ...]) -> dict[int, Any]:
         """Field values by id: one call, each field judged on its own return code."""
         unsupported = d.unsupported
-        wanted = [i for i in ids if _FIELD_KEYS.get(i, "") not in unsupported] if unsupported else list(ids)
+        hit = d.wanted.get(ids)
+        if hit is not None and hit[0] == len(unsupported):
+            wanted = hit[1]  # the same ids as last time and nothing newly unsupported
+        else:
+            wanted = [i for i in ids if _FIELD_KEYS.get(i, "") not in unsupported]
+            d.wanted[ids] = (len(unsupported), wanted)
         if not wanted:
             return {}
         values = self.call(d, "fields", fn, handle, wanted)
         if values is None:
             return {}
         out: dict[int, Any] = {}
+        failures = d.failures
         for v in values:
-            fid, ret = v.fieldId, v.nvmlReturn
+            ret = v.nvmlReturn
             if ret == 0:
-                vtype = v.valueType
-                out[fid] = getattr(v.value, VALUE_MEMBERS[vtype] if 0 <= vtype < len(VALUE_MEMBERS) else "ullVal")
-                if d.failures:
-                    d.failures.pop(field_key(fid), None)
+                fid = v.fieldId
+                out[fid] = getattr(v.value, _MEMBER_OF.get(v.valueType, "ullVal"))
+                if failures:
+                    failures.pop(field_key(fid), None)
             elif ret in self._absent_codes:
-                unsupported.add(field_key(fid))
+                unsupported.add(field_key(v.fieldId))
             else:
-                self._fail(d, field_key(fid), _FieldError(self._nv, ret))
+                self._fail(d, field_key(v.fieldId), _FieldError(self._nv, ret))
         return out
 
     # -- failures and events -----------------------------------------------------------------

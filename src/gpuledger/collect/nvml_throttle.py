@@ -50,6 +50,7 @@ class ThrottleState:
     def __init__(self) -> None:
         self.viol_ns: dict[str, int] = {}
         self.names: tuple[str, ...] = ()  # reasons whose counters answer
+        self.zeros: dict[str, float] = {}  # every name at 0 s (copied for a quiet tick)
         self.prev_bits = 0
         self.quiet_ticks = 0
         self.fi_scale = 1  # field values -> ns (calibrated against the classic call at the start)
@@ -61,6 +62,9 @@ class ThrottleReader:
         self._policies = tuple(
             (name, getattr(nv, pol), getattr(nv, fi, None)) for name, pol, fi in POLICIES if hasattr(nv, pol)
         )
+        self._field_names = {fi: name for name, _, fi in self._policies if fi is not None}
+        self._field_ids = tuple(self._field_names)
+        self._classic = tuple((name, pol, "viol_" + name) for name, pol, _ in self._policies)
         self._f_fields = getattr(nv, "nvmlDeviceGetFieldValues", None)
         self._f_viol = getattr(nv, "nvmlDeviceGetViolationStatus", None)
         self._f_reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
@@ -70,6 +74,7 @@ class ThrottleReader:
         st.fi_scale = self._calibrate(d, handle)
         st.viol_ns = self._counters(d, handle, st.fi_scale)
         st.names = tuple(name for name, _, _ in self._policies if name in st.viol_ns)
+        st.zeros = dict.fromkeys(st.names, 0.0)
         st.prev_bits, st.quiet_ticks = self._bits(d, handle) or 0, 0
 
     def read(self, d: DeviceQueries, handle: Any, st: ThrottleState, dt: float) -> dict[str, float] | None:
@@ -79,7 +84,7 @@ class ThrottleReader:
             st.prev_bits = bits or 0
             if quiet and st.quiet_ticks < SWEEP_TICKS:
                 st.quiet_ticks += 1
-                return dict.fromkeys(st.names, 0.0)
+                return st.zeros.copy()
             st.quiet_ticks = 0
             return self._violations(d, handle, st)
         if bits is None:
@@ -106,7 +111,7 @@ class ThrottleReader:
         for name, pol, fi in self._policies:
             if fi is None:
                 continue
-            got = self._q.fields(d, self._f_fields, handle, [fi]).get(fi)
+            got = self._q.fields(d, self._f_fields, handle, (fi,)).get(fi)
             if not got:
                 continue  # no field, or nothing counted yet: nothing to compare
             classic = self._q.call(d, "viol_" + name, self._f_viol, handle, pol)
@@ -117,18 +122,19 @@ class ThrottleReader:
 
     def _counters(self, d: DeviceQueries, handle: Any, scale: int = 1) -> dict[str, int]:
         """Cumulative violation ns per reason: field values first, the deprecated call for the rest."""
-        ids = {fi: name for name, _, fi in self._policies if fi is not None}
-        got = self._q.fields(d, self._f_fields, handle, list(ids)) if ids else {}
-        out = {ids[fi]: int(v) * scale for fi, v in got.items() if fi in ids}
-        for name, pol, _ in self._policies:
-            if name not in out:
-                v = self._q.call(d, "viol_" + name, self._f_viol, handle, pol)
-                if v is not None:
-                    out[name] = int(v.violationTime)
+        names = self._field_names
+        got = self._q.fields(d, self._f_fields, handle, self._field_ids) if names else {}
+        out = {names[fi]: int(v) * scale for fi, v in got.items() if fi in names}
+        if len(out) < len(self._classic):
+            for name, pol, key in self._classic:
+                if name not in out:
+                    v = self._q.call(d, key, self._f_viol, handle, pol)
+                    if v is not None:
+                        out[name] = int(v.violationTime)
         return out
 
     def _violations(self, d: DeviceQueries, handle: Any, st: ThrottleState) -> dict[str, float]:
-        out = dict.fromkeys(st.names, 0.0)
+        out = st.zeros.copy()
         now = self._counters(d, handle, st.fi_scale)
         for name in st.names:
             ns = now.get(name)

@@ -28,6 +28,8 @@ without that reading it is recorded as unmeasured (``util_unknown_s``) and never
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +96,10 @@ class UtilReader:
     # -- every tick ----------------------------------------------------------------------------
     def read(self, now: float, mono: float, elapsed_s: float) -> UtilRead | None:
         """Busy time since the previous read; None when the buffer could not be read this time."""
-        self._check_step(now, mono)
+        offset, last_offset = now - mono, self._offset
+        self._offset = offset
+        if last_offset is not None and abs(offset - last_offset) > STEP_S and self._wall:
+            self._stepped(offset - last_offset)
         if self.cursor_us is None:
             return self._open_late(now, mono, elapsed_s)
         res = self._samples(self.cursor_us)
@@ -169,12 +174,8 @@ class UtilReader:
             out.max_pct = pct if out.max_pct is None else max(out.max_pct, pct)
         return out
 
-    def _check_step(self, now: float, mono: float) -> None:
-        offset = now - mono
-        step = 0.0 if self._offset is None else offset - self._offset
-        self._offset = offset
-        if abs(step) <= STEP_S or not self._wall:
-            return
+    def _stepped(self, step: float) -> None:
+        """The wall clock stepped by ``step`` seconds between two reads (NVML stamps samples with it)."""
         step_us = round(step * _US)
         if step > 0:  # forward: move the cursor with the clock, no phantom gap
             if self.cursor_us:
@@ -195,14 +196,10 @@ class UtilReader:
             return []
         vtype, samples = res
         member = VALUE_MEMBERS[vtype] if 0 <= vtype < len(VALUE_MEMBERS) else "uiVal"
-        pairs: list[tuple[int, float]] = []
-        last, unsorted = -1, False
-        for s in samples:  # one pass: the hot path of every tick
-            ts = s.timeStamp
-            if ts > after:
-                unsorted = unsorted or ts < last
-                last = ts
-                pairs.append((ts, getattr(s.sampleValue, member)))
-        if unsorted:  # buffer order is time order, except across a wall-clock step back
-            pairs.sort()
+        pairs = [(s.timeStamp, getattr(s.sampleValue, member)) for s in samples]
+        # Buffer order is time order, except across a wall-clock step back; sorting a sorted
+        # list is one pass in C, cheaper than checking the order in Python.
+        pairs.sort()
+        if pairs and pairs[0][0] <= after:  # some drivers hand back samples at the cursor again
+            del pairs[: bisect.bisect_right(pairs, (after, math.inf))]
         return pairs

@@ -28,7 +28,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 _US = 1_000_000
 # NVML documents sample periods "between 1 second and 1/6 second depending on the product".
@@ -41,8 +41,7 @@ _CLUSTER = 1.5  # spacings up to this multiple of the smallest one are "regular"
 _HISTORY = 32  # spacings remembered across reads
 
 
-@dataclass(frozen=True)
-class SampleBusy:
+class SampleBusy(NamedTuple):  # a NamedTuple: made for every GPU at every tick, so cheap to build
     """What one batch of samples says about the span from the cursor to its newest sample."""
 
     busy_s: float  # Σ value × covered time, in seconds
@@ -68,37 +67,67 @@ def busy_from_samples(
     lost there), else idle; gaps between samples of one batch are idle (the driver's buffer holds
     every sample it took, in order). Percentages outside 0-100 are clamped.
     """
+    if not samples:
+        return SampleBusy(0.0, 0.0, 0.0, 0.0, None, None)
     period_us = period_s * _US
-    prev: float | None = cursor_us
-    busy = sampled = idle = unknown = 0.0
-    top: float | None = None
-    for i, (ts, pct) in enumerate(samples):
-        start = ts - period_us
-        if prev is not None:
-            if start < prev:
-                start = prev
-            elif start > prev:
-                if i == 0 and first_gap_unknown:
-                    unknown += start - prev
-                else:
-                    idle += start - prev
+    # The first sample: its gap to the cursor may be unknown rather than idle.
+    ts, pct = samples[0]
+    start = ts - period_us
+    idle = unknown = 0.0
+    if cursor_us is not None:
+        if start < cursor_us:
+            start = cursor_us
+        elif first_gap_unknown:
+            unknown = start - cursor_us
+        else:
+            idle = start - cursor_us
+    top = 100.0 if pct > 100.0 else 0.0 if pct < 0.0 else float(pct)
+    first_span = ts - start if ts > start else 0.0  # a sample at the cursor covers nothing
+    busy = top * first_span
+    first_ts = prev = ts
+    # The rest, each covering (max(ts - P, previous ts), ts]: the hot loop of every tick, so the
+    # covered time is summed once at the end, and values are used as they come (clamped below
+    # only if one is out of range, which real drivers rarely report).
+    inner_idle = 0.0
+    out_of_range = False
+    for ts, pct in samples[1:]:
+        gap = ts - prev
+        if gap > period_us:
+            inner_idle += gap - period_us
+            busy += pct * period_us
+        else:
+            busy += pct * gap
+        if pct > top:
+            if gap > 0:  # a sample at the same instant covers nothing
+                top = pct
+        elif pct < 0:
+            out_of_range = True
+        prev = ts
+    if out_of_range or top > 100.0:
+        return _busy_clamped(samples, period_us, first_span, idle, unknown)
+    sampled = first_span + (prev - first_ts) - inner_idle
+    return SampleBusy(busy / (100.0 * _US), sampled / _US, (idle + inner_idle) / _US, unknown / _US,
+                      float(top), int(prev))  # fmt: skip
+
+
+def _busy_clamped(
+    samples: Sequence[tuple[int, float]], period_us: float, first_span: float, idle: float, unknown: float
+) -> SampleBusy:
+    """``busy_from_samples`` for a batch holding a value outside 0-100: each value clamped."""
+    ts, pct = samples[0]
+    top = min(max(float(pct), 0.0), 100.0)
+    busy, sampled, prev = top * first_span, first_span, ts
+    for ts, pct in samples[1:]:
+        start = max(ts - period_us, prev)
+        idle += start - prev
         span = ts - start
         if span > 0:
-            value = 100.0 if pct > 100.0 else 0.0 if pct < 0.0 else float(pct)
+            value = min(max(float(pct), 0.0), 100.0)
             busy += value * span
             sampled += span
-            top = value if top is None or value > top else top
-        elif top is None:
-            top = min(max(float(pct), 0.0), 100.0)
+            top = max(top, value)
         prev = ts
-    return SampleBusy(
-        busy_s=busy / (100.0 * _US),
-        sampled_s=sampled / _US,
-        idle_s=idle / _US,
-        unknown_s=unknown / _US,
-        max_pct=top,
-        last_us=int(samples[-1][0]) if samples else None,
-    )
+    return SampleBusy(busy / (100.0 * _US), sampled / _US, idle / _US, unknown / _US, top, int(prev))
 
 
 class SamplePeriod:
@@ -129,12 +158,18 @@ class SamplePeriod:
         """Learn from consecutive ``(timestamp_us, percent)`` samples (``previous``: the one before)."""
         # Once learned, only a spacing short enough to lower the estimate is worth remembering
         # (the estimate never grows): at steady state a read costs one comparison per sample.
-        useful = math.inf if self._learned is None else self._learned / _JITTER
-        prev_ts, prev_pct = previous if previous is not None else (None, 0.0)
+        useful_us = math.inf if self._learned is None else self._learned / _JITTER * _US
+        it = iter(samples)
+        if previous is None:
+            previous = next(it, None)
+            if previous is None:
+                return
+        prev_ts, prev_pct = previous
         added = False
-        for ts, pct in samples:
-            if prev_ts is not None and pct > 0 and prev_pct > 0 and 0 < ts - prev_ts < useful * _US:
-                self._spacings.append((ts - prev_ts) / _US)
+        for ts, pct in it:
+            gap = ts - prev_ts
+            if 0 < gap < useful_us and pct > 0 and prev_pct > 0:
+                self._spacings.append(gap / _US)
                 added = True
             prev_ts, prev_pct = ts, pct
         if not added:

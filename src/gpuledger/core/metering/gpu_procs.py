@@ -21,7 +21,7 @@ cursor (returned again by some drivers) or above 100 % (seen in the field) are d
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
 PROC_PID = "pid"
@@ -38,24 +38,31 @@ class ProcMatch(NamedTuple):  # a NamedTuple: made for every GPU at every tick, 
 
 
 def attribute(
-    procs: Sequence[tuple[int, int | None]],
+    procs: Mapping[int, int | None],
     verified: Mapping[int, str],
     *,
     foreign_ns: bool,
     holders: int | None,
 ) -> ProcMatch:
-    """The run's share of a GPU's processes ``procs`` (pid, usedGpuMemory), by the rules above."""
-    mine = [(pid, mem) for pid, mem in procs if pid in verified]
-    if mine:
-        found = set(verified.values())
-        methods = found.pop() if len(found) == 1 else ",".join(sorted(found))
-        return ProcMatch(_total(m for _, m in mine), frozenset(p for p, _ in mine), methods, len(mine) == len(procs))
+    """The run's share of a GPU's processes ``procs`` (pid -> usedGpuMemory), by the rules above."""
+    if verified:
+        mine: list[int] = []
+        total: int | None = 0
+        for pid, mem in procs.items():
+            if pid in verified:
+                mine.append(pid)
+                if total is not None:
+                    total = None if mem is None else total + int(mem)
+        if mine:
+            found = set(verified.values())
+            methods = found.pop() if len(found) == 1 else ",".join(sorted(found))
+            return ProcMatch(total, frozenset(mine), methods, len(mine) == len(procs))
     if not procs:
         return ProcMatch(0, frozenset(), PROC_PID, False)
     if not foreign_ns:
         return ProcMatch(0, frozenset(), PROC_PID, False)
     if holders is not None and 0 < len(procs) <= holders:
-        return ProcMatch(_total(m for _, m in procs), frozenset(p for p, _ in procs), PROC_PIDNS, True)
+        return ProcMatch(_total(procs.values()), frozenset(procs), PROC_PIDNS, True)
     why = (
         f"NVML lists {len(procs)} process(es) on this GPU by host pid and this run is in another PID "
         f"namespace; {holders or 0} of the run's processes hold the GPU, so its share cannot be told"
@@ -63,15 +70,24 @@ def attribute(
     return ProcMatch(None, frozenset(), None, False, why)
 
 
+class ProcSample(NamedTuple):
+    """One per-process utilisation sample, with the member names of NVML's
+    ``nvmlProcessUtilizationSample_t`` (the driver's own samples are passed as they come)."""
+
+    pid: int
+    timeStamp: int  # NVML's member names
+    smUtil: float
+
+
 def sm_share(
-    samples: Iterable[tuple[int, int, float]],
+    samples: Iterable[ProcSample],
     match: ProcMatch,
     cursor_us: int,
     *,
-    listed: frozenset[int] = frozenset(),
+    listed: Collection[int] = frozenset(),
     foreign_ns: bool = False,
 ) -> tuple[float | None, int]:
-    """The run's SM utilisation (0-100) from per-process samples (pid, timestamp_us, sm %).
+    """The run's SM utilisation (0-100) from per-process samples (``pid``, ``timeStamp`` µs, ``smUtil`` %).
 
     Returns (share or None, the newest timestamp seen: the next cursor). When every process on
     the GPU is the run's, every sample is, whatever pid it carries (drivers that translate the
@@ -79,23 +95,33 @@ def sm_share(
     the ``listed`` ones are in another pid space: the run's share of them cannot be told.
     """
     newest = cursor_us
-    fresh: list[tuple[int, float]] = []
-    for pid, ts, sm in samples:
+    every, mine = match.all_ours, match.pids
+    fresh = in_listed = False
+    sums: dict[int, list[float]] = {}
+    for s in samples:  # one pass: this runs for every GPU at every tick
+        pid, ts, sm = s.pid, s.timeStamp, s.smUtil
         if ts <= cursor_us or not 0 <= sm <= 100:
             continue  # stale (already counted) or impossible
-        newest = max(newest, ts)
-        fresh.append((pid, sm))
+        if ts > newest:
+            newest = ts
+        fresh = True
+        if foreign_ns and not in_listed and pid in listed:
+            in_listed = True
+        if every or pid in mine:
+            acc = sums.get(pid)
+            if acc is None:
+                sums[pid] = [sm, 1]
+            else:
+                acc[0] += sm
+                acc[1] += 1
     if match.method is None:
         return None, newest
-    if foreign_ns and not match.all_ours and fresh and not any(pid in listed for pid, _ in fresh):
+    if foreign_ns and not every and fresh and not in_listed:
         return None, newest
-    sums: dict[int, list[float]] = {}
-    for pid, sm in fresh:
-        if match.all_ours or pid in match.pids:
-            acc = sums.setdefault(pid, [0.0, 0.0])
-            acc[0] += sm
-            acc[1] += 1
-    return min(100.0, sum(a / n for a, n in sums.values())), newest
+    share = 0.0
+    for total, n in sums.values():
+        share += total / n
+    return min(100.0, share), newest
 
 
 def _total(values: Iterable[int | None]) -> int | None:

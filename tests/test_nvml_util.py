@@ -1,0 +1,77 @@
+"""The per-device sample-buffer reader (collect/nvml_util.py) against batches a driver really hands back."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpuledger.collect.nvml_query import NOTHING_NEW
+from gpuledger.collect.nvml_util import UtilReader
+
+UINT = 1  # NVML_VALUE_TYPE_UNSIGNED_INT: the value is in sampleValue.uiVal
+P_US = 166_667
+T0 = 1_700_000_000_000_000  # µs on the wall clock, as NVML stamps samples
+
+
+def batch(*samples: tuple[int, int]) -> tuple[int, list[Any]]:
+    return UINT, [SimpleNamespace(timeStamp=ts, sampleValue=SimpleNamespace(uiVal=v)) for ts, v in samples]
+
+
+class Driver:
+    """Answers nvmlDeviceGetSamples with the next scripted batch, whatever the cursor."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.cursors: list[int] = []
+
+    def __call__(self, cursor: int) -> Any:
+        self.cursors.append(cursor)
+        return self.answers.pop(0)
+
+
+def reader(driver: Driver) -> UtilReader:
+    return UtilReader(samples=driver, instant=lambda: None, note=lambda key, text: None)
+
+
+def test_samples_handed_back_again_are_not_counted_twice() -> None:
+    # Some drivers answer with samples at (or before) the cursor again: only the newer ones count.
+    t = [T0 + k * P_US for k in range(1, 5)]
+    drv = Driver(batch((t[0], 100)), batch((t[0], 100), (t[1], 100)), batch((t[0], 100), (t[1], 100), (t[2], 50)))
+    r = reader(drv)
+    r.prime(t[0] / 1e6, 0.0)
+    first = r.read(t[1] / 1e6, P_US / 1e6, P_US / 1e6)
+    second = r.read(t[2] / 1e6, 2 * P_US / 1e6, P_US / 1e6)
+    assert first is not None and second is not None
+    assert first.busy_s == pytest.approx(P_US / 1e6)  # t1 at 100 %, once
+    assert second.busy_s == pytest.approx(0.5 * P_US / 1e6)  # only t2, at 50 %
+    assert first.idle_s == second.idle_s == 0
+    assert drv.cursors == [0, t[0], t[1]]
+
+
+def test_a_batch_out_of_time_order_is_read_in_time_order() -> None:
+    # Across a wall-clock step back the buffer is not in time order; each sample still covers its
+    # own period once, so the busy time is the same as for the sorted batch.
+    t = [T0 + k * P_US for k in range(1, 8)]
+    learn = batch((t[1], 100), (t[2], 100), (t[3], 100))  # the reader learns the period first
+    shuffled = Driver(batch((t[0], 0)), learn, batch((t[5], 30), (t[4], 60), (t[6], 90)))
+    ordered = Driver(batch((t[0], 0)), learn, batch((t[4], 60), (t[5], 30), (t[6], 90)))
+    got = []
+    for drv in (shuffled, ordered):
+        r = reader(drv)
+        r.prime(t[0] / 1e6, 0.0)
+        r.read(t[3] / 1e6, 3 * P_US / 1e6, 3 * P_US / 1e6)
+        got.append(r.read(t[6] / 1e6, 6 * P_US / 1e6, 3 * P_US / 1e6))
+    assert got[0] is not None and got[1] is not None
+    assert got[0].busy_s == pytest.approx(got[1].busy_s) == pytest.approx(1.8 * P_US / 1e6)
+    assert got[0].idle_s == got[1].idle_s == 0 and got[0].max_pct == 90
+
+
+def test_nothing_newer_is_idle_time_not_a_failure() -> None:
+    t1 = T0 + P_US
+    drv = Driver(batch((t1, 100)), NOTHING_NEW)
+    r = reader(drv)
+    r.prime(t1 / 1e6, 0.0)
+    out = r.read(t1 / 1e6 + 5, 5.0, 5.0)
+    assert out is not None and out.busy_s == 0 and out.idle_s == pytest.approx(5 - r.period.seconds)
