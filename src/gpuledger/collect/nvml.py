@@ -383,9 +383,9 @@ class NvmlCollector:
         seen: dict[int, int | None] = {}
         known = False
         d.proc_reads += 1
-        rare = d.proc_reads % _RARE_LIST_TICKS
-        for key, fn, fn_v2 in self._proc_fns:
-            if rare and key != "procs" and key not in d.busy_lists:
+        every = not d.proc_reads % _RARE_LIST_TICKS
+        for key, fn, fn_v2 in self._proc_fns if every or d.busy_lists else self._proc_fns[:1]:
+            if not every and key != "procs" and key not in d.busy_lists:
                 continue
             procs = self._q.call(d.q, key, fn, d.handle)
             if procs is None and key in d.q.unsupported:

@@ -1,0 +1,184 @@
+"""gpuledger's own CPU per GPU read of the NVML collector, the scripted driver taken out.
+
+    python benchmarks/collector_own.py [--reads 1500] [--repeat 5] [--baseline DIR ...]
+
+In recorder_tick.py the scripted NVML (Python code standing in for the driver) is most of a GPU
+read, and its cost is nothing like a real driver's. This script takes it out: it runs
+``NvmlCollector`` over ``FakeNvml`` (8 scripted A100s, as in recorder_tick.py) once while recording
+every answer the scripted driver gives, then replays the same reads with those answers handed back
+canned. What remains is gpuledger's own work per read: the sample buffer reader, busy-time rule,
+field values, throttle, process attribution, the error memo. It reports, per GPU and read:
+
+* own CPU (the thread's CPU clock, best of ``--repeat``), a canned answer costing well under 1 µs;
+* Python opcodes executed (a deterministic count, not affected by a noisy machine);
+* driver calls (each one a round trip into the driver on real hardware).
+
+``--baseline DIR`` measures the collector of another source tree (DIR/src) in the same call, e.g.
+the collector before issue 10, given today's scripted NVML so both read the same answers::
+
+    git worktree add /tmp/base 85532be
+    cp src/gpuledger/collect/fake_nvml*.py /tmp/base/src/gpuledger/collect/
+    python benchmarks/collector_own.py --baseline /tmp/base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WARMUP = 20
+
+
+def measure(reads: int, repeat: int) -> dict[str, float]:
+    """Runs in the tree whose ``src`` is first on sys.path (set by ``main``)."""
+    # gpuledger first, from the tree measured: recorder_tick puts this tree's src on the path.
+    from gpuledger.collect.fake_nvml import FakeNvml
+    from gpuledger.collect.nvml import NvmlCollector
+    from gpuledger.collect.replay import ReplayCollector
+
+    sys.path.insert(0, HERE)
+    from recorder_tick import fake_gpus
+
+    pids = {os.getpid(), os.getppid()}
+
+    class Clock:
+        t = 1.7e9
+
+        def __call__(self) -> float:
+            return self.t
+
+    def build(wrap: Callable[[str, Any], Any]) -> tuple[Clock, ReplayCollector]:
+        clock = Clock()
+        fake = FakeNvml(fake_gpus(8, seconds=reads + WARMUP + 60), clock=clock, start=clock.t)
+        for name in dir(fake):
+            fn = getattr(fake, name, None)
+            if name.startswith("nvmlDevice") and callable(fn):
+                setattr(fake, name, wrap(name, fn))
+        return clock, ReplayCollector(fake, NvmlCollector(nvml=fake, clock=clock, source="replay"))
+
+    def run(clock: Clock, col: ReplayCollector, n: int) -> None:
+        for _ in range(n):
+            clock.t += 1.0
+            col.read(pids, clock.t)
+
+    tape: dict[str, list[tuple[bool, Any]]] = defaultdict(list)
+
+    def recording(name: str, fn: Any) -> Any:
+        def call(*args: Any) -> Any:
+            try:
+                value = fn(*args)
+            except Exception as exc:
+                tape[name].append((False, exc))
+                raise
+            tape[name].append((True, value))
+            return value
+
+        return call
+
+    clock, col = build(recording)
+    col.read(pids, clock.t)
+    run(clock, col, WARMUP + reads)
+    calls = sum(len(v) for v in tape.values()) / (WARMUP + reads + 1) / 8
+
+    def canned_build() -> tuple[Clock, ReplayCollector]:
+        queues = {name: deque(answers) for name, answers in tape.items()}
+
+        def canned(name: str, fn: Any) -> Any:
+            queue = queues.get(name)
+            if queue is None:
+                return fn  # never asked while recording
+            pop = queue.popleft
+
+            def call(*args: Any) -> Any:
+                ok, value = pop()
+                if ok:
+                    return value
+                raise value
+
+            return call
+
+        clock, col = build(canned)
+        col.read(pids, clock.t)
+        run(clock, col, WARMUP)  # the same warm-up as recorded: same cursors, same answers
+        return clock, col
+
+    best = float("inf")
+    for _ in range(repeat):
+        clock, col = canned_build()
+        t0 = time.thread_time_ns()
+        run(clock, col, reads)
+        best = min(best, (time.thread_time_ns() - t0) / reads / 8 / 1e3)
+
+    clock, col = canned_build()
+    opcodes = 0
+    counted = min(reads, 200)
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal opcodes
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            opcodes += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        run(clock, col, counted)
+    finally:
+        sys.settrace(None)
+    return {"own_us": best, "opcodes": opcodes / counted / 8, "calls": calls}
+
+
+def child_of(tree: str, args: argparse.Namespace) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src"))
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--reads",
+        str(args.reads),
+        "--repeat",
+        str(args.repeat),
+    ]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=tree).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reads", type=int, default=1500, help="reads of 8 GPUs timed per repeat (default 1500)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed replays; the best is kept (default 5)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds over the trees, in turn (default 2)")
+    ap.add_argument("--baseline", action="append", default=[], metavar="DIR", help="another source tree to measure")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.reads, args.repeat)))
+        return
+
+    sys.path.insert(0, HERE)
+    from _common import machine_line, source_state
+
+    print(f"# {machine_line()}\n# {source_state()}")
+    trees = {"this tree": os.path.dirname(HERE), **{f"baseline {d}": os.path.abspath(d) for d in args.baseline}}
+    got: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for r in range(args.rounds):
+        for name, tree in list(trees.items())[r % len(trees) :] + list(trees.items())[: r % len(trees)]:
+            got[name].append(child_of(tree, args))
+            print(f"  round {r + 1}: {name:40} own {got[name][-1]['own_us']:6.2f} µs per GPU read")
+    print(f"\nPer GPU and read (8 scripted A100s; own CPU: best of {args.repeat} x {args.reads} reads per round)")
+    print(f"  {'':48} {'own CPU µs':>10} {'opcodes':>8} {'driver calls':>13}")
+    for name, rows in got.items():
+        per_round = Counter({k: min(r[k] for r in rows) for k in rows[0]})
+        print(f"  {name:48} {per_round['own_us']:10.2f} {per_round['opcodes']:8.0f} {per_round['calls']:13.2f}")
+
+
+if __name__ == "__main__":
+    main()
