@@ -60,7 +60,9 @@ TAMPERING = [
      "memberships: 'carol' in 'B' (added at audit seq", "membership deleted"),
     ("UPDATE api_tokens SET projects = '[\"A\", \"B\"]' WHERE user_name = 'agent-a'",
      "projects are ['A', 'B'], the audit trail says ['A']", "token widened"),
-    ("UPDATE api_tokens SET secret_sha256 = 'f' || substr(secret_sha256, 2) WHERE user_name = 'root'",
+    # A different first digit whatever it was ('f' over an 'f' would change nothing, 1 run in 16).
+    ("UPDATE api_tokens SET secret_sha256 = CASE WHEN substr(secret_sha256, 1, 1) = 'f' THEN 'e' ELSE 'f' END "
+     "|| substr(secret_sha256, 2) WHERE user_name = 'root'",
      "its secret was replaced outside gpuledger", "secret replaced"),
     (f"INSERT INTO api_tokens ({TOKEN_COLUMNS}) VALUES ('0123456789ab', 'bob', 'admin', NULL, 'x', NULL, 0, NULL, "
      "NULL)",
