@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+from gpuledger.agent.client import Client, Unreachable
+from gpuledger.agent.sync import sync
 from gpuledger.cli.main import cli
 from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, States
 from gpuledger.store import Ledger, audit, schema
@@ -16,6 +19,7 @@ from gpuledger.store.capacity import rebuild_days, write_capacity
 from gpuledger.store.capacity_push import acknowledge
 from gpuledger.store.capacity_queries import day_rows, intervals
 from gpuledger.store.retention import DAY_S, Policy, run_retention
+from server_support import free_port
 
 DAY0 = 20_500  # 2026-02-15 UTC
 STEP = 3 * 3600 * 1000  # 3-hour intervals, offset so some cross midnight
@@ -81,6 +85,20 @@ def test_an_interval_a_server_has_not_acknowledged_is_kept(ledger_url: str) -> N
         assert left == {(iv.gpu_uuid, iv.t0_ms) for iv in ivs} - gone
         assert report.capacity is not None and report.capacity.rows == len(gone)
         assert report.capacity.kept_unpushed == sum(1 for iv in ivs if iv.t1_ms <= cut) - len(gone) > 0
+
+
+def test_a_server_that_was_never_reached_keeps_what_it_lacks(ledger_url: str) -> None:
+    # An agent pushing to a server that has been down since its first push: nothing was ever
+    # acknowledged, yet every interval is the server's to get, so retention deletes none of them.
+    ivs = _fleet_days()
+    with Ledger(ledger_url) as led:
+        led.write(lambda c: write_capacity(led.database, c, ivs))
+        with Client(f"http://127.0.0.1:{free_port()}", "glt_test", timeout_s=2) as dead, pytest.raises(Unreachable):
+            sync(led, dead)
+        report = run_retention(led, Policy(raw_days=30, capacity_days=1), actor="test", now=_now_cutting_at(DAY0 + 3))
+        assert report.capacity is not None and report.capacity.rows == 0
+        assert report.capacity.kept_unpushed == sum(1 for iv in ivs if iv.t1_ms <= (DAY0 + 3) * DAY_MS) > 0
+        assert len(led.read(lambda c: intervals(c))) == len(ivs)
 
 
 def test_retention_run_says_what_it_deleted_and_keep_capacity_keeps_it(tmp_path) -> None:  # type: ignore[no-untyped-def]

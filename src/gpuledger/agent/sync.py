@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from gpuledger.agent.capacity_push import push_capacity
 from gpuledger.agent.client import Client, Forbidden, Rejected
 from gpuledger.agent.outbox import drain_run
-from gpuledger.store import RunNotFound, pushes
+from gpuledger.store import RunNotFound, capacity_push, pushes
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -51,6 +51,8 @@ def sync(
 
     server = client.server
     report = SyncReport()
+    # Before any request: should the server stay unreachable, retention still keeps what it lacks.
+    capacity_push.register(ledger, server)
     if all_runs:
         report.registered = pushes.register(ledger, server, pushes.unregistered_runs(ledger, server))
     for state in pushes.pending(ledger, server, include_rejected=retry_rejected):

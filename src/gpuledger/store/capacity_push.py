@@ -19,7 +19,26 @@ from gpuledger.store.schema import capacity_pushes, gpu_capacity, gpu_fleet, gpu
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
 
-__all__ = ["acknowledge", "pending"]
+__all__ = ["REGISTERED", "acknowledge", "pending", "register"]
+
+# The gpu_uuid of a server's row that only says "this ledger pushes its capacity there" (no GPU
+# has an empty UUID): retention then keeps every interval that server has not acknowledged, even
+# before its first acknowledgement (store/capacity_retention.py).
+REGISTERED = ""
+
+
+def register(ledger: Ledger, server: str) -> None:
+    """Record that this ledger pushes to ``server``, before anything is sent to it."""
+    p = capacity_pushes.c
+    known = sa.select(sa.func.count()).select_from(capacity_pushes).where(p.server == server)
+    if ledger.read(lambda conn: conn.scalar(known)):
+        return
+
+    def tx(conn: Connection) -> None:
+        ins = ledger.database.insert(capacity_pushes).on_conflict_do_nothing()
+        conn.execute(ins, [{"server": server, "gpu_uuid": REGISTERED, "next_t0_ms": 0, "updated_at": time.time()}])
+
+    ledger.write(tx)
 
 
 def pending(ledger: Ledger, server: str, budget: int) -> tuple[list[list[Any]], list[dict[str, Any]]]:

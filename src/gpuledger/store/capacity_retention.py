@@ -7,8 +7,9 @@ rows a day), and nothing reads them once their day sums exist except the outbox 
 - the cut is a UTC midnight, and only intervals that end by it go, so every day before the cut
   keeps exactly the sums it had and no day after it loses a row;
 - an interval a team server has not acknowledged yet stays: in a ledger that pushes capacity
-  (``capacity_pushes`` has rows), a row goes only when every server it pushes to has a watermark
-  for that GPU past the row's start, so an agent's outbox never loses data to retention;
+  (``capacity_pushes`` has rows; a sync registers its server there before its first request, so a
+  server that was never reached counts too), a row goes only when every server it pushes to has
+  a watermark for that GPU past the row's start, so an agent's outbox never loses data to retention;
 - each host's rows go in a transaction of their own (bounded work, the index on host and start).
 
 ``store/capacity.rebuild_days`` recomputes day sums from the intervals; after a cut it is told to
