@@ -36,7 +36,6 @@ from urllib.parse import parse_qs, urlparse
 import grpc
 
 from gpuledger.node import kubelet_podresources_pb2 as pb
-from gpuledger.node import kubelet_podresources_pb2_grpc as pb_grpc
 
 DATA = Path(__file__).parent / "data" / "kubernetes"
 NODE = "gpu-node-1"
@@ -87,7 +86,7 @@ def _pod_message(pod: Pod) -> pb.PodResources:
     return pb.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
 
-class _Lister(pb_grpc.PodResourcesListerServicer):
+class _Lister:
     def __init__(self, kubelet: FakeKubelet) -> None:
         self.kubelet = kubelet
 
@@ -111,6 +110,19 @@ class _Lister(pb_grpc.PodResourcesListerServicer):
         context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_name} not found in {request.pod_namespace}")
 
 
+def _handlers(lister: _Lister) -> grpc.GenericRpcHandler:
+    """The service as the kubelet serves it: /v1.PodResourcesLister/<Method>, from the proto."""
+    service = pb.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    return grpc.method_handlers_generic_handler(service.full_name, {
+        m.name: grpc.unary_unary_rpc_method_handler(
+            getattr(lister, m.name),
+            request_deserializer=getattr(pb, m.input_type.name).FromString,
+            response_serializer=getattr(pb, m.output_type.name).SerializeToString,
+        )
+        for m in service.methods
+    })  # fmt: skip
+
+
 class FakeKubelet:
     """The pod-resources service on ``path``; ``stop()`` then ``start()`` is a kubelet restart."""
 
@@ -127,7 +139,7 @@ class FakeKubelet:
         if self.path.exists():
             self.path.unlink()  # the kubelet removes a stale socket before it listens
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        pb_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), server)
+        server.add_generic_rpc_handlers((_handlers(_Lister(self)),))
         server.add_insecure_port(f"unix://{self.path}")
         server.start()
         self._server = server

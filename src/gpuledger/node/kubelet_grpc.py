@@ -1,8 +1,9 @@
 """A client of the kubelet's pod-resources gRPC API over its unix socket (``List``, ``GetAllocatableResources``).
 
-The messages and the stub come from ``kubelet_podresources.proto`` (committed generated modules;
-the proto says how to regenerate them). Importing this module needs grpcio and protobuf, the
-``gpuledger[kubernetes]`` extra: ``kubelet.py`` imports it lazily and says so when they are missing.
+The messages come from ``kubelet_podresources.proto`` (a committed generated module; the proto
+says how to regenerate it); the calls are made from the proto's own service descriptor.
+Importing this module needs grpcio and protobuf, the ``gpuledger[kubernetes]`` extra:
+``kubelet.py`` imports it lazily and says so when they are missing.
 
 Every failure becomes ``KubeletUnavailable`` with one line saying why and, where there is one,
 the usual fix. A failed call also drops the channel, so the next call dials the socket afresh:
@@ -23,7 +24,6 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import grpc
 
 from gpuledger.node import kubelet_podresources_pb2 as pb
-from gpuledger.node import kubelet_podresources_pb2_grpc as pb_grpc
 from gpuledger.node.kubelet_devices import DeviceGroup, DraDevice, PodDevices
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -33,6 +33,23 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_http_proxy", 0),  # an https_proxy in the environment must not capture a unix socket
 ]
+
+
+SERVICE = pb.DESCRIPTOR.services_by_name["PodResourcesLister"]
+
+
+def lister_calls(channel: grpc.Channel) -> dict[str, grpc.UnaryUnaryMultiCallable]:
+    """The pod-resources service's methods on ``channel`` (all unary), by name, built from the
+    proto's descriptor: what grpcio's generated stub holds, without the server skeleton it
+    generates beside it (the agent is only ever a client)."""
+    return {
+        m.name: channel.unary_unary(
+            f"/{SERVICE.full_name}/{m.name}",
+            request_serializer=getattr(pb, m.input_type.name).SerializeToString,
+            response_deserializer=getattr(pb, m.output_type.name).FromString,
+        )
+        for m in SERVICE.methods
+    }
 
 
 class KubeletUnavailable(Exception):
@@ -51,7 +68,7 @@ class PodResourcesClient:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
-        self._stub: pb_grpc.PodResourcesListerStub | None = None
+        self._stub: dict[str, grpc.UnaryUnaryMultiCallable] | None = None
         self._closed = False
 
     def list_pods(self) -> list[PodDevices]:
@@ -86,10 +103,10 @@ class PodResourcesClient:
                 raise KubeletUnavailable("the pod-resources client is closed")
             if self._stub is None:
                 self._channel = grpc.insecure_channel(f"unix://{os.path.abspath(self.socket_path)}", _CHANNEL_OPTIONS)
-                self._stub = pb_grpc.PodResourcesListerStub(self._channel)
+                self._stub = lister_calls(self._channel)
             stub = self._stub
         try:
-            return getattr(stub, method)(request, timeout=self._timeout_s)
+            return stub[method](request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
             with self._lock:
                 self._drop()
