@@ -34,8 +34,8 @@ PUE_PLACES = 3  # PUE as an integer count of thousandths
 FACTOR_PLACES = 4  # A100-equivalent factors as integer ten-thousandths
 MONEY_SCALE = 21  # money sums: integer 10^-21 currency (µh x 10^-12 price x 10^-3)
 GPU_MONEY = 10 ** (MONEY_SCALE - 6 - PRICE_PLACES)  # µh x price units -> money units
-_UH_PER_S = UH_PER_H / 3600.0
-_MWH_PER_J = 1 / 3.6
+UH_PER_S = UH_PER_H / 3600.0  # micro-GPU-hours per GPU-second
+MWH_PER_J = 1 / 3.6  # milliwatt-hours per joule
 
 # Large enough that no conversion here ever rounds (a sum of a year of money in 10^-21 units).
 EXACT = Context(prec=80)
@@ -43,11 +43,11 @@ EXACT = Context(prec=80)
 
 def seconds_to_uh(seconds: float) -> int:
     """Seconds of GPU time -> micro-GPU-hours (rounded to 3.6 ms, once, where measured time enters)."""
-    return round(seconds * _UH_PER_S)
+    return round(seconds * UH_PER_S)
 
 
 def joules_to_mwh(joules: float) -> int:
-    return round(joules * _MWH_PER_J)
+    return round(joules * MWH_PER_J)
 
 
 def decimal_places(value: Decimal) -> int:

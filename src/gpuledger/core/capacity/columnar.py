@@ -13,6 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpuledger.core.capacity.model import uh_of
+from gpuledger.core.money import MWH_PER_J
+
 __all__ = ["cells_to_uh", "sums_by_slot"]
 
 
@@ -21,7 +24,7 @@ def cells_to_uh(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(µh of each part, N x k; unmeasured µh, N; energy mWh, N) of N cells of k parts each."""
     span = parts_ms.sum(axis=1)
-    total = (span * 10 + 18) // 36  # capacity.uh_of
+    total = uh_of(span)  # integer arithmetic: works on int64 columns as on one int
     safe = np.where(span > 0, span, 1)
     scaled = parts_ms * total[:, None]
     floors = scaled // safe[:, None]
@@ -38,7 +41,7 @@ def cells_to_uh(
     f1 = q1 // safe
     gets_left = (total - f1 - q2 // safe == 1) & (q1 % safe >= q2 % safe)
     unmeasured_uh = np.where(unmeasured_ms > 0, f1 + gets_left, 0)
-    mwh = np.where(energy_seen, np.rint(energy_j * (1 / 3.6)), 0).astype(np.int64)
+    mwh = np.where(energy_seen, np.rint(energy_j * MWH_PER_J), 0).astype(np.int64)
     return uh, unmeasured_uh, mwh
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuledger.core.pricing.cost import _MWH_PER_J, _UH_PER_S, Pricer, measured_amounts
+from gpuledger.core.money import MWH_PER_J, UH_PER_S
+from gpuledger.core.pricing.cost import Pricer, measured_amounts
 
 __all__ = ["FastPart", "price_plain_rows"]
 
@@ -184,10 +185,10 @@ def price_plain_rows(
     part._run = run_codes[take]
     part._ctx = row_ctx[take]
     # The same float operations, in the same order, as Pricer.price_rollups (share is 1: whole GPUs).
-    part._alloc = np.rint(np.array(alloc_col, dtype=np.float64)[take] * _UH_PER_S).astype(np.int64)
-    part._busy = np.minimum(part._alloc, np.rint(busy_s[take] * _UH_PER_S).astype(np.int64))
+    part._alloc = np.rint(np.array(alloc_col, dtype=np.float64)[take] * UH_PER_S).astype(np.int64)
+    part._busy = np.minimum(part._alloc, np.rint(busy_s[take] * UH_PER_S).astype(np.int64))
     energy = np.array(energy_col, dtype=np.float64)[take]
-    mwh = np.rint(np.nan_to_num(energy * _MWH_PER_J, nan=0.0)).astype(np.int64)
+    mwh = np.rint(np.nan_to_num(energy * MWH_PER_J, nan=0.0)).astype(np.int64)
     pue_m = np.array([c[3][1] for c in contexts], dtype=np.int64)
     part._units = mwh * pue_m[part._ctx]
     _sum_groups(part, runs, run_keys, by_model, by_instance)

@@ -25,7 +25,8 @@ from typing import Any
 from gpuledger.core.money import (
     FACTOR_PLACES,
     GPU_MONEY,
-    UH_PER_H,
+    MWH_PER_J,
+    UH_PER_S,
     gpu_money,
     joules_to_mwh,
     price_units,
@@ -33,9 +34,6 @@ from gpuledger.core.money import (
 )
 from gpuledger.core.months import month_bounds, month_of, month_starts
 from gpuledger.core.pricing.ratecard import BASES, RateCard, RateLine
-
-_UH_PER_S = UH_PER_H / 3600.0  # as in money.seconds_to_uh / joules_to_mwh (the slow path)
-_MWH_PER_J = 1 / 3.6
 
 __all__ = [
     "AMOUNTS",
@@ -286,9 +284,9 @@ class Pricer:
                 ctx = contexts[key] = self._context(name, profile, instance, at)
             model, share, factor_u, flags, line, month, _ = ctx
             # Same float operations, in the same order, as seconds_to_uh / joules_to_mwh in price().
-            alloc = round(alloc_s * share * _UH_PER_S)
-            busy = None if busy_s is None else min(alloc, round(busy_s * share * _UH_PER_S))
-            energy = None if energy_j is None else round(energy_j * share * _MWH_PER_J)
+            alloc = round(alloc_s * share * UH_PER_S)
+            busy = None if busy_s is None else min(alloc, round(busy_s * share * UH_PER_S))
+            energy = None if energy_j is None else round(energy_j * share * MWH_PER_J)
             if rule or busy is None:
                 variant = (flags, rule, busy is None)
                 row_flags = variants.get(variant)
@@ -346,9 +344,9 @@ class Pricer:
                 continue
             model, share, factor_u, flags, line, month, terms = ctx
             # Same float operations, in the same order, as seconds_to_uh / joules_to_mwh in price().
-            alloc = round(alloc_s * share * _UH_PER_S)
-            busy = min(alloc, round(busy_s * share * _UH_PER_S))
-            energy = None if energy_j is None else round(energy_j * share * _MWH_PER_J)
+            alloc = round(alloc_s * share * UH_PER_S)
+            busy = min(alloc, round(busy_s * share * UH_PER_S))
+            energy = None if energy_j is None else round(energy_j * share * MWH_PER_J)
             if terms is None:
                 v = amounts(basis, line, factor_u, alloc, busy, energy)
             else:
