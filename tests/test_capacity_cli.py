@@ -20,6 +20,7 @@ from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, Sighting, St
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
 from gpuledger.store import Ledger
 from gpuledger.store.capacity import write_capacity
+from gpuledger.store.capacity_queries import unmetered_devices
 
 H = 3600.0
 MARCH = ts("2026-03-01")
@@ -134,3 +135,26 @@ def test_chargeback_share_idle_refuses_what_it_cannot_share(agent_db: str) -> No
     data = json.loads(_run([*base, "--month", "2026-03", "--json"]))  # no runs: nothing billed, nobody to share to
     assert data["total"]["cost_with_shared_idle"] == "0.00" and data["fleet_cost"] == "10237.44"
     assert any("not shared" in w for w in data["warnings"])
+
+
+def test_only_gpus_no_agent_watches_are_derived_from_runs(tmp_path: Path) -> None:
+    # A MIG slice of a GPU an agent watches is that GPU (counted once, by the agent); a GPU no
+    # agent has seen is derived from the run on it, however many unknown GPUs there are.
+    url = f"sqlite:///{tmp_path}/m.db"
+    start = ts("2026-03-02")
+    with Ledger(url) as led:
+        sight = Sighting("GPU-watched", "NVIDIA A100-SXM4-80GB", "gpu-1", MARCH, MARCH + 31 * 86400)
+        led.write(lambda c: write_capacity(led.database, c, [], [sight]))
+        gpus = {
+            "r-slice": [GpuIdentity(0, "MIG-1", "NVIDIA A100 MIG 1g.10gb", mig_parent_uuid="GPU-watched")],
+            "r-unknown": [GpuIdentity(0, "GPU-unknown", "Tesla T4")],
+            "r-many": [GpuIdentity(i, f"GPU-x{i:05d}", "Tesla T4") for i in range(2100)],
+        }
+        for rid, devices in gpus.items():
+            led.create_run(RunRecord(id=rid, command=["x"], user="u", host="gpu-1", cwd="/", started_at=start,
+                                     ended_at=start + H, status="succeeded"))  # fmt: skip
+            led.add_devices(rid, devices)
+        found = led.read(lambda c: unmetered_devices(c, MARCH, MARCH + 31 * 86400))
+    assert {(run, gpu) for run, gpu, *_ in found} == {("r-unknown", "GPU-unknown")} | {
+        ("r-many", f"GPU-x{i:05d}") for i in range(2100)
+    }
