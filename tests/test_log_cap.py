@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuledger.core.training.logcap import DEFAULT_MAX_B, HEAD_SHARE, MIN_MAX_B, cap_bytes, find_cut, parse_size
+from gpuledger.runs.liveness import fresh_log
 from gpuledger.runs.logfile import archive, archive_once, cap_or_default, log_cap, read_capped
 from gpuledger.store import Ledger
 from gpuledger.store.audit_seals import current_seal
@@ -144,3 +145,21 @@ def test_the_cap_comes_from_the_environment() -> None:
         with pytest.raises(ValueError, match="GPULEDGER_LOG_MAX_B"):
             log_cap({"GPULEDGER_LOG_MAX_B": bad})
         assert cap_or_default({"GPULEDGER_LOG_MAX_B": bad}) == DEFAULT_MAX_B  # a read never fails on it
+
+
+def test_a_lost_runs_file_is_shown_only_when_it_is_newer_than_the_log_it_was_cut_from(tmp_path: Path) -> None:
+    # `gpuledger logs` of a lost run: CMD may still write its file, so the file wins when it holds at
+    # least as much as the log the stored (capped) copy was cut from; comparing with the stored
+    # copy's own length would show a shorter, older file instead.
+    log = tmp_path / "run.log"
+    log.write_bytes(b"".join(b"line %06d\n" % i for i in range(40_000)))  # 480 KB, cut at 64 KiB
+    rid = run_id(1)
+    with Ledger(f"sqlite:///{tmp_path}/l.db") as led:
+        led.create_run(minimal_run(rid, status="lost", log_path=str(log)))
+        stored = archive(led, rid, str(log), MIN_MAX_B, remove=False)
+        assert stored is not None and stored.truncated
+        with open(log, "ab") as fh:
+            fh.write(b"printed after the recorder died\n")
+        assert b"printed after the recorder died" in (fresh_log(led, led.get_run(rid)) or b"")
+        log.write_bytes(b"x\n" * 100_000)  # 200 KB: more than the stored copy, less than its whole log
+        assert fresh_log(led, led.get_run(rid)) == led.get_log(rid)
