@@ -20,14 +20,20 @@ class RunPush:
         self.pusher.wake()
 
     def finish(self, warn: Callable[[str], None]) -> None:
-        finish_pusher(self.pusher, warn)
+        """Wait up to FINAL_PUSH_S for the last batches; what is left stays in the outbox."""
+        pusher = self.pusher
+        if not pusher.close(FINAL_PUSH_S):
+            why = f" ({pusher.last_error})" if pusher.last_error else ""
+            warn(
+                f"gpuledger: run {pusher.run_id} is not fully on {pusher.server} yet{why}; it stays in the local "
+                "ledger's outbox: push it with: gpuledger sync"
+            )
 
 
 def start_pusher(
-    server: str | None, token: str | None, db_url: str | None, run_id: str, warn: Callable[[str], None]
+    server: str, token: str | None, db_url: str | None, run_id: str, warn: Callable[[str], None]
 ) -> RunPush | None:
-    if not server:
-        return None
+    """This run's pusher, started; None (and a warning) when it cannot start."""
     try:
         pusher = Pusher(db_url, normalise_server(server), token, run_id, warn=warn)
         pusher.start()
@@ -35,14 +41,3 @@ def start_pusher(
     except Exception as exc:  # never in the way of the training
         warn(f"gpuledger: cannot push to {server} ({exc}); push later with: gpuledger sync --all")
         return None
-
-
-def finish_pusher(pusher: Pusher | None, warn: Callable[[str], None], timeout_s: float = FINAL_PUSH_S) -> None:
-    if pusher is None:
-        return
-    if not pusher.close(timeout_s):
-        why = f" ({pusher.last_error})" if pusher.last_error else ""
-        warn(
-            f"gpuledger: run {pusher.run_id} is not fully on {pusher.server} yet{why}; it stays in the local "
-            "ledger's outbox: push it with: gpuledger sync"
-        )

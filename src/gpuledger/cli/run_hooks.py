@@ -10,10 +10,13 @@ def run_hooks(server: str | None, token: str | None, db_url: str | None) -> RunH
     from gpuledger.integrations.autoload import autoload_env
     from gpuledger.integrations.ultralytics.postrun import explain_run
 
+    if not server:
+        return RunHooks(child_env=autoload_env, explain=explain_run)
+
     def start_push(run_id: str, warn: Warn) -> Push | None:
         # the agent (httpx, outbox) is only loaded for a run that pushes to a server
         from gpuledger.agent.attach import start_pusher
 
         return start_pusher(server, token, db_url, run_id, warn)
 
-    return RunHooks(child_env=autoload_env, explain=explain_run, start_push=start_push if server else None)
+    return RunHooks(child_env=autoload_env, explain=explain_run, start_push=start_push)

@@ -68,14 +68,14 @@ def _status(wait_status: int, forwarded: int | None) -> tuple[str, int, int | No
 
 
 def child_env(
-    env: Mapping[str, str], run_id: str, db_url: str | None, control_path: str, hooks: RunHooks | None = None
+    env: Mapping[str, str], run_id: str, db_url: str | None, control_path: str, hooks: RunHooks
 ) -> dict[str, str]:
     out = dict(env)
     out["GPULEDGER_RUN_ID"] = run_id  # lets integrations inside CMD attach to this run
     out[CONTROL_ENV] = control_path
     if db_url:
         out["GPULEDGER_DB"] = db_url
-    if hooks is not None and hooks.child_env is not None:
+    if hooks.child_env is not None:
         out.update(hooks.child_env(out))  # zero-code capture: integrations load inside CMD's Python
     return out
 
