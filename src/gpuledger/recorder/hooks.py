@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 Warn = Callable[[str], None]
 # (session, status, exit code, signal) -> the reason for the run's status, or None to keep it
-Explain = Callable[["Session", str, "int | None", "int | None"], "str | None"]
+Explain = Callable[["Session", bytes, str, "int | None", "int | None"], "str | None"]
 
 
 class Push(Protocol):

@@ -22,6 +22,7 @@ from gpuledger.recorder import metadata
 from gpuledger.recorder.alerting import LiveAlerts
 from gpuledger.recorder.clock import SteadyClock
 from gpuledger.recorder.control import ControlServer
+from gpuledger.recorder.hooks import Explain
 from gpuledger.recorder.messages import handle as handle_message
 from gpuledger.recorder.recorder import Recorder
 from gpuledger.runs.host import host_name
@@ -210,20 +211,20 @@ class Session:
         signal: int | None = None,
         reason: str | None = None,
         log: bytes | None = None,
-        explain: Callable[[Session, str, int | None, int | None], str | None] | None = None,
+        explain: Explain | None = None,
         log_truncated: bool = False,
     ) -> dict | None:
         """Stop recording, write the end state and the log; return the summary (None if unwritable).
         ``log_truncated``: ``log`` is the head and tail of a longer output (core/training/logcap.py).
 
-        ``explain`` reads the run's log after the recorder stopped (why it failed; epochs when no
+        ``explain`` reads ``log`` after the recorder stopped (why it failed; epochs when no
         integration reported them) and may return a better status reason.
         """
         self.recorder.stop()
         self.alerts.close()
         if explain is not None:
             try:
-                reason = explain(self, status, exit_code, signal) or reason
+                reason = explain(self, log or b"", status, exit_code, signal) or reason
             except Exception as exc:
                 stderr_line(f"gpuledger: could not read the run's log: {exc!r}")
         ended = self._clock()

@@ -3,7 +3,8 @@
 ``explain_run`` is called by the session once CMD has ended and the recorder has stopped, before
 the run's end state is written (Session.finish's ``explain`` hook). It:
 
-1. reads CMD's log file (``run.log_path``, written by the output relay),
+1. is handed CMD's log, as the session stores it (whole, or its head and tail around a marker:
+   core/training/logcap.py; failures are at the end, which is kept),
 2. records failures found there (CUDA OOM, NaN loss, dataset not found, OOM killer: core/training/failures.py)
    as run events with the epoch they happened in, and returns the one-line reason for the status,
 3. when no ``epoch_end`` came from the callbacks (YOLOv5 scripts, a Python the hook could not load
@@ -22,21 +23,6 @@ from gpuledger.core.training import failures
 
 if TYPE_CHECKING:
     from gpuledger.recorder.session import Session
-
-MAX_LOG_B = 64 * 1024 * 1024  # beyond this only the tail is read (failures are at the end)
-
-
-def read_log(path: str | None, limit_b: int = MAX_LOG_B) -> bytes:
-    if not path:
-        return b""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - limit_b))
-            return fh.read()
-    except OSError:
-        return b""
 
 
 def memory_limit_b() -> int | None:
@@ -62,11 +48,10 @@ def _rss_peak_b(session: Session) -> int | None:
     return max(peaks) if peaks else None
 
 
-def explain_run(session: Session, status: str, exit_code: int | None, signal: int | None) -> str | None:
-    """Record what the log says about the run's end; return the reason for its status (or None)."""
+def explain_run(session: Session, log: bytes, status: str, exit_code: int | None, signal: int | None) -> str | None:
+    """Record what ``log`` says about the run's end; return the reason for its status (or None)."""
     from gpuledger.recorder.messages import epoch_ends_seen
 
-    log = read_log(session.run.log_path)
     diagnosis = failures.explain(log, status, exit_code, signal, _rss_peak_b(session), memory_limit_b())
     recorder = session.recorder
     for failure in diagnosis.failures:
