@@ -40,7 +40,7 @@ from gpuledger.collect.nvml_devices import DeviceFinder, Found
 from gpuledger.collect.nvml_query import NOTHING_NEW, DeviceQueries, Querier
 from gpuledger.collect.nvml_throttle import ThrottleReader, ThrottleState
 from gpuledger.collect.nvml_util import UtilReader
-from gpuledger.collect.pid_owner import REFRESH_S, PidOwner
+from gpuledger.collect.pid_owner import PidOwner
 from gpuledger.core.metering.gpu_procs import attribute, sm_share
 from gpuledger.core.metering.integrate import counter_delta, trapezoid_energy_j
 from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
@@ -48,9 +48,6 @@ from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Eve
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 1.0, 60.0
 _RARE_LIST_TICKS = 10  # the MPS and graphics process lists, while empty, are asked this seldom
 _NOTE = "note"  # event kind for facts about the metering (not errors)
-# The run's processes on a GPU are verified again when the lists change, else this often: the
-# /proc facts behind a verdict (device nodes held, cgroups) are re-read every REFRESH_S anyway.
-VERIFY_S = REFRESH_S / 2
 
 
 class _Device:
@@ -66,8 +63,6 @@ class _Device:
         self.proc_ts = 0  # NVML µs timestamp of the last per-process utilisation sample seen
         self.proc_reads = 0
         self.busy_lists: set[str] = set()  # MPS / graphics process lists that have held a process
-        # (listed pids, run pids, when, verdict): the last verification, reused while nothing changed
-        self.verified_memo: tuple[frozenset[int], frozenset[int], float, dict[int, str]] | None = None
         self.energy_mj: int | None = None
         self.power_w: float | None = None
         self.lost = False
@@ -319,9 +314,9 @@ class NvmlCollector:
         procs = self._gpu_processes(d)
         if procs is None:
             return
-        owner = self._owner or self._pid_owner()
+        owner = self._pid_owner()
         foreign = owner.foreign_ns
-        verified = self._verified(d, owner, procs, pids, tick.t1) if procs else {}
+        verified = owner.verified(procs, pids) if procs else {}
         holders = owner.holders(pids, d.minor) if foreign and procs and not verified else None
         match = attribute(procs, verified, foreign_ns=foreign, holders=holders)
         if foreign and procs:
@@ -338,18 +333,6 @@ class NvmlCollector:
             tick.proc_sm_util_pct, d.proc_ts = sm_share(
                 samples, match, d.proc_ts, listed=procs.keys(), foreign_ns=foreign
             )
-
-    @staticmethod
-    def _verified(
-        d: _Device, owner: PidOwner, procs: dict[int, int | None], pids: set[int], now: float
-    ) -> dict[int, str]:
-        """The owner's verdict on the listed pids; the same lists within ``VERIFY_S`` reuse the last one."""
-        memo = d.verified_memo
-        if memo is not None and memo[0] == procs.keys() and memo[1] == pids and 0 <= now - memo[2] < VERIFY_S:
-            return memo[3]
-        verified = owner.verified(procs, pids)
-        d.verified_memo = (frozenset(procs), frozenset(pids), now, verified)
-        return verified
 
     def _every_process(self, d: _Device) -> list[GpuProcess]:
         """Every process on the GPU with its memory and mean SM share since the previous read."""
@@ -384,7 +367,7 @@ class NvmlCollector:
         known = False
         d.proc_reads += 1
         every = not d.proc_reads % _RARE_LIST_TICKS
-        for key, fn, fn_v2 in self._proc_fns if every or d.busy_lists else self._proc_fns[:1]:
+        for key, fn, fn_v2 in self._proc_fns:
             if not every and key != "procs" and key not in d.busy_lists:
                 continue
             procs = self._q.call(d.q, key, fn, d.handle)

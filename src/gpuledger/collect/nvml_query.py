@@ -30,7 +30,7 @@ MAX_FAILURES = 3
 NOTHING_NEW: Any = object()  # a buffer query (with a timestamp cursor) that has nothing newer
 # NVML_VALUE_TYPE_* -> the member of nvmlValue_t that holds the value (nvml.h, stable ABI)
 VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-_MEMBER_OF = dict(enumerate(VALUE_MEMBERS))  # value type -> member
+MEMBER_OF = dict(enumerate(VALUE_MEMBERS))  # value type -> member
 
 LOST_ERRORS = (
     "NVMLError_GpuIsLost",
@@ -65,7 +65,8 @@ class DeviceQueries:
         self.ok = 0  # queries that answered in the current read
         self.failed = 0  # queries that failed (not "absent") in the current read
         self.said: list[str] = []  # event memo keys added in the current read
-        self.wanted: dict[tuple[int, ...], tuple[int, list[int]]] = {}  # field ids -> (len(unsupported), still asked)
+        # field ids -> (len(unsupported), the ids still asked); the set only grows, so its size dates it
+        self.wanted: dict[tuple[int, ...], tuple[int, list[int]]] = {}
 
     def start_read(self) -> None:
         self.ok = self.failed = 0
@@ -143,7 +144,7 @@ class Querier:
             ret = v.nvmlReturn
             if ret == 0:
                 fid = v.fieldId
-                out[fid] = getattr(v.value, _MEMBER_OF.get(v.valueType, "ullVal"))
+                out[fid] = getattr(v.value, MEMBER_OF.get(v.valueType, "ullVal"))
                 if failures:
                     failures.pop(field_key(fid), None)
             elif ret in self._absent_codes:

@@ -108,13 +108,13 @@ class ThrottleReader:
         Deltas are only right if both agree, so the first policy both answer decides: a ratio
         near 1000 means the fields count microseconds. Without both, nanoseconds are assumed.
         """
-        for name, pol, fi in self._policies:
+        for (_, pol, fi), (_, _, key) in zip(self._policies, self._classic, strict=True):
             if fi is None:
                 continue
             got = self._q.fields(d, self._f_fields, handle, (fi,)).get(fi)
             if not got:
                 continue  # no field, or nothing counted yet: nothing to compare
-            classic = self._q.call(d, "viol_" + name, self._f_viol, handle, pol)
+            classic = self._q.call(d, key, self._f_viol, handle, pol)
             if classic is not None and int(classic.violationTime) > 0:
                 ratio = int(classic.violationTime) / int(got)
                 return 1000 if 300 < ratio < 3000 else 1

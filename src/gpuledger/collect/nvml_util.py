@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuledger.collect.nvml_query import NOTHING_NEW, VALUE_MEMBERS
+from gpuledger.collect.nvml_query import MEMBER_OF, NOTHING_NEW
 from gpuledger.core.metering.busy import SamplePeriod, busy_from_samples
 from gpuledger.core.model import UTIL_INSTANT, UTIL_SAMPLES
 
@@ -43,6 +44,7 @@ STEP_S = 0.5  # a change of (wall - monotonic) beyond this between reads is a cl
 _FULL = 0.9  # a read returning this share of the deepest buffer seen counts as full
 _WALL_DOMAIN_S = 86_400.0  # NVML timestamps within a day of the host clock: the wall clock
 _US = 1_000_000
+_TIME = operator.itemgetter(0)
 
 
 @dataclass(slots=True)
@@ -195,11 +197,12 @@ class UtilReader:
         if res is NOTHING_NEW or not res:
             return []
         vtype, samples = res
-        member = VALUE_MEMBERS[vtype] if 0 <= vtype < len(VALUE_MEMBERS) else "uiVal"
+        member = MEMBER_OF.get(vtype, "uiVal")
         pairs = [(s.timeStamp, getattr(s.sampleValue, member)) for s in samples]
         # Buffer order is time order, except across a wall-clock step back; sorting a sorted
-        # list is one pass in C, cheaper than checking the order in Python.
-        pairs.sort()
+        # list is one pass in C, cheaper than checking the order in Python (stable: samples at
+        # the same instant keep the driver's order).
+        pairs.sort(key=_TIME)
         if pairs and pairs[0][0] <= after:  # some drivers hand back samples at the cursor again
             del pairs[: bisect.bisect_right(pairs, (after, math.inf))]
         return pairs

@@ -86,8 +86,8 @@ def busy_from_samples(
     busy = top * first_span
     first_ts = prev = ts
     # The rest, each covering (max(ts - P, previous ts), ts]: the hot loop of every tick, so the
-    # covered time is summed once at the end, and values are used as they come (clamped below
-    # only if one is out of range, which real drivers rarely report).
+    # covered time is summed once at the end, and values are used as they come (a batch with one
+    # out of range, which real drivers rarely report, is done again clamped).
     inner_idle = 0.0
     out_of_range = False
     for ts, pct in samples[1:]:
@@ -103,31 +103,12 @@ def busy_from_samples(
         elif pct < 0:
             out_of_range = True
         prev = ts
-    if out_of_range or top > 100.0:
-        return _busy_clamped(samples, period_us, first_span, idle, unknown)
+    if out_of_range or top > 100.0:  # rare: the same batch again, each value clamped
+        clamped = [(t, 100.0 if p > 100.0 else 0.0 if p < 0.0 else float(p)) for t, p in samples]
+        return busy_from_samples(clamped, cursor_us, period_s, first_gap_unknown=first_gap_unknown)
     sampled = first_span + (prev - first_ts) - inner_idle
     return SampleBusy(busy / (100.0 * _US), sampled / _US, (idle + inner_idle) / _US, unknown / _US,
                       float(top), int(prev))  # fmt: skip
-
-
-def _busy_clamped(
-    samples: Sequence[tuple[int, float]], period_us: float, first_span: float, idle: float, unknown: float
-) -> SampleBusy:
-    """``busy_from_samples`` for a batch holding a value outside 0-100: each value clamped."""
-    ts, pct = samples[0]
-    top = min(max(float(pct), 0.0), 100.0)
-    busy, sampled, prev = top * first_span, first_span, ts
-    for ts, pct in samples[1:]:
-        start = max(ts - period_us, prev)
-        idle += start - prev
-        span = ts - start
-        if span > 0:
-            value = min(max(float(pct), 0.0), 100.0)
-            busy += value * span
-            sampled += span
-            top = max(top, value)
-        prev = ts
-    return SampleBusy(busy / (100.0 * _US), sampled / _US, idle / _US, unknown / _US, top, int(prev))
 
 
 class SamplePeriod:
