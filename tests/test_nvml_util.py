@@ -74,4 +74,21 @@ def test_nothing_newer_is_idle_time_not_a_failure() -> None:
     r = reader(drv)
     r.prime(t1 / 1e6, 0.0)
     out = r.read(t1 / 1e6 + 5, 5.0, 5.0)
-    assert out is not None and out.busy_s == 0 and out.idle_s == pytest.approx(5 - r.period.seconds)
+    # The period is not learned yet: only time more than the longest documented period (1 s) back
+    # is surely beyond any later sample's reach.
+    assert out is not None and out.busy_s == 0 and out.idle_s == pytest.approx(5 - 1.0)
+
+
+def test_a_read_between_a_slow_products_samples_calls_no_busy_time_idle() -> None:
+    # A 1 s-period product (Volta, Turing) samples every second, idle or not; the GPU is busy
+    # from second 1. A read between two samples, before the period is learned, must leave the
+    # time the next sample covers unclassified, or that sample finds its second already "idle".
+    s = 1_000_000
+    drv = Driver(batch((T0, 0)), batch((T0 + s, 0), (T0 + 2 * s, 100)), NOTHING_NEW, batch((T0 + 3 * s, 100)))
+    r = reader(drv)
+    r.prime(T0 / 1e6 + 0.05, 0.0)
+    r.read(T0 / 1e6 + 2.05, 2.0, 2.0)
+    between = r.read(T0 / 1e6 + 2.9, 2.85, 0.85)
+    after = r.read(T0 / 1e6 + 3.05, 3.0, 0.15)
+    assert between is not None and between.idle_s == 0 and between.busy_s == 0
+    assert after is not None and after.busy_s == pytest.approx(1.0)  # second 2-3, whole

@@ -9,10 +9,10 @@ module keeps the per-device state that decides which case a read is in:
   sample without integrating the buffer (it holds time from before the run, and other tenants'
   work), and that tick's busy time comes from the instant reading.
 * **accounted** — the time classified so far. While the buffer has nothing new (the driver stops
-  or slows sampling on an idle GPU, answering NotFound), time up to ``now - period`` is counted
-  idle tick by tick, so each interval records its own idle time. This needs NVML's timestamps on
-  the host's wall clock (seen on real drivers; checked at run time), else gaps are classified when
-  the next sample arrives.
+  or slows sampling on an idle GPU, answering NotFound), time up to ``now - period`` (1 s, the
+  longest documented period, until the period is learned) is counted idle tick by tick, so each
+  interval records its own idle time. This needs NVML's timestamps on the host's wall clock (seen
+  on real drivers; checked at run time), else gaps are classified when the next sample arrives.
 * **lost samples** — the ring buffer holds on the order of 100 samples (~16 s at 6 per second). A
   read after a stall longer than ``STALL_S`` that comes back (nearly) full may have lost the oldest
   samples: the gap before them is unknown, not idle.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuledger.collect.nvml_query import MEMBER_OF, NOTHING_NEW
-from gpuledger.core.metering.busy import SamplePeriod, busy_from_samples
+from gpuledger.core.metering.busy import PERIOD_MAX_S, SamplePeriod, busy_from_samples
 from gpuledger.core.model import UTIL_INSTANT, UTIL_SAMPLES
 
 STALL_S = 8.0  # a read this late may find the ring buffer wrapped (100 samples at 1/6 s: ~16 s)
@@ -159,8 +159,11 @@ class UtilReader:
         idle = 0.0
         if self._wall and self._accounted_us is not None:
             # A sample taken later covers at most one period before its timestamp, so time up
-            # to now - period can no longer be covered: the driver had nothing to sample.
-            horizon = now * _US - self.period.seconds * _US
+            # to now - period can no longer be covered: the driver had nothing to sample. Until
+            # the period is learned that is the longest documented one: the shortest would call
+            # idle the busy time a 1 s product's next sample is about to cover.
+            period_s = self.period.seconds if self.period.learned else PERIOD_MAX_S
+            horizon = now * _US - period_s * _US
             if horizon > self._accounted_us:
                 idle = (horizon - self._accounted_us) / _US
                 self._accounted_us = horizon
