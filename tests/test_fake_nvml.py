@@ -162,6 +162,8 @@ def test_profiles_cover_both_ends_of_the_documented_sample_period() -> None:
     assert {p.idle_sampling for p in tables.PROFILES.values()} == {"grid", "slow", "stop"}
     with pytest.raises(ValueError, match="unknown profile 'h100'"):
         one_gpu(Clock(), profile="h100")
+    with pytest.raises(ValueError, match="process_list must be one of compute, mps, graphics"):
+        one_gpu(Clock(), process_list="cuda")
 
 
 # -- utilisation samples --------------------------------------------------------------------------

@@ -235,6 +235,17 @@ def test_violation_counters_are_read_only_when_something_throttles_and_nothing_i
     assert sum(t.throttle_s["low_util"] for t in ticks) == pytest.approx(20.0)
 
 
+def test_each_quiet_tick_owns_its_throttle_figures() -> None:
+    # A quiet tick reports zeros without asking the driver. Each tick's figures are its own: a
+    # consumer that adds into one tick's dict (a sum kept in place) must not leak into later ticks.
+    col, _, clock = make([ideal("GPU-a", points=[TracePoint(0, util_pct=90, throttle=())])])
+    ticks, _ = run(col, clock, 2)
+    assert ticks[0].throttle_s == ticks[1].throttle_s == dict.fromkeys(POLICIES, 0.0)
+    ticks[0].throttle_s["power"] += 5.0
+    later, _ = run(col, clock, 4)
+    assert all(t.throttle_s["power"] == 0.0 for t in [ticks[1], *later])
+
+
 def test_memory_v2_then_v1() -> None:
     points = [TracePoint(0, mem_used_b=4 * GiB)]
     col, _, clock = make([FakeGpu("GPU-a", points=points, memory_reserved_b=GiB // 2)])
@@ -257,6 +268,34 @@ def test_shared_gpu_counts_only_the_runs_processes() -> None:
     assert t.proc_sm_util_pct == pytest.approx(75.0)
     t = run(col, clock, 4, pids={5})[0][-1]
     assert t.proc_mem_b == 0 and t.proc_sm_util_pct == 0.0  # not on this GPU: a true zero
+
+
+@pytest.mark.parametrize("kind", ["mps", "graphics"])
+def test_a_process_in_a_rare_list_is_metered_at_every_read_once_seen(kind: str) -> None:
+    # The MPS and graphics lists are empty on almost every training node, so while empty they are
+    # asked every tenth read only; a run that turns out to live there (an MPS client, a renderer)
+    # must then be metered at every read, not one in ten.
+    points = [TracePoint(0, util_pct=50), TracePoint(3, util_pct=50, procs={77: (2 * GiB, 40.0), 4242: (GiB, 5.0)})]
+    col, fake, clock = make([ideal("GPU-a", points=points, process_list=kind)])
+    ticks, _ = run(col, clock, 40)
+    mem = [t.proc_mem_b for t in ticks]
+    first = mem.index(2 * GiB)
+    assert first <= 10  # found by the first sweep after it appeared
+    assert mem[first:] == [2 * GiB] * (len(mem) - first)
+    assert all(t.proc_method == "pid" for t in ticks[first:])
+    name = "nvmlDeviceGetMPSComputeRunningProcesses" if kind == "mps" else "nvmlDeviceGetGraphicsRunningProcesses"
+    asked = sum(n for f, n in fake.calls.items() if f.startswith(name))
+    assert asked <= first // 10 + 1 + len(ticks) - first  # not every read while the list was empty
+
+
+def test_empty_rare_lists_are_not_asked_at_every_read() -> None:
+    procs = {77: (GiB, 80.0), 4242: (3 * GiB, 15.0)}
+    col, fake, clock = make([ideal("GPU-a", points=[TracePoint(0, util_pct=90, procs=procs)])])
+    ticks, _ = run(col, clock, 39)
+    for name in ("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        asked = sum(n for f, n in fake.calls.items() if f.startswith(name))
+        assert 1 <= asked <= len(ticks) // 10 + 1
+    assert all(t.proc_mem_b == GiB for t in ticks)  # the compute list, at every read
 
 
 def test_cuda_visible_devices_by_index_and_uuid() -> None:

@@ -255,10 +255,10 @@ class FakeNvml(NvmlCore):
         return dev.bits[dev.idx(t)]
 
     # -- processes -------------------------------------------------------------------------------
-    def _running(self, handle: Handle, name: str, compute: bool) -> list[Any]:
+    def _running(self, handle: Handle, name: str, kind: str) -> list[Any]:
         dev, t = self._enter(handle, name)
-        if not compute:
-            return []  # the fake scripts compute processes only
+        if kind != dev.gpu.process_list:
+            return []  # the scripted processes are in one list (FakeGpu.process_list)
         # driver 560.35.03 translated these lists into the caller's namespace (HAMi-core #112)
         translated = self._owner_setting(dev, "pid_translation") == "lists"
         gi = dev.gi if dev.parent is not None else _NOT_A_MIG_ID
@@ -272,36 +272,36 @@ class FakeNvml(NvmlCore):
         return out
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Handle) -> list[Any]:
-        return self._running(handle, "nvmlDeviceGetComputeRunningProcesses_v3", True)
+        return self._running(handle, "nvmlDeviceGetComputeRunningProcesses_v3", "compute")
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Handle) -> list[Any]:
-        return self._running(handle, "nvmlDeviceGetComputeRunningProcesses_v2", True)
+        return self._running(handle, "nvmlDeviceGetComputeRunningProcesses_v2", "compute")
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[Any]:
-        return self._unversioned(handle, "nvmlDeviceGetComputeRunningProcesses", True)
+        return self._unversioned(handle, "nvmlDeviceGetComputeRunningProcesses", "compute")
 
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Handle) -> list[Any]:
-        return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses_v3", False)
+        return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses_v3", "graphics")
 
     def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Handle) -> list[Any]:
-        return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses_v2", False)
+        return self._running(handle, "nvmlDeviceGetGraphicsRunningProcesses_v2", "graphics")
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[Any]:
-        return self._unversioned(handle, "nvmlDeviceGetGraphicsRunningProcesses", False)
+        return self._unversioned(handle, "nvmlDeviceGetGraphicsRunningProcesses", "graphics")
 
     def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Handle) -> list[Any]:
-        return self._running(handle, "nvmlDeviceGetMPSComputeRunningProcesses_v3", False)
+        return self._running(handle, "nvmlDeviceGetMPSComputeRunningProcesses_v3", "mps")
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Handle) -> list[Any]:
-        return self._unversioned(handle, "nvmlDeviceGetMPSComputeRunningProcesses", False)  # no MPS scripted
+        return self._unversioned(handle, "nvmlDeviceGetMPSComputeRunningProcesses", "mps")
 
-    def _unversioned(self, handle: Handle, name: str, compute: bool) -> list[Any]:
+    def _unversioned(self, handle: Handle, name: str, kind: str) -> list[Any]:
         """pynvml's unversioned call is its _v3 one; a driver without _v3 makes it raise
         NVMLLibraryMismatchError (pynvml's throwOnVersionMismatch)."""
         if name + "_v3" in handle.dev.gpu.unsupported:
             self.calls[name] += 1
             raise pynvml.NVMLLibraryMismatchError(f"{name}: the driver lacks {name}_v3")
-        return self._running(handle, name, compute)
+        return self._running(handle, name, kind)
 
     def nvmlDeviceGetProcessUtilization(self, handle: Handle, last_ts: int) -> list[Any]:
         dev, t = self._enter(handle, "nvmlDeviceGetProcessUtilization")

@@ -16,6 +16,7 @@ from typing import Any
 from gpuledger.collect.fake_nvml_profiles import (
     IDLE_SAMPLING,
     POLICY_REASONS,
+    PROCESS_LISTS,
     REASON_BITS,
     Profile,
     architecture,
@@ -107,6 +108,11 @@ class FakeGpu:
     putil_quirks: frozenset[str] = frozenset()  # "stale", "over_100" (nvmlDeviceGetProcessUtilization)
     host_pid_offset: int | None = None  # None: the FakeNvml's
     pid_translation: str | None = None  # None: the FakeNvml's
+    # Which list the scripted processes are in. NVML API reference: nvmlDeviceGetComputeRunningProcesses
+    # lists processes with a compute context, nvmlDeviceGetMPSComputeRunningProcesses those with an
+    # MPS compute context (clients of an MPS server), nvmlDeviceGetGraphicsRunningProcesses those with
+    # a graphics context. "compute", "mps" or "graphics"; the other lists are empty.
+    process_list: str = "compute"
 
 
 def _fill(values: list[Any], default: Any = None, backfill: bool = True) -> list[Any]:
@@ -160,6 +166,8 @@ class Device:
         self.idle = gpu.idle_sampling if gpu.idle_sampling is not None else prof.idle_sampling
         if self.idle not in IDLE_SAMPLING:
             raise ValueError(f"{gpu.uuid}: idle_sampling must be one of {', '.join(IDLE_SAMPLING)}")
+        if gpu.process_list not in PROCESS_LISTS:
+            raise ValueError(f"{gpu.uuid}: process_list must be one of {', '.join(PROCESS_LISTS)}")
         self.idle_step = max(1, round(prof.idle_period_s * 1e6 / self.period_us))
         update = gpu.energy_update_s if gpu.energy_update_s is not None else prof.energy_update_s
         self.energy_update_us = max(0, round(update * 1e6))

@@ -56,6 +56,7 @@ ARCH_VOLTA, ARCH_TURING, ARCH_AMPERE, ARCH_ADA, ARCH_HOPPER = 5, 6, 7, 8, 9
 ARCH_UNKNOWN = 0xFFFFFFFF
 
 IDLE_SAMPLING = ("grid", "slow", "stop")
+PROCESS_LISTS = ("compute", "mps", "graphics")  # the running-process lists NVML keeps per device
 
 
 # -- product profiles ----------------------------------------------------------------------------
