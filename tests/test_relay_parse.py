@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -184,6 +185,25 @@ def test_every_line_a_failure_pattern_matches_is_searched(lines: list[str]) -> N
     for i, line in enumerate(lines):
         if any(p.search(line.strip()) for p in _PATTERNS):
             assert i in searched, line
+
+
+_DETECTORS = [p for p in vars(failures).values() if isinstance(p, re.Pattern) and p not in failures.DETAIL_PATTERNS]
+_ONE_LINE = st.characters(blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+@pytest.mark.parametrize("pattern", _DETECTORS, ids=lambda p: p.pattern[:24])
+def test_the_words_find_every_line_a_failure_pattern_can_match(pattern: re.Pattern[str]) -> None:
+    # Generated from each pattern itself (any case, any text around it), so a pattern added to
+    # failures.py without its words in the prefilter fails here, not silently in production.
+    assert len(_DETECTORS) >= 5
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(line=st.from_regex(pattern, alphabet=_ONE_LINE))
+    def found(line: str) -> None:
+        if pattern.search(line.strip()):
+            assert 1 in failures._lines_to_search(["Epoch 1/3", line]), line
+
+    found()
 
 
 def test_a_log_without_the_words_has_no_line_searched() -> None:

@@ -40,9 +40,13 @@ _NAN = re.compile(r"(?:Loss|Fitness) NaN/Inf detected|NaN persisted|non-finite l
 _DATASET = re.compile(r"Dataset\b.*\b(?:not found|error)|Dataset '[^']*' images not found", re.I)
 _WORKER_KILLED = re.compile(r"DataLoader worker \(pid[^)]*\) is killed by signal: Killed")
 _SHELL_KILLED = re.compile(r"(?:^|:\s|\s\d+\s+)Killed(?:\s|$)")
+# Applied only to a line one of the patterns above matched: they need none of the words below.
+DETAIL_PATTERNS = (_OOM_RETRY, _OOM_DETAIL, _OOM_GPU)
 # Words every match of the patterns above holds: a line with none of them is not searched (on long
 # lines the patterns cost far more than finding these words in the whole log, and most lines of
 # training output hold none). _NAN and _DATASET ignore case: their words are found lower-cased.
+# tests/test_relay_parse.py generates matches of every pattern of this module not in
+# DETAIL_PATTERNS and checks that these words find each one, so a new pattern cannot be missed.
 _WORDS = (b"out of memory", b"OutOfMemoryError", b"CUBLAS_STATUS_ALLOC_FAILED", b"DataLoader worker", b"Killed")
 _WORDS_ANY_CASE = (b"nan", b"non-finite", b"dataset")
 # IGNORECASE also matches these with i or s, which lower-casing does not give: a log holding one
