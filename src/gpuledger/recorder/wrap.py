@@ -137,7 +137,7 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
         stderr_line(f"gpuledger: monitoring could not start ({exc}); the command runs unmetered")
     wait_status = _reap_until(launched.pid, launched.relay_pid, session)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # finishing the record; CMD is already gone
-    relay_done = _wait_relay(launched.relay_pid)
+    relay_done = _wait_relay(launched.relay_pid, log_path)
     status, code, sig, reason = _status(wait_status, forwarded[-1] if forwarded else None)
     summary = None
     if session is not None:
@@ -239,7 +239,7 @@ def _reap_until(cmd_pid: int, relay_pid: int, session: Session | None) -> int:
             return status
 
 
-def _wait_relay(relay_pid: int) -> bool:
+def _wait_relay(relay_pid: int, log_path: str) -> bool:
     """Wait a moment for the relay to drain CMD's last output; False if it still runs."""
     deadline = time.monotonic() + RELAY_GRACE_S
     while time.monotonic() < deadline:
@@ -250,7 +250,10 @@ def _wait_relay(relay_pid: int) -> bool:
         if pid:
             return True
         time.sleep(0.02)
-    stderr_line("gpuledger: CMD ended but a process it started still holds its output; the log on disk keeps growing")
+    stderr_line(
+        "gpuledger: CMD ended but a process it started still holds its output; the ledger keeps the log "
+        f"up to now, and the rest goes only to {log_path}"
+    )
     return False
 
 

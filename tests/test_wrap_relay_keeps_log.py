@@ -1,0 +1,101 @@
+"""A command whose background child outlives it, under a real ``gpuledger run``: the child still
+holds the command's output, so the relay is still running when gpuledger archives the run
+(recorder/wrap.py, ``_wait_relay``). gpuledger says so, and keeps the on-disk log, the only place the
+child's later output goes.
+
+The normal case (no such child: the file is removed once archived) is asserted by
+tests/test_relay_e2e.py::test_a_chatty_run_prints_what_the_command_prints_and_stores_one_capped_redacted_log
+(``assert not any((tmp_path / "home" / "logs").iterdir())``), so it is not repeated here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from e2e_helpers import GPULEDGER, cli_env, only_run, py, run_cli
+from gpuledger.recorder.wrap import RELAY_GRACE_S
+
+pytestmark = pytest.mark.slow
+
+STILL_HOLDS = b"gpuledger: CMD ended but a process it started still holds its output"
+
+# CMD prints a line, forks and exits at once. The forked child inherits CMD's stdout (the relay's
+# pipe) and writes its line only when the test creates the "go" file, after gpuledger has returned:
+# so the late line can only reach the file on disk, never the archived copy. Its own deadline ends
+# it should the test die before saying go.
+LINGERING = textwrap.dedent(
+    """
+    import os, sys, time
+    go, pid_file = sys.argv[1], sys.argv[2]
+    print("early-line", flush=True)  # flushed before the fork: the child must not print it again
+    pid = os.fork()
+    if pid == 0:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print("late-line", flush=True)
+        os._exit(0)
+    with open(pid_file, "w") as fh:  # written before CMD ends, so the test can always clean up
+        fh.write(str(pid))
+    """
+)
+
+
+def _stop(pid: int) -> None:
+    """Kill the lingering child and reap it if it came back to us (a subreaper test process)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def test_a_child_that_outlives_the_command_keeps_the_log_on_disk(tmp_path: Path) -> None:
+    env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db")
+    go, pid_file = tmp_path / "go", tmp_path / "grandchild.pid"
+    # Pipes, not a terminal: gpuledger's stdout and stderr are inherited by the relay, so they only
+    # reach EOF once the relay ends, and that is after the lingering child exits.
+    proc = subprocess.Popen(
+        [*GPULEDGER, "run", "-q", "--no-gpu", "--", *py(LINGERING), str(go), str(pid_file)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        # Wait for gpuledger itself, not for its pipes (communicate would block until the child ends).
+        # The output is a few lines, so the unread pipes cannot fill up and stall it.
+        assert proc.wait(timeout=RELAY_GRACE_S + 60) == 0
+        logs = list((tmp_path / "home" / "logs").iterdir())
+        assert len(logs) == 1  # kept: gpuledger gave up waiting for the relay
+        log = logs[0]
+        assert b"late-line" not in log.read_bytes()
+
+        go.touch()  # the child writes its line and exits; the relay drains it, then exits
+        stdout, stderr = proc.communicate(timeout=30)  # EOF: the relay has ended and closed the log
+    finally:
+        go.touch()
+        if proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=10)
+        if pid_file.exists():
+            _stop(int(pid_file.read_text()))
+
+    assert STILL_HOLDS in stderr, stderr.decode()
+    assert str(log).encode() in stderr  # where the rest of the output goes
+    assert stdout == b"early-line\nlate-line\n"  # the terminal got both lines, in order
+    assert log.exists()
+    assert log.read_bytes() == b"early-line\nlate-line\n"  # the late line went to the kept file
+
+    run = only_run(env)
+    assert run["status"] == "succeeded"
+    assert log.name == f"{run['id']}.log"
+    archived = run_cli(["logs", run["id"]], env)
+    assert archived.returncode == 0, archived.stderr.decode()
+    assert archived.stdout == b"early-line\n"  # archived before the late line was written
