@@ -16,7 +16,7 @@ from gpuledger.cli.main import cli
 from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, States
 from gpuledger.store import Ledger, audit, schema
 from gpuledger.store.capacity import rebuild_days, write_capacity
-from gpuledger.store.capacity_push import acknowledge
+from gpuledger.store.capacity_push import acknowledge, outbox, register
 from gpuledger.store.capacity_queries import day_rows, intervals
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 from server_support import free_port
@@ -117,3 +117,44 @@ def test_retention_run_says_what_it_deleted_and_keep_capacity_keeps_it(tmp_path)
     with Ledger(url) as led:
         assert led.read(lambda c: c.scalar(sa.text("SELECT count(*) FROM gpu_capacity"))) == 0
         assert led.read(lambda c: c.scalar(sa.text("SELECT count(*) FROM gpu_capacity_days"))) > 0
+
+
+def test_a_forgotten_server_no_longer_holds_back_retention(ledger_url: str) -> None:
+    # An agent once pushed to a server that is gone for good: until it is forgotten, retention keeps
+    # every interval that server lacks, forever. `sync --forget` drops its outbox, audited.
+    gone, kept = "http://gone.example:8080", "http://kept.example:8080"
+    ivs = _fleet_days()
+    with Ledger(ledger_url) as led:
+        led.write(lambda c: write_capacity(led.database, c, ivs))
+        register(led, gone)
+        acknowledge(led, kept, {gpu: (DAY0 + 10) * DAY_MS for gpu in GPUS})  # has everything
+        boxes = {b.server: b for b in outbox(led)}
+        assert boxes[gone].unacknowledged == len(ivs) and boxes[gone].last_acknowledged_at is None
+        assert boxes[gone].oldest_t0_ms == min(iv.t0_ms for iv in ivs)
+        assert boxes[kept].unacknowledged == 0 and boxes[kept].gpus_acknowledged == len(GPUS)
+
+    runner = CliRunner()
+    status = runner.invoke(cli, ["sync", "--server", gone, "--status", "--db", ledger_url])
+    assert status.exit_code == 0, status.output
+    assert f"capacity  {len(ivs)} intervals pending" in status.output and "never acknowledged" in status.output
+    declined = runner.invoke(cli, ["sync", "--server", gone, "--forget", "--db", ledger_url], input="n\n")
+    assert declined.exit_code != 0 and "Forget it" in declined.output
+    with Ledger(ledger_url) as led:
+        assert {b.server for b in outbox(led)} == {gone, kept}  # asked, declined: nothing changed
+
+    forgot = runner.invoke(cli, ["sync", "--server", gone, "--forget", "--db", ledger_url], input="y\n")
+    assert forgot.exit_code == 0, forgot.output
+    assert f"forgot {gone}" in forgot.output
+    with Ledger(ledger_url) as led:
+        assert [b.server for b in outbox(led)] == [kept]
+        report = run_retention(led, Policy(raw_days=30, capacity_days=1), actor="test", now=_now_cutting_at(DAY0 + 3))
+        assert report.capacity is not None and report.capacity.kept_unpushed == 0
+        assert report.capacity.rows == sum(1 for iv in ivs if iv.t1_ms <= (DAY0 + 3) * DAY_MS) > 0
+        log = schema.audit_log.c
+        q = sa.select(log.object, log.payload).where(log.action == "capacity.forget_server")
+        obj, payload = led.read(lambda c: c.execute(q).one())
+        assert obj == gone and json.loads(payload)["unacknowledged"] == len(ivs)
+        assert audit.verify(led).ok
+
+    again = runner.invoke(cli, ["sync", "--server", gone, "--forget", "--yes", "--db", ledger_url])
+    assert again.exit_code != 0 and "does not push capacity to" in again.output

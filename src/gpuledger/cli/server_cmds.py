@@ -1,13 +1,19 @@
-"""``gpuledger serve``, ``gpuledger db migrate|status`` and ``gpuledger sync``."""
+"""``gpuledger serve``, ``gpuledger db migrate|status`` and ``gpuledger sync`` (``--status``, ``--forget``)."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
+from typing import TYPE_CHECKING
 
 import click
 
 from gpuledger.cli.common import FiniteFloat, check_ledger_url, cli_errors, echo_json, format_option
+
+if TYPE_CHECKING:
+    from gpuledger.store import Ledger
+    from gpuledger.store.capacity_push import Outbox
 
 
 def server_ledger(url: str | None):
@@ -147,19 +153,30 @@ def db_status_cmd(db: str | None, fmt: str) -> None:
 @click.option("--all", "all_runs", is_flag=True, help="Also push local runs recorded without --server.")
 @click.option("--retry", is_flag=True, help="Try again runs the server refused before.")
 @click.option("--status", "show_status", is_flag=True, help="Only show the outbox, push nothing.")
+@click.option(
+    "--forget",
+    is_flag=True,
+    help="Stop pushing capacity to --server: drop its capacity outbox, so retention no longer keeps "
+    "intervals only it lacks (audited; asks first unless --yes).",
+)
+@click.option("--yes", is_flag=True, help="Do not ask before --forget.")
 @click.option("--db", envvar="GPULEDGER_DB", metavar="URL", help="The local ledger (default: the user's).")
 @cli_errors
 def sync_cmd(
-    server: str, token_file: str | None, all_runs: bool, retry: bool, show_status: bool, db: str | None
-) -> None:
+    server: str, token_file: str | None, all_runs: bool, retry: bool, show_status: bool, forget: bool, yes: bool,
+    db: str | None,
+) -> None:  # fmt: skip
     """Push runs kept in the local ledger's outbox (recorded while the server was away)."""
     from gpuledger.agent.client import Client, ServerError, normalise_server, token_from
     from gpuledger.agent.sync import sync
     from gpuledger.cli.common import open_ledger
-    from gpuledger.store import pushes
+    from gpuledger.store import capacity_push, pushes
 
     ledger = open_ledger(db)
     server = normalise_server(server)
+    if forget:
+        _forget_capacity(ledger, server, yes)
+        return
     if show_status:
         from gpuledger.store import quarantine
 
@@ -169,6 +186,8 @@ def sync_cmd(
             click.echo(f"{s.run_id}  {state}" + (f"  {s.last_error}" if s.last_error else ""))
             for row in refused_rows.get(s.run_id, []):
                 click.echo(f"    quarantined by the server: {row['series']} {row['item']}: {row['reason']}")
+        for box in capacity_push.outbox(ledger, server):
+            click.echo(f"capacity  {_lacking(box)}")
         return
     with Client(server, token_from(None, token_file)) as client:
         try:
@@ -187,3 +206,32 @@ def sync_cmd(
     )
     if report.rejected or report.forbidden:
         sys.exit(1)
+
+
+def _lacking(box: Outbox) -> str:
+    from gpuledger.core.units import fmt_count
+
+    if not box.unacknowledged:
+        return f"nothing pending ({fmt_count(box.gpus_acknowledged, 'GPU')} acknowledged)"
+    oldest = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime((box.oldest_t0_ms or 0) / 1000))
+    last = (
+        "never acknowledged anything"
+        if box.last_acknowledged_at is None
+        else "last acknowledged " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(box.last_acknowledged_at))
+    )
+    return f"{fmt_count(box.unacknowledged, 'interval')} pending, the oldest from {oldest}; {last}"
+
+
+def _forget_capacity(ledger: Ledger, server: str, yes: bool) -> None:
+    """``sync --forget``: the server is no longer pushed to; retention stops keeping data for it."""
+    from gpuledger.cli.admin_cmds import _actor
+    from gpuledger.store import capacity_push
+
+    found = capacity_push.outbox(ledger, server)
+    if not found:
+        raise click.ClickException(f"this ledger does not push capacity to {server}; nothing to forget")
+    box = found[0]
+    if box.unacknowledged and not yes:
+        click.confirm(f"{server} lacks {_lacking(box)}. Forget it, so retention may delete them?", abort=True, err=True)
+    capacity_push.forget(ledger, server, actor=_actor())
+    click.echo(f"forgot {server}: its capacity outbox is dropped ({_lacking(box)}); the audit trail records it")

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.capacity.model import WIRE_COLUMNS
+from gpuledger.store import audit
 from gpuledger.store.schema import capacity_pushes, gpu_capacity, gpu_fleet, gpu_fleet_hosts
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
 
-__all__ = ["REGISTERED", "acknowledge", "pending", "register"]
+__all__ = ["REGISTERED", "Outbox", "acknowledge", "forget", "outbox", "pending", "register"]
 
 # The gpu_uuid of a server's row that only says "this ledger pushes its capacity there" (no GPU
 # has an empty UUID): retention then keeps every interval that server has not acknowledged, even
@@ -92,3 +94,59 @@ def acknowledge(ledger: Ledger, server: str, marks: Mapping[str, int]) -> None:
                             for u, m in sorted(marks.items())])  # fmt: skip
 
     ledger.write(tx)
+
+
+@dataclass(frozen=True)
+class Outbox:
+    """What one server this ledger pushes capacity to still lacks."""
+
+    server: str
+    gpus_acknowledged: int  # GPUs the server has a watermark for
+    unacknowledged: int  # intervals it has not acknowledged (retention keeps them for it)
+    oldest_t0_ms: int | None  # the start of the oldest of them
+    last_acknowledged_at: float | None  # when the server last acknowledged anything (None: never)
+
+
+def outbox(ledger: Ledger, server: str | None = None) -> list[Outbox]:
+    """The capacity outbox of every server this ledger pushes to (or of ``server``), by server."""
+    c, p = gpu_capacity.c, capacity_pushes.c
+    servers = sa.select(p.server).distinct().order_by(p.server)
+    if server is not None:
+        servers = servers.where(p.server == server)
+
+    def tx(conn: Connection) -> list[Outbox]:
+        out = []
+        for name in conn.scalars(servers).all():
+            mark = sa.and_(p.server == name, p.gpu_uuid == c.gpu_uuid)
+            lacking = (
+                sa.select(sa.func.count(), sa.func.min(c.t0_ms))
+                .select_from(gpu_capacity.outerjoin(capacity_pushes, mark))
+                .where(c.t0_ms >= sa.func.coalesce(p.next_t0_ms, 0))
+            )
+            count, oldest = conn.execute(lacking).one()
+            acked = sa.select(sa.func.count(), sa.func.max(p.updated_at)).where(
+                p.server == name, p.gpu_uuid != REGISTERED
+            )
+            gpus, last = conn.execute(acked).one()
+            out.append(Outbox(name, int(gpus or 0), int(count or 0), oldest, last))
+        return out
+
+    return ledger.read(tx)
+
+
+def forget(ledger: Ledger, server: str, *, actor: str) -> Outbox:
+    """Stop keeping capacity for ``server`` (no longer pushed to): its watermarks go, so retention
+    no longer keeps intervals only it lacked. Audited; returns what it still lacked. LookupError
+    when this ledger does not push to ``server``."""
+    found = outbox(ledger, server)
+    if not found:
+        raise LookupError(f"this ledger does not push capacity to {server}")
+    box = found[0]
+
+    def tx(conn: Connection) -> None:
+        conn.execute(sa.delete(capacity_pushes).where(capacity_pushes.c.server == server))
+        payload = {"server": server, "unacknowledged": box.unacknowledged, "oldest_t0_ms": box.oldest_t0_ms}
+        audit.append(conn, actor=actor, action="capacity.forget_server", obj=server, payload=payload)
+
+    ledger.write(tx)
+    return box
