@@ -3,6 +3,7 @@ resolved and refused as documented, fleet statuses, and a price change inside a 
 
 from __future__ import annotations
 
+from decimal import Decimal
 from fractions import Fraction
 
 import pytest
@@ -71,6 +72,24 @@ def test_a_price_change_inside_a_day_splits_that_day_in_proportion_to_time() -> 
     row = ("g", int(day * 1000) // DAY_MS, "n1", ms(day), ms(day) + DAY_MS, DAY_MS, 0, 0, 0, 0, None)
     report = build_capacity(gpus=[gpu], day_rows=[row], card=card(body), pools=Pools(), start=day, end=day + 86400)
     assert report.total["asset_cost"] == "42.00"  # 6 h at 1.00 + 18 h at 2.00
+
+
+@pytest.mark.parametrize("pieces", [False, True], ids=["summed", "piece by piece"])
+def test_a_gpu_day_wholly_after_a_price_change_is_priced_at_the_new_price(pieces: bool) -> None:
+    # The price changes at 06:00; the GPU is in the fleet from 10:00 to 12:00 only, so all of its
+    # day is at the new price, not at the price the day started with.
+    body = ('[[gpu]]\nmodel = "L4"\nprice_per_hour = "1.00"\neffective_to = 2026-03-10T06:00:00Z\n\n'
+            '[[gpu]]\nmodel = "L4"\nprice_per_hour = "2.00"\neffective_from = 2026-03-10T06:00:00Z\n')  # fmt: skip
+    day = ts("2026-03-10")
+    gpu = FleetGpu("g", "NVIDIA L4", "n1", day + 10 * 3600, day + 12 * 3600)
+    row = ("g", int(day * 1000) // DAY_MS, "n1", ms(day) + 10 * 3_600_000, ms(day) + 12 * 3_600_000,
+           2 * 3_600_000, 0, 0, 0, 0, None)  # fmt: skip
+    got: list[tuple[object, ...]] = []
+    report = build_capacity(gpus=[gpu], day_rows=[row], card=card(body), pools=Pools(), start=day, end=day + 86400,
+                            on_piece=got.append if pieces else None)  # fmt: skip
+    assert report.total["asset_cost"] == "4.00"  # 2 h at 2.00
+    if pieces:
+        assert [p[6].rate for p in got] == [Decimal("2.00")]
 
 
 def test_shares_are_written_with_their_rule_and_add_up_to_the_fleet_cost() -> None:

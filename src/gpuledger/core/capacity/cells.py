@@ -180,13 +180,15 @@ class CellPricer:
     def add(self, gpu: FleetGpu, host: str, day: int, cell: _Cell) -> None:
         model, instance, pool, key = self._of(gpu, host)
         line, cuts = self.pricing.on_day(model, instance, day)
-        if self.on_piece is None and not (cuts and any(cell[7] < c < cell[8] for c in cuts)):
+        inside = [c for c in cuts if cell[7] < c < cell[8]] if cuts else cuts
+        if cuts and not inside:  # the price changes that day, but not while the cell lasts: its own price
+            line = self.card.line_at(model, instance, cell[7] / 1000)
+        if self.on_piece is None and not inside:
             self._later(key, line, cell, model, instance)
             return
         uh = to_uh(cell[:5])
         unmeasured = to_uh([cell[5], max(0, sum(cell[:5]) - cell[5])])[0] if cell[5] else 0
         mwh = joules_to_mwh(cell[6]) if cell[9] else 0
-        inside = [c for c in cuts if cell[7] < c < cell[8]]
         where = (gpu.uuid, host, day, pool, model, instance)
         if not inside:
             self._add(key, line, uh, unmeasured, mwh, where)
