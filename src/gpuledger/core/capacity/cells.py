@@ -191,16 +191,16 @@ class CellPricer:
         mwh = joules_to_mwh(cell[6]) if cell[9] else 0
         where = (gpu.uuid, host, day, pool, model, instance)
         if not inside:
-            self._add(key, line, uh, unmeasured, mwh, where)
+            self._add(key, line, uh, unmeasured, mwh, where, cell[7])
             return
         edges = [cell[7], *inside, cell[8]]
         lengths = [b - a for a, b in itertools.pairwise(edges)]
         for a, piece in zip(edges, _pieces([*uh, unmeasured, mwh], lengths), strict=False):
             line = self.card.line_at(model, instance, a / 1000)
-            self._add(key, line, piece[:5], piece[5], piece[6], where)
+            self._add(key, line, piece[:5], piece[5], piece[6], where, a)
 
     def _add(self, key: tuple[Any, ...], line: RateLine | None, uh: Sequence[int], unmeasured: int, mwh: int,
-             where: tuple[Any, ...]) -> None:  # fmt: skip
+             where: tuple[Any, ...], t0_ms: int) -> None:  # fmt: skip
         acc = self._sums.get((key, id(line)))
         if acc is None:
             acc = self._sums[(key, id(line))] = [0, 0, 0, 0, 0, 0, 0]
@@ -215,7 +215,7 @@ class CellPricer:
         acc[5] += unmeasured
         acc[6] += mwh
         if self.on_piece is not None:
-            self.on_piece((*where, line, tuple(uh), unmeasured, mwh))
+            self.on_piece((*where, line, tuple(uh), unmeasured, mwh, t0_ms / 1000))
 
     def _later(
         self, key: tuple[Any, ...], line: RateLine | None, cell: _Cell, model: str, instance: str | None

@@ -1,7 +1,7 @@
 """The capacity report as FOCUS 1.0 rows: what the whole fleet cost, GPU by GPU, day by day, in each
 state (docs/FOCUS.md). Pure: it takes the priced pieces build_capacity hands its ``on_piece``.
 
-One row per UTC day, GPU, host, price and state — unallocated, allocated idle, busy attributed,
+One row per UTC day, GPU, host, span of the day at one price, and state — unallocated, allocated idle, busy attributed,
 busy unattributed, unobserved — priced at the GPU's rate card line like the capacity report's
 asset cost, plus an energy row where the line bills power. The same integers as the report's
 sums, so the rows add up to its fleet cost exactly. These rows are the provider's side (what the
@@ -16,9 +16,9 @@ from typing import Any
 
 from gpuledger.core.capacity.model import FleetGpu
 from gpuledger.core.chargeback.focus import (
-    DAY_S,
     FocusExport,
     FocusIdentity,
+    PricePeriods,
     base_row,
     gpu_hours,
     money,
@@ -48,24 +48,32 @@ def capacity_rows(
     identity: FocusIdentity,
 ) -> FocusExport:
     """FOCUS rows of build_capacity's priced ``pieces`` (gpu uuid, host, day, pool, model, instance
-    type, line, state µh x5, unmeasured µh, energy mWh) of [start, end); ``fleet``: uuid -> GPU."""
+    type, line, state µh x5, unmeasured µh, energy mWh, piece start) of [start, end); ``fleet``:
+    uuid -> GPU."""
+    # One sum per day, GPU, host and span of that day at one price: the row's charge period is the
+    # span, so the rows of one GPU-day never overlap and come in time order.
+    periods = PricePeriods(card)
     sums: dict[tuple[Any, ...], list[int]] = {}
-    lines: dict[int, RateLine | None] = {}
-    for uuid, host, day, pool, model, instance, line, uh, _unmeasured, mwh in pieces:
-        lines.setdefault(id(line), line)
-        key = (day, uuid, host, pool or "", model, instance or "", id(line))
-        acc = sums.setdefault(key, [0] * 6)
+    spans: dict[tuple[Any, ...], tuple[float, float, RateLine | None]] = {}
+    for uuid, host, day, pool, model, instance, _line, uh, _unmeasured, mwh, t0 in pieces:
+        span = periods.at(model, instance, t0)  # a piece is cut at every price change: one span
+        key = (day, uuid, host, pool or "", model, instance or "", span[0])
+        acc = sums.get(key)
+        if acc is None:
+            acc = sums[key] = [0] * 6
+            spans[key] = span
         for i, x in enumerate((*uh, mwh)):
             acc[i] += x
     rows: list[dict[str, Any]] = []
     unpriced: dict[str, int] = {}
-    for key in sorted(sums, key=lambda k: (*k[:6], _line_start(lines[k[6]]))):
-        day, uuid, host, pool, model, instance, line_id = key
-        v, line = sums[key], lines[line_id]
+    for key in sorted(sums):
+        day, uuid, host, pool, model, instance, _ = key
+        v, (lo, hi, line) = sums[key], spans[key]
         if line is None:
             unpriced[model] = unpriced.get(model, 0) + sum(v[:5])
             continue
-        common = _common(day, uuid, host, pool, model, instance, line, fleet.get(uuid), card, start, end, identity)
+        common = _common((lo, hi), uuid, host, pool, model, instance, line, fleet.get(uuid), card, start, end,
+                         identity)  # fmt: skip
         rate = scaled(line.rate_u, PRICE_PLACES)
         sku = f"{line.kind}:{line.key}"
         for state, uh in zip(STATE_NAMES, v[:5], strict=True):
@@ -109,11 +117,10 @@ def capacity_rows(
 
 
 def _common(
-    day: int, uuid: str, host: str, pool: str, model: str, instance: str, line: RateLine, gpu: FleetGpu | None,
-    card: RateCard, start: float, end: float, identity: FocusIdentity,
+    period: tuple[float, float], uuid: str, host: str, pool: str, model: str, instance: str, line: RateLine,
+    gpu: FleetGpu | None, card: RateCard, start: float, end: float, identity: FocusIdentity,
 ) -> dict[str, Any]:  # fmt: skip
-    lo = max(day * DAY_S, start, line.start if line.start is not None else start)
-    hi = min((day + 1) * DAY_S, end, line.end if line.end is not None else end)
+    lo, hi = max(period[0], start), min(period[1], end)
     month_start, month_end = month_bounds(month_of(lo))
     row = base_row(identity, card, "")
     row.update(
@@ -134,8 +141,3 @@ def _common(
         x_PriceModel=price_model(line),
     )
     return row
-
-
-def _line_start(line: RateLine | None) -> float:
-    """Rows of one GPU-day in the order its prices took effect."""
-    return float("-inf") if line is None or line.start is None else line.start

@@ -98,8 +98,8 @@ def build_capacity(
     as store/capacity_queries.day_rows gives them (agent) or reports/capacity_runs derives them
     (runs); ``bills``: each team's billed cost and hours, for ``share_rule`` allocated or busy;
     ``on_piece``: called with each priced piece, (gpu uuid, host, day, pool, model, instance type,
-    rate line or None, state µh x5, unmeasured µh, energy mWh), for exports that keep GPU-days
-    and prices apart (core/capacity/focus.py)."""
+    rate line or None, state µh x5, unmeasured µh, energy mWh, start of the piece in epoch s), for
+    exports that keep GPU-days and prices apart (core/capacity/focus.py)."""
     bad = [k for k in by if k not in CAPACITY_KEYS]
     if bad or not by:
         raise ValueError(f"group by one or more of {', '.join(CAPACITY_KEYS)} (got {', '.join(by) or 'nothing'})")

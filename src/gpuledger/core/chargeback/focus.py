@@ -11,9 +11,9 @@ price to state and are left out, with a note.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +30,7 @@ __all__ = [
     "DAY_S",
     "FocusExport",
     "FocusIdentity",
+    "PricePeriods",
     "base_row",
     "build_focus",
     "gpu_hours",
@@ -114,17 +115,22 @@ def build_focus(
 ) -> FocusExport:
     """FOCUS rows of the priced pieces ``items`` (cost.Pricer output, inside [start, end)).
     ``runs``: run id -> the run's facts; ``labels``: run id -> all its labels (Tags)."""
-    cells: dict[tuple[int, str, str, str | None, int], list[int]] = {}
-    flags_of: dict[tuple[int, str, str, str | None, int], set[str]] = {}
-    lines: dict[int, RateLine | None] = {}
+    # One cell per day, run, model, instance type and span of that day at one price: the row's
+    # charge period is the span, so rows of one day never overlap and come in time order.
+    periods = PricePeriods(card)
+    cells: dict[tuple[int, str, str, str, float], list[int]] = {}
+    flags_of: dict[tuple[int, str, str, str, float], set[str]] = {}
+    spans: dict[tuple[int, str, str, str, float], tuple[float, float, RateLine | None]] = {}
+    instances: dict[str, str | None] = {}
     for run_id, model, instance, _month, t0, v, flags in items:
-        # The line cost.Pricer priced the piece with: pieces are cut at every price change.
-        line = card.line_at(model, instance, t0)
-        lines.setdefault(id(line), line)
-        key = (int(t0 // DAY_S), run_id, model, instance, id(line))
+        # Pieces are cut at every price change (cost.Pricer), so each lies in one span.
+        span = periods.at(model, instance, t0)
+        key = (int(t0 // DAY_S), run_id, model, instance or "", span[0])
         acc = cells.get(key)
         if acc is None:
             cells[key] = list(v)
+            spans[key] = span
+            instances[instance or ""] = instance
         else:
             for i, x in enumerate(v):
                 acc[i] += x
@@ -133,16 +139,17 @@ def build_focus(
     maker = _RowMaker(runs, labels, card, basis, start, end, identity)
     rows: list[dict[str, Any]] = []
     unpriced: dict[str, int] = {}
-    for key in sorted(cells, key=lambda k: _order(k, lines[k[4]])):
-        day, run_id, model, instance, line_id = key
-        v, line = cells[key], lines[line_id]
+    for key in sorted(cells):
+        _day, run_id, model, instance_key, _ = key
+        v, (lo, hi, line) = cells[key], spans[key]
         if line is None:
             unpriced[model] = unpriced.get(model, 0) + v[8]
             continue
+        instance, period = instances[instance_key], (lo, hi)
         flags = flags_of.get(key, set())
-        rows.append(maker.gpu_row(day, run_id, model, instance, line, v, flags))
+        rows.append(maker.gpu_row(period, run_id, model, instance, line, v, flags))
         if v[4] and line.energy_price is not None:
-            rows.append(maker.energy_row(day, run_id, model, instance, line, v))
+            rows.append(maker.energy_row(period, run_id, model, instance, line, v))
     notes = [
         f"{gpu_hours(uh)} GPU-hours of {model} have no rate in the rate card: "
         "not in the FOCUS rows (the chargeback lists them as unpriced_gpu_h)"
@@ -152,10 +159,22 @@ def build_focus(
     return FocusExport(rows, notes, card.currency, basis)
 
 
-def _order(key: tuple[int, str, str, str | None, int], line: RateLine | None) -> tuple[Any, ...]:
-    """Day, run, model, instance, then the prices of one day in the order they took effect."""
-    day, run_id, model, instance, _ = key
-    return (day, run_id, model, instance or "", -math.inf if line is None or line.start is None else line.start)
+class PricePeriods:
+    """The span of a UTC day at one price that holds time ``t``, by GPU model and instance type: a
+    FOCUS row's charge period (a price that starts or ends inside a day splits it)."""
+
+    def __init__(self, card: RateCard) -> None:
+        self._card = card
+        self._days: dict[tuple[str | None, str | None, int], tuple[list[float], list[Any]]] = {}
+
+    def at(self, model: str | None, instance: str | None, t: float) -> tuple[float, float, RateLine | None]:
+        day = int(t // DAY_S)
+        found = self._days.get((model, instance, day))
+        if found is None:
+            spans = self._card.periods(model, instance, day * DAY_S, (day + 1) * DAY_S)
+            found = self._days[(model, instance, day)] = ([a for a, _, _ in spans], spans)
+        starts, spans = found
+        return spans[max(0, bisect.bisect_right(starts, t) - 1)]
 
 
 def scaled(units: int, places: int) -> Decimal:
@@ -200,11 +219,12 @@ class _RowMaker:
             "ResourceType": "GPU Workload",
         }
 
-    def _common(self, day: int, run_id: str, model: str, instance: str | None, line: RateLine) -> dict[str, Any]:
+    def _common(
+        self, period: tuple[float, float], run_id: str, model: str, instance: str | None, line: RateLine
+    ) -> dict[str, Any]:
         run = self.runs.get(run_id)
         tags = dict(self.labels.get(run_id, {}))
-        lo = max(day * DAY_S, self.start, line.start if line.start is not None else self.start)
-        hi = min((day + 1) * DAY_S, self.end, line.end if line.end is not None else self.end)
+        lo, hi = max(period[0], self.start), min(period[1], self.end)
         month_start, month_end = month_bounds(month_of(lo))
         row = dict(self.fixed)
         row.update(
@@ -228,14 +248,15 @@ class _RowMaker:
         return row
 
     def gpu_row(
-        self, day: int, run_id: str, model: str, instance: str | None, line: RateLine, v: list[int], flags: set[str]
-    ) -> dict[str, Any]:
+        self, period: tuple[float, float], run_id: str, model: str, instance: str | None, line: RateLine,
+        v: list[int], flags: set[str],
+    ) -> dict[str, Any]:  # fmt: skip
         alloc, busy, unmeasured, a100eq, energy, cost, idle_cost, energy_cost, _ = v
         billed = alloc if self.basis == "allocated" else busy + unmeasured
         gpu_cost = money(cost - energy_cost)
         price = scaled(line.rate_u, PRICE_PLACES)  # the integer price the ledger's arithmetic used
         sku = f"{line.kind}:{line.key}"
-        row = self._common(day, run_id, model, instance, line)
+        row = self._common(period, run_id, model, instance, line)
         hours = "held" if self.basis == "allocated" else "busy"
         where = f"instance {line.key}" if line.kind == "instance" else f"{model}"
         description = (
@@ -271,14 +292,14 @@ class _RowMaker:
         return row
 
     def energy_row(
-        self, day: int, run_id: str, model: str, instance: str | None, line: RateLine, v: list[int]
+        self, period: tuple[float, float], run_id: str, model: str, instance: str | None, line: RateLine, v: list[int]
     ) -> dict[str, Any]:
         energy, energy_cost = v[4], v[7]
         kwh = scaled(energy, _KWH_PLACES)
         cost = money(energy_cost)
         price = scaled(line.energy_u, PRICE_PLACES)
         sku = f"energy:{line.kind}:{line.key}"
-        row = self._common(day, run_id, model, instance, line)
+        row = self._common(period, run_id, model, instance, line)
         row.update(
             BilledCost=cost,
             ChargeDescription=(

@@ -8,6 +8,7 @@ time: a run that spans a price change is priced by each line for the part of it 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -126,6 +127,21 @@ class RateCard:
                 return line
         timeline = self._gpu.get(model) if model else None
         return timeline.at(t) if timeline else None
+
+    def periods(
+        self, model: str | None, instance_type: str | None, t0: float, t1: float
+    ) -> list[tuple[float, float, RateLine | None]]:
+        """[t0, t1) cut where the price of such a GPU changes: (start, end, line) in time order, with
+        neighbours at the same line joined (an instance price that ends falls back to the model's)."""
+        out: list[tuple[float, float, RateLine | None]] = []
+        edges = [t0, *self.cuts(model, instance_type, t0, t1), t1]
+        for a, b in itertools.pairwise(edges):
+            line = self.line_at(model, instance_type, a)
+            if out and out[-1][2] is line:
+                out[-1] = (out[-1][0], b, line)
+            else:
+                out.append((a, b, line))
+        return out
 
     def cuts(self, model: str | None, instance_type: str | None, t0: float, t1: float) -> list[float]:
         """The times inside (t0, t1) where the price of such a GPU may change."""
