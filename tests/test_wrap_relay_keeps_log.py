@@ -99,3 +99,40 @@ def test_a_child_that_outlives_the_command_keeps_the_log_on_disk(tmp_path: Path)
     archived = run_cli(["logs", run["id"]], env)
     assert archived.returncode == 0, archived.stderr.decode()
     assert archived.stdout == b"early-line\n"  # archived before the late line was written
+
+
+def test_a_spooled_run_whose_child_outlives_it_keeps_the_log_through_recover(tmp_path: Path) -> None:
+    # The same child, and the ledger unreachable at the end: the run goes to the spool. `recover`
+    # later stores the log but must leave the file, which the child may still be writing.
+    env = cli_env(tmp_path / "home", "postgresql://nobody@127.0.0.1:1/gone")
+    go, pid_file = tmp_path / "go", tmp_path / "grandchild.pid"
+    proc = subprocess.Popen(
+        [*GPULEDGER, "run", "-q", "--no-gpu", "--", *py(LINGERING), str(go), str(pid_file)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.wait(timeout=RELAY_GRACE_S + 60) == 0
+        good = f"sqlite:///{tmp_path}/ledger.db"
+        recovered = run_cli(["recover", "--db", good], env)
+        assert recovered.returncode == 0, recovered.stderr.decode()
+        logs = list((tmp_path / "home" / "logs").iterdir())
+        assert len(logs) == 1  # recovered, and still there for the child's later output
+        go.touch()
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        go.touch()
+        if proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=10)
+        if pid_file.exists():
+            _stop(int(pid_file.read_text()))
+
+    assert b"gpuledger recover" in stderr and STILL_HOLDS in stderr
+    assert logs[0].read_bytes() == b"early-line\nlate-line\n"
+    env["GPULEDGER_DB"] = good
+    run = only_run(env)
+    assert run["status"] == "succeeded"
+    assert run_cli(["logs", run["id"]], env).stdout == b"early-line\n"

@@ -213,9 +213,12 @@ class Session:
         log: bytes | None = None,
         explain: Explain | None = None,
         log_truncated: bool = False,
+        log_still_written: bool = False,
     ) -> dict | None:
         """Stop recording, write the end state and the log; return the summary (None if unwritable).
         ``log_truncated``: ``log`` is the head and tail of a longer output (core/training/logcap.py).
+        ``log_still_written``: a process CMD started still writes the log file, so a spooled run's
+        ``recover`` must keep the file.
 
         ``explain`` reads ``log`` after the recorder stopped (why it failed; epochs when no
         integration reported them) and may return a better status reason.
@@ -244,7 +247,7 @@ class Session:
             return run_summary(ledger, run.id, now=ended)
         except Exception as exc:
             stderr_line(f"gpuledger: could not write the end of run {run.id} to the ledger: {exc}")
-            self._spool()
+            self._spool(keep_log=log_still_written)
             return None
         finally:
             for collector in (self._gpu, self._host):
@@ -252,15 +255,16 @@ class Session:
                     with contextlib.suppress(Exception):
                         collector.close()
 
-    def _spool(self) -> None:
+    def _spool(self, keep_log: bool = False) -> None:
         """Keep what could not be written in a local file, so the run is not lost."""
         from gpuledger.recorder.spool import write_spool
 
         pending = self.recorder.pending
         try:
             path = write_spool(
-                self.run, self.devices, pending.gpu, pending.host, pending.events, pending.metrics, ledger_url=self._url
-            )
+                self.run, self.devices, pending.gpu, pending.host, pending.events, pending.metrics,
+                ledger_url=self._url, keep_log=keep_log,
+            )  # fmt: skip
         except OSError as exc:
             stderr_line(f"gpuledger: could not keep the run locally either ({exc}); its record is lost")
             return

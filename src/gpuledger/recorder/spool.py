@@ -35,9 +35,12 @@ def write_spool(
     metrics: list[Metric],
     env: Mapping[str, str] | None = None,
     ledger_url: str | None = None,
+    keep_log: bool = False,
 ) -> Path:
     """Keep the run in the spool. ``ledger_url``: the ledger the run was recorded for (None: the
-    default one, resolved now, since ``GPULEDGER_DB`` may differ when ``recover`` runs)."""
+    default one, resolved now, since ``GPULEDGER_DB`` may differ when ``recover`` runs).
+    ``keep_log``: a process CMD started still writes the log file; ``recover`` archives it and
+    leaves it in place."""
     from gpuledger.store.url import default_url, normalise_url
 
     folder = spool_dir(env)
@@ -52,6 +55,7 @@ def write_spool(
         "host_intervals": [dataclasses.asdict(i) for i in host],
         "events": [dataclasses.asdict(e) for e in events],
         "metrics": [dataclasses.asdict(m) for m in metrics],
+        "keep_log": keep_log,
     }
     path = folder / f"{run.id}.json"
     tmp = path.with_suffix(".tmp")
@@ -110,6 +114,7 @@ def recover(path: Path, ledger) -> str:
     if run.log_path:
         from gpuledger.runs.logfile import archive_once, cap_or_default
 
-        archive_once(ledger, run.id, run.log_path, cap_or_default(os.environ))  # stored capped, file removed
+        # Stored capped; the file is removed unless a process CMD started was still writing it.
+        archive_once(ledger, run.id, run.log_path, cap_or_default(os.environ), remove=not doc.get("keep_log"))
     path.unlink()
     return run.id

@@ -150,6 +150,7 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
             log=None if capped is None else capped.data,
             log_truncated=capped is not None and capped.truncated,
             explain=opts.hooks.explain,
+            log_still_written=not relay_done,
         )
         session.close()
         if summary is not None and capped is not None and relay_done:

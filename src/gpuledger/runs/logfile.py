@@ -75,14 +75,15 @@ def archive(ledger, run_id: str, path: str, cap_b: int, *, remove: bool) -> Capp
     return capped
 
 
-def archive_once(ledger, run_id: str, path: str, cap_b: int) -> None:
+def archive_once(ledger, run_id: str, path: str, cap_b: int, *, remove: bool = True) -> None:
     """Store the file unless the ledger has the run's log already, then remove it (a recovered
-    run: the ledger is where its log is kept from now on)."""
+    run: the ledger is where its log is kept from now on) unless ``remove`` is False (a process
+    still writes it)."""
     if not os.path.isfile(path):
         return
     if ledger.log_info(run_id) is None:
-        archive(ledger, run_id, path, cap_b, remove=True)
-    else:
+        archive(ledger, run_id, path, cap_b, remove=remove)
+    elif remove:
         remove_file(path)
 
 
