@@ -58,6 +58,7 @@ def test_every_audit_action_is_documented() -> None:
              "member.removed": "memberships", "token.issued": "tokens", "token.revoked": "revoked",
              "gpu.registered": "GPUs", "gpu.claimed": "claimed", "gpu.rehomed": "re-homed",
              "run.owner_claimed": "claimed by their next pusher", "rate_card.changed": "rate cards",
-             "retention.run": "retention run", "run.revived": "revived"}  # fmt: skip
+             "retention.run": "retention run", "run.revived": "revived",
+             "capacity.forget_server": "capacity servers forgotten"}  # fmt: skip
     missing = [a for a in sorted(actions) if a not in words or words[a] not in doc]
     assert missing == []
