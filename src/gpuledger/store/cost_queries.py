@@ -29,6 +29,7 @@ __all__ = [
     "last_interval_ends",
     "raw_intervals",
     "readings",
+    "rolled_up_on",
     "rollup_candidates",
     "rollup_days",
     "rollup_group_sums",
@@ -136,6 +137,18 @@ def label_values(conn: Connection, key: str, ids: Sequence[str]) -> dict[str, st
     out: dict[str, str] = {}
     for chunk in _chunks(list(ids)):
         out.update(_fetch(conn, base.where(lab.run_id.in_(chunk))))
+    return out
+
+
+def rolled_up_on(conn: Connection, days: Sequence[int], *, scope: Scope = None) -> set[str]:
+    """The runs (in scope) with rollup rows on any of ``days``."""
+    r = gpu_rollups.c
+    out: set[str] = set()
+    for chunk in _chunks(list(days)):
+        q = sa.select(r.run_id).where(r.day.in_(chunk)).distinct()
+        if scope is not None:
+            q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
+        out.update(conn.scalars(q))
     return out
 
 
@@ -381,13 +394,22 @@ def rollup_group_sums(
     last_day: int,
     period_days: Sequence[int],
     exclude: Collection[str] = (),
+    exact_days: Collection[int] = (),
 ) -> list[tuple[Any, ...]]:
     """Rollup rows from ``first_day`` to ``last_day`` summed per (run ``keys`` values...,
-    instance_type, gpu_name, mig_profile, period): each row is those values, then min(t0),
-    max(t1), the sums of alloc_s, busy_s and energy_j, and the weakest share rule. A row's period
+    instance_type, gpu_name, mig_profile, period, measured, own): each row is those values, then
+    min(t0), max(t1), the sums of alloc_s, busy_s and energy_j, and the weakest share rule.
+    ``measured``: the GPUs measured busy time; ``own``: the run of an ``exact_days`` row, else
+    ''. A row's period
     is the number of ``period_days`` (sorted) at or before its day. One scan of the table by its
-    day index, no join (the rows carry their run's grouping values, migration 5); runs in
-    ``exclude`` (read from their intervals instead) are left out."""
+    day index (the rows carry their run's grouping values, migration 5; ``status``, fixed once a
+    run is rolled up, comes from the runs table); runs in ``exclude`` (read from their intervals
+    instead) are left out.
+
+    Rows whose GPUs measured no busy time are summed apart from those that did: a sum of busy
+    time must not absorb the held hours of GPUs billed by rule. On ``exact_days`` (a price changes
+    inside them) each run's row stays its own, so its held time keeps its own span and is cut at
+    the change exactly rather than in proportion to a group's whole span."""
     r = gpu_rollups.c
     inside = [d for d in period_days if first_day < d <= last_day]
     before = sum(1 for d in period_days if d <= first_day)
@@ -395,16 +417,33 @@ def rollup_group_sums(
     if inside:
         whens = [(r.day < d, before + i) for i, d in enumerate(inside)]
         period = sa.case(*whens, else_=before + len(inside))
-    group = [*(r[k] for k in keys), r.instance_type, r.gpu_name, r.mig_profile, period.label("period")]
-    q = sa.select(
-        *group,
-        sa.func.min(r.t0),
-        sa.func.max(r.t1),
-        sa.func.sum(r.alloc_s),
-        sa.func.sum(r.busy_s),
-        sa.func.sum(r.energy_j),
-        sa.func.min(sa.func.nullif(r.share_rule, "")),  # "equal" < "memory" < "sm": the weakest
-    ).where(r.day >= first_day, r.day <= last_day)
+    source: sa.FromClause = gpu_rollups
+    key_columns = []
+    for k in keys:
+        if k == "status":
+            source = gpu_rollups.join(runs, runs.c.id == r.run_id)
+            key_columns.append(runs.c.status)
+        else:
+            key_columns.append(r[k])
+    measured = r.busy_s.is_not(None).label("measured")
+    own: sa.ColumnElement[Any] = sa.literal("")
+    if exact_days:
+        own = sa.case((r.day.in_(sorted(exact_days)), r.run_id), else_=sa.literal(""))
+    group = [*key_columns, r.instance_type, r.gpu_name, r.mig_profile, period.label("period"), measured]
+    group.append(own.label("own"))
+    q = (
+        sa.select(
+            *group,
+            sa.func.min(r.t0),
+            sa.func.max(r.t1),
+            sa.func.sum(r.alloc_s),
+            sa.func.sum(r.busy_s),
+            sa.func.sum(r.energy_j),
+            sa.func.min(sa.func.nullif(r.share_rule, "")),  # "equal" < "memory" < "sm": the weakest
+        )
+        .select_from(source)
+        .where(r.day >= first_day, r.day <= last_day)
+    )
     if scope is not None:
         q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
     if exclude:

@@ -16,7 +16,7 @@ from gpuledger.core.capacity.report import TeamBill
 from gpuledger.core.months import month_starts
 from gpuledger.core.pricing.cost import Pricer, compact
 from gpuledger.core.pricing.ratecard import RateCard
-from gpuledger.core.pricing.usage import day_of
+from gpuledger.core.pricing.usage import DAY_S, day_of
 from gpuledger.reports.cost.usage import _periods, _run_rows, _trend_groups, _usages, interval_day_usage
 from gpuledger.store import capacity_queries as capq
 from gpuledger.store import cost_queries as cq
@@ -92,13 +92,21 @@ def team_bills(
 ) -> list[TeamBill]:
     """What the runs of each team were billed in [start, end) and their allocated and busy hours.
     The chargeback's path for months it shows as a trend: rollup rows summed per team, GPU kind
-    and price period in SQL, then priced; runs not rolled up priced from their intervals. A
-    team's figure can differ from the chargeback's own in the last of its many decimal places."""
+    and price period in SQL, then priced; runs not rolled up priced from their intervals, and so
+    are rolled-up runs on a day the price changes within while their intervals are there (as the
+    chargeback reads such a day). A team's figure can differ from the chargeback's own in the last
+    of its many decimal places."""
     cut_times = sorted({start, end} | {t for t in card.change_points if start < t < end})
     period_days, periods = _periods(sorted({start, end, *month_starts(start, end), *cut_times}), cut_times)
     live = cq.unrolled_runs(conn, scope=None, start=start, end=end)
     live_ids = {r[0] for r in live}
-    groups = _trend_groups(conn, None, [key], day_of(start), day_of(end - 1e-6), live_ids, period_days)
+    cut_days = {day_of(t) for t in cut_times if t % DAY_S}
+    if cut_days:  # their busy time and energy are cut at the change exactly, as in the chargeback
+        exact = cq.with_intervals(conn, sorted(cq.rolled_up_on(conn, sorted(cut_days)) - live_ids))
+        if exact:
+            live = [*live, *cq.run_rows(conn, scope=None, ids=sorted(exact))]
+            live_ids |= exact
+    groups = _trend_groups(conn, None, [key], day_of(start), day_of(end - 1e-6), live_ids, period_days, cut_days)
     pricer = Pricer(card, basis, start, end)
     out: dict[str | None, list[int]] = {}
     rows = [(str(i), g[2], g[3], g[1], *g[4:]) for i, g in enumerate(groups)]

@@ -263,7 +263,10 @@ def run_costs(
         members = [r for r in chain_runs(ledger, rid) if scope is None or r.labels.get("project") in scope]
         chains[rid] = [r.id for r in members] or [rid]
     wanted = sorted({m for chain in chains.values() for m in chain} | set(run_ids))
-    usage = read(ledger, lambda conn: collect_runs(conn, wanted, scope=scope, instance_type=instance_type))
+    usage = read(
+        ledger,
+        lambda conn: collect_runs(conn, wanted, scope=scope, instance_type=instance_type, cuts=card.change_points),
+    )
     for rid in run_ids:
         if rid not in usage.runs:
             raise RunNotFound(rid)

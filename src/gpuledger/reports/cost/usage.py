@@ -285,11 +285,20 @@ def _usages(
     return out
 
 
-def collect_runs(conn: Connection, ids: Sequence[str], *, scope: Scope, instance_type: str | None = None) -> UsageSet:
-    """The runs ``ids`` (those in scope) and their Usages per GPU and day, from their intervals."""
+def collect_runs(
+    conn: Connection,
+    ids: Sequence[str],
+    *,
+    scope: Scope,
+    instance_type: str | None = None,
+    cuts: Sequence[float] = (),
+) -> UsageSet:
+    """The runs ``ids`` (those in scope) and their Usages per GPU and day, from their intervals.
+    ``cuts``: the rate card's price changes, where a day's busy time and energy are split exactly
+    (as the chargeback splits them), not in proportion to held time."""
     rows = cq.run_rows(conn, scope=scope, ids=ids)
     runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type", ids=ids), instance_type), scope)
-    days, devices = interval_day_usage(conn, list(runs.values()), None, None)
+    days, devices = interval_day_usage(conn, list(runs.values()), None, None, cuts)
     return UsageSet(runs, _usages(days, devices, runs), devices)
 
 
@@ -333,12 +342,16 @@ def collect_report(
         runs.update({rid: _with_logical(run, rid) for rid, run in extra.items()})
     usage = UsageSet(runs, [], {}, rollups=rollups, periods=periods)
     usage.period_of_day = {d: bisect.bisect_right(period_days, d) for d in range(day_of(trend_start), last + 1)}
-    usage.groups = _trend_groups(conn, scope, group_keys, day_of(trend_start), first - 1, live_ids, period_days)
+    cut_days = {day_of(t) for t in cut_times if t % DAY_S}
+    usage.groups = _trend_groups(
+        conn, scope, group_keys, day_of(trend_start), first - 1, live_ids, period_days, cut_days
+    )
     live = [runs[rid] for rid in live_ids if rid in runs]
     if live:
         days, usage.devices = interval_day_usage(conn, live, trend_start, end, cut_times)
         usage.usages = _usages(days, usage.devices, runs)
-    mid_days = sorted({day_of(t) for t in cut_times if t % DAY_S and start <= t < end})
+    # A window's own end inside a day is a cut like a price change (start <= t <= end).
+    mid_days = sorted({day_of(t) for t in cut_times if t % DAY_S and start <= t <= end})
     if mid_days:
         usage.usages += _exact_cut_days(conn, usage, mid_days, cut_times)
     return usage
@@ -375,8 +388,11 @@ def _trend_groups(
     last_day: int,
     live_ids: Collection[str],
     period_days: Sequence[int],
+    exact_days: Collection[int] = (),
 ) -> list[tuple[Any, ...]]:
-    """UsageSet.groups: rollup sums per group, GPU kind and price period of the trend months."""
+    """UsageSet.groups: rollup sums per group, GPU kind and price period of the trend months.
+    Measured and unmeasured GPUs stay in rows of their own, and so does each run on an
+    ``exact_days`` day (cq.rollup_group_sums says why)."""
     if last_day < first_day:
         return []
     n = len(group_keys)
@@ -389,11 +405,12 @@ def _trend_groups(
         last_day=last_day,
         period_days=period_days,
         exclude=live_ids,
+        exact_days=exact_days,
     )
     for row in rows:  # '' and None name the same GPU kind: summed into one group
-        name, profile, period = row[n + 1 : n + 4]
-        t0, t1, alloc, busy, energy, rule = row[n + 4 :]
-        key = (*row[:n], row[n], name or None, profile or None, period)
+        name, profile, period, measured, own = row[n + 1 : n + 6]
+        t0, t1, alloc, busy, energy, rule = row[n + 6 :]
+        key = (*row[:n], row[n], name or None, profile or None, period, bool(measured), own)
         acc = trend.get(key)
         if acc is None:
             trend[key] = [t0, t1, alloc, busy, energy, rule]
@@ -405,4 +422,4 @@ def _trend_groups(
             acc[4] = energy if acc[4] is None else acc[4] + energy
         if rule and (acc[5] is None or rule < acc[5]):  # "equal" < "memory" < "sm": keep the weakest
             acc[5] = rule
-    return [(*key, *acc) for key, acc in trend.items()]
+    return [(*key[:-2], *acc) for key, acc in trend.items()]

@@ -95,12 +95,12 @@ def _best(meta: Mapping[str, Any], from_metrics: float | None) -> float | None:
     return reported if reported is not None else from_metrics
 
 
-def _read(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> Any:
+def _read(conn: Connection, rows: Sequence[Mapping[str, Any]], cuts: Sequence[float]) -> Any:
     ids = [r["id"] for r in rows]
     chains = vq.ancestors(conn, rows)
     earlier = sorted({a for chain in chains.values() for a in chain})
     # Unscoped on purpose: the rows are already the reader's; a shared GPU's split needs every tenant.
-    usage = collect_runs(conn, ids, scope=None)
+    usage = collect_runs(conn, ids, scope=None, cuts=cuts)
     return vq.metric_figures(conn, ids + earlier), chains, vq.run_meta(conn, earlier), usage
 
 
@@ -110,7 +110,7 @@ def values_of(
     """The value of each run in ``rows`` (store.value_queries.finished_model_runs rows), in order."""
     if not rows:
         return []
-    figures, chains, earlier_meta, usage = ledger.read(lambda conn: _read(conn, rows))
+    figures, chains, earlier_meta, usage = ledger.read(lambda conn: _read(conn, rows, card.change_points))
     sums: dict[str, list[int]] = {}
     models: dict[str, set[str]] = {}
     for ln in Pricer(card, basis).price_all(usage.usages):
