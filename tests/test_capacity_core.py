@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuledger.core.capacity.meter import CapacityMeter, GpuFacts
 from gpuledger.core.capacity.model import (
     DAY_MS,
+    MAX_GPU_POWER_W,
     CapacityInterval,
     Reading,
     States,
@@ -90,12 +92,13 @@ states = st.lists(st.integers(0, 3 * DAY_MS), min_size=4, max_size=4)
     st.integers(20_000 * DAY_MS, 20_010 * DAY_MS),
     states,
     st.integers(0, 100),
-    st.none() | st.floats(0, 1e9, allow_nan=False),
+    st.none() | st.floats(0, 1, allow_nan=False),  # mean power as a share of the most a GPU draws
 )
 def test_an_interval_split_at_midnights_keeps_every_millisecond(
-    t0: int, parts: list[int], unmeasured_pct: int, energy: float | None
+    t0: int, parts: list[int], unmeasured_pct: int, power: float | None
 ) -> None:
     span = sum(parts)
+    energy = None if power is None else power * MAX_GPU_POWER_W * span / 1000
     iv = CapacityInterval("GPU-x", "h", t0, t0 + span, States(*parts), span * unmeasured_pct // 100, energy)
     iv.check()
     days = split_days(iv)
@@ -141,3 +144,18 @@ def test_a_broken_interval_is_refused() -> None:
         CapacityInterval("GPU-x", "h", 0, 1000, States(500, 0, 0, 0)).check()
     with pytest.raises(ValueError, match="before"):
         CapacityInterval("GPU-x", "h", 1000, 0, States()).check()
+    with pytest.raises(ValueError, match="more than any GPU draws"):  # 6 kJ in one second
+        CapacityInterval("GPU-x", "h", 0, 1000, States(1000, 0, 0, 0), 0, 6000.0).check()
+    CapacityInterval("GPU-x", "h", 0, 1000, States(1000, 0, 0, 0), 0, 1200.0).check()  # a 1.2 kW part: fine
+
+
+def test_an_energy_reading_no_gpu_can_reach_is_kept_as_unmeasured_by_the_agent() -> None:
+    # A broken counter delta must neither stop the agent's write (the interval would be refused)
+    # nor reach the report: the interval keeps its states, its energy is unmeasured.
+    meter = CapacityMeter("h")
+    meter.add(0.0, 10.0, {"GPU-a": GpuFacts(busy_s=5.0, held=True, in_use=True, attributed=True, energy_j=1e20)})
+    meter.add(10.0, 20.0, {"GPU-b": GpuFacts(busy_s=5.0, held=True, in_use=True, attributed=True, energy_j=3000.0)})
+    out, _ = meter.close()
+    for iv in out:
+        iv.check()
+    assert {iv.gpu_uuid: iv.energy_j for iv in out} == {"GPU-a": None, "GPU-b": 3000.0}

@@ -99,6 +99,10 @@ def test_a_bad_batch_is_refused_whole_with_a_reason(server) -> None:  # type: ig
     bad = ["GPU-x", "node-9", T0_MS + 1000, T0_MS + 2000, 500, 0, 0, 0, 0, None]  # states: 500 of 1000 ms
     answer = app_client.post("/api/v1/capacity", json={"intervals": [good, bad]}, headers=bearer(token))
     assert answer.status_code == 422 and "intervals[1]" in answer.text and "add up" in answer.text
+    # 10^20 J in one second: no GPU draws that; accepted, it would overflow the report's sums
+    absurd = ["GPU-x", "node-9", T0_MS + 1000, T0_MS + 2000, 1000, 0, 0, 0, 0, 1e20]
+    answer = app_client.post("/api/v1/capacity", json={"intervals": [good, absurd]}, headers=bearer(token))
+    assert answer.status_code == 422 and "intervals[1]" in answer.text and "more than any GPU draws" in answer.text
     refused = app_client.post("/api/v1/capacity", json={"intervals": [good]}, headers=bearer(member))
     assert refused.status_code == 403  # a member (reader) cannot write
     assert app_client.post("/api/v1/capacity", json={"intervals": [good]}).status_code == 401

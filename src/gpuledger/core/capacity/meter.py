@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuledger.core.capacity.model import CapacityInterval, Reading, Sighting, States, classify, ms
+from gpuledger.core.capacity.model import CapacityInterval, Reading, Sighting, States, classify, ms, plausible_energy
 from gpuledger.core.model import GpuIdentity
 
 __all__ = ["CapacityMeter", "GpuFacts", "physical_gpus"]
@@ -109,4 +109,6 @@ class CapacityMeter:
 
     def _interval(self, uuid: str, acc: _Open) -> CapacityInterval:
         energy = acc.energy_j if acc.energy_seen else None
+        if not plausible_energy(energy, acc.t1_ms - acc.t0_ms):
+            energy = None  # a broken counter reading: unmeasured, rather than a figure no GPU can reach
         return CapacityInterval(uuid, self.host, acc.t0_ms, acc.t1_ms, acc.states, acc.unmeasured_ms, energy)

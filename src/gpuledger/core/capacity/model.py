@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "DAY_MS",
+    "MAX_GPU_POWER_W",
     "STATES",
     "WIRE_COLUMNS",
     "CapacityDay",
@@ -40,6 +41,7 @@ __all__ = [
     "classify",
     "merge_days",
     "ms",
+    "plausible_energy",
     "split_days",
     "to_uh",
 ]
@@ -57,6 +59,16 @@ SOURCES = ("agent", "runs")  # measured by a node agent; derived from recorded r
 def ms(t: float) -> int:
     """Epoch seconds -> integer epoch milliseconds (every edge is rounded once, where it enters)."""
     return round(t * 1000)
+
+
+# No GPU draws this much on average (the largest parts are rated at about 1.2 kW): more is a broken
+# counter or a bad payload, and energy that large overflows the 64-bit sums of the report's columns.
+MAX_GPU_POWER_W = 5_000.0
+
+
+def plausible_energy(energy_j: float | None, span_ms: int) -> bool:
+    """Whether ``energy_j`` over ``span_ms`` is a mean power a GPU can draw (None: not measured)."""
+    return energy_j is None or energy_j <= MAX_GPU_POWER_W * max(span_ms, 1) / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +156,11 @@ class CapacityInterval:
             raise ValueError(f"{self.gpu_uuid} at {self.t0_ms}: unmeasured time longer than the interval")
         if self.energy_j is not None and not self.energy_j >= 0:
             raise ValueError(f"{self.gpu_uuid} at {self.t0_ms}: energy must be a non-negative number")
+        if not plausible_energy(self.energy_j, self.span_ms):
+            raise ValueError(
+                f"{self.gpu_uuid} at {self.t0_ms}: {self.energy_j} J in {self.span_ms} ms is a mean power above "
+                f"{MAX_GPU_POWER_W:.0f} W, more than any GPU draws"
+            )
 
 
 @dataclass(frozen=True, slots=True)
