@@ -92,6 +92,25 @@ def test_a_gpu_day_wholly_after_a_price_change_is_priced_at_the_new_price(pieces
         assert [p[6].rate for p in got] == [Decimal("2.00")]
 
 
+@pytest.mark.parametrize("pieces", [False, True], ids=["summed", "piece by piece"])
+def test_a_gpu_moved_mid_day_is_priced_where_each_host_had_it(pieces: bool) -> None:
+    # Observed on A 00:00-10:00, unobserved 10:00-11:00 (the move), on B 11:00-24:00; the price goes
+    # from 1.00 to 2.00 at 05:00. A: 5 h x 1 + 5 h x 2; B (and the unobserved hour put on it): 14 h x 2.
+    body = ('[[gpu]]\nmodel = "L4"\nprice_per_hour = "1.00"\neffective_to = 2026-03-10T05:00:00Z\n\n'
+            '[[gpu]]\nmodel = "L4"\nprice_per_hour = "2.00"\neffective_from = 2026-03-10T05:00:00Z\n')  # fmt: skip
+    day, hour = ts("2026-03-10"), 3_600_000
+    d, t0 = int(day * 1000) // DAY_MS, ms(day)
+    stays = (HostStay("A", day, day + 10 * 3600), HostStay("B", day + 11 * 3600, day + 86400))
+    gpu = FleetGpu("g", "NVIDIA L4", "B", day, day + 86400, stays)
+    rows = [("g", d, "A", t0, t0 + 10 * hour, 10 * hour, 0, 0, 0, 0, None),
+            ("g", d, "B", t0 + 11 * hour, t0 + 24 * hour, 13 * hour, 0, 0, 0, 0, None)]  # fmt: skip
+    got: list[tuple[object, ...]] = []
+    report = build_capacity(gpus=[gpu], day_rows=rows, card=card(body), pools=Pools(), start=day, end=day + 86400,
+                            by=("host",), on_piece=got.append if pieces else None)  # fmt: skip
+    assert {g["host"]: g["asset_cost"] for g in report.groups} == {"A": "15.00", "B": "28.00"}
+    assert report.total["asset_cost"] == "43.00"
+
+
 def test_shares_are_written_with_their_rule_and_add_up_to_the_fleet_cost() -> None:
     day = ts("2026-03-10")
     gpu = FleetGpu("g", "NVIDIA L4", "n1", day, day + 86400)

@@ -129,12 +129,13 @@ def cells(
             cell[7], cell[8] = min(cell[7], r[3]), max(cell[8], r[4])
         observed = sum(c[0] + c[1] + c[2] + c[3] for c in per_host.values())
         unobserved = max(0, b - a) - observed
-        if unobserved > 0:
-            host = max(per_host, key=lambda h: sum(per_host[h][:4])) if per_host else _host_on(gpu, stays, d0)
-            cell = per_host.setdefault(host, [0, 0, 0, 0, 0, 0, 0.0, a, b, False])
-            cell[4] += unobserved
-            cell[7], cell[8] = min(cell[7], a), max(cell[8], b)
         yield from ((host, day, cell) for host, cell in per_host.items())
+        if unobserved > 0:
+            # A cell of its own, over the time no host observed: stretched over a host's cell, it
+            # would move that host's hours across a price change the host never saw.
+            host = max(per_host, key=lambda h: sum(per_host[h][:4])) if per_host else _host_on(gpu, stays, d0)
+            lo, hi = _unobserved_span(a, b, [(c[7], c[8]) for c in per_host.values()])
+            yield host, day, [0, 0, 0, 0, unobserved, 0, 0.0, lo, hi, False]
 
 
 class CellPricer:
@@ -265,6 +266,24 @@ class CellPricer:
             out.append(f"{hours(total.unobserved_uh):,.2f} GPU-h of the fleet were not observed (no agent running "
                        "on their host): priced in the fleet cost, their state unknown")  # fmt: skip
         return out
+
+
+def _unobserved_span(a: int, b: int, observed: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """The first and last instant of [a, b) outside every observed (first, last) span; (a, b) when
+    the day's unobserved time lies inside them (a gap a host's day sums cannot place)."""
+    lo = hi = None
+    t = a
+    for s0, s1 in sorted(observed):
+        if s0 > t:
+            lo = t if lo is None else lo
+            hi = min(s0, b)
+        t = max(t, s1)
+        if t >= b:
+            break
+    if t < b:
+        lo = t if lo is None else lo
+        hi = b
+    return (a, b) if lo is None or hi is None or hi <= lo else (lo, hi)
 
 
 def _host_on(gpu: FleetGpu, stays: Sequence[Any], t_ms: int) -> str:
