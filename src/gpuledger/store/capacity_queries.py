@@ -113,11 +113,15 @@ _DEVICE_UUIDS = sa.text(
 )
 
 
-def unmetered_devices(conn: Connection, start: float, end: float) -> list[tuple[str, str, str, str, float]]:
+def unmetered_devices(
+    conn: Connection, start: float, end: float, *, before: bool = False
+) -> list[tuple[str, str, str, str, float]]:
     """(run id, physical GPU uuid, device name, run host, run start) of the runs that may have used a
     GPU in [start, end) on a GPU no agent has seen (the GPU, or a MIG slice's parent, is not in
-    gpu_fleet). Cheap when every GPU runs used is in the fleet: the device uuids come from their
-    index, and only the unknown ones are joined to their runs."""
+    gpu_fleet); with ``before``, of the latest run on each such GPU that started before ``end``
+    instead (where a GPU was between its runs: one row per GPU). Cheap when every GPU runs used is
+    in the fleet: the device uuids come from their index, and only the unknown ones are joined to
+    their runs."""
     fleet_uuids = set(conn.scalars(sa.select(gpu_fleet.c.uuid)))
     unknown = sorted(set(conn.scalars(_DEVICE_UUIDS)) - fleet_uuids)
     if not unknown:
@@ -130,8 +134,14 @@ def unmetered_devices(conn: Connection, start: float, end: float) -> list[tuple[
             sa.select(d.run_id, physical, d.name, runs.c.host, runs.c.started_at)
             .select_from(runs.join(devices, d.run_id == runs.c.id))
             .where(d.uuid.in_(unknown[i : i + 2000]), runs.c.started_at < end)
-            .where(sa.or_(runs.c.ended_at.is_(None), runs.c.ended_at > start))
         )
+        if before:
+            order = (runs.c.started_at.desc(), d.run_id.desc())
+            rank = sa.func.row_number().over(partition_by=physical, order_by=order).label("rank")
+            ranked = q.add_columns(rank).subquery()
+            q = sa.select(*list(ranked.c)[:5]).where(ranked.c.rank == 1)
+        else:
+            q = q.where(sa.or_(runs.c.ended_at.is_(None), runs.c.ended_at > start))
         out += [(r[0], r[1], r[2], r[3], r[4]) for r in conn.execute(q) if r[1] not in fleet_uuids]
     return out
 

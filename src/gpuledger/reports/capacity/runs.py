@@ -25,17 +25,20 @@ __all__ = ["runs_fleet", "runs_gpus", "team_bills", "whole_days"]
 
 
 def runs_gpus(conn: Connection, start: float, end: float) -> tuple[list[FleetGpu], list[str]]:
-    """(GPUs no agent has seen that runs used in [start, end), those runs' ids): each GPU from its
-    first run's start to its last run's end (``end`` while one is open), on its latest run's host,
-    priced as that run's instance type."""
-    found = capq.unmetered_devices(conn, start, end)
+    """(GPUs no agent has seen that are in the fleet in [start, end), the ids of the runs that used
+    them then): each GPU from its first run's start to its last run's end (``end`` while one is
+    open), whether or not a run used it in the window, on the host of its latest run started by
+    the window's end, priced as that run's instance type."""
+    found = capq.unmetered_devices(conn, start, end, before=True)
     if not found:
         return [], []
     spans = capq.run_spans(conn, {u for _, u, _, _, _ in found})
+    present = {u for u, (first, last) in spans.items() if first < end and (last is None or last > start)}
     latest: dict[str, tuple[float, str, str, str]] = {}  # uuid -> (started_at, run id, host, name)
     for run_id, uuid, name, host, started in found:
-        if uuid not in latest or started > latest[uuid][0]:
+        if uuid in present and (uuid not in latest or started > latest[uuid][0]):
             latest[uuid] = (started, run_id, host, str(name or uuid).split(" MIG ")[0])
+    used = {r for r, _, _, _, _ in capq.unmetered_devices(conn, start, end)}  # runs in the window
     instances = cq.label_values(conn, "instance_type", sorted({v[1] for v in latest.values()}))
     gpus = []
     for uuid, (_, run_id, host, name) in sorted(latest.items()):
@@ -43,7 +46,7 @@ def runs_gpus(conn: Connection, start: float, end: float) -> tuple[list[FleetGpu
         last = end if last is None else last
         stays = (HostStay(host, first, last),)
         gpus.append(FleetGpu(uuid, name, host, first, last, stays, instances.get(run_id), None, "runs"))
-    return gpus, sorted({r for r, _, _, _, _ in found})
+    return gpus, sorted(used)
 
 
 def runs_fleet(conn: Connection, card: RateCard, start: float, end: float) -> tuple[list[FleetGpu], list[tuple]]:
