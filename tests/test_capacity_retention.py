@@ -158,3 +158,20 @@ def test_a_forgotten_server_no_longer_holds_back_retention(ledger_url: str) -> N
 
     again = runner.invoke(cli, ["sync", "--server", gone, "--forget", "--yes", "--db", ledger_url])
     assert again.exit_code != 0 and "does not push capacity to" in again.output
+
+
+def test_intervals_sent_again_after_retention_are_not_counted_twice(ledger_url: str) -> None:
+    # Retention deleted the raw rows, the only duplicate key; the day sums still hold them. A batch
+    # sent again (a restored agent, a re-sync after --forget) must not add them a second time.
+    ivs = _fleet_days()
+    with Ledger(ledger_url) as led:
+        assert led.write(lambda c: write_capacity(led.database, c, ivs)) == len(ivs)
+        days_before = sorted(led.read(lambda c: day_rows(c, 0, 10**6)))
+        run_retention(led, Policy(raw_days=30, capacity_days=1), actor="test", now=_now_cutting_at(DAY0 + 2))
+        kept = {(r["gpu_uuid"], r["t0_ms"]) for r in led.read(lambda c: intervals(c))}
+        assert len(kept) < len(ivs)
+        assert led.write(lambda c: write_capacity(led.database, c, ivs)) == 0
+        assert sorted(led.read(lambda c: day_rows(c, 0, 10**6))) == days_before
+        t = (DAY0 + 5) * DAY_MS
+        later = CapacityInterval("GPU-1", "node-a", t, t + STEP, States(STEP, 0, 0, 0))
+        assert led.write(lambda c: write_capacity(led.database, c, [later])) == 1  # new time still counts

@@ -2,14 +2,17 @@
 
 ``write_capacity`` stores an agent's intervals and sightings in one transaction: intervals whose
 key (GPU, start) is new are inserted, and only those are added to the per GPU, day and host sums
-(``gpu_capacity_days``), so a batch sent twice changes nothing and the day sums are always those
-of the stored intervals (``rebuild_days`` recomputes them from scratch; a test checks the two agree).
+(``gpu_capacity_days``), so a batch sent twice changes nothing — also after retention deleted its
+intervals: nothing ending by retention's latest cut is stored (``retention_cut_ms``) — and the day
+sums are always those of the stored intervals (``rebuild_days`` recomputes them from scratch; a
+test checks the two agree).
 The fleet rows take the earliest first sighting, the latest last one, and the host, name and
 facts of the latest sighting: a GPU's history follows its UUID from host to host.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,12 +29,13 @@ from gpuledger.core.capacity.model import (
     split_days,
 )
 from gpuledger.store.engine import Database
-from gpuledger.store.schema import gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts
+from gpuledger.store.schema import audit_log, gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts
 from gpuledger.store.schema_capacity import STATE_COLUMNS
 
-__all__ = ["interval_from_row", "interval_row", "rebuild_days", "write_capacity"]
+__all__ = ["interval_from_row", "interval_row", "rebuild_days", "retention_cut_ms", "write_capacity"]
 
 _CHUNK = 500
+_CUT_LOOKBACK = 100  # retention runs looked at for the latest capacity cut (some keep capacity)
 
 
 def interval_row(iv: CapacityInterval) -> dict[str, Any]:
@@ -80,6 +84,10 @@ def write_capacity(
     sums; fold the sightings into the fleet. Returns how many intervals were new."""
     for iv in intervals:
         iv.check()
+    cut = retention_cut_ms(conn)
+    if cut is not None:  # retention deleted what ended by the cut, keeping the day sums: sent again, or
+        # older than the retention window, such an interval would be counted a second time
+        intervals = [iv for iv in intervals if iv.t1_ms > cut]
     inserted: list[CapacityInterval] = []
     by_key = {(iv.gpu_uuid, iv.t0_ms): iv for iv in intervals}
     keys = list(by_key)
@@ -95,6 +103,22 @@ def write_capacity(
     if sightings:
         _fold_sightings(db, conn, sightings)
     return len(inserted)
+
+
+def retention_cut_ms(conn: Connection) -> int | None:
+    """The latest UTC midnight retention deleted the raw capacity intervals up to (its audit
+    entries say; store/capacity_retention.py), or None when it never did."""
+    log = audit_log.c
+    q = sa.select(log.payload).where(log.action == "retention.run").order_by(log.seq.desc()).limit(_CUT_LOOKBACK)
+    cuts = []
+    for payload in conn.scalars(q):
+        try:
+            cut = json.loads(payload).get("capacity", {}).get("cut_ms")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(cut, int):
+            cuts.append(cut)
+    return max(cuts, default=None)
 
 
 def _add_days(db: Database, conn: Connection, days: Sequence[CapacityDay]) -> None:
