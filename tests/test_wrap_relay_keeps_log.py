@@ -56,36 +56,57 @@ def _stop(pid: int) -> None:
         os.waitpid(pid, 0)
 
 
+class Lingering:
+    """`gpuledger run` of LINGERING, its child held until ``release``; cleans up whatever happens."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+        self.go, self.pid_file = tmp_path / "go", tmp_path / "grandchild.pid"
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Lingering:
+        # Pipes, not a terminal: gpuledger's stdout and stderr are inherited by the relay, so they
+        # only reach EOF once the relay ends, and that is after the lingering child exits.
+        self.proc = subprocess.Popen(
+            [*GPULEDGER, "run", "-q", "--no-gpu", "--", *py(LINGERING), str(self.go), str(self.pid_file)],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        return self
+
+    def wait(self) -> int:
+        """gpuledger's exit status. Waits for gpuledger itself, not for its pipes (communicate would
+        block until the child ends); the output is a few lines, so the unread pipes cannot stall it."""
+        assert self.proc is not None
+        return self.proc.wait(timeout=RELAY_GRACE_S + 60)
+
+    def release(self) -> tuple[bytes, bytes]:
+        """Let the child write its line and exit; (stdout, stderr) once the relay has drained it."""
+        assert self.proc is not None
+        self.go.touch()
+        return self.proc.communicate(timeout=30)  # EOF: the relay has ended and closed the log
+
+    def __exit__(self, *exc: object) -> None:
+        self.go.touch()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.communicate(timeout=10)
+        if self.pid_file.exists():
+            _stop(int(self.pid_file.read_text()))
+
+
 def test_a_child_that_outlives_the_command_keeps_the_log_on_disk(tmp_path: Path) -> None:
     env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db")
-    go, pid_file = tmp_path / "go", tmp_path / "grandchild.pid"
-    # Pipes, not a terminal: gpuledger's stdout and stderr are inherited by the relay, so they only
-    # reach EOF once the relay ends, and that is after the lingering child exits.
-    proc = subprocess.Popen(
-        [*GPULEDGER, "run", "-q", "--no-gpu", "--", *py(LINGERING), str(go), str(pid_file)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        # Wait for gpuledger itself, not for its pipes (communicate would block until the child ends).
-        # The output is a few lines, so the unread pipes cannot fill up and stall it.
-        assert proc.wait(timeout=RELAY_GRACE_S + 60) == 0
+    with Lingering(tmp_path, env) as cmd:
+        assert cmd.wait() == 0
         logs = list((tmp_path / "home" / "logs").iterdir())
         assert len(logs) == 1  # kept: gpuledger gave up waiting for the relay
         log = logs[0]
         assert b"late-line" not in log.read_bytes()
-
-        go.touch()  # the child writes its line and exits; the relay drains it, then exits
-        stdout, stderr = proc.communicate(timeout=30)  # EOF: the relay has ended and closed the log
-    finally:
-        go.touch()
-        if proc.poll() is None:
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=10)
-        if pid_file.exists():
-            _stop(int(pid_file.read_text()))
+        stdout, stderr = cmd.release()
 
     assert STILL_HOLDS in stderr, stderr.decode()
     assert str(log).encode() in stderr  # where the rest of the output goes
@@ -105,30 +126,14 @@ def test_a_spooled_run_whose_child_outlives_it_keeps_the_log_through_recover(tmp
     # The same child, and the ledger unreachable at the end: the run goes to the spool. `recover`
     # later stores the log but must leave the file, which the child may still be writing.
     env = cli_env(tmp_path / "home", "postgresql://nobody@127.0.0.1:1/gone")
-    go, pid_file = tmp_path / "go", tmp_path / "grandchild.pid"
-    proc = subprocess.Popen(
-        [*GPULEDGER, "run", "-q", "--no-gpu", "--", *py(LINGERING), str(go), str(pid_file)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert proc.wait(timeout=RELAY_GRACE_S + 60) == 0
-        good = f"sqlite:///{tmp_path}/ledger.db"
+    good = f"sqlite:///{tmp_path}/ledger.db"
+    with Lingering(tmp_path, env) as cmd:
+        assert cmd.wait() == 0
         recovered = run_cli(["recover", "--db", good], env)
         assert recovered.returncode == 0, recovered.stderr.decode()
         logs = list((tmp_path / "home" / "logs").iterdir())
         assert len(logs) == 1  # recovered, and still there for the child's later output
-        go.touch()
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        go.touch()
-        if proc.poll() is None:
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.communicate(timeout=10)
-        if pid_file.exists():
-            _stop(int(pid_file.read_text()))
+        _, stderr = cmd.release()
 
     assert b"gpuledger recover" in stderr and STILL_HOLDS in stderr
     assert logs[0].read_bytes() == b"early-line\nlate-line\n"
