@@ -140,15 +140,12 @@ def label_values(conn: Connection, key: str, ids: Sequence[str]) -> dict[str, st
     return out
 
 
-def rolled_up_on(conn: Connection, days: Sequence[int], *, scope: Scope = None) -> set[str]:
-    """The runs (in scope) with rollup rows on any of ``days``."""
+def rolled_up_on(conn: Connection, days: Sequence[int]) -> set[str]:
+    """The runs with rollup rows on any of ``days``."""
     r = gpu_rollups.c
     out: set[str] = set()
     for chunk in _chunks(list(days)):
-        q = sa.select(r.run_id).where(r.day.in_(chunk)).distinct()
-        if scope is not None:
-            q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
-        out.update(conn.scalars(q))
+        out.update(conn.scalars(sa.select(r.run_id).where(r.day.in_(chunk)).distinct()))
     return out
 
 
@@ -400,11 +397,10 @@ def rollup_group_sums(
     instance_type, gpu_name, mig_profile, period, measured, own): each row is those values, then
     min(t0), max(t1), the sums of alloc_s, busy_s and energy_j, and the weakest share rule.
     ``measured``: the GPUs measured busy time; ``own``: the run of an ``exact_days`` row, else
-    ''. A row's period
-    is the number of ``period_days`` (sorted) at or before its day. One scan of the table by its
-    day index (the rows carry their run's grouping values, migration 5; ``status``, fixed once a
-    run is rolled up, comes from the runs table); runs in ``exclude`` (read from their intervals
-    instead) are left out.
+    ''. A row's period is the number of ``period_days`` (sorted) at or before its day. One scan of
+    the table by its day index (the rows carry their run's grouping values, migration 5;
+    ``status``, fixed once a run is rolled up, comes from the runs table); runs in ``exclude``
+    (read from their intervals instead) are left out.
 
     Rows whose GPUs measured no busy time are summed apart from those that did: a sum of busy
     time must not absorb the held hours of GPUs billed by rule. On ``exact_days`` (a price changes
