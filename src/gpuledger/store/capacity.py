@@ -35,7 +35,7 @@ from gpuledger.store.schema_capacity import STATE_COLUMNS
 __all__ = ["interval_from_row", "interval_row", "rebuild_days", "retention_cut_ms", "write_capacity"]
 
 _CHUNK = 500
-_CUT_LOOKBACK = 100  # retention runs looked at for the latest capacity cut (some keep capacity)
+_CUT_LOOKBACK = 30  # the latest retention runs looked at for the capacity cut (some keep capacity)
 
 
 def interval_row(iv: CapacityInterval) -> dict[str, Any]:
@@ -109,7 +109,13 @@ def retention_cut_ms(conn: Connection) -> int | None:
     """The latest UTC midnight retention deleted the raw capacity intervals up to (its audit
     entries say; store/capacity_retention.py), or None when it never did."""
     log = audit_log.c
-    q = sa.select(log.payload).where(log.action == "retention.run").order_by(log.seq.desc()).limit(_CUT_LOOKBACK)
+    # by the object's index: one entry per retention run, not a scan of the whole trail
+    q = (
+        sa.select(log.payload)
+        .where(log.object == "retention", log.action == "retention.run")
+        .order_by(log.seq.desc())
+        .limit(_CUT_LOOKBACK)
+    )
     cuts = []
     for payload in conn.scalars(q):
         try:
