@@ -1,12 +1,12 @@
 """The capacity report as FOCUS 1.0 rows: what the whole fleet cost, GPU by GPU, day by day, in each
 state (docs/FOCUS.md). Pure: it takes the priced pieces build_capacity hands its ``on_piece``.
 
-One row per UTC day, GPU, host, span of the day at one price, and state — unallocated, allocated idle, busy attributed,
-busy unattributed, unobserved — priced at the GPU's rate card line like the capacity report's
-asset cost, plus an energy row where the line bills power. The same integers as the report's
-sums, so the rows add up to its fleet cost exactly. These rows are the provider's side (what the
-capacity cost); the chargeback's rows are the consumers' side (who was billed): a finance tool
-should load one or the other for a month, not both.
+One row per UTC day, GPU, host, span of the day at one price, and state — unallocated, allocated
+idle, busy attributed, busy unattributed, unobserved — priced at the GPU's rate card line like the
+capacity report's asset cost, plus an energy row where the line bills power. The same integers as
+the report's sums, so the rows add up to its fleet cost exactly. These rows are the provider's side
+(what the capacity cost); the chargeback's rows are the consumers' side (who was billed): a finance
+tool should load one or the other for a month, not both.
 """
 
 from __future__ import annotations
