@@ -103,6 +103,11 @@ def test_a_bad_batch_is_refused_whole_with_a_reason(server) -> None:  # type: ig
     absurd = ["GPU-x", "node-9", T0_MS + 1000, T0_MS + 2000, 1000, 0, 0, 0, 0, 1e20]
     answer = app_client.post("/api/v1/capacity", json={"intervals": [good, absurd]}, headers=bearer(token))
     assert answer.status_code == 422 and "intervals[1]" in answer.text and "more than any GPU draws" in answer.text
+    # a sighting ten years ahead would stay the GPU's last sighting and price future months as unobserved
+    ahead = {"uuid": "GPU-x", "name": "NVIDIA L4", "host": "node-9", "first_seen": T0_MS / 1000,
+             "last_seen": T0_MS / 1000 + 10 * 365 * 86400}  # fmt: skip
+    answer = app_client.post("/api/v1/capacity", json={"intervals": [good], "gpus": [ahead]}, headers=bearer(token))
+    assert answer.status_code == 422 and "gpus[0]: last_seen is in the future" in answer.text
     refused = app_client.post("/api/v1/capacity", json={"intervals": [good]}, headers=bearer(member))
     assert refused.status_code == 403  # a member (reader) cannot write
     assert app_client.post("/api/v1/capacity", json={"intervals": [good]}).status_code == 401

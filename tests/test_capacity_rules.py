@@ -111,6 +111,21 @@ def test_a_gpu_moved_mid_day_is_priced_where_each_host_had_it(pieces: bool) -> N
     assert report.total["asset_cost"] == "43.00"
 
 
+def test_unobserved_time_goes_to_the_same_host_whatever_order_the_rows_come_in() -> None:
+    # Two hosts observed the GPU equally long; the two unobserved hours go to the first by name, so
+    # the per-host report does not depend on the order the database hands the rows in.
+    day, hour = ts("2026-03-10"), 3_600_000
+    d, t0 = int(day * 1000) // DAY_MS, ms(day)
+    gpu = FleetGpu("g", "NVIDIA L4", "b", day, day + 86400, (HostStay("a", day, day + 86400),))
+    rows = [("g", d, "b", t0, t0 + 11 * hour, 11 * hour, 0, 0, 0, 0, None),
+            ("g", d, "a", t0 + 13 * hour, t0 + 24 * hour, 11 * hour, 0, 0, 0, 0, None)]  # fmt: skip
+    l4 = card('[[gpu]]\nmodel = "L4"\nprice_per_hour = "1.00"\n')
+    for order in (rows, rows[::-1]):
+        report = build_capacity(gpus=[gpu], day_rows=order, card=l4, pools=Pools(), start=day, end=day + 86400,
+                                by=("host",))  # fmt: skip
+        assert {g["host"]: g["unobserved_gpu_h"] for g in report.groups} == {"a": 2.0, "b": 0.0}
+
+
 def test_shares_are_written_with_their_rule_and_add_up_to_the_fleet_cost() -> None:
     day = ts("2026-03-10")
     gpu = FleetGpu("g", "NVIDIA L4", "n1", day, day + 86400)

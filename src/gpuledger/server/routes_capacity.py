@@ -77,11 +77,14 @@ def _intervals(batch: CapacityBatch, now: float) -> list[CapacityInterval]:
              response_model=CapacityResult)  # fmt: skip
 async def push_capacity(request: Request, principal: Caller, batch: CapacityBatch) -> CapacityResult:
     require_writer(principal)
-    intervals = _intervals(batch, time.time())
+    now = time.time()
+    intervals = _intervals(batch, now)
     sightings = [Sighting(**g.model_dump()) for g in batch.gpus]
     for i, s in enumerate(sightings):
         if s.last_seen < s.first_seen:
             raise HTTPException(status_code=422, detail=f"gpus[{i}]: last_seen is before first_seen")
+        if s.last_seen > now + FUTURE_SKEW_S:  # kept as the fleet's last sighting, it would price the future
+            raise HTTPException(status_code=422, detail=f"gpus[{i}]: last_seen is in the future ({s.last_seen})")
     ledger = request.app.state.ledger
 
     def write(conn: Any) -> int:

@@ -133,7 +133,10 @@ def cells(
         if unobserved > 0:
             # A cell of its own, over the time no host observed: stretched over a host's cell, it
             # would move that host's hours across a price change the host never saw.
-            host = max(per_host, key=lambda h: sum(per_host[h][:4])) if per_host else _host_on(gpu, stays, d0)
+            # the host that observed it most that day (a tie goes to the first name: whatever order
+            # the database handed the rows in, the report is the same)
+            seen = {h: (-sum(c[:4]), h) for h, c in per_host.items()}
+            host = min(seen, key=seen.__getitem__) if per_host else _host_on(gpu, stays, d0)
             lo, hi = _unobserved_span(a, b, [(c[7], c[8]) for c in per_host.values()])
             yield host, day, [0, 0, 0, 0, unobserved, 0, 0.0, lo, hi, False]
 
