@@ -22,6 +22,13 @@ def card(body: str, basis: str = "busy", currency: str = "USD") -> RateCard:
     return parse_rate_card(f'[card]\ncurrency = "{currency}"\nbasis = "{basis}"\n\n{body}', "test.toml")
 
 
+def price_change(model: str, at: str, before: str, after: str, basis: str = "busy") -> RateCard:
+    """A card pricing ``model`` at ``before`` until ``at`` (a TOML date-time), then at ``after``."""
+    body = (f'[[gpu]]\nmodel = "{model}"\nprice_per_hour = "{before}"\neffective_to = {at}\n\n'
+            f'[[gpu]]\nmodel = "{model}"\nprice_per_hour = "{after}"\neffective_from = {at}\n')  # fmt: skip
+    return card(body, basis=basis)
+
+
 A100_250 = """
 [[gpu]]
 model = "A100-40GB-SXM"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cost_support import card, ts
+from cost_support import card, price_change, ts
 from gpuledger.core.capacity.fleet import SILENT_AFTER_S, fleet_rows
 from gpuledger.core.capacity.model import DAY_MS, FleetGpu, HostStay, ms
 from gpuledger.core.capacity.pools import Pools, PoolsError, parse_pools
@@ -65,12 +65,11 @@ def test_fleet_status_says_present_missing_silent() -> None:
 
 
 def test_a_price_change_inside_a_day_splits_that_day_in_proportion_to_time() -> None:
-    body = ('[[gpu]]\nmodel = "L4"\nprice_per_hour = "1.00"\neffective_to = 2026-03-10T06:00:00Z\n\n'
-            '[[gpu]]\nmodel = "L4"\nprice_per_hour = "2.00"\neffective_from = 2026-03-10T06:00:00Z\n')  # fmt: skip
+    l4 = price_change("L4", "2026-03-10T06:00:00Z", "1.00", "2.00")
     day = ts("2026-03-10")
     gpu = FleetGpu("g", "NVIDIA L4", "n1", day, day + 86400)
     row = ("g", int(day * 1000) // DAY_MS, "n1", ms(day), ms(day) + DAY_MS, DAY_MS, 0, 0, 0, 0, None)
-    report = build_capacity(gpus=[gpu], day_rows=[row], card=card(body), pools=Pools(), start=day, end=day + 86400)
+    report = build_capacity(gpus=[gpu], day_rows=[row], card=l4, pools=Pools(), start=day, end=day + 86400)
     assert report.total["asset_cost"] == "42.00"  # 6 h at 1.00 + 18 h at 2.00
 
 
@@ -78,14 +77,13 @@ def test_a_price_change_inside_a_day_splits_that_day_in_proportion_to_time() -> 
 def test_a_gpu_day_wholly_after_a_price_change_is_priced_at_the_new_price(pieces: bool) -> None:
     # The price changes at 06:00; the GPU is in the fleet from 10:00 to 12:00 only, so all of its
     # day is at the new price, not at the price the day started with.
-    body = ('[[gpu]]\nmodel = "L4"\nprice_per_hour = "1.00"\neffective_to = 2026-03-10T06:00:00Z\n\n'
-            '[[gpu]]\nmodel = "L4"\nprice_per_hour = "2.00"\neffective_from = 2026-03-10T06:00:00Z\n')  # fmt: skip
+    l4 = price_change("L4", "2026-03-10T06:00:00Z", "1.00", "2.00")
     day = ts("2026-03-10")
     gpu = FleetGpu("g", "NVIDIA L4", "n1", day + 10 * 3600, day + 12 * 3600)
     row = ("g", int(day * 1000) // DAY_MS, "n1", ms(day) + 10 * 3_600_000, ms(day) + 12 * 3_600_000,
            2 * 3_600_000, 0, 0, 0, 0, None)  # fmt: skip
     got: list[tuple[object, ...]] = []
-    report = build_capacity(gpus=[gpu], day_rows=[row], card=card(body), pools=Pools(), start=day, end=day + 86400,
+    report = build_capacity(gpus=[gpu], day_rows=[row], card=l4, pools=Pools(), start=day, end=day + 86400,
                             on_piece=got.append if pieces else None)  # fmt: skip
     assert report.total["asset_cost"] == "4.00"  # 2 h at 2.00
     if pieces:
@@ -96,8 +94,7 @@ def test_a_gpu_day_wholly_after_a_price_change_is_priced_at_the_new_price(pieces
 def test_a_gpu_moved_mid_day_is_priced_where_each_host_had_it(pieces: bool) -> None:
     # Observed on A 00:00-10:00, unobserved 10:00-11:00 (the move), on B 11:00-24:00; the price goes
     # from 1.00 to 2.00 at 05:00. A: 5 h x 1 + 5 h x 2; B (and the unobserved hour put on it): 14 h x 2.
-    body = ('[[gpu]]\nmodel = "L4"\nprice_per_hour = "1.00"\neffective_to = 2026-03-10T05:00:00Z\n\n'
-            '[[gpu]]\nmodel = "L4"\nprice_per_hour = "2.00"\neffective_from = 2026-03-10T05:00:00Z\n')  # fmt: skip
+    l4 = price_change("L4", "2026-03-10T05:00:00Z", "1.00", "2.00")
     day, hour = ts("2026-03-10"), 3_600_000
     d, t0 = int(day * 1000) // DAY_MS, ms(day)
     stays = (HostStay("A", day, day + 10 * 3600), HostStay("B", day + 11 * 3600, day + 86400))
@@ -105,7 +102,7 @@ def test_a_gpu_moved_mid_day_is_priced_where_each_host_had_it(pieces: bool) -> N
     rows = [("g", d, "A", t0, t0 + 10 * hour, 10 * hour, 0, 0, 0, 0, None),
             ("g", d, "B", t0 + 11 * hour, t0 + 24 * hour, 13 * hour, 0, 0, 0, 0, None)]  # fmt: skip
     got: list[tuple[object, ...]] = []
-    report = build_capacity(gpus=[gpu], day_rows=rows, card=card(body), pools=Pools(), start=day, end=day + 86400,
+    report = build_capacity(gpus=[gpu], day_rows=rows, card=l4, pools=Pools(), start=day, end=day + 86400,
                             by=("host",), on_piece=got.append if pieces else None)  # fmt: skip
     assert {g["host"]: g["asset_cost"] for g in report.groups} == {"A": "15.00", "B": "28.00"}
     assert report.total["asset_cost"] == "43.00"

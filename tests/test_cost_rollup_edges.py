@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cost_support import H, card, ts
+from cost_support import H, card, price_change, ts
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
 from gpuledger.core.pricing.ratecard import RateCard
 from gpuledger.reports.capacity.runs import team_bills
@@ -19,12 +19,6 @@ from gpuledger.store import Ledger
 
 A100 = "NVIDIA A100-SXM4-40GB"
 FLAT = card('[[gpu]]\nmodel = "A100-40GB-SXM"\nprice_per_hour = "2.50"\n')
-
-
-def _change_at(t: str, before: str, after: str, basis: str = "busy") -> RateCard:
-    body = (f'[[gpu]]\nmodel = "A100-40GB-SXM"\nprice_per_hour = "{before}"\neffective_to = {t}\n\n'
-            f'[[gpu]]\nmodel = "A100-40GB-SXM"\nprice_per_hour = "{after}"\neffective_from = {t}\n')  # fmt: skip
-    return card(body, basis=basis)
 
 
 @pytest.fixture
@@ -62,7 +56,7 @@ def _trend(led: Ledger, c: RateCard, by: tuple[str, ...] = ("team",)) -> dict[st
 
 def test_gpuledger_cost_cuts_busy_time_at_a_price_change_inside_a_day(led: Ledger) -> None:
     # 18:00-24:00, fully busy until the change at 21:00 (3.00), idle after it (1.00): 3 h x 3.00.
-    c = _change_at("2026-03-10T21:00:00", "3.00", "1.00")
+    c = price_change("A100-40GB-SXM", "2026-03-10T21:00:00", "3.00", "1.00")
     _run(led, "r1", "2026-03-10T18:00", 6, [1, 1, 1, 0, 0, 0])
     assert run_costs(led, ["r1"], scope=None, card=c)["total"]["cost"] == "9.00"
     assert _cost(led, c) == "9.00"  # the chargeback has always said so
@@ -89,7 +83,7 @@ def test_a_trend_month_bills_gpus_without_busy_time_their_held_hours(led: Ledger
 
 def test_a_trend_month_cuts_held_time_at_a_price_change_exactly(led: Ledger) -> None:
     # Allocated basis, 4.00 until noon then 1.00: r1 00:00-06:00 (24.00) and r2 13:00-19:00 (6.00).
-    c = _change_at("2026-03-10T12:00:00", "4.00", "1.00", basis="allocated")
+    c = price_change("A100-40GB-SXM", "2026-03-10T12:00:00", "4.00", "1.00", basis="allocated")
     _run(led, "r1", "2026-03-10T00:00", 6, [0.5] * 6)
     _run(led, "r2", "2026-03-10T13:00", 6, [0.5] * 6)
     materialise_rollups(led)
@@ -106,7 +100,7 @@ def test_grouping_by_status_works_with_trend_months(led: Ledger) -> None:
 def test_the_capacity_reports_team_bills_match_the_chargeback_on_a_price_change_day(led: Ledger) -> None:
     # `report capacity --share-idle` shares the fleet's unbilled cost by what each team was billed:
     # the same 9.00 the chargeback bills for a rolled-up run busy only before a change at 21:00.
-    c = _change_at("2026-03-10T21:00:00", "3.00", "1.00")
+    c = price_change("A100-40GB-SXM", "2026-03-10T21:00:00", "3.00", "1.00")
     _run(led, "r1", "2026-03-10T18:00", 6, [1, 1, 1, 0, 0, 0])
     materialise_rollups(led)
     start, end = month_window("2026-03")
