@@ -121,7 +121,6 @@ def build_focus(
     cells: dict[tuple[int, str, str, str, float], list[int]] = {}
     flags_of: dict[tuple[int, str, str, str, float], set[str]] = {}
     spans: dict[tuple[int, str, str, str, float], tuple[float, float, RateLine | None]] = {}
-    instances: dict[str, str | None] = {}
     for run_id, model, instance, _month, t0, v, flags in items:
         # Pieces are cut at every price change (cost.Pricer), so each lies in one span.
         span = periods.at(model, instance, t0)
@@ -130,7 +129,6 @@ def build_focus(
         if acc is None:
             cells[key] = list(v)
             spans[key] = span
-            instances[instance or ""] = instance
         else:
             for i, x in enumerate(v):
                 acc[i] += x
@@ -145,7 +143,7 @@ def build_focus(
         if line is None:
             unpriced[model] = unpriced.get(model, 0) + v[8]
             continue
-        instance, period = instances[instance_key], (lo, hi)
+        instance, period = instance_key or None, (lo, hi)  # '' in the key only: it sorts
         flags = flags_of.get(key, set())
         rows.append(maker.gpu_row(period, run_id, model, instance, line, v, flags))
         if v[4] and line.energy_price is not None:
