@@ -204,6 +204,7 @@ def generate(n_runs: int, seed: int = 1) -> Iterator[tuple[dict, list[dict], lis
                     "project": project,
                     "user": user,
                     "instance_type": labels.get("instance_type"),
+                    "measured": True,
                 }
             )
             t, day = b, day + 1
@@ -256,6 +257,7 @@ ROLLUP_COLS = [
     "project",
     "user",
     "instance_type",
+    "measured",
 ]
 TABLES = (("runs", RUN_COLS), ("run_labels", LABEL_COLS), ("devices", DEVICE_COLS), ("gpu_rollups", ROLLUP_COLS))
 

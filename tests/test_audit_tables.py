@@ -73,6 +73,8 @@ TAMPERING = [
      "user disabled"),
     ("UPDATE gpu_rollups SET busy_s = busy_s * 10000 WHERE run_id = :finished",
      "gpu_rollups edited (they differ from what was written at audit seq", "rollup multiplied"),
+    ("UPDATE gpu_rollups SET measured = NOT measured WHERE run_id = :finished",
+     "gpu_rollups edited (they differ from what was written at audit seq", "rollup measured flag flipped"),
     ("UPDATE runs SET rolled_up = true WHERE id = :running",
      "rolled up, but the audit trail holds no rollups for it", "flagged rolled up without rollups"),
     ("UPDATE runs SET rolled_up = false WHERE id = :finished",

@@ -247,8 +247,8 @@ def test_migration_2_adds_the_rollup_table_to_a_version_1_ledger(ledger_url: str
         columns = db.read(lambda c: [col["name"] for col in sa.inspect(c).get_columns("gpu_rollups")])
     finally:
         db.close()
-    # Migration 2 and schema.py agree on the table as version 2 made it (migration 5 adds the rest).
-    assert columns == [c.name for c in schema.gpu_rollups.columns if c.name not in GROUPING_COLUMNS]
+    # Migration 2 and schema.py agree on the table as version 2 made it (migrations 5 and 10 add the rest).
+    assert columns == [c.name for c in schema.gpu_rollups.columns if c.name not in (*GROUPING_COLUMNS, "measured")]
 
 
 def _back_to_version_4(db: Database) -> None:
@@ -309,6 +309,71 @@ def test_migration_5_flags_rolled_up_runs_and_copies_their_grouping_values(ledge
     assert ("shared-b", "nlp", "secret", "zora", None) in copied
     assert {row[0] for row in copied} >= {"solo", "shared-a", "shared-b"}
     assert all(row[1] is not None for row in copied)
+
+
+def _back_to_version_9(db: Database) -> None:
+    """Undo migration 10 on a current ledger: gpu_rollups keyed without ``measured``, each run-day's
+    GPUs of one model in one row, as version 9 wrote them (busy time summed over the GPUs that had it)."""
+
+    def tx(c: sa.engine.Connection) -> None:
+        rows = [dict(r) for r in c.execute(sa.select(schema.gpu_rollups)).mappings()]
+        merged: dict[tuple[object, ...], dict[str, object]] = {}
+        for r in rows:
+            del r["measured"]
+            m = merged.setdefault((r["run_id"], r["day"], r["gpu_name"], r["mig_profile"]), {**r, "gpus": 0})
+            if m is not r:
+                for col in ("alloc_s", "intervals"):
+                    m[col] += r[col]
+                for col in ("busy_s", "energy_j"):
+                    if r[col] is not None:
+                        m[col] = (m[col] or 0.0) + r[col]
+                m["t0"], m["t1"] = min(m["t0"], r["t0"]), max(m["t1"], r["t1"])
+            m["gpus"] += r["gpus"]
+        c.execute(sa.text("DROP TABLE gpu_rollups"))
+        mig._add_gpu_rollups(c)
+        for name in GROUPING_COLUMNS:
+            c.execute(sa.text(f'ALTER TABLE gpu_rollups ADD COLUMN "{name}" TEXT'))
+        old = sa.Table("gpu_rollups", sa.MetaData(), autoload_with=c)
+        if merged:
+            c.execute(sa.insert(old), list(merged.values()))
+        c.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version >= 10))
+
+    db.write(tx)
+
+
+def test_migration_10_keys_rollups_by_measured_and_keeps_every_row(ledger_url: str) -> None:
+    with Ledger(ledger_url) as led:
+        scenario(led)  # its MIG slice measures no busy time: a row with busy_s NULL
+        t = _run(led, "mixed", "2026-03-14T00:00", "2026-03-14T04:00")
+        led.add_devices("mixed", [GpuIdentity(0, "GPU-m", A100_40), GpuIdentity(1, "GPU-u", A100_40)])
+        _intervals(led, "mixed", "GPU-m", t, t + 4 * H, 0.5)
+        _intervals(led, "mixed", "GPU-u", t, t + 4 * H, None)  # billed its 4 held hours
+        materialise_rollups(led)
+        right = _chargeback_dict(led)
+    db = Database(ledger_url)
+    try:
+        _back_to_version_9(db)
+        legacy = db.read(
+            lambda c: {tuple(r) for r in c.execute(sa.text("SELECT run_id, day, busy_s FROM gpu_rollups"))}
+        )
+    finally:
+        db.close()
+    with Ledger(ledger_url) as led:
+        assert led.schema_version() == mig.LATEST
+        r = schema.gpu_rollups.c
+        rows = sa.select(r.run_id, r.day, r.busy_s, r.measured)
+        kept = led.read(lambda c: list(c.execute(rows)))
+        key = led.read(lambda c: sa.inspect(c).get_pk_constraint("gpu_rollups")["constrained_columns"])
+        indexes = led.read(lambda c: [ix["name"] for ix in sa.inspect(c).get_indexes("gpu_rollups")])
+        assert {(rid, day, busy) for rid, day, busy, _ in kept} == legacy  # every row kept as it was
+        assert all(measured == (busy is not None) for _, _, busy, measured in kept)
+        assert sorted(key) == sorted(["run_id", "day", "gpu_name", "mig_profile", "measured"])
+        assert "ix_gpu_rollups_day" in indexes
+        # The mixed run's legacy row hid GPU-u's held hours; a rebuild of the rollups writes it anew.
+        assert _chargeback_dict(led) != right
+        materialise_rollups(led, rebuild=True)
+        assert _chargeback_dict(led) == right
+        assert ("mixed", False) in {(rid, m) for rid, _, _, m in led.read(lambda c: list(c.execute(rows)))}
 
 
 def _chargeback_dict(led: Ledger) -> dict[str, object]:

@@ -107,3 +107,24 @@ def test_the_capacity_reports_team_bills_match_the_chargeback_on_a_price_change_
     bills = led.read(lambda conn: team_bills(conn, c, start, end, None))
     assert [(b.team, b.billed) for b in bills] == [("vision", 9 * 10**21)]
     assert _cost(led, c) == "9.00"
+
+
+def test_a_run_day_with_a_measured_and_an_unmeasured_gpu_of_one_model_bills_the_same_after_rollup(
+    led: Ledger,
+) -> None:
+    # Two A100s of one run, 4 h: GPU 0 is 50 % busy (2 busy h), GPU 1 measures no busy time and is
+    # billed its 4 held hours: 6 h x 2.50. A rollup row of both once hid GPU 1's held hours (5.00).
+    t0 = ts("2026-03-10T00:00")
+    run = RunRecord(id="r", command=["train"], user="ana", host="h", cwd="/", started_at=t0, status="succeeded",
+                    ended_at=t0 + 4 * H, labels={"team": "vision", "project": "det"})  # fmt: skip
+    led.create_run(run)
+    led.add_devices("r", [GpuIdentity(0, "GPU-m", A100), GpuIdentity(1, "GPU-u", A100)])
+    led.append("r", gpu=[
+        GpuInterval(uuid, i, t0 + i * H, t0 + (i + 1) * H, busy_s=busy, energy_j=300.0 * H)
+        for i in range(4) for uuid, busy in (("GPU-m", 0.5 * H), ("GPU-u", None))
+    ])  # fmt: skip
+    before = (_cost(led, FLAT), run_costs(led, ["r"], scope=None, card=FLAT)["total"]["cost"])
+    materialise_rollups(led)
+    assert before == ("15.00", "15.00")
+    assert (_cost(led, FLAT), run_costs(led, ["r"], scope=None, card=FLAT)["total"]["cost"]) == before
+    assert _trend(led, FLAT)["2026-03"] == "15.00"

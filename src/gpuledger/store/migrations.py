@@ -226,6 +226,49 @@ def _add_capacity_tables(conn: Connection) -> None:
             tables[name].create(conn)
 
 
+def _key_rollups_by_measured(conn: Connection) -> None:
+    # Version 10: gpu_rollups gains ``measured`` (busy_s is not NULL) in its primary key, so a GPU
+    # billed its held hours by rule never shares a row with a measured GPU of the same model. Rows
+    # already written keep their values: a row that mixed both is rewritten by a rebuild of the
+    # rollups (``gpuledger report rollup --rebuild``). Skipped when there (a ledger rebuilt by hand).
+    inspector = sa.inspect(conn)
+    if "measured" in {c["name"] for c in inspector.get_columns("gpu_rollups")}:
+        return
+    key = ("run_id", "day", "gpu_name", "mig_profile", "measured")
+    if conn.dialect.name == "postgresql":
+        pk = inspector.get_pk_constraint("gpu_rollups").get("name") or "gpu_rollups_pkey"
+        conn.execute(sa.text("ALTER TABLE gpu_rollups ADD COLUMN measured BOOLEAN NOT NULL DEFAULT true"))
+        conn.execute(sa.text("ALTER TABLE gpu_rollups ALTER COLUMN measured DROP DEFAULT"))
+        conn.execute(sa.text("UPDATE gpu_rollups SET measured = false WHERE busy_s IS NULL"))
+        conn.execute(sa.text(f'ALTER TABLE gpu_rollups DROP CONSTRAINT "{pk}", ADD PRIMARY KEY ({", ".join(key)})'))
+        return
+    # SQLite cannot change a primary key in place: a new table, the rows copied, then renamed
+    # (the procedure of SQLite's ALTER TABLE documentation). The table as version 10 made it:
+    frozen = sa.MetaData()
+    sa.Table("runs", frozen, sa.Column("id", sa.String, primary_key=True))
+    grouping = ("team", "project", "user", "instance_type")
+    values = ("gpus", "t0", "t1", "alloc_s", "busy_s", "energy_j", "intervals", "share_rule", *grouping)
+    types = {"gpus": sa.Integer, "intervals": sa.Integer, "share_rule": sa.String, **dict.fromkeys(grouping, sa.Text)}
+    not_null = {"gpus", "t0", "t1", "alloc_s", "intervals"}
+    new = sa.Table(
+        "gpu_rollups_v10",
+        frozen,
+        sa.Column("run_id", sa.String, sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("day", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("gpu_name", sa.Text, primary_key=True),
+        sa.Column("mig_profile", sa.String, primary_key=True),
+        *(sa.Column(name, types.get(name, sa.Double), nullable=name not in not_null) for name in values),
+        sa.Column("measured", sa.Boolean, primary_key=True, autoincrement=False),
+    )
+    new.create(conn)
+    copied = ", ".join(f'"{c}"' for c in ("run_id", "day", "gpu_name", "mig_profile", *values))
+    copy = f"INSERT INTO gpu_rollups_v10 ({copied}, measured) SELECT {copied}, busy_s IS NOT NULL FROM gpu_rollups"
+    conn.execute(sa.text(copy))
+    conn.execute(sa.text("DROP TABLE gpu_rollups"))
+    conn.execute(sa.text("ALTER TABLE gpu_rollups_v10 RENAME TO gpu_rollups"))
+    conn.execute(sa.text("CREATE INDEX ix_gpu_rollups_day ON gpu_rollups (day)"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
@@ -247,6 +290,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         9,
         "add gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts, capacity_pushes: the capacity ledger",
         _add_capacity_tables,
+    ),
+    Migration(
+        10,
+        "add gpu_rollups.measured to the key: GPUs with and without busy time get rows of their own",
+        _key_rollups_by_measured,
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -40,9 +40,19 @@ def _value(col: str, v: Any) -> Any:
     return str(v)
 
 
+def _line(r: Mapping[str, Any]) -> str:
+    values = tuple(_value(c, r.get(c)) for c in COLUMNS)
+    # ``measured`` (migration 10) is whether busy_s is not NULL in every row gpuledger writes: it
+    # enters the digest only when it says otherwise, so digests recorded before it still verify.
+    measured = r.get("measured")
+    if measured is not None and bool(measured) != (values[COLUMNS.index("busy_s")] is not None):
+        values += (bool(measured),)
+    return repr(values)
+
+
 def digest(rows: Iterable[Mapping[str, Any]]) -> str:
     """One run's rollup rows, any order: a short hash of their values."""
-    lines = sorted(repr(tuple(_value(c, r.get(c)) for c in COLUMNS)) for r in rows)
+    lines = sorted(_line(r) for r in rows)
     return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()[:32]
 
 
@@ -78,7 +88,7 @@ def record_dropped(conn: Connection, run_ids: Collection[str], *, actor: str = "
 def stored_digests(conn: Connection) -> tuple[dict[str, str], dict[str, bool]]:
     """(run id -> digest of its rollup rows now, run id -> runs.rolled_up), for ``verify``."""
     r = schema.gpu_rollups.c
-    q = sa.select(r.run_id, *(r[c] for c in COLUMNS)).order_by(r.run_id)
+    q = sa.select(r.run_id, r.measured, *(r[c] for c in COLUMNS)).order_by(r.run_id)
     digests: dict[str, str] = {}
     current: str | None = None
     rows: list[Mapping[str, Any]] = []

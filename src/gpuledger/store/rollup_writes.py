@@ -26,11 +26,13 @@ _CHUNK = 2000
 
 
 def rollup_rows(days: Iterable[DayUsage]) -> list[dict[str, Any]]:
-    """Day rows of single GPUs summed per run, day, GPU name and MIG profile (the table's key)."""
-    out: dict[tuple[str, int, str, str], dict[str, Any]] = {}
-    devices: dict[tuple[str, int, str, str], set[str]] = {}
+    """Day rows of single GPUs summed per run, day, GPU name, MIG profile and whether they measured
+    busy time (the table's key): the held hours of a GPU without busy time are billed by rule on the
+    busy basis, so they must not vanish into a measured GPU's busy sum."""
+    out: dict[tuple[str, int, str, str, bool], dict[str, Any]] = {}
+    devices: dict[tuple[str, int, str, str, bool], set[str]] = {}
     for d in days:
-        key = (d.run_id, d.day, d.gpu_name or "", d.mig_profile or "")
+        key = (d.run_id, d.day, d.gpu_name or "", d.mig_profile or "", d.busy_s is not None)
         row = out.get(key)
         if row is None:
             out[key] = row = {
@@ -38,6 +40,7 @@ def rollup_rows(days: Iterable[DayUsage]) -> list[dict[str, Any]]:
                 "day": d.day,
                 "gpu_name": key[2],
                 "mig_profile": key[3],
+                "measured": key[4],
                 "gpus": 0,
                 "t0": d.t0,
                 "t1": d.t1,

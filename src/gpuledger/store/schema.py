@@ -272,6 +272,9 @@ gpu_rollups = sa.Table(
     sa.Column("project", sa.Text),
     sa.Column("user", sa.Text),
     sa.Column("instance_type", sa.Text),
+    # Whether the row's GPUs measured busy time (busy_s is not NULL), in the key since migration 10:
+    # a GPU billed its held hours by rule must never share a row, and so a sum, with measured ones.
+    sa.Column("measured", sa.Boolean, primary_key=True, autoincrement=False),
     sa.Index("ix_gpu_rollups_day", "day"),
 )
 
