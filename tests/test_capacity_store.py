@@ -96,3 +96,52 @@ def test_a_gpu_that_moves_host_keeps_its_history_and_shows_where_it_is_now(ledge
         ]
         n = led.read(lambda c: c.scalar(sa.select(sa.func.count()).select_from(schema.gpu_fleet)))
         assert n == 1
+
+
+def test_a_gpu_moved_from_a_cloud_instance_to_an_on_prem_host_is_priced_as_each_host_had_it(ledger_url: str) -> None:
+    # Day 1 on an AWS g6.xlarge (its agent says so: 8.00/h for its one L4), day 2 on an on-prem node
+    # whose agent names no instance type (the L4 model price, 1.00/h): 24 x 8 + 24 x 1.
+    from cost_support import card
+    from gpuledger.core.capacity.fleet import fleet_rows
+    from gpuledger.core.capacity.pools import Pools
+    from gpuledger.reports.capacity.report import capacity
+
+    rates = card(
+        '[[gpu]]\nmodel = "L4"\nprice_per_hour = "1.00"\n\n'
+        '[[instance]]\ntype = "g6.xlarge"\ngpu_model = "L4"\ngpus = 1\nprice_per_hour = "8.00"\n'
+    )
+    day = MIDNIGHT // 1000
+    idle = [CapacityInterval("GPU-l4", host, t, t + DAY_MS, States(DAY_MS, 0, 0, 0))
+            for host, t in (("cloud-1", MIDNIGHT), ("onprem-1", MIDNIGHT + DAY_MS))]  # fmt: skip
+    sights = [Sighting("GPU-l4", "NVIDIA L4", "cloud-1", day, day + 86400, "g6.xlarge"),
+              Sighting("GPU-l4", "NVIDIA L4", "onprem-1", day + 86400, day + 2 * 86400)]  # fmt: skip
+    with Ledger(ledger_url) as led:
+        led.write(lambda c: write_capacity(led.database, c, idle[:1], sights[:1]))
+        led.write(lambda c: write_capacity(led.database, c, idle[1:], sights[1:]))
+        report = capacity(led, card=rates, pools=Pools(), start=day, end=day + 2 * 86400, by=("host",))
+        listed = fleet_rows(led.read(lambda c: fleet(c)), card=rates, pools=Pools(), now=day + 2 * 86400)
+    assert {g["host"]: g["asset_cost"] for g in report.groups} == {"cloud-1": "192.00", "onprem-1": "24.00"}
+    # `gpuledger fleet` lists it where it is now, with that host's instance type (none)
+    assert [(r["host"], r["instance_type"], r["rate"]) for r in listed] == [("onprem-1", None, "1.00")]
+
+
+def test_migration_11_gives_stored_stays_their_gpus_instance_type(ledger_url: str) -> None:
+    from gpuledger.store.engine import Database
+
+    t = MIDNIGHT / 1000
+    with Ledger(ledger_url) as led:
+        led.write(lambda c: write_capacity(led.database, c, [], [
+            Sighting("GPU-m", "NVIDIA A100-SXM4-80GB", "node-1", t, t + 3600, "p4de.24xlarge"),
+            Sighting("GPU-m", "NVIDIA A100-SXM4-80GB", "node-2", t + 7200, t + 9000),
+        ]))  # fmt: skip
+    db = Database(ledger_url)
+    try:  # back to what version 10 made: no instance type per stay
+        db.write(lambda c: c.execute(sa.text("ALTER TABLE gpu_fleet_hosts DROP COLUMN instance_type")))
+        db.write(lambda c: c.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version == 11)))
+    finally:
+        db.close()
+    with Ledger(ledger_url) as led:
+        assert led.schema_version() == LATEST
+        [gpu] = led.read(lambda c: fleet(c))
+    # Both stays priced as version 10 priced them: as the GPU's one instance type.
+    assert [(h.host, h.instance_type) for h in gpu.hosts] == [("node-1", "p4de.24xlarge"), ("node-2", "p4de.24xlarge")]

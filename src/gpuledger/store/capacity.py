@@ -165,26 +165,37 @@ def _fold_sightings(db: Database, conn: Connection, sightings: Sequence[Sighting
     conn.execute(ins.on_conflict_do_update(index_elements=["uuid"], set_=update), rows)
     hins = db.insert(gpu_fleet_hosts)
     h, hnew = gpu_fleet_hosts.c, hins.excluded
-    hupdate = {"first_seen": _least(h.first_seen, hnew.first_seen), "last_seen": _greatest(h.last_seen, hnew.last_seen)}
+    said = sa.and_(hnew.last_seen >= h.last_seen, hnew.instance_type.is_not(None))
+    hupdate = {
+        "first_seen": _least(h.first_seen, hnew.first_seen),
+        "last_seen": _greatest(h.last_seen, hnew.last_seen),
+        "instance_type": sa.case((said, hnew.instance_type), else_=h.instance_type),  # as on gpu_fleet
+    }
     stays: dict[tuple[str, str], dict[str, Any]] = {}
-    for s in sightings:
+    for s in sorted(sightings, key=lambda s: s.last_seen):
         stay = stays.setdefault((s.uuid, s.host), {"uuid": s.uuid, "host": s.host, "first_seen": s.first_seen,
-                                                   "last_seen": s.last_seen})  # fmt: skip
+                                                   "last_seen": s.last_seen, "instance_type": None})  # fmt: skip
         stay["first_seen"], stay["last_seen"] = (
             min(stay["first_seen"], s.first_seen),
             max(stay["last_seen"], s.last_seen),
         )
+        stay["instance_type"] = s.instance_type or stay["instance_type"]
     conn.execute(hins.on_conflict_do_update(index_elements=["uuid", "host"], set_=hupdate), list(stays.values()))
 
 
 def _latest_per_gpu(sightings: Sequence[Sighting]) -> list[Sighting]:
-    """One sighting per GPU (an upsert takes each key once): the span of all, the facts of the latest."""
+    """One sighting per GPU (an upsert takes each key once): the span of all, the facts of the latest
+    (its instance type and memory: the latest that says, as the upsert keeps them across batches)."""
     out: dict[str, Sighting] = {}
     for s in sorted(sightings, key=lambda s: s.last_seen):
         prev = out.get(s.uuid)
-        first = s.first_seen if prev is None else min(prev.first_seen, s.first_seen)
-        out[s.uuid] = Sighting(s.uuid, s.name, s.host, first, s.last_seen, s.instance_type, s.memory_total_b,
-                               s.pci_bus_id, s.mig_mode)  # fmt: skip
+        first, instance, memory = s.first_seen, s.instance_type, s.memory_total_b
+        if prev is not None:
+            first = min(prev.first_seen, first)
+            instance = prev.instance_type if instance is None else instance
+            memory = prev.memory_total_b if memory is None else memory
+        out[s.uuid] = Sighting(s.uuid, s.name, s.host, first, s.last_seen, instance, memory, s.pci_bus_id,
+                               s.mig_mode)  # fmt: skip
     return list(out.values())
 
 

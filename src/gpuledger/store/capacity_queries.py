@@ -45,7 +45,7 @@ def fleet(conn: Connection, uuids: Iterable[str] | None = None) -> list[FleetGpu
         q, hq = q.where(f.uuid.in_(wanted)), hq.where(h.uuid.in_(wanted))
     stays: dict[str, list[HostStay]] = {}
     for r in conn.execute(hq):
-        stays.setdefault(r.uuid, []).append(HostStay(r.host, r.first_seen, r.last_seen))
+        stays.setdefault(r.uuid, []).append(HostStay(r.host, r.first_seen, r.last_seen, r.instance_type))
     out = []
     for r in conn.execute(q).mappings():
         extra = {k: r[k] for k in ("pci_bus_id", "mig_mode") if r[k] is not None}

@@ -269,6 +269,20 @@ def _key_rollups_by_measured(conn: Connection) -> None:
     conn.execute(sa.text("CREATE INDEX ix_gpu_rollups_day ON gpu_rollups (day)"))
 
 
+def _add_stay_instance_types(conn: Connection) -> None:
+    # Version 11: gpu_fleet_hosts.instance_type, what each host's agent named. Stays already stored
+    # get the GPU's instance type (how version 10 priced them). Skipped when there.
+    if "instance_type" in {c["name"] for c in sa.inspect(conn).get_columns("gpu_fleet_hosts")}:
+        return
+    conn.execute(sa.text("ALTER TABLE gpu_fleet_hosts ADD COLUMN instance_type TEXT"))
+    conn.execute(
+        sa.text(
+            "UPDATE gpu_fleet_hosts SET instance_type = "
+            "(SELECT f.instance_type FROM gpu_fleet f WHERE f.uuid = gpu_fleet_hosts.uuid)"
+        )
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
@@ -295,6 +309,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         10,
         "add gpu_rollups.measured to the key: GPUs with and without busy time get rows of their own",
         _key_rollups_by_measured,
+    ),
+    Migration(
+        11, "add gpu_fleet_hosts.instance_type: a GPU is priced as each host it was on had it", _add_stay_instance_types
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -311,6 +311,9 @@ gpu_capacity_days = _capacity[schema_capacity.GPU_CAPACITY_DAYS]
 gpu_fleet = _capacity[schema_capacity.GPU_FLEET]
 gpu_fleet_hosts = _capacity[schema_capacity.GPU_FLEET_HOSTS]
 capacity_pushes = _capacity[schema_capacity.CAPACITY_PUSHES]
+# The instance type each host's agent named for a GPU (migration 11): a GPU that moves between a
+# cloud instance and an on-prem node is priced as each host had it.
+gpu_fleet_hosts.append_column(sa.Column("instance_type", sa.Text))
 
 # Children of a run, in the order they are deleted.
 RUN_CHILDREN = (

@@ -171,7 +171,7 @@ class CellPricer:
             model = self.pricing.model(gpu.name)
             if model == gpu.name and self.card.models.match(gpu.name) is None:
                 self.unknown_models.add(gpu.name)
-            instance = self.pools.instance_type(host, gpu.instance_type)
+            instance = self.pools.instance_type(host, gpu.instance_on(host))
             pool = self.pools.name(host, instance, model)
             key = _key(self.by, host, model, pool, gpu.uuid)
             totals = self.groups.get(key)

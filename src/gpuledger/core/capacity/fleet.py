@@ -43,7 +43,7 @@ def fleet_rows(gpus: Iterable[FleetGpu], *, card: RateCard, pools: Pools, now: f
     rows = []
     for g in sorted(gpus, key=lambda g: (g.host, g.uuid)):
         model = card.models.match(g.name) or g.name
-        instance = pools.instance_type(g.host, g.instance_type)
+        instance = pools.instance_type(g.host, g.instance_on(g.host))
         line = card.line_at(model, instance, min(now, g.last_seen))
         rows.append({
             "gpu": g.uuid,

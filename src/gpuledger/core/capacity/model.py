@@ -265,11 +265,13 @@ def to_uh(parts_ms: Sequence[int]) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class HostStay:
-    """A GPU's time on one host: its first and last sighting there (epoch seconds)."""
+    """A GPU's time on one host: its first and last sighting there (epoch seconds), and the cloud
+    instance type that host's agent named (None: none, the GPU is priced by its model there)."""
 
     host: str
     first_seen: float
     last_seen: float
+    instance_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +292,15 @@ class FleetGpu:
     memory_total_b: int | None = None
     source: str = "agent"
     extra: dict[str, str] = field(default_factory=dict)  # pci_bus_id, mig_mode ... as the agent saw them
+
+    def instance_on(self, host: str) -> str | None:
+        """The instance type the GPU is priced as while on ``host``: what that host's agent named
+        (a GPU moved from a cloud instance to an on-prem node is not priced as the instance there);
+        ``instance_type`` for a host it has no stay on."""
+        for stay in self.hosts:
+            if stay.host == host:
+                return stay.instance_type
+        return self.instance_type
 
 
 @dataclass(frozen=True, slots=True)

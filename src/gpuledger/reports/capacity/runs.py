@@ -44,8 +44,9 @@ def runs_gpus(conn: Connection, start: float, end: float) -> tuple[list[FleetGpu
     for uuid, (_, run_id, host, name) in sorted(latest.items()):
         first, last = spans.get(uuid, (latest[uuid][0], None))
         last = end if last is None else last
-        stays = (HostStay(host, first, last),)
-        gpus.append(FleetGpu(uuid, name, host, first, last, stays, instances.get(run_id), None, "runs"))
+        instance = instances.get(run_id)
+        stays = (HostStay(host, first, last, instance),)
+        gpus.append(FleetGpu(uuid, name, host, first, last, stays, instance, None, "runs"))
     return gpus, sorted(used)
 
 
