@@ -129,3 +129,22 @@ def test_a_server_without_the_capacity_route_keeps_the_rows_in_the_outbox(tmp_pa
         pushed = push_capacity(led, client)
         assert pushed.unsupported and pushed.rows == 0
         assert push_capacity(led, client).unsupported  # still there, to push once the server is upgraded
+
+
+def test_a_gpu_moved_off_a_cloud_instance_reaches_the_server_with_each_hosts_instance_type(
+    tmp_path: Path, server
+) -> None:  # type: ignore[no-untyped-def]
+    # One ledger knows the GPU on a p4d (its agent named the instance) and then on an on-prem node (no
+    # instance type): the server must price the on-prem stay by the model, as the local ledger does.
+    app_client, server_url, token, _ = server
+    local, hour = f"sqlite:///{tmp_path}/local.db", 3_600_000
+    stays = [("p4d-01", T0_MS, "p4d.24xlarge"), ("onprem-01", T0_MS + 2 * hour, None)]
+    with Ledger(local) as led:
+        for host, t0, instance in stays:
+            iv = CapacityInterval("GPU-m", host, t0, t0 + hour, States(hour, 0, 0, 0))
+            sight = Sighting("GPU-m", "NVIDIA A100-SXM4-40GB", host, t0 / 1000, (t0 + hour) / 1000, instance)
+            led.write(lambda c, iv=iv, sight=sight: write_capacity(led.database, c, [iv], [sight]))
+        assert push_capacity(led, Client(SERVER, token, transport=app_client._transport)).rows == 2
+    with Ledger(server_url) as remote:
+        [gpu] = remote.read(lambda c: fleet(c))
+    assert [(h.host, h.instance_type) for h in gpu.hosts] == [("p4d-01", "p4d.24xlarge"), ("onprem-01", None)]

@@ -45,7 +45,8 @@ def register(ledger: Ledger, server: str) -> None:
 
 def pending(ledger: Ledger, server: str, budget: int) -> tuple[list[list[Any]], list[dict[str, Any]]]:
     """(at most ``budget`` intervals not acknowledged by ``server``, oldest first per GPU, as wire
-    rows; the fleet's record of their GPUs, one entry per GPU and host)."""
+    rows; the fleet's record of their GPUs, one entry per GPU and host, with the instance type that
+    host's agent named)."""
     c, p = gpu_capacity.c, capacity_pushes.c
     mark = sa.select(p.next_t0_ms).where(p.server == server, p.gpu_uuid == c.gpu_uuid).scalar_subquery()
     q = (
@@ -69,7 +70,7 @@ def pending(ledger: Ledger, server: str, budget: int) -> tuple[list[list[Any]], 
                 gpus.append({
                     "uuid": stay["uuid"], "name": gpu["name"], "host": stay["host"],
                     "first_seen": stay["first_seen"], "last_seen": stay["last_seen"],
-                    "instance_type": gpu["instance_type"], "memory_total_b": gpu["memory_total_b"],
+                    "instance_type": stay["instance_type"], "memory_total_b": gpu["memory_total_b"],
                     "pci_bus_id": gpu["pci_bus_id"], "mig_mode": gpu["mig_mode"],
                 })  # fmt: skip
         return rows, gpus
