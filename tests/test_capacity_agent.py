@@ -148,3 +148,74 @@ def test_a_wrapped_run_holds_its_gpus_while_none_of_its_processes_is_on_them(tre
     with Ledger(ledger_url) as led:
         rows = _by_gpu(led.read(lambda c: intervals(c)))
     assert _totals(rows[GPU1])["alloc_idle_ms"] == 8000 and _totals(rows[GPU1])["unallocated_ms"] == 0
+
+
+def _every_ms_once(rows: list[dict]) -> None:
+    """No millisecond of the GPU in two intervals, and the states of each add up to its span."""
+    rows = sorted(rows, key=lambda r: r["t0_ms"])
+    for a, b in itertools.pairwise(rows):
+        assert a["t1_ms"] <= b["t0_ms"], (a["t0_ms"], a["t1_ms"], b["t0_ms"])
+    for r in rows:
+        assert sum(r[s] for s in STATES) == r["t1_ms"] - r["t0_ms"]
+
+
+def test_a_wall_clock_stepped_back_counts_no_gpu_time_twice(trees: Path, ledger_url: str) -> None:
+    node = Node(trees, ledger_url, labelled())
+    node.tick(10)  # up to T0 + 20
+    node.clock.t -= 30.0  # an NTP step back, an administrator
+    node.tick(20)  # 40 s more: the clock reads T0 + 30 at the end
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+    for r in rows.values():
+        _every_ms_once(r)
+        assert sum(x["t1_ms"] - x["t0_ms"] for x in r) == 28_000  # T0+2 .. T0+30, each millisecond once
+
+
+def test_a_reading_that_fails_after_it_was_metered_counts_no_gpu_time_twice(trees: Path, ledger_url: str) -> None:
+    node = Node(trees, ledger_url, labelled())
+    node.tick(4)
+    publish, failed = node.agent._publish_metrics, []
+
+    def flaky(*args: object) -> None:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a step after the metering failed")
+        publish(*args)
+
+    node.agent._publish_metrics = flaky  # type: ignore[method-assign]
+    node.clock.t += 2.0
+    node.poller.poll_once()
+    with pytest.raises(RuntimeError):
+        node.agent.tick()  # NodeAgent.run reports it and carries on
+    node.tick(6)
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+    for r in rows.values():
+        _contiguous_and_exact(sorted(r, key=lambda x: x["t0_ms"]))
+        assert sum(x["t1_ms"] - x["t0_ms"] for x in r) == 20_000  # T0+2 .. T0+22
+
+
+def test_busy_time_lost_from_the_sample_buffer_is_unmeasured_not_idle(trees: Path, ledger_url: str) -> None:
+    # The agent stalls 20 s while GPU0 is 100 % busy under its container's training; the driver's
+    # 30-sample buffer wraps and the GPU gives no instant reading: those seconds have no busy figure.
+    node = Node(trees, ledger_url, labelled())
+    busy = [TracePoint(0.0, util_pct=100, mem_used_b=20 * 2**30, power_w=300, temp_c=60,
+                       procs={300: (8 * 2**30, 40.0), 301: (4 * 2**30, 20.0)})]  # fmt: skip
+    fake = FakeNvml([FakeGpu(GPU0, profile="ideal", points=busy, buffer_len=30,
+                             unsupported=frozenset({"nvmlDeviceGetUtilizationRates"}))],
+                    clock=node.clock, start=node.clock.t)  # fmt: skip
+    gpu = NvmlCollector(nvml=fake, clock=node.clock, all_processes=True)
+    node.agent._gpu, node.agent._devices = gpu, {d.uuid: d for d in gpu.devices()}
+    node.tick(3)
+    node.clock.t += 20.0  # the stalled reading
+    node.poller.poll_once()
+    node.agent.tick()
+    node.tick(3)
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+    totals = _totals(rows[GPU0])
+    assert totals["alloc_idle_ms"] < 1_000  # never idle (a sample period's edges, not the 15 s lost)
+    assert totals["unmeasured_ms"] >= 10_000  # the lost span is said to be unmeasured

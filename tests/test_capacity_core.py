@@ -31,6 +31,7 @@ readings = st.builds(
     held=st.booleans(),
     in_use=st.booleans(),
     attributed=st.booleans(),
+    unknown_ms=st.integers(0, 10**7),
 )
 
 
@@ -44,7 +45,8 @@ def test_a_reading_is_split_into_states_that_add_up_to_its_span(r: Reading) -> N
 @given(readings)
 def test_each_state_means_what_the_docs_say(r: Reading) -> None:
     s = classify(r)
-    busy = (r.span_ms if r.in_use else 0) if r.busy_ms is None else min(r.span_ms, max(0, r.busy_ms))
+    unknown = r.unknown_ms if r.in_use else 0  # samples lost: busy while a process is on it, like unmeasured
+    busy = (r.span_ms if r.in_use else 0) if r.busy_ms is None else min(r.span_ms, max(0, r.busy_ms) + unknown)
     assert s.busy_ms == busy  # busy is the driver's figure, or "a process is on it" when unmeasured
     if not (r.held or r.attributed):  # nobody held it: never allocated
         assert s.alloc_idle_ms == 0 and s.busy_attr_ms == 0
@@ -159,3 +161,30 @@ def test_an_energy_reading_no_gpu_can_reach_is_kept_as_unmeasured_by_the_agent()
     for iv in out:
         iv.check()
     assert {iv.gpu_uuid: iv.energy_j for iv in out} == {"GPU-a": None, "GPU-b": 3000.0}
+
+
+def test_a_reading_that_starts_before_the_previous_one_ended_counts_only_the_new_time() -> None:
+    # The wall clock stepped back 30 s, or a reading failed after it was metered: the next reading
+    # claims [-8, 30). The 20 s already in an interval must not be counted twice.
+    meter = CapacityMeter("h")
+    facts = {"GPU-a": GpuFacts(busy_s=None, energy_j=None, held=True, in_use=False, attributed=False)}
+    meter.add(2.0, 10.0, facts)
+    meter.add(10.0, 20.0, facts)
+    meter.add(-8.0, 30.0, facts)
+    meter.add(25.0, 28.0, facts)  # wholly inside what is counted: nothing new
+    out, _ = meter.close()
+    spans = sorted((iv.t0_ms, iv.t1_ms) for iv in out)
+    assert spans == [(2000, 30000)]
+    assert sum(iv.states.total_ms for iv in out) == 28_000
+
+
+def test_busy_time_the_samples_could_not_cover_is_unmeasured_and_busy_while_a_process_is_on_the_gpu() -> None:
+    # A 20 s reading whose samples cover 5 s busy and 15 s lost (no instant reading to measure them).
+    meter = CapacityMeter("h")
+    busy = GpuFacts(busy_s=5.0, energy_j=None, held=True, in_use=True, attributed=True, unknown_s=15.0)
+    free = GpuFacts(busy_s=0.0, energy_j=None, held=False, in_use=False, attributed=False, unknown_s=15.0)
+    meter.add(0.0, 20.0, {"GPU-busy": busy, "GPU-free": free})
+    out, _ = meter.close()
+    got = {iv.gpu_uuid: (iv.states, iv.unmeasured_ms) for iv in out}
+    assert got["GPU-busy"] == (States(alloc_idle_ms=0, busy_attr_ms=20_000), 15_000)
+    assert got["GPU-free"] == (States(unallocated_ms=20_000), 15_000)

@@ -29,7 +29,7 @@ from gpuledger.collect.base import GpuCollector, GpuProcess, GpuRead
 from gpuledger.collect.host import ProcessTreeCollector
 from gpuledger.core.capacity.meter import CapacityMeter, GpuFacts, physical_gpus
 from gpuledger.core.metering.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
-from gpuledger.core.model import GpuIdentity, GpuTick, Metric
+from gpuledger.core.model import UTIL_INSTANT, GpuIdentity, GpuTick, Metric
 from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.cgroup_stats import CgroupCollector, locate
 from gpuledger.node.claims import Claims, ProcFacts
@@ -38,6 +38,7 @@ from gpuledger.node.procfacts import ProcReader
 from gpuledger.node.sink import LedgerSink
 from gpuledger.node.sources import Sources
 from gpuledger.node.track import META_KEY, RunTrack, discovered_record, gpu_share
+from gpuledger.recorder.clock import SteadyClock
 
 GPU_RETRY_S = 60.0  # without NVML, how often the agent tries again
 _PGRP = "pgrp:"  # the weakest grouping (core/metering/owners.py): a platform may later place the process
@@ -75,7 +76,7 @@ class NodeAgent:
         boot_time: float | None = None,
         gpu_opener: Callable[[], tuple[GpuCollector | None, str | None]] | None = None,
         warn: Callable[[str], None] = lambda line: None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
         self._gpu = gpu
@@ -87,7 +88,9 @@ class NodeAgent:
         self._boot_time = boot_time
         self._gpu_opener = gpu_opener
         self._warn = warn
-        self._clock = clock
+        # Wall-clock seconds that never jump (recorder/clock.py), as `gpuledger run` dates its
+        # intervals: a clock stepped back must not date a reading before the previous one.
+        self._clock = clock = SteadyClock() if clock is None else clock
         self._tck = os.sysconf("SC_CLK_TCK")
         self._redactor = Redactor.default()
         self.tracks: dict[str, RunTrack] = {}  # by owner key
@@ -143,6 +146,7 @@ class NodeAgent:
         self._decide_ends(claims, now)
         self._record_ticks(read, by_gpu, now)
         self._meter_capacity(read, by_gpu, unattributed, claims, now)
+        self._last_read = now  # metered up to here, even if a later step of this reading fails
         for ev in read.events:
             self._gpu_event(ev.t, ev.kind, ev.message, ev.payload)
         for track in self.tracks.values():
@@ -158,7 +162,6 @@ class NodeAgent:
                       "could not be read: they are taken as unwrapped unless a `gpuledger run` ancestor or a recorder "
                       "in this ledger says otherwise (docs/AGENT.md)")  # fmt: skip
         self._procs.forget_except(live | {pid for t in self.tracks.values() for pid in t.members})
-        self._last_read = now
 
     def shutdown(self) -> None:
         """SIGTERM: a last reading closes the open intervals; the runs stay open to be resumed."""
@@ -350,7 +353,8 @@ class NodeAgent:
         for uuid in physical_gpus(self._devices.values()):
             tick = ticks.get(uuid)
             facts[uuid] = GpuFacts(tick.busy_s if tick else None, tick.energy_j if tick else None,
-                                   uuid in held, uuid in in_use, uuid in attributed)  # fmt: skip
+                                   uuid in held, uuid in in_use, uuid in attributed,
+                                   _unknown_s(tick))  # fmt: skip
         self._capacity.add(self._last_read, now, facts)
 
     def _with_meta(self, track: RunTrack):  # type: ignore[no-untyped-def]
@@ -470,3 +474,11 @@ class NodeAgent:
         if key not in self._said:
             self._said.add(key)
             self._warn(line)
+
+
+def _unknown_s(tick: GpuTick | None) -> float:
+    """The part of a tick its busy time does not cover: samples lost and no instant reading to
+    measure them (the collector then leaves them out of busy_s, docs/METERING.md)."""
+    if tick is None or not tick.util_unknown_s or UTIL_INSTANT in (tick.util_method or "").split(","):
+        return 0.0
+    return tick.util_unknown_s

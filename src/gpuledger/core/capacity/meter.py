@@ -5,7 +5,9 @@ it what each reading found (``GpuFacts``) and the reading's edges.
 Readings are contiguous (each covers the time since the previous one), so an interval's states add
 up to its span exactly: edges are rounded to milliseconds once, each reading's span is the
 difference of two rounded edges, and the spans telescope. A GPU missing from a reading, or a gap
-between readings, starts a new interval instead of bridging the gap.
+between readings, starts a new interval instead of bridging the gap. A reading that starts before
+the end of the previous one (a clock stepped back, a reading that failed half-way) counts only
+from that end: no millisecond of a GPU is ever in two intervals.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class GpuFacts:
     held: bool  # a run, a platform allocation or an owned process holds it
     in_use: bool  # a process is on it (owned or not)
     attributed: bool  # a process with a known owner is on it
+    unknown_s: float = 0.0  # part of the reading the driver's samples could not cover (not in busy_s)
 
 
 @dataclass(slots=True)
@@ -63,16 +66,21 @@ class CapacityMeter:
         self.instance_type = instance_type
         self._open: dict[str, _Open] = {}
         self._done: list[CapacityInterval] = []
+        self._end_ms: int | None = None  # the end of the latest reading
 
     def add(self, t0: float, t1: float, gpus: Mapping[str, GpuFacts]) -> None:
         """The reading covering [t0, t1): each GPU's span in one state (core/capacity/model.classify)."""
         a, b = ms(t0), ms(t1)
+        if self._end_ms is not None and a < self._end_ms:
+            a = self._end_ms  # already counted: only the rest of the reading is new
         if b <= a:
             return
+        self._end_ms = b
         for uuid, f in gpus.items():
             busy_ms = None if f.busy_s is None else round(f.busy_s * 1000)
-            states = classify(Reading(b - a, busy_ms, f.held, f.in_use, f.attributed))
-            unmeasured = b - a if busy_ms is None else 0
+            unknown_ms = 0 if busy_ms is None else min(b - a, max(0, round(f.unknown_s * 1000)))
+            states = classify(Reading(b - a, busy_ms, f.held, f.in_use, f.attributed, unknown_ms))
+            unmeasured = b - a if busy_ms is None else unknown_ms
             acc = self._open.get(uuid)
             if acc is not None and acc.t1_ms != a:  # a gap: what came before is an interval of its own
                 self._done.append(self._interval(uuid, acc))

@@ -109,13 +109,18 @@ class Reading:
     held: bool  # a run, a platform allocation or an owned process holds it
     in_use: bool  # a process is on it (owned or not)
     attributed: bool  # a process with a known owner is on it
+    unknown_ms: int = 0  # part of the span the driver's samples could not cover (not in busy_ms)
 
 
 def classify(r: Reading) -> States:
-    """The states of one reading. Busy time the driver did not measure counts as busy while a
-    process is on the GPU and as not busy otherwise; an owned process makes the GPU held."""
+    """The states of one reading. Busy time the driver did not measure (all of it, or the unknown
+    part of a measured reading) counts as busy while a process is on the GPU and as not busy
+    otherwise; an owned process makes the GPU held."""
     span = max(0, r.span_ms)
-    busy = (span if r.in_use else 0) if r.busy_ms is None else min(span, max(0, r.busy_ms))
+    if r.busy_ms is None:
+        busy = span if r.in_use else 0
+    else:
+        busy = min(span, max(0, r.busy_ms) + (max(0, r.unknown_ms) if r.in_use else 0))
     held = r.held or r.attributed
     if not held:
         return States(unallocated_ms=span - busy, busy_unattr_ms=busy)
