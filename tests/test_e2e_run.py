@@ -353,6 +353,13 @@ def test_a_short_command_still_has_its_memory_measured(env: dict[str, str]) -> N
     assert 120 * 2**20 <= only_run(env)["peak_rss_bytes"] <= 200 * 2**20
 
 
+def test_a_small_command_is_not_given_the_recorders_memory(env: dict[str, str]) -> None:
+    # `sleep` holds about 2 MiB. wait4's ru_maxrss for it also counts the image it was forked from
+    # (gpuledger's own tens of MiB, before exec): the readings that saw it are its peak.
+    assert run_cli(["run", "--", "sleep", "1.5"], env).returncode == 0
+    assert 0 < only_run(env)["peak_rss_bytes"] <= 16 * 2**20
+
+
 def test_a_command_too_short_to_sample_still_has_its_peak_memory(env: dict[str, str]) -> None:
     # It ends before the first reading: its peak comes from wait4's ru_maxrss, not a made-up 0.
     code = "block = bytearray(150 * 2**20)"

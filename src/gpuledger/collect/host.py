@@ -138,6 +138,7 @@ class ProcessTreeCollector:
         self._gone: dict[int, _Tracked] = {}  # ended, reaped outside the tree: figure kept
         self._credited = Usage()  # exact figures handed over by credit_reaped, less bases
         self._reaped_peak = 0  # the largest ru_maxrss credited since the last read
+        self._tree_seen = False  # a reading found a process of the tree with memory
         self._folded = Usage()  # kept figures too old to be credited any more
         self._reported = Usage()  # the running maximum: cumulative since the first read
         self._root_start: float | None = None
@@ -176,9 +177,11 @@ class ProcessTreeCollector:
             system = self._system_due(closes_interval)
             # Nothing above moved a cursor the deltas are taken from: from here on, nothing raises.
             delta, self._reported = _minus(total, self._reported), total
+            rss_b = sum(r.rss_b for r in self._live.values())
+            self._tree_seen = self._tree_seen or rss_b > 0
             tick = HostTick(
                 t0=self._prev_t, t1=now, cpu_s=delta.cpu_s, read_b=delta.read_b, write_b=delta.write_b,
-                rss_b=max(sum(r.rss_b for r in self._live.values()), self._reaped_peak),
+                rss_b=rss_b if self._tree_seen else max(rss_b, self._reaped_peak),
                 threads=sum(r.threads for r in self._live.values()), procs=len(self._live),
                 **(self._system_since(system, now) if system is not None else {}),
             )  # fmt: skip
@@ -217,8 +220,10 @@ class ProcessTreeCollector:
         chain of ended processes (reaped there); descendants still alive were orphaned, keep their
         own figures and get their own credit when reaped. The next ``read`` reports the change.
         ``max_rss_b`` (wait4's ``ru_maxrss``: the largest resident set of ``pid`` and what it
-        reaped) floors the next reading's tree memory: a command that ended before any reading saw
-        it still has a measured peak, never a made-up 0.
+        reaped) is the tree's memory only while no reading has seen the tree: a command that ended
+        before any reading saw it still has a measured peak, never a made-up 0. Once a reading saw
+        it, the readings are its peak: Linux's ru_maxrss also counts the image the process was
+        forked from before its exec (gpuledger's own memory, for CMD), which is not the run's.
         """
         with self._lock:
             self._reaped_peak = max(self._reaped_peak, max_rss_b)
