@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpuledger.core.units import (
     change_pct,
+    fmt_bytes,
     fmt_change,
     fmt_count,
     fmt_duration,
@@ -115,3 +116,18 @@ def test_counted_nouns_agree() -> None:
 def test_durations_under_a_minute_are_seconds_never_zero(seconds: float) -> None:
     text = fmt_duration(seconds)
     assert text.endswith(" s") and _parse(text.removesuffix(" s")) > 0  # a sub-second epoch is not "0:00:00"
+
+
+def test_bytes_round_first_then_pick_the_unit() -> None:
+    # Each was one unit too small or one digit too many: "1024 KiB", "10.00 KiB", "100.0 GiB", "1024 GiB".
+    assert fmt_bytes(2**20 - 1) == "1.00 MiB"
+    assert fmt_bytes(10 * 1024 - 1) == "10.0 KiB"
+    assert fmt_bytes(100 * 2**30 - 2**20) == "100 GiB"
+    assert fmt_bytes(2**40 - 2**28) == "1.00 TiB"
+    assert fmt_bytes(1023.6) == "1.00 KiB" and fmt_bytes(1023) == "1023 B"
+
+
+@given(st.integers(min_value=1024, max_value=2**60))
+def test_bytes_have_three_significant_digits_below_1024_of_their_unit(n: int) -> None:
+    value, unit = fmt_bytes(n).split()
+    assert unit != "B" and 1.0 <= float(value) < 1024 and _significant(value) == (3 if float(value) < 1000 else 4)

@@ -108,18 +108,29 @@ def _half_up(value: float, decimals: int) -> Decimal:
 
 
 def fmt_bytes(n: float | None) -> str:
-    """1536 -> "1.50 KiB"; binary units, 3 significant digits, plain bytes below 1 KiB."""
+    """1536 -> "1.50 KiB"; binary units, 3 significant digits, whole bytes below 1 KiB.
+
+    Rounded first, then the unit picked: 1,048,575 B is "1.00 MiB" (not "1024 KiB") and
+    10,239 B is "10.0 KiB" (not "10.00 KiB")."""
     if _absent(n):
         return NA
     assert n is not None
     size, unit = float(n), 0
-    while abs(size) >= 1024 and unit < len(_BINARY_UNITS) - 1:
-        size /= 1024
-        unit += 1
-    if unit == 0:
-        return f"{int(n)} B"
-    digits = 2 if abs(size) < 10 else 1 if abs(size) < 100 else 0
-    return f"{size:.{digits}f} {_BINARY_UNITS[unit]}"
+    while True:
+        digits = 0 if unit == 0 else _byte_decimals(size)
+        shown = abs(float(f"{size:.{digits}f}"))
+        if shown >= 1024 and unit < len(_BINARY_UNITS) - 1:
+            size /= 1024
+            unit += 1
+            continue
+        if unit == 0:
+            return f"{round(size)} B"
+        digits = _byte_decimals(shown)  # 9.996 shows as 10.00: three digits are 10.0
+        return f"{size:.{digits}f} {_BINARY_UNITS[unit]}"
+
+
+def _byte_decimals(size: float) -> int:
+    return 2 if abs(size) < 10 else 1 if abs(size) < 100 else 0
 
 
 def fmt_duration(seconds: float | None) -> str:
