@@ -131,6 +131,8 @@ def test_a_mig_gpu_is_one_asset_busy_while_a_slice_is_in_use(trees: Path, ledger
     totals = _totals(rows[PARENT])
     assert totals["busy_attr_ms"] == 10_000 and totals["unmeasured_ms"] == 10_000  # NVML gives no utilisation
     assert (gpu.uuid, gpu.name, gpu.extra.get("mig_mode")) == (PARENT, "NVIDIA A100-SXM4-80GB", "enabled")
+    # ... but it does give the physical GPU's energy: 100 W over the 10 s metered
+    assert sum(r["energy_j"] for r in rows[PARENT]) == pytest.approx(1000.0, rel=0.01)
 
 
 def test_a_wrapped_run_holds_its_gpus_while_none_of_its_processes_is_on_them(trees: Path, ledger_url: str) -> None:

@@ -34,6 +34,9 @@ class GpuRead:
     events: list[Event] = field(default_factory=list)
     # Every process on every GPU (collectors built to see the whole node, e.g. the node agent's)
     processes: list[GpuProcess] = field(default_factory=list)
+    # Energy (J) since the previous read of each MIG-mode GPU, by its UUID, for the node agent: NVML
+    # reports energy for the physical GPU only, never for its slices (None: not measured this read)
+    parent_energy: dict[str, float | None] = field(default_factory=dict)
 
 
 class GpuCollector(Protocol):

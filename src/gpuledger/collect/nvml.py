@@ -71,6 +71,18 @@ class _Device:
         self.backoff = _BACKOFF_FIRST_S
 
 
+class _Parent:
+    """A MIG-mode GPU read for its energy only (the node agent's capacity meter prices the GPU)."""
+
+    __slots__ = ("energy_mj", "handle", "power_w", "q", "t_last", "uuid")
+
+    def __init__(self, uuid: str, handle: Any, q: DeviceQueries) -> None:
+        self.uuid, self.handle, self.q = uuid, handle, q
+        self.energy_mj: int | None = None
+        self.power_w: float | None = None
+        self.t_last: float | None = None
+
+
 class NvmlCollector:
     """GpuCollector over NVML for the GPUs that ``visible`` (CUDA_VISIBLE_DEVICES) exposes.
 
@@ -116,6 +128,7 @@ class NvmlCollector:
             self.close()
             raise CollectorUnavailable(f"NVML could not list the GPUs: {exc}") from exc
         self._identities = [d.ident for d in self._devs]
+        self._parents: dict[str, _Parent] = {}  # MIG-mode GPUs, read in all_processes mode
 
     def _bind_functions(self, nv: Any) -> None:
         # Bound once: saves a module attribute lookup per query, and an old nvidia-ml-py that
@@ -189,7 +202,34 @@ class NvmlCollector:
                 self._mark_lost(d, exc, now)
             except Exception as exc:  # a bug or an unexpected error must not stop the recorder
                 self._q.report(d.q, "read", exc)
+        if self._all_processes:
+            self._read_parents(now, out)
         return out
+
+    def _read_parents(self, now: float, out: GpuRead) -> None:
+        """The energy of each MIG-mode GPU whose slices answer, since the previous read: the counter's
+        delta, else power integrated (as for a whole GPU); the first read of one only primes it."""
+        live = {d.ident.mig_parent_uuid for d in self._devs if d.ident.mig_parent_uuid is not None and not d.lost}
+        for uuid in sorted(live):  # type: ignore[type-var]
+            p = self._parents.get(uuid)
+            try:
+                if p is None:
+                    handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
+                    p = self._parents[uuid] = _Parent(uuid, handle, DeviceQueries(uuid, "MIG parent", self._q.absent))
+                p.q.start_read()
+                mj, power = self._power_readings(p)  # type: ignore[arg-type]
+            except Exception:  # lost with its slices (their reads say so), or not there: unmeasured
+                out.parent_energy[uuid] = None
+                continue
+            energy = None
+            if p.t_last is not None and now > p.t_last:
+                delta = None if mj is None else counter_delta(p.energy_mj, mj)
+                if delta is not None:
+                    energy = delta / 1000
+                elif power is not None and p.power_w is not None:
+                    energy = trapezoid_energy_j(p.t_last, p.power_w, now, power)
+            p.energy_mj, p.power_w, p.t_last = mj, power, now
+            out.parent_energy[uuid] = energy
 
     def close(self) -> None:
         if not self._closed:

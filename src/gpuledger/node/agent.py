@@ -352,7 +352,8 @@ class NodeAgent:
         facts = {}
         for uuid in physical_gpus(self._devices.values()):
             tick = ticks.get(uuid)
-            facts[uuid] = GpuFacts(tick.busy_s if tick else None, tick.energy_j if tick else None,
+            energy = tick.energy_j if tick else read.parent_energy.get(uuid)  # MIG mode: the GPU's own
+            facts[uuid] = GpuFacts(tick.busy_s if tick else None, energy,
                                    uuid in held, uuid in in_use, uuid in attributed,
                                    _unknown_s(tick))  # fmt: skip
         self._capacity.add(self._last_read, now, facts)
