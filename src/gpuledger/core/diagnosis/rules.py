@@ -248,7 +248,8 @@ def input_pipeline(trace: Trace, th: Thresholds, found: list[Finding]) -> list[F
             why = "cpu"
         elif h.procs_max <= 1 and rate >= th.single_core:
             why = "single_process"
-        elif h.iowait_s is not None and h.iowait_s / (span * (cores or 1)) >= th.iowait_high:
+        elif cores and h.iowait_s is not None and h.iowait_s / (span * cores) >= th.iowait_high:
+            # iowait is summed over all cores: without their number there is no share to judge
             why = "iowait"
         if busy < th.starved_busy and why:
             flagged.append((h.t0, h.t1))
