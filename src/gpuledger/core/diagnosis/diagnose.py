@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuledger.core.metering.summary import unmeasured_seconds
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
 
 SEVERITIES = ("critical", "warning", "info")
@@ -126,20 +127,28 @@ def span_of(iv: GpuInterval | HostInterval) -> float:
     return max(0.0, iv.t1 - iv.t0)
 
 
+def measured_s(iv: GpuInterval) -> float:
+    """The part of the interval whose busy time was measured: its span less the time the driver's
+    samples could not cover and no instant reading measured (docs/METERING.md: never guessed)."""
+    return max(0.0, span_of(iv) - unmeasured_seconds(iv))
+
+
 def busy_share(iv: GpuInterval) -> float | None:
-    span = span_of(iv)
-    if iv.busy_s is None or span <= 0:
+    """Busy share of the interval's measured time; None when none of it was measured."""
+    measured = measured_s(iv)
+    if iv.busy_s is None or measured <= 0:
         return None
-    return min(1.0, iv.busy_s / span)
+    return min(1.0, iv.busy_s / measured)
 
 
 def device_busy(intervals: Iterable[GpuInterval]) -> tuple[float, float]:
-    """(busy seconds, measured seconds) over the intervals that measured busy time."""
+    """(busy seconds, measured seconds) over the intervals that measured busy time; unmeasured
+    time (unknown, no instant reading) is in neither."""
     busy = covered = 0.0
     for iv in intervals:
         if iv.busy_s is not None:
             busy += iv.busy_s
-            covered += span_of(iv)
+            covered += measured_s(iv)
     return busy, covered
 
 
@@ -165,7 +174,8 @@ def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
 
 def gpu_busy_on(grid: Sequence[tuple[float, float]], intervals: Sequence[GpuInterval]) -> list[float | None]:
     """Mean busy share of one device over each window of ``grid`` (time-ordered, non-overlapping),
-    each interval shared out in proportion to its overlap (a two-pointer sweep)."""
+    each interval shared out in proportion to its overlap (a two-pointer sweep), of the measured
+    time only; None for a window with none."""
     out: list[float | None] = []
     j = 0
     ivs = [iv for iv in intervals if iv.busy_s is not None]
@@ -180,7 +190,7 @@ def gpu_busy_on(grid: Sequence[tuple[float, float]], intervals: Sequence[GpuInte
             span = span_of(iv)
             if span > 0 and part > 0:
                 busy += iv.busy_s * part / span  # type: ignore[operator]
-                covered += part
+                covered += measured_s(iv) * part / span
             k += 1
         out.append(min(1.0, busy / covered) if covered > 0 else None)
     return out

@@ -24,10 +24,10 @@ from gpuledger.core.diagnosis.diagnose import (
     gpu_index,
     linear_fit,
     longest,
+    measured_s,
     merge_spans,
     minutes,
     pct,
-    runs_where,
     span_of,
     used_gpus,
 )
@@ -306,20 +306,25 @@ def input_pipeline(trace: Trace, th: Thresholds, found: list[Finding]) -> list[F
 
 
 def idle_gpus(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Finding]:
+    """Idle is measured time minus busy: time the driver's samples could not cover with no instant
+    reading is unmeasured (docs/METERING.md), so it neither makes a span idle nor counts in one."""
     used = set(used_gpus(trace, th))
     unused = [u for u, ivs in trace.gpu.items() if u not in used and device_busy(ivs)[1] > 0]
     wall = trace.wall_s
     min_span = th.idle_span_s if wall >= 3000 else max(60.0, 0.2 * wall)
-    idle: list[tuple[str, float, float]] = []
+    idle: list[tuple[str, float, float, float]] = []  # uuid, t0, t1, measured seconds in the span
     for uuid in sorted(used):
-        for t0, t1 in runs_where(trace.gpu[uuid], lambda iv: (busy_share(iv) or 0.0) < th.idle_busy):
+        ivs = trace.gpu[uuid]
+        quiet = [iv for iv in ivs if (share := busy_share(iv)) is not None and share < th.idle_busy]
+        for t0, t1 in merge_spans(((iv.t0, iv.t1) for iv in quiet), gap_s=1.0):
             if t1 - t0 >= min_span:
-                idle.append((uuid, t0, t1))
+                idle.append((uuid, t0, t1, math.fsum(measured_s(iv) for iv in quiet if t0 <= iv.t0 and iv.t1 <= t1)))
     if not unused and not idle:
         return []
     parts, evidence = [], []
     unused_h = sum(device_busy(trace.gpu[u])[1] for u in unused) / 3600
-    idle_h = sum(t1 - t0 for _, t0, t1 in idle) / 3600
+    idle_h = sum(s for *_, s in idle) / 3600
+    unmeasured_h = sum(span_of(iv) - measured_s(iv) for ivs in trace.gpu.values() for iv in ivs) / 3600
     if unused:
         names = ", ".join(trace.gpu_label(u) for u in unused)
         parts.append(
@@ -338,8 +343,13 @@ def idle_gpus(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findin
         )
         evidence += [
             Evidence(t0, t1, "idle", gpu_index(trace, u), ("gpu_util",))
-            for u, t0, t1 in sorted(idle, key=lambda s: s[1] - s[2])[:MAX_EVIDENCE]
+            for u, t0, t1, _ in sorted(idle, key=lambda s: s[1] - s[2])[:MAX_EVIDENCE]
         ]
+    if unmeasured_h > 0:
+        parts.append(
+            f"{minutes(unmeasured_h * 3600)} of GPU time the driver's samples could not cover is not "
+            "measured and not counted as idle."
+        )
     title = (f"{len(unused)} allocated GPU(s) never used" if unused else "") + (
         (" and " if unused else "") + f"{minutes(idle_h * 3600)} of idle GPU time" if idle else ""
     )
@@ -357,6 +367,7 @@ def idle_gpus(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findin
                 "unused_gpu_h": unused_h,
                 "idle_gpu_h": idle_h,
                 "idle_spans": len(idle),
+                "unmeasured_gpu_h": unmeasured_h,
             },
         )
     ]

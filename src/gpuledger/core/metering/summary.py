@@ -1,7 +1,9 @@
 """The run summary: the JSON that ``gpuledger show RUN --json`` prints, and its one-screen text form.
 
 Figures come from the stored intervals: busy = Σ busy_s, energy = Σ energy_j;
-allocated = the wall time the run held each GPU. Absent measurements are None, never 0.
+allocated = the wall time the run held each GPU; unmeasured = the time the driver's samples could
+not cover and no instant reading measured (docs/METERING.md); idle = allocated - busy - unmeasured.
+Absent measurements are None, never 0.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from gpuledger.core.ids import short_id
 from gpuledger.core.metering.intervals import merge_gpu_intervals, merge_host_intervals
-from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval, RunRecord, run_is_open
+from gpuledger.core.model import UTIL_INSTANT, GpuIdentity, GpuInterval, HostInterval, RunRecord, run_is_open
 from gpuledger.core.units import (
     J_PER_KWH,
     NA,
@@ -30,7 +32,7 @@ from gpuledger.core.units import (
     iso_utc,
 )
 
-__all__ = ["REPLAY_BANNER", "format_summary", "summarize"]
+__all__ = ["REPLAY_BANNER", "format_summary", "summarize", "unmeasured_seconds"]
 
 REPLAY_BANNER = "REPLAYED GPU TRACE — not real hardware"
 _COMMAND_WIDTH = 100
@@ -121,12 +123,23 @@ def _per_device(
     return out
 
 
+def unmeasured_seconds(iv: GpuInterval) -> float:
+    """The interval's time the driver's samples could not cover (``util_unknown_s``) when no instant
+    reading measured it: not in busy_s, and not idle either: unmeasured (docs/METERING.md)."""
+    unknown = iv.util_unknown_s
+    if not unknown or not math.isfinite(unknown) or UTIL_INSTANT in (iv.util_method or "").split(","):
+        return 0.0
+    return min(max(0.0, iv.t1 - iv.t0), max(0.0, unknown))
+
+
 def _gpu_summary(
     dev: GpuIdentity | None, uuid: str, intervals: list[GpuInterval], wall: float | None
 ) -> dict[str, Any]:
     merged = merge_gpu_intervals(sorted(intervals, key=lambda i: (i.t0, i.seq))) if intervals else None
     busy = merged.busy_s if merged else None
     energy = merged.energy_j if merged else None
+    unmeasured = None if busy is None else math.fsum(unmeasured_seconds(iv) for iv in intervals)
+    measured = None if wall is None or unmeasured is None else max(0.0, wall - unmeasured)
     return {
         "index": dev.index if dev else None,
         "uuid": uuid,
@@ -136,9 +149,11 @@ def _gpu_summary(
         "mig_profile": dev.mig_profile if dev else None,
         "busy_seconds": busy,
         "allocated_seconds": wall,
-        # Clamped: tick edges can put busy a hair above wall; idle is never negative.
-        "idle_seconds": None if busy is None or wall is None else max(0.0, wall - busy),
-        "mean_utilization": None if busy is None or not wall else min(1.0, busy / wall),
+        # Clamped: tick edges can put busy a hair above wall; idle is never negative. Time nobody
+        # measured is not idle (it is unmeasured_seconds).
+        "idle_seconds": None if busy is None or measured is None else max(0.0, measured - busy),
+        "unmeasured_seconds": unmeasured,
+        "mean_utilization": None if busy is None or not measured else min(1.0, busy / measured),
         "energy_joules": energy,
         "energy_kwh": None if energy is None else energy / J_PER_KWH,
         "peak_memory_bytes": merged.mem_used_max_b if merged else None,
@@ -178,12 +193,15 @@ def _gpu_totals(gpus: list[dict[str, Any]], wall: float | None) -> dict[str, Any
     (the reason is in gpu_note), since "not measured" must not read as "used nothing"."""
     busy = _total(g["busy_seconds"] for g in gpus)
     measured = [g for g in gpus if g["busy_seconds"] is not None]
-    held = None if wall is None else wall * len(measured)
+    unmeasured = _total(g["unmeasured_seconds"] for g in measured)
+    held = None if wall is None else max(0.0, wall * len(measured) - (unmeasured or 0.0))
     energy = _total(g["energy_joules"] for g in gpus)
     return {
         "allocated_gpu_hours": None if wall is None or not gpus else wall * len(gpus) / S_PER_H,
         "busy_gpu_hours": None if busy is None else busy / S_PER_H,
         "idle_gpu_hours": _total_hours(g["idle_seconds"] for g in gpus),
+        # GPU time the samples could not cover with no instant reading: neither busy nor idle.
+        "unmeasured_gpu_hours": None if unmeasured is None else unmeasured / S_PER_H,
         "mean_utilization": None if busy is None or not held else min(1.0, busy / held),
         "peak_utilization_pct": _peak(g["peak_utilization_pct"] for g in gpus),
         "peak_memory_bytes": _peak(g["peak_memory_bytes"] for g in gpus),
@@ -233,7 +251,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         return "\n".join(lines)
     lines += [
         f"  GPU-hours  allocated {fmt_hours(s.get('allocated_gpu_hours'))}   "
-        f"busy {fmt_hours(s.get('busy_gpu_hours'))}   idle {fmt_hours(s.get('idle_gpu_hours'))}",
+        f"busy {fmt_hours(s.get('busy_gpu_hours'))}   idle {fmt_hours(s.get('idle_gpu_hours'))}"
+        + (f"   unmeasured {fmt_hours(s['unmeasured_gpu_hours'])}" if s.get("unmeasured_gpu_hours") else ""),
         f"  GPU util   mean {fmt_pct(s.get('mean_utilization'))}   peak {fmt_percent(s.get('peak_utilization_pct'))}",
         f"  VRAM peak  {fmt_bytes(s.get('peak_memory_bytes'))} device   "
         f"{fmt_bytes(s.get('peak_process_memory_bytes'))} this run's processes",

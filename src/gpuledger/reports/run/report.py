@@ -161,7 +161,8 @@ def cards(
         _card(
             "Busy GPU-hours",
             fmt_hours(s.get("busy_gpu_hours")),
-            f"allocated {fmt_hours(s.get('allocated_gpu_hours'))} · idle {fmt_hours(s.get('idle_gpu_hours'))}",
+            f"allocated {fmt_hours(s.get('allocated_gpu_hours'))} · idle {fmt_hours(s.get('idle_gpu_hours'))}"
+            + (f" · unmeasured {fmt_hours(s['unmeasured_gpu_hours'])}" if s.get("unmeasured_gpu_hours") else ""),
         ),
         _card(
             "Mean utilisation", fmt_pct(s.get("mean_utilization")), f"peak {fmt_percent(s.get('peak_utilization_pct'))}"
