@@ -17,6 +17,7 @@ from gpuledger.node.claims import Allocation, Claims
 from gpuledger.store import Ledger
 from gpuledger.store.capacity_queries import day_rows, fleet, intervals
 from test_agent_loop import GPU0, GPU1, T0, Node, labelled, make_trees
+from test_agent_procfacts import make_proc
 
 
 @pytest.fixture
@@ -221,3 +222,27 @@ def test_busy_time_lost_from_the_sample_buffer_is_unmeasured_not_idle(trees: Pat
     totals = _totals(rows[GPU0])
     assert totals["alloc_idle_ms"] < 1_000  # never idle (a sample period's edges, not the 15 s lost)
     assert totals["unmeasured_ms"] >= 10_000  # the lost span is said to be unmeasured
+
+
+@pytest.mark.parametrize("recorder_alive", [True, False])
+def test_a_run_whose_recorder_died_holds_no_gpu(trees: Path, ledger_url: str, recorder_alive: bool) -> None:
+    # A `gpuledger run` recorded into the agent's ledger with its recorder at pid 4242. Killed -9, its
+    # run stays `running` in the ledger (nobody looked since) but pid 4242 is in no /proc any more:
+    # its idle GPU1 is then held by nobody. While the recorder lives, the run holds it.
+    run_id = "0190aaaa-0000-7000-8000-000000000002"
+    if recorder_alive:
+        make_proc(trees / "proc", 4242, "gpuledger", cmdline=["gpuledger", "run", "--", "python", "train.py"])
+    with Ledger(ledger_url) as led:
+        led.create_run(RunRecord(id=run_id, command=["python", "train.py"], user="u", host="node-1", cwd="/",
+                                 started_at=T0, status="running", recorder_pid=4242))  # fmt: skip
+        led.add_devices(run_id, [GpuIdentity(0, GPU1, "NVIDIA A100-SXM4-80GB")])
+    node = Node(trees, ledger_url, Claims(), procs={})
+    deadline = time.monotonic() + 30
+    while GPU1 not in node.sink.held_gpus and time.monotonic() < deadline:  # the ledger thread's first look
+        time.sleep(0.05)
+    node.tick(5)
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+    held = _totals(rows[GPU1])["alloc_idle_ms"]
+    assert (held, _totals(rows[GPU1])["unallocated_ms"]) == ((8000, 0) if recorder_alive else (0, 8000))

@@ -39,6 +39,7 @@ from gpuledger.node.sink import LedgerSink
 from gpuledger.node.sources import Sources
 from gpuledger.node.track import META_KEY, RunTrack, discovered_record, gpu_share
 from gpuledger.recorder.clock import SteadyClock
+from gpuledger.runs.liveness import PID_START_SLACK_S
 
 GPU_RETRY_S = 60.0  # without NVML, how often the agent tries again
 _PGRP = "pgrp:"  # the weakest grouping (core/metering/owners.py): a platform may later place the process
@@ -342,7 +343,10 @@ class NodeAgent:
         if self._gpu_reads < 2:
             return
         physical = {u: d.mig_parent_uuid or u for u, d in self._devices.items()}
-        held = {physical.get(a.gpu, a.gpu) for a in claims.allocations} | self._sink.held_gpus
+        held = {physical.get(a.gpu, a.gpu) for a in claims.allocations}
+        for hold in self._sink.holds:  # a run whose recorder died (kill -9) is lost: it holds nothing
+            if self._recorder_alive(hold.recorder_pid, hold.started_at):
+                held |= hold.gpus
         for track in self.tracks.values():
             if track.ending_at is None or track.ending_at >= now:
                 held.update(physical.get(u, u) for u in track.devices)
@@ -357,6 +361,18 @@ class NodeAgent:
                                    uuid in held, uuid in in_use, uuid in attributed,
                                    _unknown_s(tick))  # fmt: skip
         self._capacity.add(self._last_read, now, facts)
+
+    def _recorder_alive(self, pid: int | None, started_at: float) -> bool:
+        """The run's recorder still runs in this host's /proc (not a later process that reused its
+        pid); True when there is no pid to check. As runs/liveness.py, but through the agent's /proc."""
+        if pid is None:
+            return True
+        st = self._procs.stat(pid)
+        if st is None or st.exited:
+            return False
+        if self._boot_time is None:
+            return True
+        return self._boot_time + st.start_ticks / self._tck <= started_at + PID_START_SLACK_S
 
     def _with_meta(self, track: RunTrack):  # type: ignore[no-untyped-def]
         node = {**(track.run.meta.get(META_KEY) or {}), **track.meta(self._boot_id)}

@@ -16,7 +16,8 @@ happens here too:
 
 It also keeps, every ``RECORDERS_EVERY_S``, the pids of the recorders of runs ``running`` on this
 host (``recorders``: the wrapped-run rule of core/metering/owners.py) and the GPUs the open runs of this host
-hold (``held_gpus``: held time in the capacity ledger), and writes the agent's capacity intervals
+hold with their recorders (``holds``: held time in the capacity ledger while the recorder lives), and
+writes the agent's capacity intervals
 and GPU sightings (store/capacity.py) in order with the rest.
 """
 
@@ -34,7 +35,7 @@ from gpuledger.core.capacity.model import CapacityInterval, Sighting
 from gpuledger.core.model import GpuIdentity, RunRecord
 from gpuledger.node.track import META_KEY, Closed
 from gpuledger.store.capacity import write_capacity
-from gpuledger.store.capacity_queries import held_by_open_runs
+from gpuledger.store.capacity_queries import RunHold, held_by_open_runs
 
 RECORDERS_EVERY_S = 5.0  # a wrapped run started after the agent is known within this
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 60.0
@@ -84,7 +85,7 @@ class LedgerSink:
         self._said_down = False
         self._recorders_at = 0.0
         self.recorders: dict[int, str] = {}  # recorder pid -> run id (snapshot, replaced whole)
-        self.held_gpus: frozenset[str] = frozenset()  # GPUs the open runs of this host hold (snapshot)
+        self.holds: tuple[RunHold, ...] = ()  # the open runs of this host and the GPUs they hold (snapshot)
         self.adopted: dict[str, str] = {}  # local id -> the resumed run's id
         self.written_at: float | None = None
         self._thread = threading.Thread(target=self._loop, name="gpuledger-agent-ledger", daemon=True)
@@ -117,6 +118,11 @@ class LedgerSink:
 
     def run_id(self, local_id: str) -> str:
         return self.adopted.get(local_id, local_id)
+
+    @property
+    def held_gpus(self) -> frozenset[str]:
+        """Every GPU an open run of this host holds, whether or not its recorder still lives."""
+        return frozenset(g for h in self.holds for g in h.gpus)
 
     def pending(self) -> int:
         with self._lock:
@@ -160,7 +166,7 @@ class LedgerSink:
             self._recorders_at = now
             self.recorders = {r.recorder_pid: r.id for r in ledger.list_runs(status="running", limit=1000)
                               if r.host == self._host and r.recorder_pid is not None}  # fmt: skip
-            self.held_gpus = frozenset(ledger.read(lambda conn: held_by_open_runs(conn, self._host)))
+            self.holds = tuple(ledger.read(lambda conn: held_by_open_runs(conn, self._host)))
         wrote: set[str] = set()
         while True:
             with self._lock:

@@ -8,6 +8,7 @@ recorded on them (``unmetered_devices``), for wrapped-only deployments. Read-onl
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -21,6 +22,7 @@ from gpuledger.store.schema_capacity import STATE_COLUMNS
 
 __all__ = [
     "DAY_COLUMNS",
+    "RunHold",
     "day_rows",
     "days_of",
     "fleet",
@@ -89,19 +91,30 @@ def intervals(conn: Connection, gpu_uuid: str | None = None, host: str | None = 
     return [dict(r) for r in conn.execute(q).mappings()]
 
 
-def held_by_open_runs(conn: Connection, host: str) -> set[str]:
-    """The GPUs (and MIG slices' parents) the open runs of ``host`` hold: what the node agent counts as
-    held by a wrapped run, whether or not a process of it is on the GPU at the moment."""
-    d = devices.c
+@dataclass(frozen=True, slots=True)
+class RunHold:
+    """The GPUs (MIG slices: their parents) an open run of this host holds, and its recorder."""
+
+    run_id: str
+    recorder_pid: int | None
+    started_at: float
+    gpus: frozenset[str]
+
+
+def held_by_open_runs(conn: Connection, host: str) -> list[RunHold]:
+    """The open runs of ``host`` with the GPUs they hold: what the node agent counts as held by a
+    wrapped run, whether or not a process of it is on the GPU at the moment, while its recorder lives."""
+    d, r = devices.c, runs.c
     q = (
-        sa.select(d.uuid, d.mig_parent_uuid)
-        .join(runs, runs.c.id == d.run_id)
-        .where(runs.c.host == host, open_run(runs.c))
+        sa.select(r.id, r.recorder_pid, r.started_at, d.uuid, d.mig_parent_uuid)
+        .join(runs, r.id == d.run_id)
+        .where(r.host == host, open_run(r))
+        .order_by(r.id)
     )
-    out: set[str] = set()
-    for uuid, parent in conn.execute(q):
-        out.add(parent or uuid)
-    return out
+    found: dict[str, tuple[int | None, float, set[str]]] = {}
+    for run_id, pid, started, uuid, parent in conn.execute(q):
+        found.setdefault(run_id, (pid, started, set()))[2].add(parent or uuid)
+    return [RunHold(k, pid, started, frozenset(gpus)) for k, (pid, started, gpus) in found.items()]
 
 
 # Every distinct device uuid by walking the uuid index (a loose index scan: one probe per GPU, not
