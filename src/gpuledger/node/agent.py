@@ -339,8 +339,10 @@ class NodeAgent:
         """This reading's span of every physical GPU in one capacity state (core/capacity/model.py): held
         by a discovered run, an open run of this host's ledger or a platform allocation; in use and
         attributed by the processes found on it or its MIG slices. The first reading only primes
-        NVML's cursors (no busy time, no process yet): its span is left unobserved, not guessed."""
-        if self._gpu_reads < 2:
+        NVML's cursors (no busy time, no process yet): its span is left unobserved, not guessed, and
+        so is a reading after a pause longer than an interval (the host suspended, the agent stopped):
+        what it found at its end says nothing about the time before."""
+        if self._gpu_reads < 2 or now - self._last_read > max(self.config.interval_s, 3 * self.config.tick):
             return
         physical = {u: d.mig_parent_uuid or u for u, d in self._devices.items()}
         held = {physical.get(a.gpu, a.gpu) for a in claims.allocations}
