@@ -10,7 +10,7 @@ import click
 
 from gpuledger.cli.admin_cmds import _account_errors, _actor
 from gpuledger.cli.audit_key_cmds import key_group
-from gpuledger.cli.common import FiniteFloat, echo_json
+from gpuledger.cli.common import FiniteFloat, cli_errors, echo_json, rate_card
 from gpuledger.cli.server_cmds import db_required, server_ledger
 
 
@@ -190,13 +190,21 @@ def retention_group() -> None:
     help="Delete the fleet's raw capacity intervals older than this (their day sums are kept).",
 )
 @click.option("--keep-capacity", is_flag=True, help="Never delete raw capacity intervals.")
+@click.option(
+    "--rates", envvar="GPULEDGER_RATES", type=click.Path(dir_okay=False),
+    help="Rate card TOML whose price changes no rolled-up interval straddles, so reports priced with it stay "
+    "exact (docs/RATE_CARDS.md; or GPULEDGER_RATES). Default: the example card.",
+)  # fmt: skip
 @_account_errors
+@cli_errors
 def retention_run_cmd(
     db: str | None, raw_days: float, minute_days: float, log_days: float, keep_logs: bool, run_days: float | None,
-    capacity_days: float, keep_capacity: bool,
+    capacity_days: float, keep_capacity: bool, rates: str | None,
 ) -> None:  # fmt: skip
     """Apply the retention policy once (schedule it daily, e.g. with cron or a systemd timer)."""
     from gpuledger.store.retention import Policy, run_retention
+
+    card = rate_card(rates or None)  # a broken card is refused before anything is rewritten
 
     try:
         from gpuledger.reports.cost.rollups import materialise_rollups
@@ -206,7 +214,9 @@ def retention_run_cmd(
         raw_days, max(minute_days, raw_days), None if keep_logs else log_days, run_days,
         None if keep_capacity else capacity_days,
     )  # fmt: skip
-    report = run_retention(server_ledger(db), policy, actor=_actor(), cost_rollups=materialise_rollups)
+    report = run_retention(
+        server_ledger(db), policy, actor=_actor(), cost_rollups=materialise_rollups, price_changes=card.change_points
+    )
     levels = ", ".join(f"{n} runs to {lvl} s" for lvl, n in sorted(report.rolled_up.items())) or "nothing"
     click.echo(
         f"rolled up {levels} ({report.rows_before} -> {report.rows_after} interval rows); "

@@ -4,7 +4,10 @@ Per finished run, one transaction each, audited:
 
 1. the cost engine's per-day rollups are written first (``gpu_rollups``), so costs stay exact;
 2. a run that ended more than ``raw_days`` ago has its intervals replaced by 1-minute intervals
-   (core/metering/rollup.py: exact sums, cut at epoch boundaries), after ``minute_days`` by 1-hour ones;
+   (core/metering/rollup.py: exact sums), after ``minute_days`` by 1-hour ones. No merged interval
+   straddles an instant where reports cut figures by time (epoch boundaries, UTC midnights, the rate
+   card's price changes, another run's start or end on the same GPU), and a GPU's intervals while
+   another run shared it are kept as they are (the share split works interval by interval);
    ``rollup_marks`` remembers how far the raw seqs went, so a late replay of raw rows is dropped;
 3. logs of runs that ended more than ``log_days`` ago are deleted (their sha256 stays in the
    audit chain); runs older than ``run_days`` (off by default) are deleted whole;
@@ -19,8 +22,9 @@ are left alone.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +33,10 @@ from sqlalchemy.engine import Connection
 
 from gpuledger.core.audit.seal import compare
 from gpuledger.core.metering import rollup
+from gpuledger.core.model import run_is_open
+from gpuledger.core.pricing.usage import held_span
 from gpuledger.core.training.epochs import BOUNDARY_KINDS
-from gpuledger.store import audit, codec, liveness_sweep, schema, writes
+from gpuledger.store import audit, codec, cost_queries, liveness_sweep, schema, writes
 from gpuledger.store.capacity_retention import Pruned, prune_capacity
 
 if TYPE_CHECKING:
@@ -85,8 +91,36 @@ def _tampered(conn: Connection, run_id: str) -> list[str]:
     return [] if found is None else compare(sealed, found[0], found[1])
 
 
-def _rollup_run(conn: Connection, run_id: str, level_s: int, actor: str) -> tuple[int, int]:
-    """Replace the run's intervals by ``level_s`` rollups; (rows before, rows after)."""
+def _midnights(t0: float, t1: float) -> list[float]:
+    """The UTC midnights strictly inside (t0, t1): where the reports split intervals into days."""
+    first = math.floor(t0 / DAY_S) + 1
+    return [d * DAY_S for d in range(first, math.ceil(t1 / DAY_S))]
+
+
+def _shared_spans(conn: Connection, run_id: str) -> dict[str, list[tuple[float, float]]]:
+    """Per GPU of the run: the held spans of the other runs that held it, found as the cost split
+    finds them (store/cost_queries.tenants_of). Where one meets the run's intervals the GPU may have
+    been shared: those intervals are kept as they are, and the spans' edges (the other runs' starts
+    and ends) are cuts. An end is taken generously (the record's or the priced one, whichever is
+    later; for a run still recording, never): a span kept too long only merges less."""
+    others = [t for t in cost_queries.tenants_of(conn, [run_id], None, None) if t["run_id"] != run_id]
+    last = cost_queries.last_interval_ends(conn, sorted({t["run_id"] for t in others}))
+    out: dict[str, list[tuple[float, float]]] = {}
+    for t in others:
+        start, ended = t["started_at"], t["ended_at"]
+        priced_end = held_span(t["status"], start, ended, last.get(t["run_id"]))[1]
+        end = math.inf if run_is_open(t["status"], ended) else max(priced_end, start if ended is None else ended)
+        out.setdefault(t["uuid"], []).append((start, end))
+    return out
+
+
+def _rollup_run(
+    conn: Connection, run_id: str, level_s: int, actor: str, price_changes: Sequence[float] = ()
+) -> tuple[int, int]:
+    """Replace the run's intervals by ``level_s`` rollups; (rows before, rows after). Nothing is
+    merged across an instant where a report later cuts figures by time: the run's epoch boundaries,
+    UTC midnights, ``price_changes`` and, per GPU, the start and end of any other run on it; and
+    the intervals of a GPU while another run shared it are kept as they are (core/metering/rollup.py)."""
     e = schema.events.c
     cuts = list(conn.scalars(sa.select(e.t).where(e.run_id == run_id, e.kind.in_(BOUNDARY_KINDS))))
     before = after = 0
@@ -94,16 +128,23 @@ def _rollup_run(conn: Connection, run_id: str, level_s: int, actor: str) -> tupl
     now = time.time()
     g = schema.gpu_intervals
     rows = [codec.gpu_from_row(r) for r in conn.execute(sa.select(g).where(g.c.run_id == run_id)).mappings()]
+    h = schema.host_intervals
+    hosts = [codec.host_from_row(r) for r in conn.execute(sa.select(h).where(h.c.run_id == run_id)).mappings()]
+    everything = [*rows, *hosts]
+    if everything:
+        t0, t1 = min(iv.t0 for iv in everything), max(iv.t1 for iv in everything)
+        cuts += _midnights(t0, t1) + [c for c in price_changes if t0 < c < t1]
     by_device: dict[str, list[Any]] = {}
     for iv in rows:
         by_device.setdefault(iv.device_uuid, []).append(iv)
+    shared = _shared_spans(conn, run_id) if by_device else {}
     old_marks = {
         (m.series, m.device_uuid): m.upto_seq
         for m in conn.execute(sa.select(schema.rollup_marks).where(schema.rollup_marks.c.run_id == run_id))
     }
     new_rows: list[dict[str, Any]] = []
     for uuid, ivs in by_device.items():
-        merged = rollup.rollup_gpu(ivs, level_s, cuts)
+        merged = rollup.rollup_gpu(ivs, level_s, cuts, keep=shared.get(uuid, ()))
         new_rows += [codec.to_row(m, run_id=run_id) for m in merged]
         upto = max([iv.seq for iv in ivs] + [old_marks.get(("gpu", uuid), -1)])
         marks.append(_mark(run_id, "gpu", uuid, level_s, upto, len(ivs), len(merged), now))
@@ -111,8 +152,6 @@ def _rollup_run(conn: Connection, run_id: str, level_s: int, actor: str) -> tupl
     conn.execute(sa.delete(g).where(g.c.run_id == run_id))
     if new_rows:
         conn.execute(sa.insert(g), new_rows)
-    h = schema.host_intervals
-    hosts = [codec.host_from_row(r) for r in conn.execute(sa.select(h).where(h.c.run_id == run_id)).mappings()]
     if hosts:
         merged_h = rollup.rollup_host(hosts, level_s, cuts)
         conn.execute(sa.delete(h).where(h.c.run_id == run_id))
@@ -135,7 +174,9 @@ def _mark(
     }  # fmt: skip
 
 
-def _step(ledger: Ledger, run_id: str, level_s: int, actor: str, report: Report) -> None:
+def _step(
+    ledger: Ledger, run_id: str, level_s: int, actor: str, report: Report, price_changes: Sequence[float]
+) -> None:
     def tx(conn: Connection) -> None:
         if _level(conn, run_id) >= level_s:
             return
@@ -147,7 +188,7 @@ def _step(ledger: Ledger, run_id: str, level_s: int, actor: str, report: Report)
             sealed = not first.startswith("never sealed")
             report.skipped[run_id] = "does not match its seal: " + "; ".join(problems[:3]) if sealed else first
             return
-        n_in, n_out = _rollup_run(conn, run_id, level_s, actor)
+        n_in, n_out = _rollup_run(conn, run_id, level_s, actor, price_changes)
         payload = {"level_s": level_s, "rows_before": n_in, "rows_after": n_out}
         audit.append(conn, actor=actor, action="run.rolled_up", obj=f"run:{run_id}", payload=payload)
         audit.seal_run(conn, run_id, actor=actor, reason=f"rolled up to {level_s} s intervals")
@@ -193,9 +234,13 @@ def run_retention(
     actor: str,
     now: float | None = None,
     cost_rollups: Callable[[Ledger], dict[str, int]] | None = None,
+    price_changes: Sequence[float] = (),
 ) -> Report:
     """Apply ``policy`` to every finished run; ``cost_rollups`` writes the cost engine's day
-    rollups first (reports/cost/rollups.materialise_rollups when installed)."""
+    rollups first (reports/cost/rollups.materialise_rollups when installed). ``price_changes``:
+    the instants the rate card's prices change (RateCard.change_points), which no rolled-up
+    interval straddles, so reports priced with that card cut busy time there exactly."""
+    price_changes = sorted(price_changes)
     now = time.time() if now is None else now
     report = Report()
     if cost_rollups is not None:
@@ -203,7 +248,7 @@ def run_retention(
     read = ledger.database.read
     for level_s, days in ((60, policy.raw_days), (3600, policy.minute_days)):
         for run_id in read(lambda c, t=now - days * DAY_S: _ended_before(c, t)):
-            _step(ledger, run_id, level_s, actor, report)
+            _step(ledger, run_id, level_s, actor, report, price_changes)
     if policy.log_days is not None:
         lg = schema.logs.c
         with_logs = set(read(lambda c: list(c.scalars(sa.select(lg.run_id)))))
