@@ -32,6 +32,7 @@ from gpuledger.core.pricing.ratecard import RateCard
 from gpuledger.reports.cost.costing import chargeback, load_rate_card, month_window, run_costs
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.reports.run import epochs as epochs_report
+from gpuledger.runs.view import summary
 from gpuledger.store import Ledger, audit
 from gpuledger.store.audit_approve import approve
 from gpuledger.store.retention import DAY_S, Policy, Report, run_retention
@@ -250,6 +251,27 @@ def test_epoch_boundaries_inside_intervals_keep_the_per_epoch_figures(led: Ledge
     _retain(led, t0 + 10 * DAY_S, HOUR)
     assert table() == expected
     assert len(led.gpu_intervals("r1")) < 20  # rolled up all the same
+
+
+# -- F4: a local replay into a rolled-up run --------------------------------------------------------
+
+
+def test_ledger_append_drops_raw_rows_a_rollup_replaced(led: Ledger) -> None:
+    """An hour of 5 s intervals, busy 2 s and 1 CPU-s each: 1440 busy s, 720 CPU-s, 1.00 at 2.50/h;
+    the same raw rows appended again after retention (gpuledger recover) add nothing (before: 2760 s)."""
+    t0 = ts("2026-03-10T18:00")
+    gpu = [GpuInterval("GPU-1", i, t0 + 5 * i, t0 + 5 * i + 5, busy_s=2.0, energy_j=100.0) for i in range(720)]
+    host = [HostInterval(i, t0 + 5 * i, t0 + 5 * i + 5, samples=5, cpu_s=1.0, rss_max_b=1) for i in range(720)]
+    _add_run(led, "r1", t0, t0 + 3600, gpu=gpu, host=host)
+    _retain(led, t0 + 10 * DAY_S, MINUTE)
+    led.append("r1", gpu=gpu, host=host)
+    s = summary(led, led.get_run("r1"), now=t0 + 3601)
+    assert (s["gpus"][0]["busy_seconds"], s["cpu_seconds"]) == (1440.0, 720.0)
+    assert run_costs(led, ["r1"], scope=None, card=FLAT)["total"]["cost"] == "1.00"
+    assert audit.verify(led).ok
+    later = GpuInterval("GPU-1", 720, t0 + 3600, t0 + 3605, busy_s=1.0)  # a row past the mark still counts
+    led.append("r1", gpu=[later])
+    assert summary(led, led.get_run("r1"), now=t0 + 3601)["gpus"][0]["busy_seconds"] == 1441.0
 
 
 # -- the property --------------------------------------------------------------------------------

@@ -11,10 +11,9 @@ intervals a rollup already replaced (rollup_marks) are dropped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -22,6 +21,7 @@ from gpuledger.store import schema
 from gpuledger.store.engine import Database
 
 Row = Sequence[Any]
+T = TypeVar("T")
 
 
 def _pg_type(col: sa.Column[Any]) -> str:
@@ -47,6 +47,19 @@ def _marks(conn: Connection, run_id: str, series: str) -> dict[str, int]:
     return {r.device_uuid: r.upto_seq for r in conn.execute(q)}
 
 
+def unreplaced(
+    conn: Connection, run_id: str, series: str, rows: Sequence[T], key: Callable[[T], tuple[str, int]]
+) -> Sequence[T]:
+    """``rows`` of one run's ``series`` ("gpu" or "host") less those a rollup already replaced:
+    seq at or below the mark retention left for their device (rollup_marks.upto_seq). ``key(row)``
+    gives (device uuid, "" for host rows; seq). Every writer of raw intervals filters through here
+    (this bulk path and store/writes.append), so a replay never adds to a rolled-up sum."""
+    marks = _marks(conn, run_id, series)
+    if not marks:  # the usual case: a run retention never rolled up
+        return rows
+    return [r for r in rows if key(r)[1] > marks.get(key(r)[0], -1)]
+
+
 def _stored(conn: Connection, table: sa.Table, run_id: str, seqs: list[int], gpu: bool) -> set[tuple[str, int]]:
     c = table.c
     cols = (c.device_uuid, c.seq) if gpu else (c.seq,)
@@ -65,12 +78,8 @@ def insert_intervals(
     table = schema.gpu_intervals if gpu else schema.host_intervals
     seq_at = columns.index("seq")
     uuid_at = columns.index("device_uuid") if gpu else None
-    marks = _marks(conn, run_id, series)
-    fresh: Sequence[Row] = rows
-    dropped = 0
-    if marks:  # rare: a replay of a run that retention already rolled up
-        fresh = [r for r in rows if r[seq_at] > marks.get(r[uuid_at] if uuid_at is not None else "", -1)]
-        dropped = len(rows) - len(fresh)
+    fresh = unreplaced(conn, run_id, series, rows, lambda r: (r[uuid_at] if uuid_at is not None else "", r[seq_at]))
+    dropped = len(rows) - len(fresh)  # rare: a replay of a run that retention already rolled up
     if not fresh:
         return 0, dropped
     if db.dialect != "postgresql":
@@ -101,6 +110,7 @@ def _insert_generic(
 
 
 def _copy(conn: Connection, table: sa.Table, run_id: str, rows: Sequence[Row], columns: Sequence[str]) -> None:
+    import orjson  # the server extra's, like psycopg: store/writes.py uses this module without them
     from psycopg.types.json import set_json_dumps  # PostgreSQL only: psycopg is the postgres extra
 
     types = ["text", *(_pg_type(table.c[name]) for name in columns)]

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import rollup_stale, schema
+from gpuledger.store import bulk, rollup_stale, schema
 from gpuledger.store.codec import label_rows, run_row, to_row
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import RunNotFound
@@ -81,6 +81,9 @@ def append(
     # A run this ledger already wrote or read needs no look-up: the foreign keys still guard it.
     if numbering or not run_known:
         require_run(conn, run_id, lock=bool(numbering))
+    # Raw rows a rollup already replaced (a replay into a rolled-up run) are dropped, not added again.
+    gpu = bulk.unreplaced(conn, run_id, "gpu", gpu, lambda i: (i.device_uuid, i.seq)) if gpu else gpu
+    host = bulk.unreplaced(conn, run_id, "host", host, lambda i: ("", i.seq)) if host else host
     if gpu:
         _insert_new(db, conn, schema.gpu_intervals, [to_row(i, run_id=run_id) for i in gpu])
         rollup_stale.drop_after_append(conn, run_id, [(i.device_uuid, i.t0, i.t1) for i in gpu])
