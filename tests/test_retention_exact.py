@@ -20,7 +20,9 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
+from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,10 +35,11 @@ from gpuledger.reports.cost.costing import chargeback, load_rate_card, month_win
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.reports.run import epochs as epochs_report
 from gpuledger.runs.view import summary
-from gpuledger.store import Ledger, audit
+from gpuledger.server.app import create_app
+from gpuledger.store import Ledger, audit, schema
 from gpuledger.store.audit_approve import approve
 from gpuledger.store.retention import DAY_S, Policy, Report, run_retention
-from server_support import NOW
+from server_support import NOW, bearer, setup_accounts
 
 A100 = "NVIDIA A100-SXM4-40GB"
 FLAT = card('[[gpu]]\nmodel = "A100-40GB-SXM"\nprice_per_hour = "2.50"\n')
@@ -217,6 +220,59 @@ def test_a_shared_gpu_is_split_the_same_after_retention(
     materialise_rollups(led, rebuild=True)  # rollups rebuilt from the intervals retention left
     assert _bill(led, ["a", "b"], FLAT, window) == (total, total)
     assert audit.verify(led).ok
+
+
+def _gpu_rollups(led: Ledger) -> list[tuple]:  # type: ignore[type-arg]
+    r = schema.gpu_rollups.c
+    return led.read(lambda c: sorted(tuple(x) for x in c.execute(sa.select(r.run_id, r.day, r.busy_s, r.alloc_s))))
+
+
+def test_a_fully_dropped_late_replay_keeps_the_rollups_of_a_shared_gpu(ledger_url: str) -> None:
+    """Team ledger: run A's raw batch, replayed by its agent after retention, is dropped row by row
+    (rollup_marks); it carries A's devices unchanged, which must not drop A's cost rollups either
+    (before: dropped, then re-derived from coarse intervals, 1.25 -> 1.7993)."""
+    tokens = setup_accounts(ledger_url)
+    t0 = math.floor((NOW - 20 * DAY_S) / DAY_S) * DAY_S + 18 * 3600  # 18:00 UTC, 20 days ago
+    dev = [{"index": 0, "uuid": "GPU-0", "name": A100, "memory_total_b": 40 * 2**30}]
+
+    def body(rid: str, start: float, n: int, first_busy: int, sm: float) -> dict:  # type: ignore[type-arg]
+        rows = [{"device_uuid": "GPU-0", "seq": i, "t0": start + 5 * i, "t1": start + 5 * i + 5, "samples": 5,
+                 "busy_s": 0.0 if i < first_busy else 5.0, "util_method": "samples", "energy_j": 500.0,
+                 "energy_method": "counter", "proc_sm_util_avg_pct": 0.0 if i < first_busy else sm,
+                 "proc_mem_max_b": 2**30} for i in range(n)]  # fmt: skip
+        run = {"id": rid, "command": ["train"], "user": "ana", "host": "gpu-node-1", "cwd": "/", "started_at": start,
+               "status": "succeeded", "ended_at": start + 5 * n, "exit_code": 0,
+               "labels": {"team": "vision", "project": "A"}}  # fmt: skip
+        return {"run": run, "devices": dev, "gpu_intervals": rows, "host_intervals": [], "events": [],
+                "metrics": [], "final": True}  # fmt: skip
+
+    a, b = "0190aaaa-0000-7000-8000-00000000000a", "0190aaaa-0000-7000-8000-00000000000b"
+    ba, bb = body(a, t0, 720, 360, 10.0), body(b, t0 + 1800, 360, 0, 90.0)
+    day = math.floor(t0 / DAY_S) * DAY_S
+    with TestClient(create_app(ledger_url)) as client, Ledger(ledger_url) as led:
+        for doc in (ba, bb):
+            assert client.post("/api/v1/ingest", json=doc, headers=bearer(tokens.agent_a)).status_code == 200
+        assert _bill(led, [a, b], FLAT, (day, day + DAY_S)) == ("1.25", "1.25")
+        run_retention(led, HOUR, actor="admin", now=NOW, cost_rollups=materialise_rollups)
+        assert _bill(led, [a, b], FLAT, (day, day + DAY_S)) == ("1.25", "1.25")
+        rollups = _gpu_rollups(led)
+        assert {r[0] for r in rollups} == {a, b}
+        again = client.post("/api/v1/ingest", json=ba, headers=bearer(tokens.agent_a)).json()
+        assert (again["gpu_intervals"], again["dropped_rolled_up"]) == (0, 720)
+        assert _gpu_rollups(led) == rollups  # nothing a rollup summed changed: the rollups stand
+        assert _bill(led, [a, b], FLAT, (day, day + DAY_S)) == ("1.25", "1.25")
+        assert audit.verify(led).ok
+
+
+def test_devices_added_again_unchanged_keep_the_rollups(led: Ledger) -> None:
+    t0 = _shared(led, 1800.0)
+    _retain(led, t0 + 10 * DAY_S, HOUR)
+    rollups = _gpu_rollups(led)
+    assert {r[0] for r in rollups} == {"a", "b"}
+    led.add_devices("a", [GpuIdentity(0, "GPU-S", A100)])  # a replay (gpuledger recover) sends them again
+    assert _gpu_rollups(led) == rollups
+    led.add_devices("a", [GpuIdentity(0, "GPU-S", "NVIDIA H100 80GB HBM3")])  # a changed GPU: stale
+    assert {r[0] for r in _gpu_rollups(led)} == {"b"}
 
 
 # -- F3: an epoch boundary inside an interval ------------------------------------------------------

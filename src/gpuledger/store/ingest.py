@@ -130,9 +130,9 @@ def _upsert_run(
 def _devices(
     db: Database, conn: Connection, run_row: Mapping[str, Any], devices: Sequence[Mapping[str, Any]], writer: Writer,
     created: bool,
-) -> set[str]:  # fmt: skip
+) -> tuple[set[str], bool]:  # fmt: skip
     """Store the run's new devices (GPUs registered to its host) and refuse a changed one; the
-    run's device UUIDs after the push."""
+    run's device UUIDs after the push, and whether any was new."""
     run_id = str(run_row["id"])
     d = schema.devices
     stored = {r["uuid"]: dict(r) for r in conn.execute(sa.select(d).where(d.c.run_id == run_id)).mappings()}
@@ -152,7 +152,7 @@ def _devices(
         if not created:  # a new run's GPUs were checked before it was stored
             ownership.check_gpus(conn, run_id, ownership.gpu_uuids(new), writer, str(run_row["host"]))
         conn.execute(db.insert(d).on_conflict_do_nothing(), [{**dv, "run_id": run_id} for dv in new])
-    return set(stored) | {str(dv["uuid"]) for dv in new}
+    return set(stored) | {str(dv["uuid"]) for dv in new}, bool(new)
 
 
 def _keep_in_span(
@@ -209,7 +209,7 @@ def ingest(
     def tx(conn: Connection) -> IngestOutcome:
         out = IngestOutcome(run.id)
         out.created, changed, row = _upsert_run(db, conn, run, writer, authorize, devices)
-        uuids = _devices(db, conn, row, devices, writer, out.created)
+        uuids, new_devices = _devices(db, conn, row, devices, writer, out.created)
         span = Span.of(row)
         gpu_in = _keep_in_span("gpu", gpu, gpu_columns, span, out.refused)
         host_in = _keep_in_span("host", host, host_columns, span, out.refused)
@@ -222,7 +222,9 @@ def ingest(
         if out.gpu_intervals:  # new rows only: a resent batch changes nothing
             at = [gpu_columns.index(c) for c in ("device_uuid", "t0", "t1")]
             rollup_stale.drop_after_append(conn, run.id, [(r[at[0]], r[at[1]], r[at[2]]) for r in gpu_in])
-        elif devices or (changed and not out.created):
+        elif new_devices or (changed and not out.created):
+            # Only a change a rollup summed: devices sent again as stored, or rows all dropped as
+            # rolled up (a late replay), leave the rollups standing.
             rollup_stale.drop_rollups(conn, [run.id])
         out.host_intervals, d2 = bulk.insert_intervals(db, conn, "host", run.id, host_in, host_columns)
         out.dropped_rolled_up = d1 + d2

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
 from gpuledger.store import bulk, rollup_stale, schema
-from gpuledger.store.codec import label_rows, run_row, to_row
+from gpuledger.store.codec import device_from_row, label_rows, run_row, to_row
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import RunNotFound
 
@@ -55,6 +55,10 @@ def upsert_devices(db: Database, conn: Connection, run_id: str, devices: Sequenc
     require_run(conn, run_id)
     if not devices:
         return
+    d = schema.devices
+    stored = {r["uuid"]: device_from_row(r) for r in conn.execute(sa.select(d).where(d.c.run_id == run_id)).mappings()}
+    if all(stored.get(dev.uuid) == dev for dev in devices):
+        return  # sent again as stored (a replay): nothing changed, the run's rollups stand
     ins = db.insert(schema.devices)
     keys = ("run_id", "uuid")
     update = {c.name: ins.excluded[c.name] for c in schema.devices.columns if c.name not in keys}
