@@ -330,6 +330,23 @@ def test_ledger_append_drops_raw_rows_a_rollup_replaced(led: Ledger) -> None:
     assert summary(led, led.get_run("r1"), now=t0 + 3601)["gpus"][0]["busy_seconds"] == 1441.0
 
 
+# -- F6: a run without intervals --------------------------------------------------------------------
+
+
+def test_a_run_without_intervals_is_not_rolled_up_every_day(led: Ledger) -> None:
+    t0 = ts("2026-03-10T18:00")
+    _add_run(led, "empty", t0, t0 + 3, status="failed")
+    log = schema.audit_log.c
+
+    def entries() -> int:
+        return led.read(lambda c: c.scalar(sa.select(sa.func.count()).where(log.object == "run:empty")))
+
+    first = entries()
+    for day in range(3):
+        assert _retain(led, t0 + (10 + day) * DAY_S, HOUR).rolled_up == {}
+    assert entries() == first and audit.verify(led).ok
+
+
 # -- the property --------------------------------------------------------------------------------
 
 MIDNIGHT = 20_000 * DAY_S  # intervals start around this UTC midnight

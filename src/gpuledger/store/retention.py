@@ -8,7 +8,8 @@ Per finished run, one transaction each, audited:
    straddles an instant where reports cut figures by time (epoch boundaries, UTC midnights, the rate
    card's price changes, another run's start or end on the same GPU), and a GPU's intervals while
    another run shared it are kept as they are (the share split works interval by interval);
-   ``rollup_marks`` remembers how far the raw seqs went, so a late replay of raw rows is dropped;
+   ``rollup_marks`` remembers how far the raw seqs went, so a late replay of raw rows is dropped.
+   A run without intervals is left as it is (nothing to roll up, nothing to audit);
 3. logs of runs that ended more than ``log_days`` ago are deleted (their sha256 stays in the
    audit chain); runs older than ``run_days`` (off by default) are deleted whole;
 4. the capacity ledger's raw intervals older than ``capacity_days`` are deleted, its day sums kept
@@ -75,6 +76,13 @@ def _ended_before(conn: Connection, t: float) -> list[str]:
 def _level(conn: Connection, run_id: str) -> int:
     m = schema.rollup_marks.c
     return int(conn.scalar(sa.select(sa.func.min(m.level_s)).where(m.run_id == run_id)) or 0)
+
+
+def _has_intervals(conn: Connection, run_id: str) -> bool:
+    return any(
+        conn.execute(sa.select(t.c.seq).where(t.c.run_id == run_id).limit(1)).first() is not None
+        for t in (schema.gpu_intervals, schema.host_intervals)
+    )
 
 
 def _tampered(conn: Connection, run_id: str) -> list[str]:
@@ -188,6 +196,8 @@ def _step(
             sealed = not first.startswith("never sealed")
             report.skipped[run_id] = "does not match its seal: " + "; ".join(problems[:3]) if sealed else first
             return
+        if not _has_intervals(conn, run_id):
+            return  # nothing to roll up, nothing to audit; left unmarked, so raw rows that come later count
         n_in, n_out = _rollup_run(conn, run_id, level_s, actor, price_changes)
         payload = {"level_s": level_s, "rows_before": n_in, "rows_after": n_out}
         audit.append(conn, actor=actor, action="run.rolled_up", obj=f"run:{run_id}", payload=payload)
