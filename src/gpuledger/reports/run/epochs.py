@@ -259,17 +259,38 @@ FIXED_COLUMNS = tuple(c[0] for c in EXPORT_COLUMNS)
 _KINDS = {c[0]: c[1] for c in EXPORT_COLUMNS}
 
 
+METRIC_PREFIX = "metric:"  # a metric named like a fixed column is exported under this prefix
+
+
+def metric_column_names(keys: Sequence[str]) -> dict[str, str]:
+    """Metric key -> export column. The fixed columns win: a metric named like one (a user's own
+    ``images``, ``wall_s``) becomes ``metric:<name>`` (and again, should that be taken too)."""
+    taken = set(FIXED_COLUMNS) | set(keys)
+    out: dict[str, str] = {}
+    for key in keys:
+        name = key
+        if name in FIXED_COLUMNS:
+            name = METRIC_PREFIX + key
+            while name in taken:
+                name = METRIC_PREFIX + name
+            taken.add(name)
+        out[key] = name
+    return out
+
+
 def export_rows(run_id: str, rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """(columns, flat rows): FIXED_COLUMNS, then every metric key in order of first appearance."""
+    """(columns, flat rows): FIXED_COLUMNS, then every training metric key in order of first
+    appearance (NOT_TRAINING_METRICS left out, as in the tables and charts; names: metric_column_names)."""
     keys: list[str] = []
     for r in rows:
-        keys += [k for k in r["metrics"] if k not in keys]
-    columns = [*FIXED_COLUMNS, *keys]
+        keys += [k for k in r["metrics"] if k not in keys and k not in NOT_TRAINING_METRICS]
+    names = metric_column_names(keys)
+    columns = [*FIXED_COLUMNS, *names.values()]
     flat = []
     for r in rows:
         row = {c: r.get(c) for c in FIXED_COLUMNS}
         row["run_id"] = run_id
-        row.update({k: r["metrics"].get(k) for k in keys})
+        row.update({names[k]: r["metrics"].get(k) for k in keys})
         flat.append(row)
     return columns, flat
 
