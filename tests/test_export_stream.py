@@ -1,10 +1,12 @@
-"""``gpuledger export``: ``--metrics`` columns that a run's own metric cannot overwrite."""
+"""``gpuledger export``: non-finite readings as null, and ``--metrics`` columns that a run's own
+metric cannot overwrite."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,22 @@ def _cli(url: str, *args: str) -> str:
     result = CliRunner().invoke(cli, [*args, "--db", url], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result.stdout
+
+
+# -- non-finite readings ------------------------------------------------------------------------
+
+
+def test_jsonl_writes_a_non_finite_reading_as_null(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger(url) as ledger:
+        _run(ledger, n=0)
+        ivs = gpu_intervals("GPU-test-0", 5)
+        ivs[2] = replace(ivs[2], temp_max_c=math.inf, power_max_w=-math.inf)
+        ledger.append(RUN, gpu=ivs)
+    lines = [json.loads(line) for line in _cli(url, "export", RUN, "--format", "jsonl").splitlines()]
+    bad = next(r for r in lines if r["seq"] == 2)
+    assert bad["temp_max_c"] is None and bad["power_max_w"] is None
+    assert bad["busy_s"] == 4.5 and lines[0]["temp_max_c"] == 60.0
 
 
 # -- export --metrics -----------------------------------------------------------------------------

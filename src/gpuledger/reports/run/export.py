@@ -10,8 +10,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval
 
@@ -150,8 +152,23 @@ def to_csv(rows: Iterable[dict[str, object]]) -> str:
     return out.getvalue()
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False)  # one encoder: json.dumps(..., allow_nan=False) builds one per call
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _json_line(row: dict[str, Any]) -> str:
+    """One strict JSON line; a non-finite number (JSON has none) is null, as an absent reading."""
+    try:
+        return _ENCODER.encode(row) + "\n"
+    except ValueError:
+        return _ENCODER.encode({k: _finite(v) for k, v in row.items()}) + "\n"
+
+
 def to_jsonl(rows: Iterable[dict[str, object]]) -> str:
-    return "".join(json.dumps(row, allow_nan=False) + "\n" for row in rows)
+    return "".join(_json_line(row) for row in rows)
 
 
 def write_parquet(rows: Iterable[dict[str, object]], path: str) -> None:
