@@ -225,3 +225,38 @@ def test_results_csv_time_is_not_a_metric_chart_and_short_epochs_have_a_wall_tim
     assert "val\\_accuracy" in text and "0.8000" in text  # the run's own metric in the epochs table
     page = html(model)
     assert "<th>val_accuracy</th>" in page and "0.400 s" in page
+
+
+def test_finding_evidence_times_say_utc_as_the_charts_use_the_browsers_zone(db: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    _cli(db, "report", "run", RUN, "-o", str(out))
+    html = out.read_text()
+    buttons = re.findall(r'<button class="zoom" data-zoom="[^"]+">(.*?)</button>', html, flags=re.S)
+    assert buttons and all(re.search(r"\d\d:\d\d:\d\d–\d\d:\d\d:\d\d UTC$", b.strip()) for b in buttons), buttons
+    assert "<th>time (UTC)</th>" in html
+
+
+def test_epoch_gpu_busy_is_gpu_time_absent_is_na_and_the_command_is_shell_quoted(tmp_path: Path) -> None:
+    from gpuledger.reports.render_html import render_run as html
+    from gpuledger.reports.render_md import render_run as md
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    with Ledger(url) as ledger:
+        run = write_run(ledger, RUN, epochs=4, gpus=2)  # GPU 0 busy 25 %, 300 s epochs
+        ledger.update_run(RUN, command=["python", "train.py", "--name", "my run"])
+        model = runreport.build(ledger, ledger.get_run(run.id), with_history=False, with_cost=False)
+    # Eight GPUs busy for an hour are 8 GPU-hours: GPU time summed over GPUs is no clock time.
+    epochs = [e for e in model["epochs"] if e["phase"] == "epoch"]
+    assert epochs[0]["gpu_busy_s"] == pytest.approx(75.0)
+    epochs[0]["gpu_busy_s"] = 8 * 3600.0
+    del epochs[1]["metrics"]["metrics/mAP50-95(B)"]
+    text = md(model)
+    assert "| 1 | 0:05:00 | 8.00 GPU-h |" in text and "| 2 | 0:05:00 | 75.0 GPU-s |" in text
+    assert "8:00:00" not in text and "–" not in text
+    row2 = next(line for line in text.splitlines() if line.startswith("| 2 |"))
+    assert "n/a" in row2
+    page = html(model)
+    assert "8.00 GPU-h" in page and "75.0 GPU-s" in page and "8:00:00" not in page
+    cells = re.findall(r'<td class="num">([^<]*)</td>', page)
+    assert "n/a" in cells and "–" not in cells and not any(c.startswith("n/a ") for c in cells)
+    assert "python train.py --name &#39;my run&#39;" in page  # shlex.join, as gpuledger show prints it

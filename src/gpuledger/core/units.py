@@ -16,6 +16,8 @@ table, summary and report:
   JSON and CSV keep the exact decimal string.
 - Durations: under a minute in seconds with three significant digits (``0.412 s``), then
   ``h:mm:ss`` (hours keep counting past 24).
+- GPU time summed over GPUs (it can exceed the wall time, so never a clock time): ``540 GPU-s``,
+  from an hour ``1.50 GPU-h``.
 - Bytes: binary units, three significant digits (``1.50 GiB``).
 - Counts carry their noun in the right number: ``1 run``, ``2 runs``.
 - Absent (None, NaN, infinity) is ``n/a``: never shown as 0.
@@ -37,6 +39,7 @@ __all__ = [
     "fmt_change",
     "fmt_count",
     "fmt_duration",
+    "fmt_gpu_seconds",
     "fmt_hours",
     "fmt_kwh",
     "fmt_money",
@@ -145,6 +148,15 @@ def fmt_duration(seconds: float | None) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{sign}{hours}:{minutes:02d}:{secs:02d}"
+
+
+def fmt_gpu_seconds(seconds: float | None) -> str:
+    """GPU-seconds summed over GPUs: "540 GPU-s", from an hour "1.50 GPU-h" (never h:mm:ss: eight
+    GPUs busy for an hour are 8.00 GPU-h, which is no clock time)."""
+    if _absent(seconds):
+        return NA
+    s = float(seconds)  # type: ignore[arg-type]
+    return f"{fmt_number(s / S_PER_H)} GPU-h" if abs(s) >= S_PER_H else f"{fmt_number(s)} GPU-s"
 
 
 def fmt_seconds(seconds: float | None) -> str:

@@ -17,6 +17,7 @@ import base64
 import hashlib
 import json
 import math
+import shlex
 from datetime import datetime, timezone
 from functools import cache
 from importlib import resources
@@ -25,7 +26,7 @@ from typing import Any
 import jinja2
 
 from gpuledger import __version__
-from gpuledger.core.units import fmt_bytes, fmt_duration, fmt_number
+from gpuledger.core.units import NA, fmt_bytes, fmt_duration, fmt_gpu_seconds, fmt_number, fmt_seconds
 
 MAX_METRIC_COLUMNS = 4
 
@@ -61,16 +62,22 @@ def content_security_policy() -> str:
 
 
 def _clock(t: float | None) -> str:
+    """A time of day in UTC (the template says so: the charts draw the browser's time zone)."""
     if t is None:
         return "?"
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M:%S")
 
 
 def _num(value: Any, significant: int = 3) -> str:
-    """A figure (core/units.py policy: three significant digits; metrics ask for four)."""
+    """A figure (core/units.py policy: three significant digits; metrics ask for four; absent n/a)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
+        return NA
     return fmt_number(value, significant)
+
+
+def _command(argv: Any) -> str:
+    """The command as a shell would take it back (quoted where needed), as ``gpuledger show`` prints it."""
+    return shlex.join(str(a) for a in argv or [])
 
 
 def _metric_keys(rows: list[dict[str, Any]]) -> list[str]:
@@ -88,7 +95,16 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(clock=_clock, num=_num, duration=fmt_duration, bytes=fmt_bytes, metric_keys=_metric_keys)
+    env.filters.update(
+        clock=_clock,
+        num=_num,
+        duration=fmt_duration,
+        seconds=fmt_seconds,
+        gpu_seconds=fmt_gpu_seconds,
+        bytes=fmt_bytes,
+        command=_command,
+        metric_keys=_metric_keys,
+    )
     return env
 
 

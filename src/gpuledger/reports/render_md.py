@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuledger.core.ids import short_id
-from gpuledger.core.units import fmt_bytes, fmt_duration, fmt_number
+from gpuledger.core.units import NA, fmt_bytes, fmt_duration, fmt_gpu_seconds, fmt_number
 
 _SPECIAL = re.compile(r"([\\`*_\[\]|<>])")
 MAX_METRIC_COLUMNS = 4
@@ -29,7 +29,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def _metric(value: Any) -> str:
-    return "–" if value is None else fmt_number(value, 4)
+    return NA if value is None else fmt_number(value, 4)  # fmt_number: NaN / infinity are n/a too
 
 
 def render_run(model: dict[str, Any]) -> str:
@@ -80,7 +80,7 @@ def render_run(model: dict[str, Any]) -> str:
                 (
                     e["epoch"],
                     fmt_duration(e["wall_s"]),
-                    fmt_duration(e["gpu_busy_s"]),
+                    fmt_gpu_seconds(e["gpu_busy_s"]),
                     fmt_bytes(e["gpu_mem_peak_b"]),
                     *(_metric(e["metrics"].get(k)) for k in keys),
                 )
