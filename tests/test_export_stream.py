@@ -1,5 +1,6 @@
-"""``gpuledger export``: non-finite readings as null, and ``--metrics`` columns that a run's own
-metric cannot overwrite."""
+"""``gpuledger export``: rows streamed from the database to the file (never all held at once), the
+same bytes as before streaming, non-finite readings as null, and ``--metrics`` columns that a
+run's own metric cannot overwrite."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import csv
 import io
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,8 @@ from click.testing import CliRunner
 
 from diag_support import T0, device, gpu_intervals, host_intervals
 from gpuledger.cli.main import cli
-from gpuledger.core.model import Event, Metric, RunRecord
+from gpuledger.core.model import Event, GpuIdentity, Metric, RunRecord
+from gpuledger.reports.run import export
 from gpuledger.store import Ledger
 
 RUN = "0190eeee-0000-7000-8000-000000000001"
@@ -51,6 +54,172 @@ def _cli(url: str, *args: str) -> str:
     result = CliRunner().invoke(cli, [*args, "--db", url], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result.stdout
+
+
+@pytest.fixture
+def url(ledger_url: str) -> str:
+    """The same run on SQLite and PostgreSQL (a server-side cursor there)."""
+    url = ledger_url
+    with Ledger(url) as ledger:
+        _run(ledger)
+        # Two devices with the same index (a MIG slice listed beside its parent): ties keep the
+        # device order the export always had.
+        twin = GpuIdentity(index=0, uuid="GPU-aaaa-twin", name="NVIDIA A100 MIG 1g.10gb", memory_total_b=10 * 2**30)
+        ledger.add_devices(RUN, [twin])
+        ledger.append(RUN, gpu=gpu_intervals(twin.uuid, 60, 5.0))
+    return url
+
+
+def _before_streaming(url: str, run_id: str = RUN) -> list[dict[str, object]]:
+    """The rows as the export gathered them before it streamed (interval_rows over every interval)."""
+    with Ledger(url) as led:
+        return list(
+            export.interval_rows(run_id, led.devices(run_id), led.gpu_intervals(run_id), led.host_intervals(run_id))
+        )
+
+
+# -- the same output --------------------------------------------------------------------------------
+
+
+def test_csv_and_jsonl_are_the_bytes_they_were_before_streaming(url: str, tmp_path: Path) -> None:
+    rows = _before_streaming(url)
+    assert len(rows) == 60 * 4
+    assert _cli(url, "export", RUN) == export.to_csv(rows)
+    assert _cli(url, "export", RUN, "--format", "jsonl") == export.to_jsonl(rows)
+    _cli(url, "export", RUN, "-o", str(tmp_path / "run.csv"))
+    assert (tmp_path / "run.csv").read_text() == export.to_csv(rows)
+
+
+def test_parquet_holds_the_same_rows_and_types(url: str, tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    _cli(url, "export", RUN, "--format", "parquet", "-o", str(tmp_path / "run.parquet"))
+    table = pq.read_table(tmp_path / "run.parquet")
+    assert table.column_names == list(export.COLUMN_NAMES)
+    assert table.to_pylist() == _before_streaming(url)
+
+
+def test_a_run_without_intervals_exports_just_the_header(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger(url) as ledger:
+        _run(ledger, n=0)
+    assert _cli(url, "export", RUN) == ",".join(export.COLUMN_NAMES) + "\n"
+    assert _cli(url, "export", RUN, "--format", "jsonl") == ""
+    _cli(url, "export", RUN, "--format", "parquet", "-o", str(tmp_path / "empty.parquet"))
+    table = pq.read_table(tmp_path / "empty.parquet")
+    assert table.num_rows == 0 and table.column_names == list(export.COLUMN_NAMES)
+
+
+# -- streaming ----------------------------------------------------------------------------------
+
+
+class _Cursor:
+    """Wraps store.server_queries.stream: counts the rows the database has handed over."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from gpuledger.store import server_queries
+
+        self.pulled = 0
+        real = server_queries.stream
+
+        def stream(*args: Any, **kw: Any) -> Iterator[Any]:
+            for row in real(*args, **kw):
+                self.pulled += 1
+                yield row
+
+        monkeypatch.setattr(server_queries, "stream", stream)
+
+
+class _Sink(io.StringIO):
+    """An output file that notes how many rows the cursor had handed over at each write."""
+
+    def __init__(self, cursor: _Cursor) -> None:
+        super().__init__()
+        self.cursor = cursor
+        self.seen: list[tuple[int, int]] = []  # (rows pulled from the database, lines written so far)
+
+    def write(self, text: str) -> int:
+        self.seen.append((self.cursor.pulled, self.getvalue().count("\n")))
+        return super().write(text)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_export_writes_rows_while_the_query_is_still_being_read(
+    url: str, tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export, "FETCH_ROWS", 25)
+    cursor = _Cursor(monkeypatch)
+    sinks: list[_Sink] = []
+    real = export.write_csv if fmt == "csv" else export.write_jsonl
+
+    def spy(rows: Any, out: Any) -> None:
+        sink = _Sink(cursor)
+        sinks.append(sink)
+        real(rows, sink)
+        out.write(sink.getvalue())
+
+    monkeypatch.setattr(export, "write_csv" if fmt == "csv" else "write_jsonl", spy)
+    _cli(url, "export", RUN, "--format", fmt, "-o", str(tmp_path / f"run.{fmt}"))
+    total = 60 * 4
+    assert cursor.pulled == total
+    header = 1 if fmt == "csv" else 0
+    pieces = [(pulled, lines - header) for pulled, lines in sinks[0].seen if lines > header or pulled]
+    assert pieces[0][0] < total  # the first rows were written before the query was read to its end
+    # Never more than one piece (FETCH_ROWS rows) read and not yet written:
+    assert max(pulled - written for pulled, written in pieces) <= 25
+
+
+def test_parquet_writes_row_groups_while_the_query_is_still_being_read(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    monkeypatch.setattr(export, "FETCH_ROWS", 10)
+    monkeypatch.setattr(export, "PARQUET_GROUP_ROWS", 50)
+    cursor = _Cursor(monkeypatch)
+    groups: list[tuple[int, int]] = []
+    real = pq.ParquetWriter.write_table
+
+    def write_table(self: Any, table: Any, *args: Any, **kw: Any) -> None:
+        groups.append((cursor.pulled, table.num_rows))
+        real(self, table, *args, **kw)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", write_table)
+    _cli(url, "export", RUN, "--format", "parquet", "-o", str(tmp_path / "run.parquet"))
+    assert [n for _, n in groups] == [50, 50, 50, 50, 40]
+    assert cursor.pulled == 240  # every row came from the database cursor ...
+    assert 50 <= groups[0][0] < 240  # ... and the first row group left before the last row was read
+    assert pq.ParquetFile(tmp_path / "run.parquet").metadata.num_row_groups == 5
+    assert pq.read_table(tmp_path / "run.parquet").to_pylist() == _before_streaming(url)
+
+
+def _traced_peak(url: str, run_id: str, fmt: str, path: Path) -> int:
+    """Python's peak allocations while ``gpuledger export`` writes the run to ``path``."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        _cli(url, "export", run_id, "--format", fmt, "-o", str(path))
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_export_memory_does_not_grow_with_the_run(tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10,000 and 40,000 rows: gathered first, the bigger one took four times the memory (about
+    2 KB a row); streamed, both take the same few MB (tracemalloc, Python's own allocations)."""
+    monkeypatch.setattr(export, "FETCH_ROWS", 500)
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    small, big = "0190eeee-0000-7000-8000-0000000000a1", "0190eeee-0000-7000-8000-0000000000a2"
+    with Ledger(url) as ledger:
+        _run(ledger, small, n=2_500, gpus=3, step=1.0)  # x (3 GPUs + host) = 10,000 rows
+        _run(ledger, big, n=10_000, gpus=3, step=1.0)  # 40,000 rows
+    peak_small = _traced_peak(url, small, fmt, tmp_path / f"small.{fmt}")
+    peak_big = _traced_peak(url, big, fmt, tmp_path / f"big.{fmt}")
+    with open(tmp_path / f"big.{fmt}", encoding="utf-8") as fh:
+        assert sum(1 for _ in fh) == 40_000 + (fmt == "csv")
+    assert peak_big < 4 * 2**20, f"peak {peak_big / 2**20:.1f} MiB for 40,000 rows"
+    assert peak_big < 1.5 * peak_small + 2**20, (peak_small, peak_big)
 
 
 # -- non-finite readings ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -166,14 +167,27 @@ def export_cmd(run: str | None, fmt: str, output: str | None, metrics: bool, db:
             write_with(output, lambda tmp: er.write_parquet(columns, epoch_rows, tmp))  # type: ignore[arg-type]
             return
         text = er.to_csv(columns, epoch_rows) if fmt == "csv" else er.to_jsonl(columns, epoch_rows)
-    else:
-        rows = export.interval_rows(
-            record.id, ledger.devices(record.id), ledger.gpu_intervals(record.id), ledger.host_intervals(record.id)
-        )
+    else:  # streamed: rows go from the database cursor to the file a few thousand at a time
         if fmt == "parquet":
-            write_with(output, lambda tmp: export.write_parquet(rows, tmp))  # type: ignore[arg-type]
+            write_with(output, lambda tmp: export.write_parquet_stream(export.stream_rows(ledger, record.id), tmp))
             return
-        text = export.to_csv(rows) if fmt == "csv" else export.to_jsonl(rows)
+        write_rows = export.write_csv if fmt == "csv" else export.write_jsonl
+        if output in (None, "-"):
+            try:
+                write_rows(export.stream_rows(ledger, record.id), sys.stdout)
+                sys.stdout.flush()
+            except BrokenPipeError:  # the reader stopped (| head): no more to say, as before streaming
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except OSError as exc:
+                raise click.ClickException(f"cannot write the export to stdout: {exc.strerror or exc}") from exc
+            return
+
+        def put(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                write_rows(export.stream_rows(ledger, record.id), fh)
+
+        write_with(output, put)
+        return
     write_text(output, text)
 
 
