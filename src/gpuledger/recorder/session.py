@@ -24,7 +24,7 @@ from gpuledger.recorder.clock import SteadyClock
 from gpuledger.recorder.control import ControlServer
 from gpuledger.recorder.hooks import Explain
 from gpuledger.recorder.messages import handle as handle_message
-from gpuledger.recorder.recorder import Recorder
+from gpuledger.recorder.recorder import Pending, Recorder
 from gpuledger.runs.host import host_name
 
 
@@ -74,6 +74,18 @@ def new_run_record(
         recorder_pid=os.getpid(),
         log_path=log_path,
     )
+
+
+class LedgerIncomplete(Exception):
+    """The end of a run could not be written because some of its rows could not: it is spooled."""
+
+    def __init__(self, pending: Pending) -> None:
+        gpu, host, events, metrics = (len(pending.gpu), len(pending.host), len(pending.events), len(pending.metrics))
+        errors = [e.message for e in pending.events if e.kind == "ledger_error"]
+        why = f" ({errors[-1]})" if errors else ""
+        super().__init__(
+            f"{gpu} GPU and {host} host intervals, {events} events and {metrics} metrics could not be written{why}"
+        )
 
 
 class Session:
@@ -238,6 +250,8 @@ class Session:
             ledger = self.ledger()
             if self.recorder.pending:  # a last try for anything the final flush could not write
                 self.recorder.flush()
+            if self.recorder.pending:  # still not written: the run must not end in the ledger without it
+                raise LedgerIncomplete(self.recorder.pending)
             if log is not None:
                 ledger.set_log(run.id, log, truncated=log_truncated)
             ledger.update_run(

@@ -1,0 +1,198 @@
+"""The agent never loses or blocks a run between the local ledger, the spool and the team server.
+
+Real ``gpuledger run --server`` processes against a real ``gpuledger serve`` on PostgreSQL, with
+the local SQLite ledger locked at chosen moments (by this test, as another writer would), and a
+short busy timeout (``fast_gl.py`` below) so a lock costs a second, not minutes. What is checked is
+what a user sees: the server's run equals the local one, the run is in the outbox, no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuledger.store import Ledger, RunNotFound
+from server_support import ServerProcess, fresh_pg_url, setup_accounts
+
+pytestmark = pytest.mark.slow
+
+# gpuledger with a 0.5 s SQLite busy timeout and one retry; with TEST_FINAL_FLUSH_FAILED set, it
+# touches that file when a flush fails after the recorder stopped (the run's very last flush).
+FAST_GL = """
+import os, sys
+from gpuledger.store import engine
+
+_init = engine.Database.__init__
+
+
+def _fast(self, url, *, busy_timeout_s=30.0, retries=4):
+    _init(self, url, busy_timeout_s=min(busy_timeout_s, 0.5), retries=min(retries, 1))
+
+
+engine.Database.__init__ = _fast
+signal_file = os.environ.get("TEST_FINAL_FLUSH_FAILED")
+if signal_file:
+    from gpuledger.recorder.recorder import Recorder
+
+    _stop, _flush = Recorder.stop, Recorder.flush
+
+    def stop(self):
+        _stop(self)
+        self.test_stopped = True
+
+    def flush(self, force=False):
+        ok = _flush(self, force)
+        if not ok and getattr(self, "test_stopped", False):
+            open(signal_file, "a").close()
+        return ok
+
+    Recorder.stop, Recorder.flush = stop, flush
+from gpuledger.cli.main import main
+
+sys.argv[0] = "gpuledger"
+main()
+"""
+
+# A training that reports a metric and an event every 0.2 s until the file GO exists, then says
+# its last words (still in the recorder's memory when the run ends) and exits.
+TRAIN = """
+import os, sys, time
+from gpuledger.recorder.control import ControlClient
+
+c = ControlClient.from_env()
+go, n, deadline = sys.argv[1], 0, time.monotonic() + 60
+while not os.path.exists(go) and time.monotonic() < deadline:
+    c.send("event", kind="note", message=f"step {n}")
+    c.send("metrics", metrics={"loss": 1.0 / (n + 1)}, step=n)
+    n += 1
+    time.sleep(0.2)
+c.send("event", kind="note", message="last words")
+print("done", flush=True)
+"""
+
+LAST_WORDS = "last words"
+
+
+class Agent:
+    """One machine: a GPULEDGER_HOME with its local ledger, and the CLI run from it."""
+
+    def __init__(self, tmp: Path, server: str, token: str) -> None:
+        self.tmp = tmp
+        self.server = server
+        self.home = tmp / "home"
+        self.home.mkdir()
+        self.db = self.home / "ledger.db"
+        self.local = f"sqlite:///{self.db}"
+        Ledger(self.local).close()  # the ledger exists, as after any earlier run
+        (tmp / "fast_gl.py").write_text(FAST_GL)
+        (tmp / "train.py").write_text(TRAIN)
+        self.go = tmp / "go"
+        self.env = dict(os.environ, GPULEDGER_HOME=str(self.home), GPULEDGER_TOKEN=token, PYTHONUNBUFFERED="1")
+        for var in ("GPULEDGER_DB", "GPULEDGER_SERVER", "CUDA_VISIBLE_DEVICES"):
+            self.env.pop(var, None)
+
+    def cli(self, *args: str | bytes, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpuledger", *args], env=env or self.env, capture_output=True, text=True,
+            errors="replace", timeout=120,
+        )  # fmt: skip
+
+    def start_run(self, **env: str) -> subprocess.Popen[str]:
+        """``gpuledger run --server`` of TRAIN, which goes on until ``self.go`` exists."""
+        return subprocess.Popen(
+            [sys.executable, str(self.tmp / "fast_gl.py"), "run", "--server", self.server, "--project", "A",
+             "--interval", "0.5", "--replay-gpus", "a100x2-example", "-q", "--",
+             sys.executable, str(self.tmp / "train.py"), str(self.go)],
+            env=self.env | env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def sync(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return self.cli("sync", "--server", self.server, *args, env=env)
+
+    def run_id(self) -> str:
+        with Ledger(self.local) as led:
+            return led.list_runs()[0].id
+
+
+@contextlib.contextmanager
+def locked(db: Path) -> Iterator[None]:
+    """The SQLite ledger held by another writer (an exclusive transaction) until the block ends."""
+    con = sqlite3.connect(db, isolation_level=None, timeout=30)
+    con.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        con.execute("ROLLBACK")
+        con.close()
+
+
+def wait_for(what: Any, timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(RunNotFound, IndexError):
+            if found := what():
+                return found
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting")
+
+
+def view(url: str, run_id: str) -> dict[str, Any]:
+    """What a user compares between the local ledger and the server: the run's end and every row."""
+    with Ledger(url) as led:
+        run = led.get_run(run_id)
+        return {
+            "run": (run.status, run.ended_at, run.exit_code, run.command, run.labels.get("project")),
+            "gpu": sorted((i.device_uuid, i.seq, i.t0, i.busy_s) for i in led.gpu_intervals(run_id)),
+            "host": sorted((i.seq, i.t0, i.cpu_s) for i in led.host_intervals(run_id)),
+            "events": sorted((e.t, e.kind, e.message) for e in led.events(run_id)),
+            "metrics": sorted((m.t, m.key, m.value) for m in led.metrics(run_id)),
+        }
+
+
+def messages(v: dict[str, Any]) -> list[str]:
+    return [message for _, _, message in v["events"]]
+
+
+@pytest.fixture
+def team(tmp_path: Path) -> Iterator[tuple[Agent, str]]:
+    """A real ``gpuledger serve`` on a fresh PostgreSQL schema, and an agent machine pushing to it."""
+    with fresh_pg_url() as url:
+        tokens = setup_accounts(url)
+        with ServerProcess(url, log=tmp_path / "server.log") as server:
+            yield Agent(tmp_path, server.url, tokens.agent_a), url
+
+
+def test_rows_the_last_flush_could_not_write_are_spooled_not_dropped(team) -> None:  # type: ignore[no-untyped-def]
+    agent, remote = team
+    final_flush_failed = agent.tmp / "final-flush-failed"
+    proc = agent.start_run(TEST_FINAL_FLUSH_FAILED=str(final_flush_failed))
+    run_id = wait_for(agent.run_id)
+    wait_for(lambda: len(view(agent.local, run_id)["gpu"]) >= 2)
+    with locked(agent.db):  # through the run's last two flushes ...
+        agent.go.touch()
+        wait_for(final_flush_failed.exists)
+    # ... and free again for what comes after them (the log, the end of the run)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert "could not be written" in err and "gpuledger recover" in err, err
+    assert (agent.home / "spool" / f"{run_id}.json").exists()
+    with Ledger(agent.local) as led:
+        assert led.get_run(run_id).status != "succeeded"  # never ended without its last rows
+
+    assert agent.cli("recover").returncode == 0
+    pushed = agent.sync()
+    assert pushed.returncode == 0 and "0 still in the outbox" in pushed.stdout, pushed.stdout
+    local = view(agent.local, run_id)
+    assert local["run"][0] == "succeeded" and LAST_WORDS in messages(local)
+    seqs = [seq for device, seq, _, _ in local["gpu"] if device == local["gpu"][0][0]]
+    assert seqs == list(range(len(seqs)))  # every interval, up to the final one
+    assert view(remote, run_id) == local
