@@ -14,14 +14,18 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuledger.store import Ledger, RunNotFound
-from server_support import ServerProcess, fresh_pg_url, setup_accounts
+from gpuledger.agent.client import Client
+from gpuledger.agent.pusher import Pusher
+from gpuledger.core.model import RunRecord
+from gpuledger.store import Ledger, RunNotFound, pushes
+from server_support import NOW, ServerProcess, fresh_pg_url, setup_accounts
 
 pytestmark = pytest.mark.slow
 
@@ -196,3 +200,44 @@ def test_rows_the_last_flush_could_not_write_are_spooled_not_dropped(team) -> No
     seqs = [seq for device, seq, _, _ in local["gpu"] if device == local["gpu"][0][0]]
     assert seqs == list(range(len(seqs)))  # every interval, up to the final one
     assert view(remote, run_id) == local
+
+
+def test_a_command_line_that_is_not_utf8_is_pushed_and_blocks_nothing(team) -> None:  # type: ignore[no-untyped-def]
+    agent, remote = team
+    # A latin-1 file name, as Linux allows: Python hands it over as a surrogate escape.
+    ran = subprocess.run(
+        [sys.executable, "-m", "gpuledger", "run", "--server", agent.server, "--project", "A", "--no-gpu",
+         "--interval", "0.5", "-q", "--", sys.executable.encode(), b"-c", b"pass", b"--data=/data/caf\xe9"],
+        env=agent.env, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 0 and b"cannot push" not in ran.stderr, ran.stderr
+    run_id = agent.run_id()
+    local = view(agent.local, run_id)
+    assert local["run"][3][-1] == "--data=/data/caf\\xe9"  # the byte shown, as valid UTF-8
+    assert view(remote, run_id) == local
+    assert f"{run_id}  done" in agent.sync("--status").stdout
+
+    # A run an older gpuledger recorded with the raw surrogate, and a good run after it.
+    with Ledger(agent.local) as led:
+        bad, good = str(uuid.uuid4()), str(uuid.uuid4())
+        for run_id_, arg in ((bad, "caf\udce9"), (good, "cafe")):
+            led.create_run(
+                RunRecord(
+                    run_id_, ["python", arg], "u", "h", "/", NOW - 600, labels={"project": "A"}, recorder_pid=None
+                )
+            )
+            led.update_run(run_id_, status="succeeded", ended_at=NOW - 500, exit_code=0)
+        pushes.register(led, agent.server, [bad, good])
+    lines: list[str] = []
+    pusher = Pusher(agent.local, agent.server, None, bad, warn=lines.append, client=Client(agent.server, None))
+    pusher.push_once()
+    assert "UnicodeEncodeError" in lines[0] and "sync --status" in lines[0] and "server is back" not in lines[0]
+    # Not taken for a server that is down: the error is kept on the run's outbox row.
+    assert f"{bad}  failed  failed: UnicodeEncodeError" in agent.sync("--status").stdout
+
+    synced = agent.sync()
+    assert synced.returncode == 1 and "Traceback" not in synced.stderr, synced.stderr
+    assert f"{bad}: could not be pushed" in synced.stdout and "1 failed (see --status)" in synced.stdout
+    assert view(remote, good)["run"][0] == "succeeded"  # the loop went on
+    status = agent.sync("--status").stdout
+    assert f"{bad}  failed  failed: UnicodeEncodeError" in status and f"{good}  done" in status

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 BATCH_ROWS = 5000  # intervals per push (~2.5 MB of JSON): well under the server's 8 MiB limit
 FINAL = ("succeeded", "failed", "killed", "lost", "imported")  # and a discovered run once it has an end
+FAILED = "failed: "  # last_error prefix of a run whose push failed for a reason of its own (not the server)
 MAX_MESSAGE = 65536  # the server's limit for an event message; a longer one is cut, not refused
 
 

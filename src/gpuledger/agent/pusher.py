@@ -6,6 +6,11 @@ beyond the watermarks. A server that is down, slow or failing costs nothing but 
 backoff doubles from 1 s to 60 s with jitter, the problem is said once on stderr, and the recovery
 once. ``close`` gives the last batches a bounded time; whatever is left is pushed by
 ``gpuledger sync``.
+
+Only the server and the local ledger fail in ways worth waiting out. Any other error (the run's own
+data that cannot be sent, a bug) is not retried as if the server were down: it is said once and
+kept on the run's outbox row (``gpuledger sync --status``), and ``gpuledger sync`` tries the run
+again, alone, without holding up the others.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import time
 from collections.abc import Callable
 
 from gpuledger.agent.client import Client, Rejected, ServerError, Unreachable
-from gpuledger.agent.outbox import BATCH_ROWS, drain_run
-from gpuledger.store import pushes
+from gpuledger.agent.outbox import BATCH_ROWS, FAILED, drain_run
+from gpuledger.store import LedgerError, pushes
 
 PERIOD_S = 10.0
 BACKOFF_MIN_S = 1.0
@@ -129,7 +134,10 @@ class Pusher:
             self._warn(f"gpuledger: the server {self.server} refused run {self.run_id}: {exc}; see gpuledger sync")
             self._next_try = float("inf")
             return
-        except (ServerError, Exception) as exc:  # the training must never notice
+        except Exception as exc:  # the training must never notice
+            if not isinstance(exc, (ServerError, LedgerError)):
+                self._failed(exc)
+                return
             self._failures += 1
             self.last_error = str(exc)
             wait = backoff_s(self._failures, min_s=self._backoff_min_s)
@@ -148,3 +156,21 @@ class Pusher:
             self._said_down = False
         self._failures = 0
         self._next_try = 0.0
+
+    def _failed(self, exc: Exception) -> None:
+        """Not the server, not the ledger: retrying would fail the same way. Said once, kept on the
+        run's outbox row, and left to ``gpuledger sync``."""
+        self.last_error = f"{FAILED}{exc.__class__.__name__}: {exc}"
+        self._next_try = float("inf")
+        try:
+            ledger, _ = self._open()
+            state = pushes.get(ledger, self.server, self.run_id)  # type: ignore[arg-type]
+            if state is not None:
+                state.last_error = self.last_error
+                pushes.save(ledger, state)  # type: ignore[arg-type]
+        except Exception:  # the ledger itself: the warning below is all that can be done
+            pass
+        self._warn(
+            f"gpuledger: cannot push run {self.run_id} to {self.server}: {self.last_error}; the run is kept in "
+            "the local ledger's outbox (see gpuledger sync --status)"
+        )

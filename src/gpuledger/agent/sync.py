@@ -5,6 +5,9 @@ run (recorded without a server, imported, recovered). A run whose recorder died 
 (``lost``, as ``gpuledger show`` would), so the server gets its real end. Rows the server
 quarantines (partial acceptance) are reported and recorded, and the run moves on: a bad interval no
 longer keeps a run out of the server.
+
+A run that fails for a reason of its own (not the server's, not the ledger's) is reported
+and kept with its error on its outbox row; the other runs still go.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuledger.agent.capacity_push import push_capacity
-from gpuledger.agent.client import Client, Forbidden, Rejected
-from gpuledger.agent.outbox import drain_run
-from gpuledger.store import RunNotFound, capacity_push, pushes
+from gpuledger.agent.client import Client, Forbidden, Rejected, ServerError
+from gpuledger.agent.outbox import FAILED, drain_run
+from gpuledger.store import LedgerError, RunNotFound, capacity_push, pushes
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -33,6 +36,7 @@ class SyncReport:
     forbidden: dict[str, str] = field(default_factory=dict)  # kept in the outbox: tried again next time
     missing: list[str] = field(default_factory=list)
     quarantined: dict[str, int] = field(default_factory=dict)  # rows the server refused, per run
+    failed: dict[str, str] = field(default_factory=dict)  # an error of the run's own: kept, tried again next time
     capacity_rows: int = 0  # a node agent's capacity intervals pushed (docs/CAPACITY.md)
     capacity_unsupported: bool = False  # the server is older than the capacity ledger: kept locally
 
@@ -46,7 +50,8 @@ def sync(
     progress: Callable[[str], None] = lambda line: None,
 ) -> SyncReport:
     """Push what the outbox holds for ``client.server``. Unreachable / Unauthorized propagate
-    (nothing is lost: the next sync starts where this one stopped)."""
+    (nothing is lost: the next sync starts where this one stopped), and so do errors of the local
+    ledger."""
     from gpuledger.runs.liveness import reconcile
 
     server = client.server
@@ -57,36 +62,58 @@ def sync(
         report.registered = pushes.register(ledger, server, pushes.unregistered_runs(ledger, server))
     for state in pushes.pending(ledger, server, include_rejected=retry_rejected):
         try:
-            reconcile(ledger, ledger.get_run(state.run_id))
-        except RunNotFound:
-            state.done, state.last_error = True, "the run is no longer in the local ledger"
-            pushes.save(ledger, state)
-            report.missing.append(state.run_id)
-            continue
-        try:
-            result = drain_run(ledger, client, state)
-        except Rejected as exc:
-            report.rejected[state.run_id] = str(exc)
-            progress(f"{state.run_id}: refused by the server: {exc}")
-            continue
-        except Forbidden as exc:
-            report.forbidden[state.run_id] = str(exc)
-            progress(f"{state.run_id}: not allowed with this token: {exc}")
-            continue
-        report.batches += result.batches
-        report.rows += result.rows
-        if result.quarantined:
-            report.quarantined[state.run_id] = len(result.quarantined)
-            first = result.quarantined[0]
-            progress(
-                f"{state.run_id}: the server refused {len(result.quarantined)} row(s) and kept the rest "
-                f"(first: {first.get('series')} {first.get('item')}: {first.get('reason')})"
-            )
-        if result.batches:
-            report.pushed_runs += 1
-        if result.done:
-            report.done.append(state.run_id)
-            progress(f"{state.run_id}: pushed ({result.rows} rows in {result.batches} batches)")
+            _push_one(ledger, client, state, report, progress, reconcile)
+        except (ServerError, LedgerError):
+            raise  # the server or the local ledger: every run would fail the same way
+        except Exception as exc:  # this run's own problem: said, kept with the error, the others go on
+            why = f"{FAILED}{exc.__class__.__name__}: {exc}"
+            report.failed[state.run_id] = why
+            progress(f"{state.run_id}: could not be pushed: {why} (kept in the outbox)")
+            current = pushes.get(ledger, server, state.run_id) or state
+            current.last_error = why
+            pushes.save(ledger, current)
     pushed = push_capacity(ledger, client)  # the node's capacity intervals, from the same local ledger
     report.capacity_rows, report.capacity_unsupported = pushed.rows, pushed.unsupported
     return report
+
+
+def _push_one(
+    ledger: Ledger,
+    client: Client,
+    state: pushes.PushState,
+    report: SyncReport,
+    progress: Callable[[str], None],
+    reconcile: Callable[..., object],
+) -> None:
+    """Settle one run (a dead recorder's run becomes lost) and push it; its outcome goes in ``report``."""
+    try:
+        reconcile(ledger, ledger.get_run(state.run_id))
+    except RunNotFound:
+        state.done, state.last_error = True, "the run is no longer in the local ledger"
+        pushes.save(ledger, state)
+        report.missing.append(state.run_id)
+        return
+    try:
+        result = drain_run(ledger, client, state)
+    except Rejected as exc:
+        report.rejected[state.run_id] = str(exc)
+        progress(f"{state.run_id}: refused by the server: {exc}")
+        return
+    except Forbidden as exc:
+        report.forbidden[state.run_id] = str(exc)
+        progress(f"{state.run_id}: not allowed with this token: {exc}")
+        return
+    report.batches += result.batches
+    report.rows += result.rows
+    if result.quarantined:
+        report.quarantined[state.run_id] = len(result.quarantined)
+        first = result.quarantined[0]
+        progress(
+            f"{state.run_id}: the server refused {len(result.quarantined)} row(s) and kept the rest "
+            f"(first: {first.get('series')} {first.get('item')}: {first.get('reason')})"
+        )
+    if result.batches:
+        report.pushed_runs += 1
+    if result.done:
+        report.done.append(state.run_id)
+        progress(f"{state.run_id}: pushed ({result.rows} rows in {result.batches} batches)")

@@ -178,11 +178,15 @@ def sync_cmd(
         _forget_capacity(ledger, server, yes)
         return
     if show_status:
+        from gpuledger.agent.outbox import FAILED
         from gpuledger.store import quarantine
 
         refused_rows = quarantine.for_server(ledger, server)
-        for s in pushes.all_states(ledger, server):
-            state = "done" if s.done else ("refused" if (s.last_error or "").startswith(pushes.REJECTED) else "pending")
+        states = pushes.all_states(ledger, server)
+        for s in states:
+            error = s.last_error or ""
+            state = "done" if s.done else ("refused" if error.startswith(pushes.REJECTED) else "pending")
+            state = "failed" if state == "pending" and error.startswith(FAILED) else state
             click.echo(f"{s.run_id}  {state}" + (f"  {s.last_error}" if s.last_error else ""))
             for row in refused_rows.get(s.run_id, []):
                 click.echo(f"    quarantined by the server: {row['series']} {row['item']}: {row['reason']}")
@@ -203,8 +207,9 @@ def sync_cmd(
         f"{fmt_count(len(report.done), 'run')} complete, {left} still in the outbox"
         + (f", {len(report.rejected)} refused (see --status; fix and --retry)" if report.rejected else "")
         + (f", {len(report.forbidden)} not allowed with this token" if report.forbidden else "")
+        + (f", {len(report.failed)} failed (see --status)" if report.failed else "")
     )
-    if report.rejected or report.forbidden:
+    if report.rejected or report.forbidden or report.failed:
         sys.exit(1)
 
 

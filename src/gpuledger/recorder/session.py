@@ -36,6 +36,21 @@ def stderr_line(line: str) -> None:
         pass
 
 
+def os_text(value: str) -> str:
+    """Text from the OS as valid UTF-8: bytes that were not UTF-8 (which Python hands over as
+    surrogate escapes, e.g. a latin-1 file name in argv) are shown as backslash escapes
+    (``/data/caf\\xe9``), so the run record can be stored, signed and pushed like any other."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        pass
+    try:  # undecodable bytes, as os.fsdecode and sys.argv give them: \xNN
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # other lone surrogates: \udNNN
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def new_run_record(
     command: Sequence[str],
     *,
@@ -50,22 +65,26 @@ def new_run_record(
     started_at: float | None = None,
     clock: Callable[[], float] = time.time,
 ) -> RunRecord:
-    """A fresh run with redacted command and labels, git state and versions filled in."""
+    """A fresh run with redacted command and labels, git state and versions filled in.
+
+    Text the OS handed over (the command line, directory, user, environment labels, git fields)
+    goes through ``os_text``, so the record is valid UTF-8 whatever bytes it held."""
     redactor = Redactor.default()
     now = clock() if started_at is None else started_at
     all_labels = metadata.env_labels(env)
     all_labels.update(labels or {})
-    git = metadata.git_state(cwd)
+    all_labels = {os_text(str(k)): os_text(str(v)) for k, v in all_labels.items()}
+    git = {k: os_text(v) if isinstance(v, str) else v for k, v in metadata.git_state(cwd).items()}
     if "remote" in git:
         git["remote"] = redactor.redact_text(str(git["remote"]))
     return RunRecord(
         id=run_id or uuid7(int(now * 1000)),
-        command=redactor.redact_argv(list(command)),
-        user=metadata.current_user(env),
-        host=host_name(),
-        cwd=cwd,
+        command=redactor.redact_argv([os_text(str(arg)) for arg in command]),
+        user=os_text(metadata.current_user(env)),
+        host=os_text(host_name()),
+        cwd=os_text(cwd),
         started_at=now,
-        name=name,
+        name=None if name is None else os_text(name),
         labels=redactor.redact_mapping(all_labels),
         git=git,
         versions=metadata.versions(),
@@ -185,7 +204,8 @@ class Session:
 
         redactor = Redactor.default()
         with self._ledger_lock:
-            for key, value in redactor.redact_mapping({str(k): str(v) for k, v in labels.items()}).items():
+            sent = {os_text(str(k)): os_text(str(v)) for k, v in labels.items()}
+            for key, value in redactor.redact_mapping(sent).items():
                 self.run.labels.setdefault(key, value)
             self.run.meta.update(meta)
             self._run_changes["labels"] = dict(self.run.labels)
