@@ -19,12 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from gpuledger.agent.client import Client
 from gpuledger.agent.pusher import Pusher
-from gpuledger.core.model import RunRecord
-from gpuledger.store import Ledger, RunNotFound, pushes
+from gpuledger.agent.sync import sync
+from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, RunRecord
+from gpuledger.server.app import create_app
+from gpuledger.server.settings import Settings
+from gpuledger.store import Ledger, RunNotFound, audit, pushes, quarantine
 from server_support import NOW, ServerProcess, fresh_pg_url, setup_accounts
 
 pytestmark = pytest.mark.slow
@@ -241,3 +246,93 @@ def test_a_command_line_that_is_not_utf8_is_pushed_and_blocks_nothing(team) -> N
     assert view(remote, good)["run"][0] == "succeeded"  # the loop went on
     status = agent.sync("--status").stdout
     assert f"{bad}  failed  failed: UnicodeEncodeError" in status and f"{good}  done" in status
+
+
+def test_events_too_large_for_one_batch_go_in_several(team) -> None:  # type: ignore[no-untyped-def]
+    agent, remote = team
+    code = (
+        "import time\nfrom gpuledger.recorder.control import ControlClient\nc = ControlClient.from_env()\n"
+        "for i in range(150):\n    c.send('event', kind='note', message=f'{i} ' + 'x' * 60000)\n    time.sleep(0.01)\n"
+        "time.sleep(1)\n"
+    )  # 150 events of 60,000 characters, each under the 65,536 limit: ~9 MB, over the 8 MiB body limit
+    ran = agent.cli("run", "--server", agent.server, "--project", "A", "--no-gpu", "--interval", "0.5", "-q", "--",
+                    sys.executable, "-c", code)  # fmt: skip
+    assert ran.returncode == 0 and "refused" not in ran.stderr, ran.stderr
+    run_id = agent.run_id()
+    assert f"{run_id}  done" in agent.sync("--status").stdout
+    local = view(agent.local, run_id)
+    assert len(local["events"]) == 150 and local["run"][0] == "succeeded"
+    assert view(remote, run_id) == local
+
+
+class Recording(httpx.BaseTransport):
+    """The app's transport, noting the status and body size of every answer to an ingest."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+        self.ingests: list[tuple[int, int]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.url.path.endswith("/ingest"):
+            self.ingests.append((response.status_code, len(request.content)))
+        return response
+
+
+def _big_events_run(led: Ledger, n: int, size: int) -> str:
+    run_id = str(uuid.uuid4())
+    start = NOW - 3600
+    led.create_run(RunRecord(run_id, ["python", "t.py"], "u", "h", "/", start, labels={"project": "A"}))
+    led.append(run_id, [], [], [Event(start + 10 + i, "note", f"{i} " + "x" * size) for i in range(n)], [])
+    led.update_run(run_id, status="succeeded", ended_at=start + 3001, exit_code=0)
+    return run_id
+
+
+def test_batches_are_cut_by_their_bytes_so_the_server_never_answers_413(tmp_path: Path) -> None:
+    with fresh_pg_url() as remote:
+        token = setup_accounts(remote).agent_a
+        with TestClient(create_app(remote)) as app_client:  # the default 8 MiB body limit
+            local = Ledger(tmp_path / "local.db")
+            run_id = _big_events_run(local, 150, 60000)  # ~9 MB of events, each under every row limit
+            recording = Recording(app_client._transport)
+            report = sync(local, Client("http://testserver", token, transport=recording), all_runs=True)
+    assert report.done == [run_id] and not report.rejected
+    assert [status for status, _ in recording.ingests] == [200] * len(recording.ingests)
+    assert len(recording.ingests) >= 3 and max(size for _, size in recording.ingests) <= 4 * 1024 * 1024
+
+
+@pytest.fixture
+def small_server() -> Iterator[tuple[TestClient, str, str]]:
+    """The real server app, with a body limit of 256 KiB (as a proxy in front of it might have)."""
+    with fresh_pg_url() as url:
+        tokens = setup_accounts(url)
+        with TestClient(create_app(url, settings=Settings(max_body_b=256 * 1024))) as app_client:
+            yield app_client, url, tokens.agent_a
+
+
+def test_a_413_splits_the_batch_and_only_a_row_too_large_alone_is_kept_aside(tmp_path: Path, small_server) -> None:  # type: ignore[no-untyped-def]
+    app_client, remote, token = small_server
+    local = Ledger(tmp_path / "local.db")
+    run_id = str(uuid.uuid4())
+    start = NOW - 3600
+    local.create_run(RunRecord(run_id, ["python", "t.py"], "u", "h", "/", start, labels={"project": "A"}))
+    local.add_devices(run_id, [GpuIdentity(0, "GPU-0", "NVIDIA A100-SXM4-80GB")])
+    gpu = [GpuInterval("GPU-0", i, start + 5 * i, start + 5 * i + 5, 5, busy_s=2.0) for i in range(600)]
+    host = [HostInterval(i, start + 5 * i, start + 5 * i + 5, 5, cpu_s=1.0) for i in range(600)]
+    events = [Event(start + 10 + i, "note", f"{i} " + "x" * 30000) for i in range(40)]  # 1.2 MB
+    events.insert(20, Event(start + 29.5, "note", "huge", {"blob": "y" * 400_000}))  # over 256 KiB alone
+    local.append(run_id, gpu, host, events, [])
+    local.update_run(run_id, status="succeeded", ended_at=start + 3001, exit_code=0)
+    client = Client("http://testserver", token, transport=app_client._transport)
+
+    report = sync(local, client, all_runs=True)
+    assert report.done == [run_id] and not report.rejected, report
+    assert report.quarantined == {run_id: 1} and report.batches > 5
+    (aside,) = quarantine.for_server(local, "http://testserver")[run_id]
+    assert aside["series"] == "events" and aside["item"] == "seq 20" and "too large" in aside["reason"]
+    here, there = view(local.url, run_id), view(remote, run_id)
+    assert here["run"] == there["run"] and here["run"][0] == "succeeded"
+    assert there["gpu"] == here["gpu"] and there["host"] == here["host"] and there["metrics"] == here["metrics"]
+    assert messages(there) == [m for m in messages(here) if m != "huge"] and len(messages(there)) == 40
+    with Ledger(remote) as led:
+        assert audit.verify(led).ok

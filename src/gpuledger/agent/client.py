@@ -23,6 +23,7 @@ ENV_SERVER = "GPULEDGER_SERVER"
 ENV_TOKEN = "GPULEDGER_TOKEN"
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 60.0
+BATCH_LIMIT_B = 4 * 1024 * 1024  # largest ingest batch sent: half the server's default body limit (8 MiB)
 
 
 class ServerError(Exception):
@@ -101,6 +102,8 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.server = normalise_server(server)
+        # Lowered when this server (or a proxy before it) answers 413 to a smaller batch (agent/outbox.py).
+        self.batch_limit_b = BATCH_LIMIT_B
         headers = {"User-Agent": f"gpuledger/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
