@@ -207,6 +207,29 @@ def test_rows_the_last_flush_could_not_write_are_spooled_not_dropped(team) -> No
     assert view(remote, run_id) == local
 
 
+def test_a_run_spooled_before_the_outbox_knew_it_is_pushed_after_recover(team) -> None:  # type: ignore[no-untyped-def]
+    agent, remote = team
+    with locked(agent.db):  # the whole run: neither the run nor its outbox row is ever written
+        proc = agent.start_run()
+        time.sleep(2.0)
+        agent.go.touch()
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and "gpuledger recover" in err, err
+    (spooled,) = (agent.home / "spool").glob("*.json")
+    run_id = spooled.stem
+    status = agent.sync("--status")
+    assert f"{run_id}  spooled" in status.stdout, status.stdout
+
+    recovered = agent.cli("recover")
+    assert f"in the outbox for {agent.server}" in recovered.stdout, recovered.stdout + recovered.stderr
+    assert f"{run_id}  pending" in agent.sync("--status").stdout
+    pushed = agent.sync()
+    assert pushed.returncode == 0 and "1 run complete, 0 still in the outbox" in pushed.stdout, pushed.stdout
+    local = view(agent.local, run_id)
+    assert local["run"][0] == "succeeded" and LAST_WORDS in messages(local) and local["gpu"]
+    assert view(remote, run_id) == local
+
+
 def test_a_command_line_that_is_not_utf8_is_pushed_and_blocks_nothing(team) -> None:  # type: ignore[no-untyped-def]
     agent, remote = team
     # A latin-1 file name, as Linux allows: Python hands it over as a surrogate escape.

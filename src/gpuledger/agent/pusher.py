@@ -69,6 +69,11 @@ class Pusher:
         self.done = False
         self.last_error: str | None = None
         self._thread = threading.Thread(target=self._loop, name="gpuledger-pusher", daemon=True)
+        # Should the run end up in the spool (the ledger locked, perhaps before the outbox ever
+        # knew the run), its spool file names this server, and recover puts it in its outbox.
+        from gpuledger.recorder.spool import push_to
+
+        push_to(run_id, server)
 
     def start(self) -> None:
         self._thread.start()

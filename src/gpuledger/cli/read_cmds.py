@@ -198,7 +198,8 @@ def export_cmd(run: str | None, fmt: str, output: str | None, metrics: bool, db:
 def recover_cmd(files: tuple[str, ...], db: str | None) -> None:
     """Write runs kept in the local spool (the ledger was unreachable when they ended) into the ledger.
 
-    Each run goes to the ledger it was recorded for; --db on the command line sends them all elsewhere."""
+    Each run goes to the ledger it was recorded for; --db on the command line sends them all elsewhere.
+    A run recorded with --server is put (back) in the outbox of its servers: gpuledger sync pushes it."""
     from pathlib import Path
 
     from gpuledger.recorder.spool import read_target, recover, spool_dir
@@ -219,13 +220,15 @@ def recover_cmd(files: tuple[str, ...], db: str | None) -> None:
             target = override or read_target(path) or db
             if target not in ledgers:
                 ledgers[target] = open_ledger(target)
-            run_id = recover(path, ledgers[target])
+            done = recover(path, ledgers[target])
         except Exception as exc:  # one bad spool file must not stop the others
             failed += 1
             click.echo(f"Error: {path}: {exc}", err=True)
             continue
         where = f" into {display_url(target)}" if target else ""
-        click.echo(f"recovered run {run_id}{where}")
+        click.echo(f"recovered run {done.run_id}{where}")
+        for server in done.servers:
+            click.echo(f"  in the outbox for {server}: push it with: gpuledger sync --server {server}")
     for ledger in ledgers.values():
         ledger.close()  # type: ignore[attr-defined]
     if failed:

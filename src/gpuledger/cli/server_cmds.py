@@ -170,6 +170,7 @@ def sync_cmd(
     from gpuledger.agent.client import Client, ServerError, normalise_server, token_from
     from gpuledger.agent.sync import sync
     from gpuledger.cli.common import open_ledger
+    from gpuledger.recorder.spool import waiting
     from gpuledger.store import capacity_push, pushes
 
     ledger = open_ledger(db)
@@ -177,6 +178,7 @@ def sync_cmd(
     if forget:
         _forget_capacity(ledger, server, yes)
         return
+    spooled = waiting(servers=show_status)
     if show_status:
         from gpuledger.agent.outbox import FAILED
         from gpuledger.store import quarantine
@@ -188,8 +190,14 @@ def sync_cmd(
             state = "done" if s.done else ("refused" if error.startswith(pushes.REJECTED) else "pending")
             state = "failed" if state == "pending" and error.startswith(FAILED) else state
             click.echo(f"{s.run_id}  {state}" + (f"  {s.last_error}" if s.last_error else ""))
+            if s.run_id in spooled:
+                click.echo(f"    waits in the spool ({spooled[s.run_id].path}): write it with gpuledger recover")
             for row in refused_rows.get(s.run_id, []):
                 click.echo(f"    quarantined by the server: {row['series']} {row['item']}: {row['reason']}")
+        known = {s.run_id for s in states}
+        for run_id, spool in spooled.items():  # the ledger may have been locked before the outbox knew it
+            if run_id not in known and server in spool.servers:
+                click.echo(f"{run_id}  spooled  {spool.path}: write it with gpuledger recover")
         for box in capacity_push.outbox(ledger, server):
             click.echo(f"capacity  {_lacking(box)}")
         return

@@ -5,6 +5,11 @@ pending intervals, events and metrics) and the ledger it was meant for, as JSON 
 ``<data dir>/spool/<run id>.json``. ``gpuledger recover`` writes spooled runs into that ledger once
 it is reachable again; appends are idempotent, so a run that was partly written before is
 completed, not duplicated.
+
+A run recorded with ``--server`` also names the team servers it is pushed to (its pusher says so
+with ``push_to``; the ledger may have been locked all along, so the outbox may not know the run).
+``recover`` puts the run in the outbox of each of them and of every server it was pushed to before
+(its end, its last rows and its log are new), so ``gpuledger sync`` pushes what the spool held.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +27,23 @@ from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, 
 from gpuledger.paths import data_dir
 
 FORMAT = "gpuledger-spool/1"
+
+# run id -> the team servers its pusher pushes to (this process), written into its spool file
+_push_targets: dict[str, list[str]] = {}
+_push_targets_lock = threading.Lock()
+
+
+def push_to(run_id: str, server: str) -> None:
+    """The run is pushed to ``server``: should it be spooled, ``recover`` puts it in that outbox."""
+    with _push_targets_lock:
+        servers = _push_targets.setdefault(run_id, [])
+        if server not in servers:
+            servers.append(server)
+
+
+def push_targets(run_id: str) -> list[str]:
+    with _push_targets_lock:
+        return list(_push_targets.get(run_id, []))
 
 
 def spool_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -36,11 +60,13 @@ def write_spool(
     env: Mapping[str, str] | None = None,
     ledger_url: str | None = None,
     keep_log: bool = False,
+    servers: Iterable[str] | None = None,
 ) -> Path:
     """Keep the run in the spool. ``ledger_url``: the ledger the run was recorded for (None: the
     default one, resolved now, since ``GPULEDGER_DB`` may differ when ``recover`` runs).
     ``keep_log``: a process CMD started still writes the log file; ``recover`` archives it and
-    leaves it in place."""
+    leaves it in place. ``servers``: the team servers the run is pushed to (default: those
+    ``push_to`` named for it)."""
     from gpuledger.store.url import default_url, normalise_url
 
     folder = spool_dir(env)
@@ -56,6 +82,7 @@ def write_spool(
         "events": [dataclasses.asdict(e) for e in events],
         "metrics": [dataclasses.asdict(m) for m in metrics],
         "keep_log": keep_log,
+        "servers": list(push_targets(run.id) if servers is None else servers),
     }
     path = folder / f"{run.id}.json"
     tmp = path.with_suffix(".tmp")
@@ -88,8 +115,38 @@ def read_target(path: Path) -> str | None:
     return target if isinstance(target, str) and target else None
 
 
-def recover(path: Path, ledger) -> str:
-    """Write one spooled run into ``ledger`` and delete the spool file; returns the run id."""
+@dataclass(frozen=True)
+class Spooled:
+    path: Path
+    run_id: str
+    servers: list[str]
+
+
+def waiting(env: Mapping[str, str] | None = None, *, servers: bool = False) -> dict[str, Spooled]:
+    """Run id -> its spool file, for the runs waiting for ``gpuledger recover``. ``servers``: also
+    read which servers each names (reads every file; otherwise only their names are listed)."""
+    found: dict[str, Spooled] = {}
+    for path in sorted(spool_dir(env).glob("*.json")):
+        named: list[str] = []
+        if servers:
+            try:
+                listed = _read(path).get("servers")
+            except ValueError:
+                listed = None
+            named = [s for s in listed if isinstance(s, str)] if isinstance(listed, list) else []
+        found[path.stem] = Spooled(path, path.stem, named)
+    return found
+
+
+@dataclass(frozen=True)
+class Recovered:
+    run_id: str
+    servers: list[str]  # the outboxes the run was put (back) in: gpuledger sync pushes it
+
+
+def recover(path: Path, ledger) -> Recovered:
+    """Write one spooled run into ``ledger``, put it in the outbox of every server it is pushed
+    to, and delete the spool file."""
     doc = _read(path)
     run = _build(RunRecord, doc["run"])
     ledger.create_run(run)
@@ -116,5 +173,25 @@ def recover(path: Path, ledger) -> str:
 
         # Stored capped; the file is removed unless a process CMD started was still writing it.
         archive_once(ledger, run.id, run.log_path, cap_or_default(os.environ), remove=not doc.get("keep_log"))
-    path.unlink()
-    return run.id
+    servers = _back_in_outbox(ledger, run.id, doc.get("servers") or [])
+    path.unlink()  # last: a failure above leaves the file, and recover again redoes it all harmlessly
+    return Recovered(run.id, servers)
+
+
+def _back_in_outbox(ledger, run_id: str, named: list[Any]) -> list[str]:
+    """Register the run for the servers its spool file names, and make every server that already
+    had it push it again: its end, the rows the spool held and its log are new to them. A server
+    that sealed the run ``lost`` meanwhile (``gpuledger sync`` ran first) takes its owner's real end.
+    The watermarks stay: every row below them is on that server already."""
+    from gpuledger.store import pushes
+
+    states = [s for s in pushes.all_states(ledger) if s.run_id == run_id]
+    for state in states:
+        if state.done or state.run_sig is not None or state.last_error:
+            # run_sig None: the record and devices go again; done/last_error: it is pending again
+            pushes.save(ledger, dataclasses.replace(state, run_sig=None, done=False, last_error=None))
+    known = {s.server for s in states}
+    new = [s for s in dict.fromkeys(x for x in named if isinstance(x, str) and x) if s not in known]
+    for server in new:
+        pushes.register(ledger, server, [run_id])
+    return sorted(known | set(new))
