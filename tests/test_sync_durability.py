@@ -180,6 +180,47 @@ def team(tmp_path: Path) -> Iterator[tuple[Agent, str]]:
             yield Agent(tmp_path, server.url, tokens.agent_a), url
 
 
+def test_a_spooled_run_is_not_settled_lost_by_sync_and_recover_sends_its_real_end(team) -> None:  # type: ignore[no-untyped-def]
+    agent, remote = team
+    proc = agent.start_run()
+    run_id = wait_for(agent.run_id)
+    wait_for(lambda: len(view(remote, run_id)["gpu"]) >= 2)  # the pusher has pushed part of it
+    with locked(agent.db):  # from now to the end of the run: its end goes to the spool
+        agent.go.touch()
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "gpuledger recover" in err, err
+    assert (agent.home / "spool" / f"{run_id}.json").exists()
+
+    # `gpuledger sync` first, as the warning suggests: the run is not settled as lost.
+    first = agent.sync()
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"{run_id}: waits in the spool" in first.stdout and "1 waiting in the spool" in first.stdout
+    assert view(remote, run_id)["run"][0] == "running"
+    status = agent.sync("--status")
+    assert f"{run_id}  pending" in status.stdout and "waits in the spool" in status.stdout
+
+    # A sync that does not see this spool folder (another GPULEDGER_HOME on the same ledger, an
+    # older gpuledger) does settle it lost, and the server seals it so.
+    elsewhere = agent.env | {"GPULEDGER_HOME": str(agent.tmp / "elsewhere"), "GPULEDGER_DB": agent.local}
+    assert agent.sync(env=elsewhere).returncode == 0
+    assert view(remote, run_id)["run"][0] == "lost"
+    assert f"{run_id}  done" in agent.sync("--status").stdout
+
+    # recover writes the real end and puts the run back in the outbox; sync pushes it.
+    recovered = agent.cli("recover")
+    assert recovered.returncode == 0, recovered.stderr
+    assert f"recovered run {run_id}" in recovered.stdout and f"in the outbox for {agent.server}" in recovered.stdout
+    assert f"{run_id}  pending" in agent.sync("--status").stdout
+    second = agent.sync()
+    assert second.returncode == 0 and "1 run complete, 0 still in the outbox" in second.stdout, second.stdout
+    local = view(agent.local, run_id)
+    assert local["run"][0] == "succeeded" and LAST_WORDS in messages(local)
+    assert view(remote, run_id) == local
+    assert f"{run_id}  done" in agent.sync("--status").stdout
+    with Ledger(remote) as led:
+        assert audit.verify(led).ok
+
+
 def test_rows_the_last_flush_could_not_write_are_spooled_not_dropped(team) -> None:  # type: ignore[no-untyped-def]
     agent, remote = team
     final_flush_failed = agent.tmp / "final-flush-failed"

@@ -6,13 +6,15 @@ run (recorded without a server, imported, recovered). A run whose recorder died 
 quarantines (partial acceptance) are reported and recorded, and the run moves on: a bad interval no
 longer keeps a run out of the server.
 
-A run that fails for a reason of its own (not the server's, not the ledger's) is reported
+A run waiting in the spool (its end could not be written to the local ledger) is neither settled as
+lost nor pushed: its real end is in the spool file, and ``gpuledger recover`` puts it back in the
+outbox. A run that fails for a reason of its own (not the server's, not the ledger's) is reported
 and kept with its error on its outbox row; the other runs still go.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +38,7 @@ class SyncReport:
     forbidden: dict[str, str] = field(default_factory=dict)  # kept in the outbox: tried again next time
     missing: list[str] = field(default_factory=list)
     quarantined: dict[str, int] = field(default_factory=dict)  # rows the server refused, per run
+    spooled: list[str] = field(default_factory=list)  # waiting for gpuledger recover: not pushed yet
     failed: dict[str, str] = field(default_factory=dict)  # an error of the run's own: kept, tried again next time
     capacity_rows: int = 0  # a node agent's capacity intervals pushed (docs/CAPACITY.md)
     capacity_unsupported: bool = False  # the server is older than the capacity ledger: kept locally
@@ -48,12 +51,17 @@ def sync(
     all_runs: bool = False,
     retry_rejected: bool = False,
     progress: Callable[[str], None] = lambda line: None,
+    spooled: Collection[str] | None = None,
 ) -> SyncReport:
     """Push what the outbox holds for ``client.server``. Unreachable / Unauthorized propagate
     (nothing is lost: the next sync starts where this one stopped), and so do errors of the local
-    ledger."""
+    ledger. ``spooled``: ids of runs waiting in the spool (default: the spool folder's)."""
     from gpuledger.runs.liveness import reconcile
 
+    if spooled is None:
+        from gpuledger.recorder.spool import waiting
+
+        spooled = waiting()
     server = client.server
     report = SyncReport()
     # Before any request: should the server stay unreachable, retention still keeps what it lacks.
@@ -61,6 +69,10 @@ def sync(
     if all_runs:
         report.registered = pushes.register(ledger, server, pushes.unregistered_runs(ledger, server))
     for state in pushes.pending(ledger, server, include_rejected=retry_rejected):
+        if state.run_id in spooled:  # its real end is in the spool: not lost, and not known here yet
+            report.spooled.append(state.run_id)
+            progress(f"{state.run_id}: waits in the spool: write it with gpuledger recover, then sync again")
+            continue
         try:
             _push_one(ledger, client, state, report, progress, reconcile)
         except (ServerError, LedgerError):

@@ -203,7 +203,7 @@ def sync_cmd(
         return
     with Client(server, token_from(None, token_file)) as client:
         try:
-            report = sync(ledger, client, all_runs=all_runs, retry_rejected=retry, progress=click.echo)
+            report = sync(ledger, client, all_runs=all_runs, retry_rejected=retry, progress=click.echo, spooled=spooled)
         except ServerError as exc:
             raise click.ClickException(f"{exc}; nothing is lost: run gpuledger sync again later") from exc
     from gpuledger.core.units import fmt_count
@@ -216,6 +216,7 @@ def sync_cmd(
         + (f", {len(report.rejected)} refused (see --status; fix and --retry)" if report.rejected else "")
         + (f", {len(report.forbidden)} not allowed with this token" if report.forbidden else "")
         + (f", {len(report.failed)} failed (see --status)" if report.failed else "")
+        + (f", {len(report.spooled)} waiting in the spool (gpuledger recover)" if report.spooled else "")
     )
     if report.rejected or report.forbidden or report.failed:
         sys.exit(1)
