@@ -72,7 +72,10 @@ def _git(cwd: str, *args: str) -> str | None:
         out = subprocess.run(
             ["git", "-C", cwd, *args],
             capture_output=True,
-            text=True,
+            # A branch or remote may hold bytes that are not UTF-8: kept as surrogate escapes (the
+            # run record shows them as \xNN), never an error that leaves the run unmetered.
+            encoding="utf-8",
+            errors="surrogateescape",
             timeout=GIT_TIMEOUT_S,
             check=False,
         )
