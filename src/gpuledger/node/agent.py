@@ -38,7 +38,6 @@ from gpuledger.node.procfacts import ProcReader
 from gpuledger.node.sink import LedgerSink
 from gpuledger.node.sources import Sources
 from gpuledger.node.track import META_KEY, RunTrack, discovered_record, gpu_share
-from gpuledger.recorder.clock import SteadyClock
 from gpuledger.runs.liveness import PID_START_SLACK_S
 
 GPU_RETRY_S = 60.0  # without NVML, how often the agent tries again
@@ -77,7 +76,7 @@ class NodeAgent:
         boot_time: float | None = None,
         gpu_opener: Callable[[], tuple[GpuCollector | None, str | None]] | None = None,
         warn: Callable[[str], None] = lambda line: None,
-        clock: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self._gpu = gpu
@@ -89,9 +88,10 @@ class NodeAgent:
         self._boot_time = boot_time
         self._gpu_opener = gpu_opener
         self._warn = warn
-        # Wall-clock seconds that never jump (recorder/clock.py), as `gpuledger run` dates its
-        # intervals: a clock stepped back must not date a reading before the previous one.
-        self._clock = clock = SteadyClock() if clock is None else clock
+        # The wall clock itself, not the recorder's SteadyClock: that one follows the monotonic
+        # clock, which does not count a suspend, so a suspended host would look observed and its
+        # readings stay dated behind for hours. A step back is the capacity meter's to absorb.
+        self._clock = clock
         self._tck = os.sysconf("SC_CLK_TCK")
         self._redactor = Redactor.default()
         self.tracks: dict[str, RunTrack] = {}  # by owner key
