@@ -210,6 +210,8 @@ class NvmlCollector:
         """The energy of each MIG-mode GPU whose slices answer, since the previous read: the counter's
         delta, else power integrated (as for a whole GPU); the first read of one only primes it."""
         live = {d.ident.mig_parent_uuid for d in self._devs if d.ident.mig_parent_uuid is not None and not d.lost}
+        for gone in self._parents.keys() - live:  # its slices were lost: primed afresh when they answer
+            del self._parents[gone]
         for uuid in sorted(live):  # type: ignore[type-var]
             p = self._parents.get(uuid)
             try:
@@ -219,17 +221,15 @@ class NvmlCollector:
                 p.q.start_read()
                 mj, power = self._power_readings(p)  # type: ignore[arg-type]
             except Exception:  # lost with its slices (their reads say so), or not there: unmeasured
+                self._parents.pop(uuid, None)
                 out.parent_energy[uuid] = None
                 continue
-            energy = None
-            if p.t_last is not None and now > p.t_last:
-                delta = None if mj is None else counter_delta(p.energy_mj, mj)
-                if delta is not None:
-                    energy = delta / 1000
-                elif power is not None and p.power_w is not None:
-                    energy = trapezoid_energy_j(p.t_last, p.power_w, now, power)
-            p.energy_mj, p.power_w, p.t_last = mj, power, now
-            out.parent_energy[uuid] = energy
+            t_last, p.t_last = p.t_last, now
+            if t_last is None or now <= t_last:  # the first read primes the counter
+                p.energy_mj, p.power_w = mj, power
+                out.parent_energy[uuid] = None
+                continue
+            out.parent_energy[uuid] = self._energy_since(p, t_last, now, mj, power)[0]
 
     def close(self) -> None:
         if not self._closed:
@@ -323,17 +323,25 @@ class NvmlCollector:
     def _energy(self, d: _Device, tick: GpuTick) -> None:
         mj, power = self._power_readings(d)
         tick.power_w = power
+        tick.energy_j, tick.energy_method = self._energy_since(d, tick.t0, tick.t1, mj, power)
+
+    def _energy_since(
+        self, d: _Device | _Parent, t0: float, t1: float, mj: int | None, power: float | None
+    ) -> tuple[float | None, str | None]:
+        """(J, method) over (t0, t1] from the device's previous readings: the counter's delta, else
+        power integrated; the readings become the next call's previous ones."""
+        energy = method = None
         if mj is not None:
             delta = counter_delta(d.energy_mj, mj)
             if delta is not None:
-                tick.energy_j, tick.energy_method = delta / 1000, ENERGY_COUNTER
+                energy, method = delta / 1000, ENERGY_COUNTER
             elif d.energy_mj is not None:
                 self._q.report(d.q, "energy", _CounterReset())
         d.energy_mj = mj  # None after a read error: re-base rather than double count
-        if tick.energy_j is None and power is not None and d.power_w is not None:
-            tick.energy_j = trapezoid_energy_j(tick.t0, d.power_w, tick.t1, power)
-            tick.energy_method = ENERGY_POWER
+        if energy is None and power is not None and d.power_w is not None:
+            energy, method = trapezoid_energy_j(t0, d.power_w, t1, power), ENERGY_POWER
         d.power_w = power
+        return energy, method
 
     def _memory(self, d: _Device, tick: GpuTick) -> None:
         h = d.handle
