@@ -198,6 +198,9 @@ def test_a_spooled_run_is_not_settled_lost_by_sync_and_recover_sends_its_real_en
     assert view(remote, run_id)["run"][0] == "running"
     status = agent.sync("--status")
     assert f"{run_id}  pending" in status.stdout and "waits in the spool" in status.stdout
+    # nor by `gpuledger runs`, which settles the runs whose recorder died
+    assert agent.cli("runs").returncode == 0
+    assert view(agent.local, run_id)["run"][0] == "running"
 
     # A sync that does not see this spool folder (another GPULEDGER_HOME on the same ledger, an
     # older gpuledger) does settle it lost, and the server seals it so.

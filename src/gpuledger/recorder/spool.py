@@ -122,6 +122,11 @@ class Spooled:
     servers: list[str]
 
 
+def is_waiting(run_id: str, env: Mapping[str, str] | None = None) -> bool:
+    """The run's real end waits in this user's spool for ``gpuledger recover`` (one stat)."""
+    return (spool_dir(env) / f"{run_id}.json").is_file()
+
+
 def waiting(env: Mapping[str, str] | None = None, *, servers: bool = False) -> dict[str, Spooled]:
     """Run id -> its spool file, for the runs waiting for ``gpuledger recover``. ``servers``: also
     read which servers each names (reads every file; otherwise only their names are listed)."""

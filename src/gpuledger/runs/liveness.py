@@ -30,8 +30,13 @@ def recorder_alive(run: RunRecord) -> bool | None:
 
 
 def reconcile(ledger, run: RunRecord) -> RunRecord:
-    """Mark a dead recorder's run as lost (once) and archive its on-disk log; return the fresh record."""
+    """Mark a dead recorder's run as lost (once) and archive its on-disk log; return the fresh record.
+    A run whose end waits in the spool is left as it is: ``gpuledger recover`` writes its real end."""
     if run.status != "running" or recorder_alive(run) is not False:
+        return run
+    from gpuledger.recorder.spool import is_waiting
+
+    if is_waiting(run.id):
         return run
     last = ledger.last_flush_t(run.id)
     reason = "gpuledger stopped while the command ran (killed?); usage is recorded up to the last flush"
