@@ -20,7 +20,7 @@ from gpuledger.core.model import run_is_open
 from gpuledger.store import rollup_audit
 from gpuledger.store.schema import devices, gpu_rollups, runs
 
-__all__ = ["ROLLUP_FIELDS", "drop_after_append", "drop_rollups"]
+__all__ = ["ROLLUP_FIELDS", "drop_after_append", "drop_rollups", "run_finished"]
 
 # Run fields a rollup depends on: its held span, its status, and the values rows are grouped by.
 ROLLUP_FIELDS = frozenset({"status", "started_at", "ended_at", "labels", "user", "attempt_of"})
@@ -44,15 +44,22 @@ def drop_rollups(conn: Connection, run_ids: Collection[str]) -> None:
     rollup_audit.record_dropped(conn, dropped)  # a team ledger's trail says so (store/rollup_audit.py)
 
 
-def drop_after_append(conn: Connection, run_id: str, spans: Sequence[tuple[str, float, float]]) -> None:
+def run_finished(conn: Connection, run_id: str) -> bool:
+    """The run exists and has ended: only such a run can have been rolled up (one primary-key probe)."""
+    row = conn.execute(sa.select(runs.c.status, runs.c.ended_at).where(runs.c.id == run_id)).first()
+    return row is not None and not run_is_open(row.status, row.ended_at)
+
+
+def drop_after_append(
+    conn: Connection, run_id: str, spans: Sequence[tuple[str, float, float]], *, finished: bool | None = None
+) -> None:
     """After GPU intervals (device uuid, t0, t1) were added to ``run_id``: if it has already ended
     (a late replay), drop its rollups and those of the runs that held one of the same GPUs on the
     same days. A running run is never rolled up, nor is anything chained to it on its GPUs
     (reports/cost/rollups.py), so the usual append, while recording, costs one primary-key probe."""
     if not spans:
         return
-    row = conn.execute(sa.select(runs.c.status, runs.c.ended_at).where(runs.c.id == run_id)).first()
-    if row is None or run_is_open(row.status, row.ended_at):
+    if not (run_finished(conn, run_id) if finished is None else finished):
         return
     first = math.floor(min(t0 for _, t0, _ in spans) / _DAY_S)
     last = math.floor(max(t1 for _, _, t1 in spans) / _DAY_S)

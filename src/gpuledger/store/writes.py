@@ -85,12 +85,16 @@ def append(
     # A run this ledger already wrote or read needs no look-up: the foreign keys still guard it.
     if numbering or not run_known:
         require_run(conn, run_id, lock=bool(numbering))
-    # Raw rows a rollup already replaced (a replay into a rolled-up run) are dropped, not added again.
-    gpu = bulk.unreplaced(conn, run_id, "gpu", gpu, lambda i: (i.device_uuid, i.seq)) if gpu else gpu
-    host = bulk.unreplaced(conn, run_id, "host", host, lambda i: ("", i.seq)) if host else host
+    # Only a finished run can have been rolled up (one probe; a recording run's flush stops here):
+    # raw rows a rollup already replaced (a replay into it) are dropped, not added again.
+    finished = bool(gpu or host) and rollup_stale.run_finished(conn, run_id)
+    if finished:
+        gpu = bulk.unreplaced(conn, run_id, "gpu", gpu, lambda i: (i.device_uuid, i.seq)) if gpu else gpu
+        host = bulk.unreplaced(conn, run_id, "host", host, lambda i: ("", i.seq)) if host else host
     if gpu:
         _insert_new(db, conn, schema.gpu_intervals, [to_row(i, run_id=run_id) for i in gpu])
-        rollup_stale.drop_after_append(conn, run_id, [(i.device_uuid, i.t0, i.t1) for i in gpu])
+        spans = [(i.device_uuid, i.t0, i.t1) for i in gpu]
+        rollup_stale.drop_after_append(conn, run_id, spans, finished=finished)
     if host:
         _insert_new(db, conn, schema.host_intervals, [to_row(i, run_id=run_id) for i in host])
     if events:
