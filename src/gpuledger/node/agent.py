@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from gpuledger.collect.base import GpuCollector, GpuProcess, GpuRead
 from gpuledger.collect.host import ProcessTreeCollector
 from gpuledger.core.capacity.meter import CapacityMeter, GpuFacts, physical_gpus
+from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.metering.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
-from gpuledger.core.model import UTIL_INSTANT, GpuIdentity, GpuTick, Metric
+from gpuledger.core.model import GpuIdentity, GpuTick, Metric
 from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.cgroup_stats import CgroupCollector, locate
 from gpuledger.node.claims import Claims, ProcFacts
@@ -361,7 +362,7 @@ class NodeAgent:
             energy = tick.energy_j if tick else read.parent_energy.get(uuid)  # MIG mode: the GPU's own
             facts[uuid] = GpuFacts(tick.busy_s if tick else None, energy,
                                    uuid in held, uuid in in_use, uuid in attributed,
-                                   _unknown_s(tick))  # fmt: skip
+                                   0.0 if tick is None else unmeasured_seconds(tick))  # fmt: skip
         self._capacity.add(self._last_read, now, facts)
 
     def _recorder_alive(self, pid: int | None, started_at: float) -> bool:
@@ -493,11 +494,3 @@ class NodeAgent:
         if key not in self._said:
             self._said.add(key)
             self._warn(line)
-
-
-def _unknown_s(tick: GpuTick | None) -> float:
-    """The part of a tick its busy time does not cover: samples lost and no instant reading to
-    measure them (the collector then leaves them out of busy_s, docs/METERING.md)."""
-    if tick is None or not tick.util_unknown_s or UTIL_INSTANT in (tick.util_method or "").split(","):
-        return 0.0
-    return tick.util_unknown_s

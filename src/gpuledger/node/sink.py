@@ -119,11 +119,6 @@ class LedgerSink:
     def run_id(self, local_id: str) -> str:
         return self.adopted.get(local_id, local_id)
 
-    @property
-    def held_gpus(self) -> frozenset[str]:
-        """Every GPU an open run of this host holds, whether or not its recorder still lives."""
-        return frozenset(g for h in self.holds for g in h.gpus)
-
     def pending(self) -> int:
         with self._lock:
             return len(self._ops)

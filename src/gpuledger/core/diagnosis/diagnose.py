@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.core.metering.summary import unmeasured_seconds
+from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
 
 SEVERITIES = ("critical", "warning", "info")

@@ -28,7 +28,9 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
+
+from gpuledger.core.model import UTIL_INSTANT
 
 _US = 1_000_000
 # NVML documents sample periods "between 1 second and 1/6 second depending on the product".
@@ -159,3 +161,20 @@ class SamplePeriod:
         regular = [s for s in self._spacings if s <= smallest * _CLUSTER]
         estimate = min(max(statistics.median(regular) * _JITTER, PERIOD_MIN_S), PERIOD_MAX_S * _JITTER)
         self._learned = estimate if self._learned is None else min(self._learned, estimate)
+
+
+class _Covered(Protocol):  # a GpuTick or a GpuInterval
+    t0: float
+    t1: float
+    util_method: str | None
+    util_unknown_s: float | None
+
+
+def unmeasured_seconds(part: _Covered) -> float:
+    """The time of a tick or interval the driver's samples could not cover (``util_unknown_s``)
+    when no instant reading measured it: not in busy_s, and not idle either: unmeasured
+    (docs/METERING.md)."""
+    unknown = part.util_unknown_s
+    if not unknown or not math.isfinite(unknown) or UTIL_INSTANT in (part.util_method or "").split(","):
+        return 0.0
+    return min(max(0.0, part.t1 - part.t0), max(0.0, unknown))

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuledger.core.ids import short_id
+from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.metering.intervals import merge_gpu_intervals, merge_host_intervals
-from gpuledger.core.model import UTIL_INSTANT, GpuIdentity, GpuInterval, HostInterval, RunRecord, run_is_open
+from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval, RunRecord, run_is_open
 from gpuledger.core.units import (
     J_PER_KWH,
     NA,
@@ -32,7 +33,7 @@ from gpuledger.core.units import (
     iso_utc,
 )
 
-__all__ = ["REPLAY_BANNER", "format_summary", "summarize", "unmeasured_seconds"]
+__all__ = ["REPLAY_BANNER", "format_summary", "summarize"]
 
 REPLAY_BANNER = "REPLAYED GPU TRACE — not real hardware"
 _COMMAND_WIDTH = 100
@@ -121,15 +122,6 @@ def _per_device(
     out: list[tuple[GpuIdentity | None, str, list[GpuInterval]]] = [(d, d.uuid, by_uuid.pop(d.uuid, [])) for d in known]
     out += [(None, uuid, ivs) for uuid, ivs in sorted(by_uuid.items())]
     return out
-
-
-def unmeasured_seconds(iv: GpuInterval) -> float:
-    """The interval's time the driver's samples could not cover (``util_unknown_s``) when no instant
-    reading measured it: not in busy_s, and not idle either: unmeasured (docs/METERING.md)."""
-    unknown = iv.util_unknown_s
-    if not unknown or not math.isfinite(unknown) or UTIL_INSTANT in (iv.util_method or "").split(","):
-        return 0.0
-    return min(max(0.0, iv.t1 - iv.t0), max(0.0, unknown))
 
 
 def _gpu_summary(
