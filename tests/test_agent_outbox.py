@@ -195,6 +195,20 @@ def test_a_429_is_retried_after_the_servers_retry_after(tmp_path: Path) -> None:
     assert "HTTP 429" in lines[0]
 
 
+def test_a_proxys_page_that_is_not_json_is_retried_not_taken_for_the_runs_own_error(tmp_path: Path) -> None:
+    def proxy(request: httpx.Request) -> httpx.Response:  # a captive portal or a misrouted proxy: 200, HTML
+        return httpx.Response(200, text="<html>please log in</html>", request=request)
+
+    local = Ledger(tmp_path / "local.db")
+    run_id = _local_run(local, 1)
+    lines: list[str] = []
+    client = Client(SERVER, "t", transport=httpx.MockTransport(proxy))
+    pusher = Pusher(str(tmp_path / "local.db"), SERVER, "t", run_id, warn=lines.append, client=client)
+    pusher.push_once()
+    assert pusher._next_try < float("inf")  # tried again later, as for a server that is down
+    assert "cannot push to" in lines[0] and "kept in the local ledger" in lines[0]
+
+
 def test_pusher_thread_drains_while_recording_and_after_an_outage(tmp_path: Path, server) -> None:  # type: ignore[no-untyped-def]
     app_client, url, token = server
     db = tmp_path / "local.db"

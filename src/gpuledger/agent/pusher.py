@@ -15,10 +15,13 @@ again, alone, without holding up the others.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 from collections.abc import Callable
+
+import sqlalchemy as sa
 
 from gpuledger.agent.client import Client, Rejected, ServerError, Unreachable
 from gpuledger.agent.outbox import BATCH_ROWS, FAILED, drain_run
@@ -35,6 +38,11 @@ def backoff_s(
     """Seconds to wait after ``failures`` failures in a row: doubling, capped, +-50 % jitter."""
     base = min(max_s, min_s * 2 ** max(0, min(failures, 32) - 1))
     return base * (0.5 + rand())
+
+
+# Worth retrying later: the server (down, 5xx, a proxy's page that is not JSON) or the local ledger
+# (locked, an error SQLAlchemy passed through untranslated). Anything else is the run's own.
+_PASSING: tuple[type[BaseException], ...] = (ServerError, LedgerError, sa.exc.DBAPIError, json.JSONDecodeError)
 
 
 class Pusher:
@@ -84,7 +92,8 @@ class Pusher:
 
     def close(self, timeout_s: float = 5.0) -> bool:
         """Stop after one last attempt within ``timeout_s``; True when the run is fully pushed."""
-        self._next_try = 0.0  # the end of a run is worth one more try right away
+        if self._next_try != float("inf"):  # given up on (refused, or its own error): said once
+            self._next_try = 0.0  # the end of a run is worth one more try right away
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
@@ -140,7 +149,7 @@ class Pusher:
             self._next_try = float("inf")
             return
         except Exception as exc:  # the training must never notice
-            if not isinstance(exc, (ServerError, LedgerError)):
+            if not isinstance(exc, _PASSING):
                 self._failed(exc)
                 return
             self._failures += 1
