@@ -380,7 +380,6 @@ def test_an_existing_output_file_survives_a_failed_write(
         def disk_full(*_args: object, **_kw: object) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr("gpuledger.reports.run.export.to_csv", lambda rows: "x" * 10)
         monkeypatch.setattr("os.replace", disk_full)
         result = invoke(["export", short_id(RUN_A), "-o", str(target)], world)
         assert_one_error(result, 1, "No space left on device", "nothing was written")
