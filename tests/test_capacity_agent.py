@@ -136,21 +136,28 @@ def test_a_mig_gpu_is_one_asset_busy_while_a_slice_is_in_use(trees: Path, ledger
     assert sum(r["energy_j"] for r in rows[PARENT]) == pytest.approx(1000.0, rel=0.01)
 
 
-def test_a_wrapped_run_holds_its_gpus_while_none_of_its_processes_is_on_them(trees: Path, ledger_url: str) -> None:
-    # `gpuledger run` on this host recorded into the agent's ledger, its GPU1 idle: held, so allocated-idle
-    with Ledger(ledger_url) as led:
-        led.create_run(RunRecord(id="0190aaaa-0000-7000-8000-000000000001", command=["python", "train.py"], user="u",
-                                 host="node-1", cwd="/", started_at=T0, status="running"))  # fmt: skip
-        led.add_devices("0190aaaa-0000-7000-8000-000000000001", [GpuIdentity(0, GPU1, "NVIDIA A100-SXM4-80GB")])
-    node = Node(trees, ledger_url, Claims(), procs={})
+def _gpu1_with_an_open_run(trees: Path, url: str, recorder_pid: int | None) -> tuple[int, int]:
+    """(allocated-idle ms, unallocated ms) of GPU1 over 8 s while a `gpuledger run` recorded on this host
+    into the agent's ledger is open on it (no process of it on the GPU)."""
+    run_id = "0190aaaa-0000-7000-8000-000000000001"
+    with Ledger(url) as led:
+        led.create_run(RunRecord(id=run_id, command=["python", "train.py"], user="u", host="node-1", cwd="/",
+                                 started_at=T0, status="running", recorder_pid=recorder_pid))  # fmt: skip
+        led.add_devices(run_id, [GpuIdentity(0, GPU1, "NVIDIA A100-SXM4-80GB")])
+    node = Node(trees, url, Claims(), procs={})
     deadline = time.monotonic() + 30
     while not node.sink.holds and time.monotonic() < deadline:  # the ledger thread's first look
         time.sleep(0.05)
     node.tick(5)
     node.stop()
-    with Ledger(ledger_url) as led:
-        rows = _by_gpu(led.read(lambda c: intervals(c)))
-    assert _totals(rows[GPU1])["alloc_idle_ms"] == 8000 and _totals(rows[GPU1])["unallocated_ms"] == 0
+    with Ledger(url) as led:
+        totals = _totals(_by_gpu(led.read(lambda c: intervals(c)))[GPU1])
+    return totals["alloc_idle_ms"], totals["unallocated_ms"]
+
+
+def test_a_wrapped_run_holds_its_gpus_while_none_of_its_processes_is_on_them(trees: Path, ledger_url: str) -> None:
+    # `gpuledger run` on this host recorded into the agent's ledger, its GPU1 idle: held, so allocated-idle
+    assert _gpu1_with_an_open_run(trees, ledger_url, None) == (8000, 0)
 
 
 def _every_ms_once(rows: list[dict]) -> None:
@@ -229,23 +236,10 @@ def test_a_run_whose_recorder_died_holds_no_gpu(trees: Path, ledger_url: str, re
     # A `gpuledger run` recorded into the agent's ledger with its recorder at pid 4242. Killed -9, its
     # run stays `running` in the ledger (nobody looked since) but pid 4242 is in no /proc any more:
     # its idle GPU1 is then held by nobody. While the recorder lives, the run holds it.
-    run_id = "0190aaaa-0000-7000-8000-000000000002"
     if recorder_alive:
         make_proc(trees / "proc", 4242, "gpuledger", cmdline=["gpuledger", "run", "--", "python", "train.py"])
-    with Ledger(ledger_url) as led:
-        led.create_run(RunRecord(id=run_id, command=["python", "train.py"], user="u", host="node-1", cwd="/",
-                                 started_at=T0, status="running", recorder_pid=4242))  # fmt: skip
-        led.add_devices(run_id, [GpuIdentity(0, GPU1, "NVIDIA A100-SXM4-80GB")])
-    node = Node(trees, ledger_url, Claims(), procs={})
-    deadline = time.monotonic() + 30
-    while not node.sink.holds and time.monotonic() < deadline:  # the ledger thread's first look
-        time.sleep(0.05)
-    node.tick(5)
-    node.stop()
-    with Ledger(ledger_url) as led:
-        rows = _by_gpu(led.read(lambda c: intervals(c)))
-    held = _totals(rows[GPU1])["alloc_idle_ms"]
-    assert (held, _totals(rows[GPU1])["unallocated_ms"]) == ((8000, 0) if recorder_alive else (0, 8000))
+    held, unallocated = _gpu1_with_an_open_run(trees, ledger_url, 4242)
+    assert (held, unallocated) == ((8000, 0) if recorder_alive else (0, 8000))
 
 
 def test_an_hour_the_agent_was_paused_is_unobserved_not_guessed(trees: Path, ledger_url: str) -> None:
