@@ -97,19 +97,16 @@ def test_a_gpu_never_measured_is_not_called_never_used() -> None:
     assert "idle_gpus" not in _rules(trace)
 
 
-def _summary(ivs, dev):
+def _finished_run(rid: str, **kw):  # type: ignore[no-untyped-def]
+    """The run the unmeasured stretch belongs to: N steps from T0, succeeded."""
     from gpuledger.core.model import RunRecord
 
-    run = RunRecord(
-        id="0190aaaa-0000-7000-8000-0000000000f1",
-        command=["python", "train.py"],
-        user="u",
-        host="h",
-        cwd="/",
-        started_at=T0,
-        status="succeeded",
-        ended_at=T0 + N * STEP,
-    )
+    return RunRecord(id=rid, command=["python", "train.py"], user="u", cwd="/", started_at=T0,
+                     status="succeeded", ended_at=T0 + N * STEP, **{"host": "h", **kw})  # fmt: skip
+
+
+def _summary(ivs, dev):
+    run = _finished_run("0190aaaa-0000-7000-8000-0000000000f1")
     return summarize(run, [dev], ivs, [], now=T0 + N * STEP)
 
 
@@ -138,23 +135,8 @@ def test_report_run_json_does_not_call_unmeasured_time_idle(tmp_path: Path) -> N
     url = f"sqlite:///{tmp_path}/ledger.db"
     dev, ivs = _unmeasured_stretch()
     rid = "0190aaaa-0000-7000-8000-0000000000f2"
-    from gpuledger.core.model import RunRecord
-
     with Ledger(url) as ledger:
-        ledger.create_run(
-            RunRecord(
-                id=rid,
-                command=["python", "train.py"],
-                user="u",
-                host="elsewhere",
-                cwd="/",
-                started_at=T0,
-                status="succeeded",
-                ended_at=T0 + N * STEP,
-                exit_code=0,
-                meta={"cpu_count": 16},
-            )
-        )
+        ledger.create_run(_finished_run(rid, host="elsewhere", exit_code=0, meta={"cpu_count": 16}))
         ledger.add_devices(rid, [dev])
         ledger.append(rid, gpu=ivs, host=host_intervals(N, cores=lambda i: 2.0))
     import json
