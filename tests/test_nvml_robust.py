@@ -186,6 +186,35 @@ def test_in_a_container_another_tenant_on_the_gpu_makes_the_share_unknown(tmp_pa
     assert all(t.mem_used_b == 30 * GiB and t.busy_s for t in ticks)  # the GPU itself is still metered
 
 
+def test_the_runs_share_follows_its_processes_facts_as_soon_as_they_are_read_again(tmp_path: Path) -> None:
+    # The collector reuses its verdict on a GPU's processes while nothing it rests on is due to be
+    # read again: a process that closes the GPU's device node must still be seen when /proc is.
+    points = [TracePoint(0, util_pct=90, mem_used_b=21 * GiB, procs={"run": (20 * GiB, 88.0)})]
+    clock = Clock()
+    fake = FakeNvml([FakeGpu("GPU-a", name=H100, points=points)], clock=clock, start=T0, host_pid_offset=400_000)
+    fake.run_pids = [77]
+    proc = container_proc(tmp_path / "p", 77, 0)
+    col = NvmlCollector(nvml=fake, clock=clock, owner=PidOwner(str(proc), clock=clock))
+    ticks, _ = run(col, clock, 5, pids={77})
+    assert {t.proc_method for t in ticks} == {"pidns"}
+    (proc / "77" / "fd" / "4").unlink()  # the run's process let go of /dev/nvidia0 (read at T0 + 1 s)
+    ticks, _ = run(col, clock, 29, pids={77})
+    assert {t.proc_method for t in ticks} == {"pidns"}  # the fact is not due yet: as without reuse
+    ticks, _ = run(col, clock, 32, pids={77})
+    assert [t.proc_method for t in ticks] == ["pidns", None, None]  # T0 + 30, 31, 32: read again at 31
+    assert ticks[-1].proc_mem_b is None
+
+
+def test_a_new_process_of_the_run_is_attributed_at_once(tmp_path: Path) -> None:
+    points = [TracePoint(0, util_pct=90, procs={"run": (20 * GiB, 70.0), 4242: (9 * GiB, 30.0)})]
+    col, fake, clock = make([FakeGpu("GPU-a", name=H100, points=points)])
+    fake.run_pids = [77]
+    ticks, _ = run(col, clock, 3, pids={77})
+    assert {t.proc_mem_b for t in ticks} == {20 * GiB}
+    ticks, _ = run(col, clock, 5, pids={77, 4242})  # pid 4242 joined the run's tree
+    assert [t.proc_mem_b for t in ticks] == [29 * GiB] * 2
+
+
 def test_a_host_pid_equal_to_one_of_ours_is_not_taken_for_ours(tmp_path: Path) -> None:
     # in a container, pid 77 is ours; the host pid 77 on the GPU is someone else's (it holds no GPU here)
     points = [TracePoint(0, util_pct=90, procs={77: (9 * GiB, 30.0), "run": (2 * GiB, 50.0)})]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -41,7 +42,7 @@ from gpuledger.collect.nvml_query import NOTHING_NEW, DeviceQueries, Querier
 from gpuledger.collect.nvml_throttle import ThrottleReader, ThrottleState
 from gpuledger.collect.nvml_util import UtilReader
 from gpuledger.collect.pid_owner import PidOwner
-from gpuledger.core.metering.gpu_procs import attribute, sm_share
+from gpuledger.core.metering.gpu_procs import ProcMatch, attribute, sm_share
 from gpuledger.core.metering.integrate import counter_delta, trapezoid_energy_j
 from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
 
@@ -63,12 +64,25 @@ class _Device:
         self.proc_ts = 0  # NVML µs timestamp of the last per-process utilisation sample seen
         self.proc_reads = 0
         self.busy_lists: set[str] = set()  # MPS / graphics process lists that have held a process
+        self.verdict: _Verdict | None = None  # the last attribution of its processes
         self.energy_mj: int | None = None
         self.power_w: float | None = None
         self.lost = False
         self.lost_at = 0.0
         self.retry_at = 0.0
         self.backoff = _BACKOFF_FIRST_S
+
+
+@dataclass(slots=True)
+class _Verdict:
+    """Which of a GPU's listed processes were the run's, and until when the facts behind it hold."""
+
+    pids: frozenset[int]  # the run's processes it was made for
+    procs: dict[int, int | None]  # the GPU's processes (pid -> memory) it was made from
+    verified: dict[int, str]
+    holders: int | None
+    until: float  # on the PidOwner's clock
+    match: ProcMatch
 
 
 class _Parent:
@@ -364,9 +378,7 @@ class NvmlCollector:
             return
         owner = self._pid_owner()
         foreign = owner.foreign_ns
-        verified = owner.verified(procs, pids) if procs else {}
-        holders = owner.holders(pids, d.minor) if foreign and procs and not verified else None
-        match = attribute(procs, verified, foreign_ns=foreign, holders=holders)
+        match = self._match(d, owner, procs, pids)
         if foreign and procs:
             self._q.once(d.q, "pidns", _NOTE, "this run is in a PID namespace (a container): NVML lists GPU "
                          "processes by host pid, so the run's processes are found by verified pid or by the "
@@ -381,6 +393,24 @@ class NvmlCollector:
             tick.proc_sm_util_pct, d.proc_ts = sm_share(
                 samples, match, d.proc_ts, listed=procs.keys(), foreign_ns=foreign
             )
+
+    def _match(self, d: _Device, owner: PidOwner, procs: dict[int, int | None], pids: set[int]) -> ProcMatch:
+        """The run's share of the GPU's processes. The verdict is reused while the same pids are
+        listed for the same run and none of the /proc facts it consulted is due to be read again,
+        so it is what a fresh one would be: the facts are read no less often."""
+        v = d.verdict
+        if v is not None and v.pids == pids and owner.holds(v.until):
+            if v.procs == procs:  # the same processes holding the same memory
+                return v.match
+            if v.procs.keys() == procs.keys():
+                v.procs, v.match = procs, attribute(procs, v.verified, foreign_ns=owner.foreign_ns, holders=v.holders)
+                return v.match
+        owner.open_verdict()
+        verified = owner.verified(procs, pids) if procs else {}
+        holders = owner.holders(pids, d.minor) if owner.foreign_ns and procs and not verified else None
+        match = attribute(procs, verified, foreign_ns=owner.foreign_ns, holders=holders)
+        d.verdict = _Verdict(frozenset(pids), procs, verified, holders, owner.verdict_until(), match)
+        return match
 
     def _every_process(self, d: _Device) -> list[GpuProcess]:
         """Every process on the GPU with its memory and mean SM share since the previous read."""
@@ -415,7 +445,7 @@ class NvmlCollector:
         known = False
         d.proc_reads += 1
         every = not d.proc_reads % _RARE_LIST_TICKS
-        for key, fn, fn_v2 in self._proc_fns:
+        for key, fn, fn_v2 in self._proc_fns if every or d.busy_lists else self._proc_fns[:1]:
             if not every and key != "procs" and key not in d.busy_lists:
                 continue
             procs = self._q.call(d.q, key, fn, d.handle)

@@ -62,19 +62,19 @@ class DeviceQueries:
         self.uuid, self.label, self.absent = uuid, label, absent
         self.unsupported: set[str] = set()
         self.failures: dict[str, int] = {}
-        self.ok = 0  # queries that answered in the current read
+        self.answered = False  # a query answered in the current read
         self.failed = 0  # queries that failed (not "absent") in the current read
         self.said: list[str] = []  # event memo keys added in the current read
         # field ids -> (len(unsupported), the ids still asked); the set only grows, so its size dates it
         self.wanted: dict[tuple[int, ...], tuple[int, list[int]]] = {}
 
     def start_read(self) -> None:
-        self.ok = self.failed = 0
+        self.answered, self.failed = False, 0
         self.said = []
 
     @property
     def all_failed(self) -> bool:
-        return self.failed > 0 and self.ok == 0
+        return self.failed > 0 and not self.answered
 
 
 class Querier:
@@ -111,7 +111,7 @@ class Querier:
             raise
         except self._not_found as exc:
             if since:
-                d.ok += 1
+                d.answered = True
                 d.failures.pop(key, None)
                 return NOTHING_NEW
             self._fail(d, key, exc)
@@ -119,7 +119,7 @@ class Querier:
         except Exception as exc:  # Unknown, Timeout, a bug: this field, this read
             self._fail(d, key, exc)
             return None
-        d.ok += 1
+        d.answered = True  # a flag, not a count: this runs for every query of every tick
         if d.failures:
             d.failures.pop(key, None)
         return value

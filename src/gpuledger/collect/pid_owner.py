@@ -16,11 +16,13 @@
   read by ``core/metering/cgroup_path.py``, the parser the node agent attributes processes with.
 
 File descriptors and cgroups are read at most every ``REFRESH_S`` per process: they change when a
-process initialises CUDA, not every tick.
+process initialises CUDA, not every tick. ``verdict_until`` says until when a verdict made from
+these facts stays what they would say again (the collector reuses it until then).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -48,6 +50,24 @@ class PidOwner:
         self._nodes: dict[int, tuple[float, frozenset[int] | None]] = {}  # pid -> (read at, minors held)
         self._scopes: dict[int, tuple[float, str | None]] = {}
         self._run_scopes: dict[int, tuple[float, str | None]] = {}
+        self._oldest = math.inf  # the oldest read time of the facts consulted since open_verdict
+
+    def open_verdict(self) -> None:
+        """Start noting which facts the next calls consult (for ``verdict_until``)."""
+        self._oldest = math.inf
+
+    def verdict_until(self) -> float:
+        """When the oldest fact consulted since ``open_verdict`` is due to be read again: until then
+        the same questions get the same answers (inf: no /proc fact was consulted)."""
+        return self._oldest + REFRESH_S
+
+    def holds(self, until: float) -> bool:
+        """Whether a verdict good ``until`` (from ``verdict_until``) still holds now."""
+        return self._clock() < until
+
+    def _consulted(self, read_at: float) -> None:
+        if read_at < self._oldest:
+            self._oldest = read_at
 
     def verified(self, listed: Iterable[int], run_pids: set[int]) -> dict[int, str]:
         """Listed pids that are the run's, with how they were verified."""
@@ -73,7 +93,9 @@ class PidOwner:
         now = self._clock()
         hit = self._run_scopes.get(root)
         if hit is not None and now - hit[0] < REFRESH_S:
+            self._consulted(hit[0])
             return hit[1]
+        self._consulted(now)
         value = next((s for s in map(self.scope, sorted(run_pids)[:4]) if s is not None), None)
         self._run_scopes = {root: (now, value)}
         return value
@@ -89,7 +111,9 @@ class PidOwner:
         now = self._clock()
         hit = self._nodes.get(pid)
         if hit is not None and now - hit[0] < REFRESH_S:
+            self._consulted(hit[0])
             return hit[1]
+        self._consulted(now)
         held: set[int] | None = set()
         fd_dir = f"{self._proc}/{pid}/fd"
         try:
@@ -112,7 +136,9 @@ class PidOwner:
         now = self._clock()
         hit = self._scopes.get(pid)
         if hit is not None and now - hit[0] < REFRESH_S:
+            self._consulted(hit[0])
             return hit[1]
+        self._consulted(now)
         try:
             with open(f"{self._proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
                 value = job_scope(f.read().splitlines())
