@@ -45,9 +45,6 @@ _FULL = 0.9  # a read returning this share of the deepest buffer seen counts as 
 _WALL_DOMAIN_S = 86_400.0  # NVML timestamps within a day of the host clock: the wall clock
 _US = 1_000_000
 _TIME = operator.itemgetter(0)
-# value type -> a getter of (timeStamp, the member of sampleValue that holds the value)
-_PAIR_OF = {vtype: operator.attrgetter("timeStamp", f"sampleValue.{m}") for vtype, m in MEMBER_OF.items()}
-_PAIR_UINT = operator.attrgetter("timeStamp", "sampleValue.uiVal")
 
 
 @dataclass(slots=True)
@@ -203,7 +200,8 @@ class UtilReader:
         if res is NOTHING_NEW or not res:
             return []
         vtype, samples = res
-        pairs = list(map(_PAIR_OF.get(vtype, _PAIR_UINT), samples))  # (timeStamp, value), in C
+        member = MEMBER_OF.get(vtype, "uiVal")
+        pairs = [(s.timeStamp, getattr(s.sampleValue, member)) for s in samples]
         # Buffer order is time order, except across a wall-clock step back; sorting a sorted
         # list is one pass in C, cheaper than checking the order in Python (stable: samples at
         # the same instant keep the driver's order).

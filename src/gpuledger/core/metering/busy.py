@@ -27,9 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
-from itertools import compress, repeat
-from operator import itemgetter, mul, sub
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 from gpuledger.core.model import UTIL_INSTANT
@@ -43,7 +41,6 @@ PERIOD_MAX_S = 1.0
 _JITTER = 1.1
 _CLUSTER = 1.5  # spacings up to this multiple of the smallest one are "regular" sampling
 _HISTORY = 32  # spacings remembered across reads
-_TIME = itemgetter(0)
 
 
 class SampleBusy(NamedTuple):  # a NamedTuple: made for every GPU at every tick, so cheap to build
@@ -89,27 +86,31 @@ def busy_from_samples(
     top = 100.0 if pct > 100.0 else 0.0 if pct < 0.0 else float(pct)
     first_span = ts - start if ts > start else 0.0  # a sample at the cursor covers nothing
     busy = top * first_span
-    if len(samples) == 1:
-        return SampleBusy(busy / (100.0 * _US), first_span / _US, idle / _US, unknown / _US, top, int(ts))
-    # The rest, each covering (max(ts - P, previous ts), ts]. This runs for every GPU at every
-    # tick, so it is done on whole columns in C (map, sum, max), not in a Python loop per sample.
-    # The sums add in sample order, as a loop would.
-    times, values = zip(*samples, strict=True)  # every sample is a (time, value) pair
-    gaps = list(map(sub, times[1:], times))  # >= 0: the batch is sorted
-    covered = list(map(min, gaps, repeat(period_us)))
-    rest = values[1:]
-    busy = sum(map(mul, rest, covered), busy)
-    inner_idle = sum(map(sub, gaps, covered), 0.0)  # the part of each gap beyond one period
-    highest = max(compress(rest, gaps), default=top)  # a sample at the same instant covers nothing
-    if highest > top:
-        top = highest
-    if top > 100.0 or min(rest) < 0:  # rare: the same batch again, each value clamped
+    first_ts = prev = ts
+    # The rest, each covering (max(ts - P, previous ts), ts]: the hot loop of every tick, so the
+    # covered time is summed once at the end, and values are used as they come (a batch with one
+    # out of range, which real drivers rarely report, is done again clamped).
+    inner_idle = 0.0
+    out_of_range = False
+    for ts, pct in samples[1:]:
+        gap = ts - prev
+        if gap > period_us:
+            inner_idle += gap - period_us
+            busy += pct * period_us
+        else:
+            busy += pct * gap
+        if pct > top:
+            if gap > 0:  # a sample at the same instant covers nothing
+                top = pct
+        elif pct < 0:
+            out_of_range = True
+        prev = ts
+    if out_of_range or top > 100.0:  # rare: the same batch again, each value clamped
         clamped = [(t, 100.0 if p > 100.0 else 0.0 if p < 0.0 else float(p)) for t, p in samples]
         return busy_from_samples(clamped, cursor_us, period_s, first_gap_unknown=first_gap_unknown)
-    last = times[-1]
-    sampled = first_span + (last - ts) - inner_idle
+    sampled = first_span + (prev - first_ts) - inner_idle
     return SampleBusy(busy / (100.0 * _US), sampled / _US, (idle + inner_idle) / _US, unknown / _US,
-                      float(top), int(last))  # fmt: skip
+                      float(top), int(prev))  # fmt: skip
 
 
 class SamplePeriod:
@@ -136,18 +137,11 @@ class SamplePeriod:
     def learned(self) -> bool:
         return self._learned is not None
 
-    def observe(self, samples: Sequence[tuple[int, float]], previous: tuple[int, float] | None = None) -> None:
+    def observe(self, samples: Iterable[tuple[int, float]], previous: tuple[int, float] | None = None) -> None:
         """Learn from consecutive ``(timestamp_us, percent)`` samples (``previous``: the one before)."""
         # Once learned, only a spacing short enough to lower the estimate is worth remembering
-        # (the estimate never grows): at steady state the batch's shortest spacing, found in C,
-        # says there is none, and the read costs no Python loop per sample.
+        # (the estimate never grows): at steady state a read costs one comparison per sample.
         useful_us = math.inf if self._learned is None else self._learned / _JITTER * _US
-        if self._learned is not None:
-            times = list(map(_TIME, samples))
-            if previous is not None:
-                times.insert(0, previous[0])
-            if len(times) < 2 or min(map(sub, times[1:], times)) >= useful_us:
-                return
         it = iter(samples)
         if previous is None:
             previous = next(it, None)
