@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from diag_support import T0, device, gpu_intervals, host_intervals
@@ -119,3 +121,55 @@ def test_minmax_points_keeps_extremes_in_time_order() -> None:
 def test_small_runs_are_not_downsampled() -> None:
     assert series.plan(T0, T0 + 100, 100).width_s is None
     assert series.plan(T0, T0 + 100, series.MAX_POINTS + 1).width_s is not None
+
+
+LOST = range(1000, 1200)  # samples lost, no instant reading: 0.6 s of each second unmeasured
+BY_INSTANT = range(1500, 1600)  # samples lost, measured by the instant reading
+
+
+def test_a_big_runs_report_does_not_count_unmeasured_time_as_idle(ledger_url: str) -> None:
+    # Over MAX_POINTS intervals the report buckets in SQL; it must say what `show` says (the
+    # summary over every interval): unmeasured time is neither busy nor idle.
+    from gpuledger.core.metering.busy import unmeasured_seconds
+    from gpuledger.core.metering.summary import summarize
+    from gpuledger.reports.run import data as rundata
+
+    with Ledger(ledger_url) as led:
+        run = RunRecord(id=RUN, command=["x"], user="u", host="h", cwd="/", started_at=T0, status="succeeded",
+                        ended_at=T0 + N)  # fmt: skip
+        led.create_run(run)
+        dev = device(0)
+        led.add_devices(RUN, [dev])
+        ivs = gpu_intervals(dev.uuid, N, step=1.0, util=lambda i: 0.3 if i in LOST else 0.5)
+        for i in [*LOST, *BY_INSTANT]:
+            ivs[i].util_unknown_s = 0.6
+            ivs[i].util_method = "instant,samples" if i in BY_INSTANT else "samples"
+        led.append(RUN, gpu=ivs)
+        raw = led.gpu_intervals(RUN)
+        assert math.fsum(map(unmeasured_seconds, raw)) == pytest.approx(120.0)
+
+        plan = series.plan(T0, T0 + N, N, max_points=100)
+        fast = series_queries.bucketed_gpu(led, RUN, plan)[dev.uuid]
+        ref = series.bucket_gpu(raw, plan)[dev.uuid]
+        per_bucket = [unmeasured_seconds(b.merged) for b in ref]
+        assert [unmeasured_seconds(b.merged) for b in fast] == pytest.approx(per_bucket)
+        assert math.fsum(unmeasured_seconds(b.merged) for b in fast) == pytest.approx(120.0)
+
+        report = rundata.load(led, led.get_run(RUN)).summary["gpus"][0]
+        show = summarize(run, [dev], raw, [], now=T0 + N)["gpus"][0]
+        for key in ("unmeasured_seconds", "idle_seconds", "mean_utilization", "busy_seconds"):
+            assert report[key] == pytest.approx(show[key]), key
+        assert report["unmeasured_seconds"] == pytest.approx(120.0)
+
+
+def test_a_bucket_mixing_measured_and_unmeasured_lost_samples_keeps_each_apart() -> None:
+    # Merged, the method says "instant,samples" for both intervals: only the bucket's own sum can
+    # tell that the first interval's lost second was measured by nobody.
+    from gpuledger.core.metering.busy import unmeasured_seconds
+
+    a, b = gpu_intervals("GPU-x", 2, step=1.0)
+    a.util_unknown_s, a.util_method = 0.75, "samples"
+    b.util_unknown_s, b.util_method = 0.5, "instant,samples"
+    (bucket,) = series.bucket_gpu([a, b], series.plan(T0, T0 + 2, 2, max_points=1))["GPU-x"]
+    assert bucket.merged.util_method == "instant,samples"
+    assert unmeasured_seconds(bucket.merged) == pytest.approx(0.75)

@@ -7,7 +7,9 @@ Each aggregate costs about 60 ns per row, so only the fields the report uses are
 rest of ``merged`` stays None / 0 (GPU: samples, last values, memory clock, per-process SM share;
 host: samples, threads). Methods come from each device's first and last interval, and throttle
 reasons other than ``core.metering.series.THROTTLE_REASONS`` are not summed. The tests check the computed
-fields against the pure reference.
+fields against the pure reference. Each GPU bucket carries its intervals' unmeasured time (the
+per-interval rule of ``core.metering.busy.unmeasured_seconds``), so a big run's report tells
+unmeasured time from idle time as ``gpuledger show`` does.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.metering.intervals import merge_methods
-from gpuledger.core.metering.series import THROTTLE_REASONS, GpuBucket, HostBucket, Plan
-from gpuledger.core.model import GpuInterval, HostInterval
+from gpuledger.core.metering.series import THROTTLE_REASONS, BucketInterval, GpuBucket, HostBucket, Plan
+from gpuledger.core.model import UTIL_INSTANT, HostInterval
 from gpuledger.store.schema import devices, gpu_intervals, host_intervals
 
 if TYPE_CHECKING:
@@ -89,6 +91,13 @@ def _wmean(value: Any, span: Any) -> Any:
     return sa.func.coalesce(sa.func.sum(value * span) / sa.func.nullif(weight, 0), sa.func.avg(value))
 
 
+def _unmeasured(g: Any, span: Any) -> Any:
+    """Per interval, ``core.metering.busy.unmeasured_seconds``: the unknown time, capped at the span,
+    unless the interval's method includes the instant reading (which measured it)."""
+    lost = sa.and_(g.util_unknown_s > 0, sa.func.coalesce(g.util_method, "").not_like(f"%{UTIL_INSTANT}%"), span > 0)
+    return sa.case((lost, sa.case((g.util_unknown_s < span, g.util_unknown_s), else_=span)), else_=0.0)
+
+
 def _sum_int(col: Any) -> Any:
     return sa.cast(sa.func.sum(col), sa.BigInteger)  # PostgreSQL sums bigint into numeric
 
@@ -135,6 +144,7 @@ def _bucketed_device(ledger: Ledger, run_id: str, uuid: str, plan: Plan) -> list
             sa.func.avg(g.sm_clock_avg_mhz).label("clock_avg"),
             sa.func.min(g.sm_clock_avg_mhz).label("clock_min"),
             sa.func.count(sa.case((sa.cast(g.throttle_s, sa.Text) != "{}", 1))).label("throttled"),
+            sa.func.sum(_unmeasured(g, span)).label("unmeasured"),
         )
         .where(g.run_id == run_id, g.device_uuid == uuid)
         .group_by(key)
@@ -158,7 +168,8 @@ def _bucketed_device(ledger: Ledger, run_id: str, uuid: str, plan: Plan) -> list
     for r in rows:
         k = int(r["key"])
         t0, t1 = _edges(plan, k, ends)
-        merged = GpuInterval(
+        merged = BucketInterval(
+            unmeasured_s=float(r["unmeasured"] or 0.0),
             device_uuid=uuid,
             seq=k,
             t0=t0,

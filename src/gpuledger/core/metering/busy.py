@@ -173,7 +173,10 @@ class _Covered(Protocol):  # a GpuTick or a GpuInterval
 def unmeasured_seconds(part: _Covered) -> float:
     """The time of a tick or interval the driver's samples could not cover (``util_unknown_s``)
     when no instant reading measured it: not in busy_s, and not idle either: unmeasured
-    (docs/METERING.md)."""
+    (docs/METERING.md). A report bucket (core/metering/series.py) carries its intervals' sum."""
+    exact = getattr(part, "unmeasured_s", None)
+    if exact is not None:
+        return exact
     unknown = part.util_unknown_s
     if not unknown or not math.isfinite(unknown) or UTIL_INSTANT in (part.util_method or "").split(","):
         return 0.0
