@@ -113,71 +113,48 @@ def _span(parts: Sequence[GpuTick | GpuInterval | HostTick | HostInterval]) -> t
 
 # -- GPU ----------------------------------------------------------------------------------------
 
+# The columns a GPU merge reads, in one order for ticks and intervals (a tick's memory reading is
+# both the peak and the last value of its interval).
 _TICK_COLUMNS = attrgetter(
     "uuid", "t0", "t1", "busy_s", "util_method", "util_max_pct", "util_idle_s", "util_unknown_s", "energy_j",
-    "energy_method", "power_w", "mem_used_b", "mem_reserved_b", "proc_mem_b", "proc_method", "proc_sm_util_pct",
-    "temp_c", "sm_clock_mhz", "mem_clock_mhz", "throttle_s",
+    "energy_method", "power_w", "mem_used_b", "mem_used_b", "mem_reserved_b", "proc_mem_b", "proc_method",
+    "proc_sm_util_pct", "temp_c", "sm_clock_mhz", "mem_clock_mhz", "throttle_s",
 )  # fmt: skip
 _INTERVAL_COLUMNS = attrgetter(
-    "device_uuid", "t0", "t1", "samples", "busy_s", "util_method", "util_max_pct", "util_idle_s", "util_unknown_s",
-    "energy_j", "energy_method", "power_max_w", "mem_used_max_b", "mem_used_last_b", "mem_reserved_b",
-    "proc_mem_max_b", "proc_method", "proc_sm_util_avg_pct", "temp_max_c", "sm_clock_avg_mhz", "mem_clock_max_mhz",
-    "throttle_s",
+    "device_uuid", "t0", "t1", "busy_s", "util_method", "util_max_pct", "util_idle_s", "util_unknown_s", "energy_j",
+    "energy_method", "power_max_w", "mem_used_max_b", "mem_used_last_b", "mem_reserved_b", "proc_mem_max_b",
+    "proc_method", "proc_sm_util_avg_pct", "temp_max_c", "sm_clock_avg_mhz", "mem_clock_max_mhz", "throttle_s",
 )  # fmt: skip
 
 
 def merge_gpu_ticks(uuid: str, seq: int, ticks: Sequence[GpuTick]) -> GpuInterval:
     """One device's ticks (in time order) -> one interval."""
-    t0, t1 = _span(ticks)
-    columns = zip(*map(_TICK_COLUMNS, ticks), strict=True)
-    (uuids, t0s, t1s, busy, util_method, util_max, idle, unknown, energy, energy_method, power, mem, reserved,
-     proc_mem, proc_method, proc_sm, temp, sm_clock, mem_clock, throttle) = columns  # fmt: skip
-    if uuids.count(uuid) != len(uuids):
-        raise ValueError(f"ticks of other devices in an interval of {uuid}")
-    weights = list(map(sub, t1s, t0s))
-    return GpuInterval(
-        device_uuid=uuid,
-        seq=seq,
-        t0=t0,
-        t1=t1,
-        samples=len(ticks),
-        busy_s=_sum(busy),
-        util_method=merge_methods(util_method),
-        util_max_pct=_max(util_max),
-        util_idle_s=_sum(idle),
-        util_unknown_s=_sum(unknown),
-        energy_j=_sum(energy),
-        energy_method=merge_methods(energy_method),
-        power_max_w=_max(power),
-        mem_used_max_b=_max(mem),
-        mem_used_last_b=_last(mem),
-        mem_reserved_b=_last(reserved),
-        proc_mem_max_b=_max(proc_mem),
-        proc_method=merge_methods(proc_method),
-        proc_sm_util_avg_pct=_weighted_mean(proc_sm, weights),
-        temp_max_c=_max(temp),
-        sm_clock_avg_mhz=_weighted_mean(sm_clock, weights),
-        mem_clock_max_mhz=_max(mem_clock),
-        throttle_s=_sum_dicts(throttle),
-    )
+    return _merge_gpu(uuid, seq, ticks, _TICK_COLUMNS, len(ticks), f"ticks of other devices in an interval of {uuid}")
 
 
 def merge_gpu_intervals(intervals: Sequence[GpuInterval], seq: int = 0) -> GpuInterval:
     """One device's intervals (in time order) -> one coarser interval (samples add up)."""
-    t0, t1 = _span(intervals)
-    uuid = intervals[0].device_uuid
-    columns = zip(*map(_INTERVAL_COLUMNS, intervals), strict=True)
-    (uuids, t0s, t1s, samples, busy, util_method, util_max, idle, unknown, energy, energy_method, power_max, mem_max,
-     mem_last, reserved, proc_mem, proc_method, proc_sm, temp, sm_clock, mem_clock, throttle) = columns  # fmt: skip
+    uuid = intervals[0].device_uuid if intervals else ""
+    mixed = f"intervals of other devices merged with {uuid}"
+    return _merge_gpu(uuid, seq, intervals, _INTERVAL_COLUMNS, sum(i.samples for i in intervals), mixed)
+
+
+def _merge_gpu(
+    uuid: str, seq: int, parts: Sequence[GpuTick | GpuInterval], columns: attrgetter, samples: int, mixed: str
+) -> GpuInterval:
+    t0, t1 = _span(parts)
+    (uuids, t0s, t1s, busy, util_method, util_max, idle, unknown, energy, energy_method, power_max, mem_max,
+     mem_last, reserved, proc_mem, proc_method, proc_sm, temp, sm_clock, mem_clock,
+     throttle) = zip(*map(columns, parts), strict=True)  # fmt: skip
     if uuids.count(uuid) != len(uuids):
-        raise ValueError(f"intervals of other devices merged with {uuid}")
+        raise ValueError(mixed)
     weights = list(map(sub, t1s, t0s))
     return GpuInterval(
         device_uuid=uuid,
         seq=seq,
         t0=t0,
         t1=t1,
-        samples=sum(samples),
+        samples=samples,
         busy_s=_sum(busy),
         util_method=merge_methods(util_method),
         util_max_pct=_max(util_max),
