@@ -179,57 +179,56 @@ def _merge_gpu(
 # -- host ---------------------------------------------------------------------------------------
 
 
+_HOST_TICK_COLUMNS = attrgetter(
+    "cpu_s", "rss_b", "read_b", "write_b", "threads", "procs", "sys_cpu_util_pct", "iowait_s", "sys_mem_used_b",
+    "disk_read_b", "disk_write_b", "net_rx_b", "net_tx_b",
+)  # fmt: skip
+_HOST_INTERVAL_COLUMNS = attrgetter(
+    "cpu_s", "rss_max_b", "read_b", "write_b", "threads_max", "procs_max", "sys_cpu_util_avg_pct", "iowait_s",
+    "sys_mem_used_max_b", "disk_read_b", "disk_write_b", "net_rx_b", "net_tx_b",
+)  # fmt: skip
+
+
 def merge_host_ticks(seq: int, ticks: Sequence[HostTick]) -> HostInterval:
     """Host ticks (in time order) -> one interval.
 
     A tick's host-wide utilisation is weighted by the span it really covers, (sys_t0, t1], which is
     longer than the tick when the host-wide counters were read a few ticks apart.
     """
-    t0, t1 = _span(ticks)
     weights = [t.t1 - (t.t0 if t.sys_t0 is None else t.sys_t0) for t in ticks]
-    return HostInterval(
-        seq=seq,
-        t0=t0,
-        t1=t1,
-        samples=len(ticks),
-        cpu_s=math.fsum(t.cpu_s for t in ticks),
-        rss_max_b=max(t.rss_b for t in ticks),
-        read_b=sum(t.read_b for t in ticks),
-        write_b=sum(t.write_b for t in ticks),
-        threads_max=max(t.threads for t in ticks),
-        procs_max=max(t.procs for t in ticks),
-        sys_cpu_util_avg_pct=_weighted_mean([t.sys_cpu_util_pct for t in ticks], weights),
-        iowait_s=_sum([t.iowait_s for t in ticks]),
-        sys_mem_used_max_b=_max([t.sys_mem_used_b for t in ticks]),
-        disk_read_b=_sum([t.disk_read_b for t in ticks]),
-        disk_write_b=_sum([t.disk_write_b for t in ticks]),
-        net_rx_b=_sum([t.net_rx_b for t in ticks]),
-        net_tx_b=_sum([t.net_tx_b for t in ticks]),
-    )
+    return _merge_host(seq, ticks, _HOST_TICK_COLUMNS, len(ticks), weights)
 
 
 def merge_host_intervals(intervals: Sequence[HostInterval], seq: int = 0) -> HostInterval:
     """Host intervals (in time order) -> one coarser interval."""
-    t0, t1 = _span(intervals)
     weights = [i.t1 - i.t0 for i in intervals]
+    return _merge_host(seq, intervals, _HOST_INTERVAL_COLUMNS, sum(i.samples for i in intervals), weights)
+
+
+def _merge_host(
+    seq: int, parts: Sequence[HostTick | HostInterval], columns: attrgetter, samples: int, weights: list[float]
+) -> HostInterval:
+    t0, t1 = _span(parts)
+    (cpu, rss, read, write, threads, procs, sys_cpu, iowait, sys_mem, disk_read, disk_write, net_rx,
+     net_tx) = zip(*map(columns, parts), strict=True)  # fmt: skip
     return HostInterval(
         seq=seq,
         t0=t0,
         t1=t1,
-        samples=sum(i.samples for i in intervals),
-        cpu_s=math.fsum(i.cpu_s for i in intervals),
-        rss_max_b=max(i.rss_max_b for i in intervals),
-        read_b=sum(i.read_b for i in intervals),
-        write_b=sum(i.write_b for i in intervals),
-        threads_max=max(i.threads_max for i in intervals),
-        procs_max=max(i.procs_max for i in intervals),
-        sys_cpu_util_avg_pct=_weighted_mean([i.sys_cpu_util_avg_pct for i in intervals], weights),
-        iowait_s=_sum([i.iowait_s for i in intervals]),
-        sys_mem_used_max_b=_max([i.sys_mem_used_max_b for i in intervals]),
-        disk_read_b=_sum([i.disk_read_b for i in intervals]),
-        disk_write_b=_sum([i.disk_write_b for i in intervals]),
-        net_rx_b=_sum([i.net_rx_b for i in intervals]),
-        net_tx_b=_sum([i.net_tx_b for i in intervals]),
+        samples=samples,
+        cpu_s=math.fsum(cpu),
+        rss_max_b=max(rss),
+        read_b=sum(read),
+        write_b=sum(write),
+        threads_max=max(threads),
+        procs_max=max(procs),
+        sys_cpu_util_avg_pct=_weighted_mean(sys_cpu, weights),
+        iowait_s=_sum(iowait),
+        sys_mem_used_max_b=_max(sys_mem),
+        disk_read_b=_sum(disk_read),
+        disk_write_b=_sum(disk_write),
+        net_rx_b=_sum(net_rx),
+        net_tx_b=_sum(net_tx),
     )
 
 
