@@ -54,9 +54,17 @@ _NOTE = "note"  # event kind for facts about the metering (not errors)
 class _Device:
     """Per-device handle, cursors and the memo of what the device cannot answer."""
 
+    __slots__ = (
+        "backoff", "busy_lists", "energy_mj", "handle", "ident", "lost", "lost_at", "minor", "mono_last",
+        "noteworthy", "power_w", "proc_reads", "proc_ts", "q", "retry_at", "t_last", "throttle", "util",
+        "uuid", "verdict", "via_parent",
+    )  # fmt: skip
+
     def __init__(self, found: Found, q: DeviceQueries, util: UtilReader) -> None:
         self.ident, self.uuid, self.handle = found.ident, found.ident.uuid, found.handle
         self.minor, self.via_parent = found.minor, found.via_parent
+        # Only a MIG slice, or a parent named for its slice, has facts to note (_notes).
+        self.noteworthy = found.via_parent or found.ident.mig_parent_uuid is not None
         self.q, self.util = q, util
         self.throttle = ThrottleState()
         self.t_last: float | None = None  # None: the next read primes the cursors
@@ -203,10 +211,11 @@ class NvmlCollector:
                 if d.lost:
                     self._try_recover(d, now)
                     continue
-                d.q.start_read()
+                q = d.q
+                q.start_read()
                 said = len(out.events)
                 tick = self._read_device(d, pids, now, out)
-                if d.q.all_failed:  # nothing answered: the GPU, not a field, is gone
+                if q.failed and not q.answered:  # nothing answered (all_failed): the GPU, not a field, is gone
                     del out.events[said:]
                     self._q.forget_read(d.q)
                     self._mark_lost(d, _NothingAnswered(), now)
@@ -272,14 +281,17 @@ class NvmlCollector:
         self._energy(d, tick)
         self._memory(d, tick)
         tick.temp_c = self._temperature(d)
-        tick.sm_clock_mhz = _num(self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm))
-        tick.mem_clock_mhz = _num(self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem))
+        sm = self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm)
+        mem = self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem)
+        tick.sm_clock_mhz = None if sm is None else float(sm)
+        tick.mem_clock_mhz = None if mem is None else float(mem)
         tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed)
         if pids:
             self._processes(d, tick, pids)
         elif self._all_processes:
             out.processes += self._every_process(d)
-        self._notes(d)
+        if d.noteworthy:
+            self._notes(d)
         d.t_last, d.mono_last = now, mono
         return tick
 
@@ -376,7 +388,7 @@ class NvmlCollector:
         procs = self._gpu_processes(d)
         if procs is None:
             return
-        owner = self._pid_owner()
+        owner = self._owner or self._pid_owner()
         foreign = owner.foreign_ns
         match = self._match(d, owner, procs, pids)
         if foreign and procs:

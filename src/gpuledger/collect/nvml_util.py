@@ -45,6 +45,9 @@ _FULL = 0.9  # a read returning this share of the deepest buffer seen counts as 
 _WALL_DOMAIN_S = 86_400.0  # NVML timestamps within a day of the host clock: the wall clock
 _US = 1_000_000
 _TIME = operator.itemgetter(0)
+# value type -> (timeStamp, sampleValue.<member>) of one nvmlSample_t; unknown types read uiVal
+_PAIR_OF = {vtype: operator.attrgetter("timeStamp", f"sampleValue.{m}") for vtype, m in MEMBER_OF.items()}
+_PAIR_UINT = operator.attrgetter("timeStamp", "sampleValue.uiVal")
 
 
 @dataclass(slots=True)
@@ -115,15 +118,17 @@ class UtilReader:
         self._blind_until_us = None
         full = len(pairs) >= _FULL * self._depth
         self._depth = max(self._depth, len(pairs))
-        self.period.observe(pairs, self._last)
+        period = self.period
+        period.observe(pairs, self._last)
+        period_s = period.seconds
         start = self._accounted_us if self._accounted_us is not None else self.cursor_us or None
-        r = busy_from_samples(pairs, None if start is None else int(start), self.period.seconds,
+        r = busy_from_samples(pairs, None if start is None else int(start), period_s,
                               first_gap_unknown=stalled and full)  # fmt: skip
         if stalled and full:
             self._note("buffer_overrun", "the utilisation sample buffer wrapped while the reader was stalled; "
                        "the lost span is measured by the instant reading")  # fmt: skip
         # Time cannot be classified beyond what really elapsed (a clock step inflates gaps).
-        cap = max(0.0, elapsed_s + self.period.seconds - r.sampled_s - r.idle_s)
+        cap = max(0.0, elapsed_s + period_s - r.sampled_s - r.idle_s)
         out = UtilRead(r.busy_s, UTIL_SAMPLES, r.max_pct, r.idle_s, min(r.unknown_s, cap))
         self.cursor_us = r.last_us
         self._accounted_us = r.last_us
@@ -200,8 +205,7 @@ class UtilReader:
         if res is NOTHING_NEW or not res:
             return []
         vtype, samples = res
-        member = MEMBER_OF.get(vtype, "uiVal")
-        pairs = [(s.timeStamp, getattr(s.sampleValue, member)) for s in samples]
+        pairs = list(map(_PAIR_OF.get(vtype, _PAIR_UINT), samples))  # (timeStamp, value) in C
         # Buffer order is time order, except across a wall-clock step back; sorting a sorted
         # list is one pass in C, cheaper than checking the order in Python (stable: samples at
         # the same instant keep the driver's order).

@@ -49,7 +49,7 @@ class GpuIdentity:
     source: str = "nvml"  # "nvml", "nvidia-smi" or "replay"
 
 
-@dataclass
+@dataclass(slots=True)  # one per GPU per tick
 class GpuTick:
     """What a GPU collector measured on one device between two reads (t0, t1].
 

@@ -24,8 +24,14 @@ UPDATABLE_RUN_FIELDS = RUN_FIELDS - {"id"}
 _JSON_DICT_FIELDS = ("labels", "git", "versions", "meta")
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # per record class: fields() is not free, rows are many
+
+
 def to_row(record: Any, **extra: Any) -> dict[str, Any]:
-    row = {f.name: getattr(record, f.name) for f in fields(record)}
+    names = _FIELD_NAMES.get(type(record))
+    if names is None:
+        names = _FIELD_NAMES[type(record)] = tuple(f.name for f in fields(record))
+    row = {name: getattr(record, name) for name in names}
     row.update(extra)
     return row
 

@@ -109,9 +109,16 @@ def append(
         _insert_new(db, conn, schema.metrics, rows)
 
 
+_INSERT_NEW: dict[tuple[str, str], Any] = {}
+
+
 def _insert_new(db: Database, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
     if rows:
-        conn.execute(db.insert(table).on_conflict_do_nothing(), rows)
+        key = (db.dialect, table.name)
+        stmt = _INSERT_NEW.get(key)
+        if stmt is None:
+            stmt = _INSERT_NEW[key] = db.insert(table).on_conflict_do_nothing()
+        conn.execute(stmt, rows)
 
 
 def _numbered(
