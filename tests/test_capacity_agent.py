@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
+from gpuledger.collect.fake_nvml import Failing, FakeGpu, FakeNvml, TracePoint
 from gpuledger.collect.nvml import NvmlCollector
 from gpuledger.core.model import GpuIdentity, RunRecord
 from gpuledger.node.claims import Allocation, Claims
@@ -229,6 +229,29 @@ def test_busy_time_lost_from_the_sample_buffer_is_unmeasured_not_idle(trees: Pat
     totals = _totals(rows[GPU0])
     assert totals["alloc_idle_ms"] < 1_000  # never idle (a sample period's edges, not the 15 s lost)
     assert totals["unmeasured_ms"] >= 3_000  # the lost span is said to be unmeasured
+
+
+def test_a_buffer_read_that_fails_once_is_measured_and_the_next_reading_is_not_busier(
+    trees: Path, ledger_url: str
+) -> None:
+    # GPU0 is 50 % busy under its container's training; GetSamples answers Unknown at one reading
+    node = Node(trees, ledger_url, labelled())
+    points = [TracePoint(0.0, util_pct=50, mem_used_b=20 * 2**30, power_w=300, temp_c=60,
+                         procs={300: (8 * 2**30, 40.0), 301: (4 * 2**30, 20.0)})]  # fmt: skip
+    gpu0 = FakeGpu(GPU0, profile="ideal", points=points, failing=[Failing("nvmlDeviceGetSamples", 9.0, 11.0)])
+    fake = FakeNvml([gpu0], clock=node.clock, start=node.clock.t)
+    gpu = NvmlCollector(nvml=fake, clock=node.clock, all_processes=True)
+    node.agent._gpu, node.agent._devices = gpu, {d.uuid: d for d in gpu.devices()}
+    node.tick(10)
+    node.stop()
+    with Ledger(ledger_url) as led:
+        rows = _by_gpu(led.read(lambda c: intervals(c)))
+    totals = _totals(rows[GPU0])
+    metered = sum(x["t1_ms"] - x["t0_ms"] for x in rows[GPU0])
+    # the failed reading's span is measured by the instant reading, not left unmeasured, and the
+    # next reading holds its own busy time only: half of the metered time is busy, as it was
+    assert totals["unmeasured_ms"] == 0
+    assert totals["busy_attr_ms"] == pytest.approx(metered / 2, abs=200)
 
 
 @pytest.mark.parametrize("recorder_alive", [True, False])

@@ -69,6 +69,28 @@ def test_a_first_read_that_fails_does_not_integrate_the_buffer_from_before_the_r
     assert ticks[0].util_unknown_s == pytest.approx(1.0) and ticks[0].util_method == "instant,samples"
 
 
+@pytest.mark.parametrize("instant", [True, False])
+def test_a_buffer_read_that_fails_once_leaves_no_tick_holding_more_than_its_time(instant: bool) -> None:
+    # a busy GPU; GetSamples answers Unknown at one read in the middle (a passing error)
+    points = [TracePoint(0, util_pct=100)]
+    unsupported = frozenset() if instant else frozenset({"nvmlDeviceGetUtilizationRates"})
+    gpu = FakeGpu("GPU-a", name=H100, points=points, failing=[Failing("nvmlDeviceGetSamples", 9.5, 10.5)],
+                  unsupported=unsupported)  # fmt: skip
+    col, _, clock = make([gpu])
+    ticks, _ = run(col, clock, 20)
+    failed = next(t for t in ticks if t.t1 - T0 == 10)
+    after = next(t for t in ticks if t.t1 - T0 == 11)
+    assert after.busy_s <= 1.0 + P + 1e-9  # not the ~2 s of both reads
+    assert all(t.busy_s is not None and t.busy_s <= 1.0 + P + 1e-9 for t in ticks)
+    assert failed.util_unknown_s == pytest.approx(1.0, abs=P)
+    if instant:  # the span the buffer could not be read for is measured by the instant reading
+        assert failed.util_method == "instant,samples"
+        assert busy(ticks) == pytest.approx(20.0, abs=2 * P)
+    else:  # or recorded as unmeasured, never guessed as busy
+        assert failed.util_method == "samples" and failed.busy_s == 0.0
+        assert busy(ticks) == pytest.approx(19.0, abs=2 * P)
+
+
 def test_a_stalled_reader_that_finds_the_buffer_wrapped_measures_the_lost_span_by_the_instant_reading() -> None:
     points = [TracePoint(0, util_pct=100), TracePoint(200, util_pct=0)]
     col, _, clock = make([FakeGpu("GPU-a", name=H100, points=points)])

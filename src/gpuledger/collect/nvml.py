@@ -321,12 +321,14 @@ class NvmlCollector:
     def _busy(self, d: _Device, tick: GpuTick, wall: float, mono: float, elapsed: float) -> None:
         if "samples" not in d.q.unsupported:
             r = d.util.read(wall, mono, elapsed)
+            if r is None and "samples" not in d.q.unsupported:  # a passing error: this span is unknown
+                r = d.util.missed(wall, elapsed)
             if r is not None:
                 tick.busy_s, tick.util_method, tick.util_max_pct = r.busy_s, r.method, r.max_pct
                 tick.util_idle_s, tick.util_unknown_s = r.idle_s, r.unknown_s
                 return
             if "samples" not in d.q.unsupported:
-                return  # a passing error: the cursor stays, the next tick covers this span
+                return  # NVML's clock not known: the cursor stays, the next tick covers this span
         pct = self._instant(d)
         if pct is not None:
             tick.busy_s, tick.util_max_pct, tick.util_method = pct / 100 * elapsed, pct, UTIL_INSTANT

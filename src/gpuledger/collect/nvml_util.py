@@ -137,6 +137,23 @@ class UtilReader:
             self._wall = abs(now - pairs[-1][0] / _US) < _WALL_DOMAIN_S
         return self._fill_unknown(out) if out.unknown_s else out
 
+    def missed(self, now: float, elapsed_s: float) -> UtilRead | None:
+        """The buffer could not be read this time (a passing error): the span since the last
+        classified instant is unknown, measured by the instant reading or unmeasured, and the
+        cursor moves to ``now``, so the next read covers its own span only. Left to the next read,
+        that read would hold both spans' busy time, one tick with twice its time (and an interval
+        end between them would move busy time into the wrong interval). None when NVML's
+        timestamps are not known to be on the wall clock (nothing to move the cursor to): the
+        cursor stays and the next read covers both spans, as before."""
+        if not self._wall or self.cursor_us is None or self._accounted_us is None:
+            return None
+        now_us = now * _US
+        unknown = min(max(0.0, (now_us - self._accounted_us) / _US), elapsed_s + self.period.seconds)
+        self.cursor_us = max(self.cursor_us, int(now_us))
+        self._accounted_us = max(self._accounted_us, now_us)
+        self._last = None  # the next sample does not follow the last one seen: no spacing to learn
+        return self._fill_unknown(UtilRead(0.0, UTIL_SAMPLES, None, 0.0, unknown))
+
     # -- cases ---------------------------------------------------------------------------------
     def _open(self, pairs: list[tuple[int, float]], now: float) -> None:
         if pairs:
