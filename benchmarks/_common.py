@@ -80,9 +80,9 @@ def machine_line() -> str:
     )
 
 
-def source_state() -> str:
-    """The commit measured, and the files of src/ that differ from it (other work in progress)."""
-    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+def source_state(repo: str | None = None) -> str:
+    """The commit measured (this checkout, or ``repo``), and the files of src/ that differ from it."""
+    repo = repo or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     try:
         head = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()  # fmt: skip

@@ -21,6 +21,15 @@ sleeps) is printed as a cross-check. The first --warmup samples of each process 
 Phases (host read, GPU read, merge, write; MLflow: collect, run-status check, publish) are timed
 with the same thread clock around those calls. --profile VARIANT runs one variant under cProfile
 (slower, not timed) and prints where the time goes.
+
+--baseline DIR also runs the gpuledger variants on the source tree DIR (its src/, this script's
+harness), in turn with this tree's in every round, and prints the ratio round by round: the same
+run, as a change's CPU cost must be compared on a noisy machine. For the GPU variant the baseline
+needs this tree's scripted NVML, so both read the same answers::
+
+    git worktree add /tmp/base 85532be
+    cp src/gpuledger/collect/fake_nvml*.py /tmp/base/src/gpuledger/collect/
+    python benchmarks/recorder_tick.py --variants gl-gpu8 --baseline /tmp/base --rounds 6
 """
 
 from __future__ import annotations
@@ -41,9 +50,11 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+# The tree measured: this one's src/, or a baseline's (--src, given to the child processes).
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv[:-1] else None
+sys.path.insert(1, _SRC or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from _common import machine_line, median, p95, source_state, start_tree, stop_tree, version
+from _common import machine_line, median, p95, source_state, start_tree, stop_tree, version  # noqa: E402
 
 VARIANTS = {
     "gl-host": "gpuledger (a) host + tree of 8",
@@ -311,13 +322,15 @@ def child(args: argparse.Namespace) -> None:
 # -- the orchestrating process ----------------------------------------------------------------
 
 
-def run_child(variant: str, root: int, args: argparse.Namespace, profile: bool = False) -> dict[str, Any]:
+def run_child(
+    variant: str, root: int, args: argparse.Namespace, profile: bool = False, src: str | None = None
+) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = fh.name
     cmd = [
         sys.executable, os.path.abspath(__file__), "--child", variant, "--root", str(root), "--out", out,
         "--ticks", str(args.ticks), "--warmup", str(args.warmup),
-    ] + (["--profile", variant] if profile else [])  # fmt: skip
+    ] + (["--profile", variant] if profile else []) + (["--src", src] if src else [])  # fmt: skip
     try:
         subprocess.run(cmd, check=True)
         with open(out) as fh:
@@ -342,6 +355,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 10 samples, 1 round, 2 warm-up")
     ap.add_argument("--profile", choices=sorted(VARIANTS), help="run one variant under cProfile instead")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
+    ap.add_argument("--baseline", metavar="DIR", help="also run the gpuledger variants on the source tree DIR")
+    ap.add_argument("--src", help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     ap.add_argument("--root", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -353,7 +368,18 @@ def main() -> None:
         args.ticks, args.rounds, args.warmup = 10, 1, 2
 
     variants = [v for v in args.variants.split(",") if v]
+    src: dict[str, str | None] = dict.fromkeys(variants)
+    if args.baseline:
+        base_src = os.path.join(os.path.abspath(args.baseline), "src")
+        if not os.path.isdir(os.path.join(base_src, "gpuledger")):
+            raise SystemExit(f"--baseline {args.baseline}: no src/gpuledger there")
+        for v in [v for v in variants if v.startswith("gl-")]:
+            VARIANTS[v + "@base"] = VARIANTS[v].replace("gpuledger", "baseline", 1)
+            src[v + "@base"] = base_src
+            variants.insert(variants.index(v) + 1, v + "@base")
     print(f"# {machine_line()}; mlflow {version('mlflow-skinny')}\n# {source_state()}")
+    if args.baseline:
+        print(f"# baseline: {source_state(args.baseline)}")
     tree = start_tree()
     try:
         if args.profile:
@@ -365,7 +391,7 @@ def main() -> None:
             order = variants[r % len(variants) :] + variants[: r % len(variants)]
             for v in order:
                 t0 = time.monotonic()
-                res = run_child(v, tree.pid, args)
+                res = run_child(v.removesuffix("@base"), tree.pid, args, src=src[v])
                 s = summarise(res["rows"])
                 print(
                     f"  round {r + 1}: {VARIANTS[v]:32} mean {s['mean']:6.2f} ms/sample ({time.monotonic() - t0:.0f} s)"
@@ -390,9 +416,22 @@ def report(results: dict[str, list[dict[str, Any]]], info: dict[str, dict[str, A
     for v in results:
         print(f"  {VARIANTS[v]}: {info[v]['settings']}; {info[v]['written']}")
 
+    for v in (x for x in stats if x.endswith("@base")):
+        this = v.removesuffix("@base")
+        paired = [
+            summarise(t["rows"])["mean"] / summarise(b["rows"])["mean"]
+            for t, b in zip(results[this], results[v], strict=True)
+        ]
+        print(f"\nRatio this tree / baseline, {VARIANTS[this]} (same run; below 1: this tree uses less)")
+        mean, med = stats[this]["mean"] / stats[v]["mean"], stats[this]["median"] / stats[v]["median"]
+        print(
+            f"  mean {mean:5.3f}   median {med:5.3f}   per round (means) {', '.join(f'{x:.2f}' for x in paired)}; "
+            f"median of rounds {median(paired):.3f}"
+        )
+
     if "mlflow" in stats:
         print("\nRatio MLflow / gpuledger (same run)")
-        for v in (x for x in stats if x != "mlflow"):
+        for v in (x for x in stats if x != "mlflow" and not x.endswith("@base")):
             paired = [
                 summarise(m["rows"])["mean"] / summarise(g["rows"])["mean"]
                 for m, g in zip(results["mlflow"], results[v], strict=False)
