@@ -58,6 +58,8 @@ def field_key(fid: int) -> str:
 class DeviceQueries:
     """Per-device memo: what is absent for good, what keeps failing, and how this read went."""
 
+    __slots__ = ("absent", "answered", "failed", "failures", "label", "said", "unsupported", "uuid", "wanted")
+
     def __init__(self, uuid: str, label: str, absent: tuple[type[BaseException], ...]) -> None:
         self.uuid, self.label, self.absent = uuid, label, absent
         self.unsupported: set[str] = set()

@@ -47,6 +47,8 @@ SWEEP_TICKS = 9  # otherwise read them at least every tenth tick
 class ThrottleState:
     """Per-device counters and reason bits between reads."""
 
+    __slots__ = ("fi_scale", "names", "prev_bits", "quiet_ticks", "viol_ns", "zeros")
+
     def __init__(self) -> None:
         self.viol_ns: dict[str, int] = {}
         self.names: tuple[str, ...] = ()  # reasons whose counters answer

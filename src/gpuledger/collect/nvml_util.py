@@ -69,6 +69,21 @@ class UtilReader:
     records a one-time event.
     """
 
+    __slots__ = (
+        "_accounted_us",
+        "_blind_until_us",
+        "_depth",
+        "_instant",
+        "_last",
+        "_last_ok_mono",
+        "_note",
+        "_offset",
+        "_samples",
+        "_wall",
+        "cursor_us",
+        "period",
+    )
+
     def __init__(
         self,
         samples: Callable[[int], Any],

@@ -125,6 +125,8 @@ class SamplePeriod:
     the first sample after an idle span; one taken too long would over-count it.
     """
 
+    __slots__ = ("_learned", "_spacings")
+
     def __init__(self) -> None:
         self._spacings: deque[float] = deque(maxlen=_HISTORY)
         self._learned: float | None = None
