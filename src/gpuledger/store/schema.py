@@ -28,10 +28,18 @@ class Measured(TypeDecorator[float]):
     impl = sa.Double
     cache_ok = True
 
-    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
-        if isinstance(value, float) and math.isnan(value):
-            return None
-        return value
+    def bind_processor(self, dialect: sa.Dialect) -> Any:
+        # One function per value, not TypeDecorator's process_bind_param and the impl's: every
+        # interval row binds a dozen of these.
+        impl = self._unwrapped_dialect_impl(dialect).bind_processor(dialect)
+        isnan, real = math.isnan, float
+
+        def process(value: Any) -> Any:
+            if isinstance(value, real) and isnan(value):
+                return None
+            return value if impl is None or value is None else impl(value)
+
+        return process
 
 
 class MetricValue(TypeDecorator[float]):
