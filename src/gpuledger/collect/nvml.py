@@ -211,11 +211,10 @@ class NvmlCollector:
                 if d.lost:
                     self._try_recover(d, now)
                     continue
-                q = d.q
-                q.start_read()
+                d.q.start_read()
                 said = len(out.events)
                 tick = self._read_device(d, pids, now, out)
-                if q.failed and not q.answered:  # nothing answered (all_failed): the GPU, not a field, is gone
+                if d.q.all_failed:  # nothing answered: the GPU, not a field, is gone
                     del out.events[said:]
                     self._q.forget_read(d.q)
                     self._mark_lost(d, _NothingAnswered(), now)
@@ -281,10 +280,8 @@ class NvmlCollector:
         self._energy(d, tick)
         self._memory(d, tick)
         tick.temp_c = self._temperature(d)
-        sm = self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm)
-        mem = self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem)
-        tick.sm_clock_mhz = None if sm is None else float(sm)
-        tick.mem_clock_mhz = None if mem is None else float(mem)
+        tick.sm_clock_mhz = _num(self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm))
+        tick.mem_clock_mhz = _num(self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem))
         tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed)
         if pids:
             self._processes(d, tick, pids)
@@ -323,12 +320,12 @@ class NvmlCollector:
             r = d.util.read(wall, mono, elapsed)
             if r is None and "samples" not in d.q.unsupported:  # a passing error: this span is unknown
                 r = d.util.missed(wall, elapsed)
+                if r is None:
+                    return  # NVML's clock not known: the cursor stays, the next tick covers this span
             if r is not None:
                 tick.busy_s, tick.util_method, tick.util_max_pct = r.busy_s, r.method, r.max_pct
                 tick.util_idle_s, tick.util_unknown_s = r.idle_s, r.unknown_s
                 return
-            if "samples" not in d.q.unsupported:
-                return  # NVML's clock not known: the cursor stays, the next tick covers this span
         pct = self._instant(d)
         if pct is not None:
             tick.busy_s, tick.util_max_pct, tick.util_method = pct / 100 * elapsed, pct, UTIL_INSTANT
@@ -390,7 +387,7 @@ class NvmlCollector:
         procs = self._gpu_processes(d)
         if procs is None:
             return
-        owner = self._owner or self._pid_owner()
+        owner = self._pid_owner()
         foreign = owner.foreign_ns
         match = self._match(d, owner, procs, pids)
         if foreign and procs:
