@@ -60,6 +60,7 @@ class Database:
     """The engine of one ledger plus retrying, error-translating transaction helpers."""
 
     def __init__(self, url: str, *, busy_timeout_s: float = 30.0, retries: int = 4) -> None:
+        self._insert_new: dict[str, Any] = {}  # insert_new's statements, by table
         try:
             self.url: URL = parse(url)
         except sa.exc.ArgumentError as exc:
@@ -149,6 +150,15 @@ class Database:
     def insert(self, table: sa.Table) -> Any:
         """An INSERT that supports ON CONFLICT for this backend."""
         return (sqlite.insert if self.dialect == "sqlite" else postgresql.insert)(table)
+
+    def insert_new(self, table: sa.Table) -> Any:
+        """``INSERT ... ON CONFLICT DO NOTHING`` (a row already there stays as it is), built once per
+        table: every flush and ingest batch runs one, and a built statement skips SQLAlchemy's
+        construction and cache-key walk."""
+        stmt = self._insert_new.get(table.name)
+        if stmt is None:
+            stmt = self._insert_new[table.name] = self.insert(table).on_conflict_do_nothing()
+        return stmt
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn`` on a connection (SQLite: in a deferred read transaction, one snapshot)."""

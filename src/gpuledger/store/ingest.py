@@ -151,7 +151,7 @@ def _devices(
             raise PushRefused(f"run {run_id} has ended ({run_row['status']}): it gets no new GPUs ({names})")
         if not created:  # a new run's GPUs were checked before it was stored
             ownership.check_gpus(conn, run_id, ownership.gpu_uuids(new), writer, str(run_row["host"]))
-        conn.execute(db.insert(d).on_conflict_do_nothing(), [{**dv, "run_id": run_id} for dv in new])
+        conn.execute(db.insert_new(d), [{**dv, "run_id": run_id} for dv in new])
     return set(stored) | {str(dv["uuid"]) for dv in new}, bool(new)
 
 

@@ -109,16 +109,9 @@ def append(
         _insert_new(db, conn, schema.metrics, rows)
 
 
-_INSERT_NEW: dict[tuple[str, str], Any] = {}
-
-
 def _insert_new(db: Database, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
     if rows:
-        key = (db.dialect, table.name)
-        stmt = _INSERT_NEW.get(key)
-        if stmt is None:
-            stmt = _INSERT_NEW[key] = db.insert(table).on_conflict_do_nothing()
-        conn.execute(stmt, rows)
+        conn.execute(db.insert_new(table), rows)
 
 
 def _numbered(
