@@ -105,7 +105,7 @@ def _insert_generic(
     full = [{"run_id": run_id, **dict(zip(columns, r, strict=True))} for r in rows]
     count = sa.select(sa.func.count()).select_from(table).where(table.c.run_id == run_id)
     before = conn.scalar(count) or 0
-    conn.execute(db.insert_new(table), full)
+    db.insert_new_rows(conn, table, full)
     return int((conn.scalar(count) or 0) - before)
 
 

@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.pool import StaticPool
 
+from gpuledger.store.direct_insert import DirectInserts
 from gpuledger.store.errors import LedgerError, LedgerLocked, LedgerUnavailable
 from gpuledger.store.url import display_url, parse, sqlite_path
 
@@ -61,6 +62,7 @@ class Database:
 
     def __init__(self, url: str, *, busy_timeout_s: float = 30.0, retries: int = 4) -> None:
         self._insert_new: dict[str, Any] = {}  # insert_new's statements, by table
+        self._direct = DirectInserts()
         try:
             self.url: URL = parse(url)
         except sa.exc.ArgumentError as exc:
@@ -159,6 +161,12 @@ class Database:
         if stmt is None:
             stmt = self._insert_new[table.name] = self.insert(table).on_conflict_do_nothing()
         return stmt
+
+    def insert_new_rows(self, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+        """``insert_new(table)`` of ``rows`` (one column set) in ``conn``'s transaction; on SQLite on
+        the DBAPI cursor, with SQLAlchemy's statement and bind processors (direct_insert.py)."""
+        if rows:
+            self._direct.execute(conn, self.insert_new(table), table, rows)
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn`` on a connection (SQLite: in a deferred read transaction, one snapshot)."""

@@ -92,26 +92,21 @@ def append(
         gpu = bulk.unreplaced(conn, run_id, "gpu", gpu, lambda i: (i.device_uuid, i.seq)) if gpu else gpu
         host = bulk.unreplaced(conn, run_id, "host", host, lambda i: ("", i.seq)) if host else host
     if gpu:
-        _insert_new(db, conn, schema.gpu_intervals, [to_row(i, run_id=run_id) for i in gpu])
+        db.insert_new_rows(conn, schema.gpu_intervals, [to_row(i, run_id=run_id) for i in gpu])
         spans = [(i.device_uuid, i.t0, i.t1) for i in gpu]
         rollup_stale.drop_after_append(conn, run_id, spans, finished=finished)
     if host:
-        _insert_new(db, conn, schema.host_intervals, [to_row(i, run_id=run_id) for i in host])
+        db.insert_new_rows(conn, schema.host_intervals, [to_row(i, run_id=run_id) for i in host])
     if events:
         rows = [to_row(e, run_id=run_id) for e in events]
         for row in rows:
             row["payload"] = dict(row["payload"] or {})
         rows = _numbered(conn, schema.events, run_id, rows, event_seq, _EVENT_KEY)
-        _insert_new(db, conn, schema.events, rows)
+        db.insert_new_rows(conn, schema.events, rows)
     if metrics:
         rows = [to_row(m, run_id=run_id) for m in metrics]
         rows = _numbered(conn, schema.metrics, run_id, rows, metric_seq, _METRIC_KEY)
-        _insert_new(db, conn, schema.metrics, rows)
-
-
-def _insert_new(db: Database, conn: Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        conn.execute(db.insert_new(table), rows)
+        db.insert_new_rows(conn, schema.metrics, rows)
 
 
 def _numbered(
