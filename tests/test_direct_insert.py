@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from gpuledger.core.ids import uuid7
 from gpuledger.core.model import Event, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import Ledger, schema
+from gpuledger.store import Ledger, schema, writes
 from gpuledger.store.codec import to_row
 from gpuledger.store.errors import RunNotFound
 
@@ -125,8 +125,8 @@ def _both_ways(ledger: Ledger, table: sa.Table, rows_for: Any) -> tuple[list[tup
     direct, through_sa = _new_run(ledger), _new_run(ledger)
     db.write(lambda conn: db.insert_new_rows(conn, table, rows_for(direct)))
     db.write(lambda conn: conn.execute(db.insert_new(table), rows_for(through_sa)))
-    assert db._direct._plans, "the SQLite path did not run on the DBAPI cursor"
-    assert all(plan is not None for plan in db._direct._plans.values())
+    assert db.direct._plans, "the SQLite path did not run on the DBAPI cursor"
+    assert all(plan is not None for plan in db.direct._plans.values())
     return _stored(ledger, table, direct), _stored(ledger, table, through_sa)
 
 
@@ -213,3 +213,63 @@ def test_a_flush_into_a_run_deleted_meanwhile_is_refused_as_before(tmp_path: Pat
         recorder.append(run_id, gpu=[GpuInterval(device_uuid="GPU-a", seq=1, t0=2.0, t1=3.0)])
     recorder.close()
     other.close()
+
+
+class _Spy:
+    """writes.append, counted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = writes.append
+
+        def spy(*args: Any, **kwargs: Any) -> None:
+            self.calls += 1
+            real(*args, **kwargs)
+
+        monkeypatch.setattr(writes, "append", spy)
+
+
+def _some_intervals() -> tuple[list[GpuInterval], list[HostInterval]]:
+    gpu = [
+        GpuInterval(device_uuid=u, seq=s, t0=1.7e9 + s, t1=1.7e9 + s + 5, busy_s=2.5, util_method="samples",
+                    energy_j=900.0, throttle_s={"power": 0.25}, util_unknown_s=float("nan"))
+        for u in ("GPU-a", "GPU-b") for s in range(2)
+    ]  # fmt: skip
+    host = [HostInterval(seq=0, t0=1.7e9, t1=1.7e9 + 5, cpu_s=3.0, rss_max_b=2**30, iowait_s=0.1)]
+    return gpu, host
+
+
+def test_the_recorders_flush_into_an_open_run_skips_the_general_path_and_stores_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    gpu, host = _some_intervals()
+    general = _new_run(ledger)
+    db = ledger._db
+    db.write(lambda conn: writes.append(db, conn, general, gpu, host, [], [], None, None))
+    spy = _Spy(monkeypatch)
+    direct = _new_run(ledger)
+    ledger.append(direct, gpu, host)
+    ledger.append(direct, gpu, host)  # sent again: nothing added
+    assert spy.calls == 0, "an open run's flush went through SQLAlchemy's general path"
+    for table in (schema.gpu_intervals, schema.host_intervals):
+        assert _stored(ledger, table, direct) == _stored(ledger, table, general)
+    assert len(ledger.gpu_intervals(direct)) == 4
+    ledger.close()
+
+
+def test_a_flush_into_an_ended_run_or_with_events_goes_the_general_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    gpu, host = _some_intervals()
+    spy = _Spy(monkeypatch)
+    open_run = _new_run(ledger)
+    ledger.append(open_run, gpu[:1], events=[Event(t=1.7e9, kind="epoch_end", message="1")])
+    assert spy.calls == 1  # events are numbered by the general path
+    ended = _new_run(ledger)
+    ledger.update_run(ended, status="succeeded", ended_at=1.7e9 + 60)
+    ledger.append(ended, gpu, host)  # a late replay: rollups may need dropping, the general path decides
+    assert spy.calls == 2
+    assert len(ledger.gpu_intervals(ended)) == 4
+    ledger.close()

@@ -35,27 +35,53 @@ class _Plan(NamedTuple):
 
 
 class DirectInserts:
-    """The compiled plans of one database's many-row inserts, by table and column set."""
+    """The compiled plans of one SQLite database's many-row inserts, by table and column set."""
 
-    def __init__(self) -> None:
+    def __init__(self, dialect: sa.Dialect) -> None:
+        self._dialect = dialect
         self._plans: dict[tuple[str, tuple[str, ...]], _Plan | None] = {}
 
     def execute(self, conn: Connection, stmt: Any, table: sa.Table, rows: Sequence[dict[str, Any]]) -> None:
         """``conn.execute(stmt, rows)``, on the DBAPI cursor where that stores the same rows."""
-        if not rows:
+        plan = self._plan_for(stmt, table, rows)
+        if plan is None:
+            conn.execute(stmt, rows)  # SQLAlchemy's own path (it requires one column set too)
             return
+        params = _params(plan, rows)
+        cursor = conn.connection.cursor()
+        try:
+            cursor.executemany(plan.sql, params)
+        except self._dialect.loaded_dbapi.Error as exc:  # as SQLAlchemy raises it (IntegrityError, ...)
+            raise sa.exc.DBAPIError.instance(plan.sql, params, exc, self._dialect.loaded_dbapi.Error) from exc
+        finally:
+            cursor.close()
+
+    def execute_on(self, cursor: Any, stmt: Any, table: sa.Table, rows: Sequence[dict[str, Any]]) -> bool:
+        """The same on a DBAPI cursor (its errors raised as they come); False: not a case for it."""
+        if not rows:
+            return True
+        plan = self._plan_for(stmt, table, rows)
+        if plan is None:
+            return False
+        cursor.executemany(plan.sql, _params(plan, rows))
+        return True
+
+    def _plan_for(self, stmt: Any, table: sa.Table, rows: Sequence[dict[str, Any]]) -> _Plan | None:
         columns = rows[0].keys()
         key = (table.name, tuple(columns))
         if key not in self._plans:
-            self._plans[key] = _plan(stmt, key[1], conn.dialect)
+            self._plans[key] = _plan(stmt, key[1], self._dialect)
         plan = self._plans[key]
         if plan is None or any(row.keys() != columns for row in rows):
-            conn.execute(stmt, rows)  # SQLAlchemy's own path (it requires one column set too)
-            return
-        params = list(map(plan.values, rows))
-        if plan.processors:
-            params = [_processed(p, plan.processors) for p in params]
-        _executemany(conn, plan.sql, params)
+            return None
+        return plan
+
+
+def _params(plan: _Plan, rows: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    params = list(map(plan.values, rows))
+    if plan.processors:
+        params = [_processed(p, plan.processors) for p in params]
+    return params
 
 
 def _processed(values: tuple[Any, ...], processors: tuple[tuple[int, Callable[[Any], Any]], ...]) -> tuple[Any, ...]:
@@ -80,14 +106,3 @@ def _plan(stmt: Any, columns: tuple[str, ...], dialect: sa.Dialect) -> _Plan | N
     )
     values = operator.itemgetter(*names) if len(names) > 1 else (lambda row, name=names[0]: (row[name],))
     return _Plan(compiled.string, values, processors)
-
-
-def _executemany(conn: Connection, sql: str, params: list[tuple[Any, ...]]) -> None:
-    dbapi = conn.dialect.loaded_dbapi
-    cursor = conn.connection.cursor()
-    try:
-        cursor.executemany(sql, params)
-    except dbapi.Error as exc:  # as SQLAlchemy would raise it (IntegrityError, OperationalError, ...)
-        raise sa.exc.DBAPIError.instance(sql, params, exc, dbapi.Error) from exc
-    finally:
-        cursor.close()

@@ -9,6 +9,7 @@ Driver errors are translated here into the ledger's own exceptions (errors.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -62,7 +63,6 @@ class Database:
 
     def __init__(self, url: str, *, busy_timeout_s: float = 30.0, retries: int = 4) -> None:
         self._insert_new: dict[str, Any] = {}  # insert_new's statements, by table
-        self._direct = DirectInserts()
         try:
             self.url: URL = parse(url)
         except sa.exc.ArgumentError as exc:
@@ -78,6 +78,7 @@ class Database:
         self.engine = self._create_engine()
         # Writes go through an engine view whose transactions begin IMMEDIATE on SQLite.
         self._writer = self.engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+        self.direct = DirectInserts(self.engine.dialect)
 
     def _create_engine(self) -> sa.Engine:
         try:
@@ -166,7 +167,7 @@ class Database:
         """``insert_new(table)`` of ``rows`` (one column set) in ``conn``'s transaction; on SQLite on
         the DBAPI cursor, with SQLAlchemy's statement and bind processors (direct_insert.py)."""
         if rows:
-            self._direct.execute(conn, self.insert_new(table), table, rows)
+            self.direct.execute(conn, self.insert_new(table), table, rows)
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn`` on a connection (SQLite: in a deferred read transaction, one snapshot)."""
@@ -176,15 +177,50 @@ class Database:
         """Run ``fn`` in one short write transaction (committed when it returns)."""
         return self._retrying(self._writer, fn)
 
+    def write_dbapi(self, fn: Callable[[Any], T]) -> T:
+        """SQLite: ``fn(cursor)`` in one ``BEGIN IMMEDIATE`` transaction on a pooled DBAPI connection,
+        retried and translated as ``write`` does; for the recorder's flush (flush.py), where
+        SQLAlchemy's connection and statement machinery cost more CPU than the writes."""
+        if self.dialect != "sqlite":
+            raise LedgerError("write_dbapi is for SQLite ledgers")
+        return self._retrying_attempts(lambda: self._dbapi_transaction(fn))
+
+    def _dbapi_transaction(self, fn: Callable[[Any], T]) -> T:
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        raw = self._connect_raw()
+        try:
+            cursor = raw.cursor()
+            try:
+                cursor.execute("BEGIN IMMEDIATE")  # the connection is in autocommit mode (_on_connect)
+                result = fn(cursor)
+                raw.commit()
+                return result
+            except BaseException:
+                with contextlib.suppress(dbapi_error):
+                    raw.rollback()
+                raise
+            finally:
+                cursor.close()
+        except dbapi_error as exc:  # as SQLAlchemy raises it, so retrying and translating apply
+            raise sa.exc.DBAPIError.instance(None, None, exc, dbapi_error) from exc
+        finally:
+            raw.close()  # back to the pool
+
     def _retrying(self, engine: sa.Engine, fn: Callable[[Connection], T]) -> T:
+        return self._retrying_attempts(lambda: self._transaction(engine, fn))
+
+    def _transaction(self, engine: sa.Engine, fn: Callable[[Connection], T]) -> T:
+        with self._connect(engine) as conn, conn.begin():
+            return fn(conn)
+
+    def _retrying_attempts(self, attempt_once: Callable[[], T]) -> T:
         """Retry with backoff while the database is locked (SQLite, after its busy timeout) or on a
-        deadlock / serialisation failure (PostgreSQL); then LedgerLocked. ``fn`` must be safe to
-        rerun: a failed attempt was rolled back."""
+        deadlock / serialisation failure (PostgreSQL); then LedgerLocked. Each attempt is one
+        transaction and must be safe to rerun: a failed attempt was rolled back."""
         delay = 0.05
         for attempt in range(self.retries + 1):
             try:
-                with self._connect(engine) as conn, conn.begin():
-                    return fn(conn)
+                return attempt_once()
             except sa.exc.DBAPIError as exc:
                 if not self._retryable(exc):
                     raise self._translate(exc) from exc
@@ -203,6 +239,15 @@ class Database:
         """A connection; any failure to get one (other than a lock to wait out) is LedgerUnavailable."""
         try:
             return engine.connect()
+        except sa.exc.DBAPIError as exc:
+            if self._retryable(exc):
+                raise
+            raise LedgerUnavailable(self._unavailable_message(exc)) from exc
+
+    def _connect_raw(self) -> Any:
+        """A pooled DBAPI connection (set up by _on_connect), failures as in ``_connect``."""
+        try:
+            return self.engine.raw_connection()
         except sa.exc.DBAPIError as exc:
             if self._retryable(exc):
                 raise

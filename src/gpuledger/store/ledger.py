@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import codec, migrations, ownership, queries, rollup_stale, run_rollup, schema, writes
+from gpuledger.store import codec, flush, migrations, ownership, queries, rollup_stale, run_rollup, schema, writes
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import AmbiguousRun, RunNotFound
 from gpuledger.store.url import default_url
@@ -136,6 +136,9 @@ class Ledger:
         """
         if not (gpu or host or events or metrics):
             return
+        if not (events or metrics) and flush.append_to_open_run(self._db, run_id, gpu, host):
+            self._known_runs.add(run_id)
+            return  # the recorder's usual flush (flush.py)
         known = run_id in self._known_runs
         try:
             self._db.write(
