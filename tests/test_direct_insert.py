@@ -1,8 +1,10 @@
 """The SQLite flush on the DBAPI cursor stores exactly what SQLAlchemy's executemany stores.
 
-``Database.insert_new_rows`` skips SQLAlchemy's per-statement machinery on SQLite (store/direct_insert.py);
-a record stored that way must be byte for byte the record SQLAlchemy would have stored: NaN
-readings as NULL, throttle and payload dicts as JSON, NaN metric values kept, booleans, big ints.
+``Database.insert_new_rows`` (store/direct_insert.py) and the recorder's flush into an open run
+(store/flush.py) skip SQLAlchemy's per-statement machinery on SQLite; a record stored that way
+must be byte for byte the record SQLAlchemy would have stored: NaN readings as NULL, throttle and
+payload dicts as JSON, NaN metric values kept, booleans, big ints. What the flush may not take
+(an ended run, events to number) still goes through writes.append.
 """
 
 from __future__ import annotations
