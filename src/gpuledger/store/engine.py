@@ -28,6 +28,7 @@ from gpuledger.store.errors import LedgerError, LedgerLocked, LedgerUnavailable
 from gpuledger.store.url import display_url, parse, sqlite_path
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 SUPPORTED = ("sqlite", "postgresql")
 # PostgreSQL: serialization failure, deadlock. Safe to retry: our transactions are idempotent.
@@ -187,7 +188,7 @@ class Database:
 
     def _dbapi_transaction(self, fn: Callable[[Any], T]) -> T:
         dbapi_error = self.engine.dialect.loaded_dbapi.Error
-        raw = self._connect_raw()
+        raw = self._connect(self.engine.raw_connection)
         try:
             cursor = raw.cursor()
             try:
@@ -210,7 +211,7 @@ class Database:
         return self._retrying_attempts(lambda: self._transaction(engine, fn))
 
     def _transaction(self, engine: sa.Engine, fn: Callable[[Connection], T]) -> T:
-        with self._connect(engine) as conn, conn.begin():
+        with self._connect(engine.connect) as conn, conn.begin():
             return fn(conn)
 
     def _retrying_attempts(self, attempt_once: Callable[[], T]) -> T:
@@ -235,19 +236,11 @@ class Database:
                 delay *= 2
         raise AssertionError("unreachable")
 
-    def _connect(self, engine: sa.Engine) -> Connection:
-        """A connection; any failure to get one (other than a lock to wait out) is LedgerUnavailable."""
+    def _connect(self, open_connection: Callable[[], C]) -> C:
+        """A connection (``engine.connect`` or the pool's DBAPI ``raw_connection``); any failure to
+        get one (other than a lock to wait out) is LedgerUnavailable."""
         try:
-            return engine.connect()
-        except sa.exc.DBAPIError as exc:
-            if self._retryable(exc):
-                raise
-            raise LedgerUnavailable(self._unavailable_message(exc)) from exc
-
-    def _connect_raw(self) -> Any:
-        """A pooled DBAPI connection (set up by _on_connect), failures as in ``_connect``."""
-        try:
-            return self.engine.raw_connection()
+            return open_connection()
         except sa.exc.DBAPIError as exc:
             if self._retryable(exc):
                 raise
