@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import statistics
@@ -98,3 +99,12 @@ def gpuledger_executable() -> str:
     """The installed ``gpuledger`` console script of this interpreter (not a pyenv or similar shim)."""
     here = os.path.join(sysconfig.get_path("scripts"), "gpuledger")
     return here if os.path.exists(here) else "gpuledger"
+
+
+def tree_child_json(script: str, tree: str, args: Sequence[str]) -> dict:
+    """Run ``script --child ARGS`` with another source tree's code (TREE/src first on the path) and
+    return the JSON object its last line prints: the same benchmark, measuring that tree."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src"))
+    cmd = [sys.executable, os.path.abspath(script), "--child", *args]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=tree).stdout
+    return json.loads(out.strip().splitlines()[-1])

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from collections import defaultdict, deque
@@ -160,20 +159,10 @@ def measure(reads: int, repeat: int, cold_mib: int = 0) -> dict[str, float]:
 
 
 def child_of(tree: str, args: argparse.Namespace) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src"))
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        "--reads",
-        str(args.reads),
-        "--repeat",
-        str(args.repeat),
-        "--cold",
-        str(args.cold),
-    ]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=tree).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    from _common import tree_child_json
+
+    return tree_child_json(__file__, tree, ["--reads", str(args.reads), "--repeat", str(args.repeat),
+                                            "--cold", str(args.cold)])  # fmt: skip
 
 
 def main() -> None:

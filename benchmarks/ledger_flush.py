@@ -25,7 +25,6 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -95,11 +94,10 @@ def measure(n_flushes: int, repeat: int, cold_mib: int) -> dict[str, float]:
 
 
 def child_of(tree: str, args: argparse.Namespace) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src"))
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--flushes", str(args.flushes),
-           "--repeat", str(args.repeat), "--cold", str(args.cold)]  # fmt: skip
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=tree).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    from _common import tree_child_json
+
+    return tree_child_json(__file__, tree, ["--flushes", str(args.flushes), "--repeat", str(args.repeat),
+                                            "--cold", str(args.cold)])  # fmt: skip
 
 
 def main() -> None:
