@@ -32,6 +32,8 @@ class Measured(TypeDecorator[float]):
         # One function per value, not TypeDecorator's process_bind_param and the impl's: every
         # interval row binds a dozen of these.
         impl = self._unwrapped_dialect_impl(dialect).bind_processor(dialect)
+        if dialect.name == "sqlite" and impl is None:
+            return None  # SQLite itself stores a bound NaN as NULL: nothing to do per value
         isnan, real = math.isnan, float
 
         def process(value: Any) -> Any:
