@@ -1,6 +1,6 @@
 """Recorder CPU per sample, side by side with MLflow's system-metrics monitor (issue 2).
 
-    python benchmarks/recorder_tick.py [--ticks 30] [--rounds 2] [--quick] [--profile VARIANT]
+    python benchmarks/recorder_tick.py [--ticks 30] [--rounds 2] [--quick] [--profile VARIANT] [--driver-us US]
 
 Variants, each in a fresh process of its own whose main thread only waits, run in turn
 (A B C, then B C A, ...) while one shared tree of 8 busy-ish processes runs on the machine:
@@ -30,6 +30,12 @@ needs this tree's scripted NVML, so both read the same answers::
     git worktree add /tmp/base 85532be
     cp src/gpuledger/collect/fake_nvml*.py /tmp/base/src/gpuledger/collect/
     python benchmarks/recorder_tick.py --variants gl-gpu8 --baseline /tmp/base --rounds 6
+
+--driver-us US makes each scripted NVML query also spend US microseconds of the thread's CPU, as a
+query into a real driver does (an ioctl and the driver's work; public figures run from about 22 µs
+to a few hundred per query), counted as "scripted driver". The scripted driver's own cost is
+Python's, nothing like a driver's, so a collector that makes fewer queries but does more of its
+own work is only compared fairly with a driver cost; 0 (the default) leaves it out.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The tree measured: this one's src/, or a baseline's (--src, given to the child processes).
 _SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv[:-1] else None
+# CPU each scripted driver query also spends (--driver-us; read here like --src, for the child).
+DRIVER_US = float(sys.argv[sys.argv.index("--driver-us") + 1]) if "--driver-us" in sys.argv[:-1] else 0.0
 sys.path.insert(1, _SRC or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from _common import machine_line, median, p95, source_state, start_tree, stop_tree, version  # noqa: E402
@@ -136,13 +144,35 @@ class Meter:
         return wrapper
 
 
-def time_driver(fake: Any, meter: Meter) -> None:
+def time_driver(fake: Any, meter: Meter, cost_us: float = 0.0) -> None:
     """Time every device query of the scripted NVML as "scripted driver": the part of the GPU read
-    that real hardware replaces with its own calls into the driver. The rest is gpuledger's own work."""
+    that real hardware replaces with its own calls into the driver. The rest is gpuledger's own work.
+    ``cost_us``: each query also spends that much of the thread's CPU (--driver-us)."""
     for name in dir(fake):
         fn = getattr(fake, name, None)
         if name.startswith("nvmlDevice") and callable(fn):
-            setattr(fake, name, meter.timed_outer("scripted driver", fn))
+            setattr(fake, name, meter.timed_outer("scripted driver", with_cpu_cost(fn, cost_us)))
+
+
+def with_cpu_cost(fn: Callable[..., Any], cost_us: float) -> Callable[..., Any]:
+    """``fn`` that also burns ``cost_us`` of this thread's CPU, as a query into a real driver does
+    (an ioctl, the driver's own work); nested queries are charged once."""
+    if cost_us <= 0:
+        return fn
+    cost_ns, depth = int(cost_us * 1000), [0]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        depth[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if depth[0] == 0:  # on top of the scripted answer's own cost
+                end = time.thread_time_ns() + cost_ns
+                while time.thread_time_ns() < end:
+                    pass
+
+    return call
 
 
 def fake_gpus(n: int, seconds: int = 3600, seed: int = 7) -> list[Any]:
@@ -207,7 +237,7 @@ def child_gpuledger(variant: str, root: int, meter: Meter, tmp: str) -> dict[str
     gpu = None
     if variant == "gl-gpu8":
         fake = FakeNvml(fake_gpus(8), clock=time.time, start=time.time())
-        time_driver(fake, meter)
+        time_driver(fake, meter, DRIVER_US)
         gpu = ReplayCollector(fake, NvmlCollector(nvml=fake, clock=time.time, source="replay"))
         gpu.read = meter.timed("gpu read", gpu.read)  # type: ignore[method-assign]
 
@@ -330,7 +360,8 @@ def run_child(
     cmd = [
         sys.executable, os.path.abspath(__file__), "--child", variant, "--root", str(root), "--out", out,
         "--ticks", str(args.ticks), "--warmup", str(args.warmup),
-    ] + (["--profile", variant] if profile else []) + (["--src", src] if src else [])  # fmt: skip
+    ] + (["--profile", variant] if profile else []) + (["--src", src] if src else []) + (
+        ["--driver-us", str(args.driver_us)] if args.driver_us else [])  # fmt: skip
     try:
         subprocess.run(cmd, check=True)
         with open(out) as fh:
@@ -356,6 +387,8 @@ def main() -> None:
     ap.add_argument("--profile", choices=sorted(VARIANTS), help="run one variant under cProfile instead")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
     ap.add_argument("--baseline", metavar="DIR", help="also run the gpuledger variants on the source tree DIR")
+    ap.add_argument("--driver-us", type=float, default=0.0, metavar="US",
+                    help="CPU each scripted NVML query also spends, as a real driver's does (default 0)")  # fmt: skip
     ap.add_argument("--src", help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     ap.add_argument("--root", type=int, help=argparse.SUPPRESS)
