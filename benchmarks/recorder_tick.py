@@ -58,8 +58,6 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The tree measured: this one's src/, or a baseline's (--src, given to the child processes).
 _SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv[:-1] else None
-# CPU each scripted driver query also spends (--driver-us; read here like --src, for the child).
-DRIVER_US = float(sys.argv[sys.argv.index("--driver-us") + 1]) if "--driver-us" in sys.argv[:-1] else 0.0
 sys.path.insert(1, _SRC or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from _common import machine_line, median, p95, source_state, start_tree, stop_tree, version  # noqa: E402
@@ -202,7 +200,7 @@ def fake_gpus(n: int, seconds: int = 3600, seed: int = 7) -> list[Any]:
     return gpus
 
 
-def child_gpuledger(variant: str, root: int, meter: Meter, tmp: str) -> dict[str, Any]:
+def child_gpuledger(variant: str, root: int, meter: Meter, tmp: str, driver_us: float = 0.0) -> dict[str, Any]:
     from gpuledger.collect.fake_nvml import FakeNvml
     from gpuledger.collect.host import ProcessTreeCollector
     from gpuledger.collect.nvml import NvmlCollector
@@ -237,7 +235,7 @@ def child_gpuledger(variant: str, root: int, meter: Meter, tmp: str) -> dict[str
     gpu = None
     if variant == "gl-gpu8":
         fake = FakeNvml(fake_gpus(8), clock=time.time, start=time.time())
-        time_driver(fake, meter, DRIVER_US)
+        time_driver(fake, meter, driver_us)
         gpu = ReplayCollector(fake, NvmlCollector(nvml=fake, clock=time.time, source="replay"))
         gpu.read = meter.timed("gpu read", gpu.read)  # type: ignore[method-assign]
 
@@ -334,7 +332,7 @@ def child(args: argparse.Namespace) -> None:
         if args.child == "mlflow":
             info = child_mlflow(meter, tmp)
         else:
-            info = child_gpuledger(args.child, args.root, meter, tmp)
+            info = child_gpuledger(args.child, args.root, meter, tmp, args.driver_us)
     rows = meter.rows[args.warmup :]
     if profile is not None:
         stats = pstats.Stats(profile, stream=sys.stdout)
