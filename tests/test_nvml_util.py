@@ -92,3 +92,25 @@ def test_a_read_between_a_slow_products_samples_calls_no_busy_time_idle() -> Non
     after = r.read(T0 / 1e6 + 3.05, 3.0, 0.15)
     assert between is not None and between.idle_s == 0 and between.busy_s == 0
     assert after is not None and after.busy_s == pytest.approx(1.0)  # second 2-3, whole
+
+
+def test_a_shorter_spacing_seen_later_lowers_the_learned_period() -> None:
+    # The first busy spacing seen is a slow one (1 s); later the driver samples every 1/6 s. The
+    # period must come down (reads skip learning only when a batch cannot lower it), and the batch
+    # that lowers it is integrated with the lowered period: an isolated busy sample after an idle
+    # gap then covers ~1/6 s, not 1.1 s.
+    s = 1_000_000
+    t = T0 + s
+    fast = [(t + 2 * s + k * P_US, 100) for k in range(1, 7)]
+    lone = T0 + 10 * s
+    drv = Driver(batch((t, 100)), batch((t + s, 100)), batch(*fast), batch((lone, 100)))
+    r = reader(drv)
+    r.prime(t / 1e6, 0.0)
+    slow = r.read((t + s) / 1e6, 1.0, 1.0)
+    assert slow is not None and r.period.seconds == pytest.approx(1.1)
+    quick = r.read(fast[-1][0] / 1e6, 3.0, 2.0)
+    assert r.period.seconds == pytest.approx(1.1 * P_US / 1e6)
+    # Each fast sample covers one (lowered) period; the gap before them is idle.
+    assert quick is not None and quick.busy_s == pytest.approx(6 * P_US / 1e6, rel=0.1)
+    after = r.read(lone / 1e6, 9.0, 6.0)
+    assert after is not None and after.busy_s == pytest.approx(1.1 * P_US / 1e6, rel=0.01)

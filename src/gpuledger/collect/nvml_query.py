@@ -21,6 +21,7 @@ through the same rules, so one unsupported or failing field never hides the othe
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,9 @@ NOTHING_NEW: Any = object()  # a buffer query (with a timestamp cursor) that has
 # NVML_VALUE_TYPE_* -> the member of nvmlValue_t that holds the value (nvml.h, stable ABI)
 VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 MEMBER_OF = dict(enumerate(VALUE_MEMBERS))  # value type -> member
+# value type -> (fieldId, value) of one nvmlFieldValue_t; unknown types read ullVal
+_FIELD_OF = {vtype: operator.attrgetter("fieldId", f"value.{m}") for vtype, m in MEMBER_OF.items()}
+_FIELD_ULL = operator.attrgetter("fieldId", "value.ullVal")
 
 LOST_ERRORS = (
     "NVMLError_GpuIsLost",
@@ -72,7 +76,8 @@ class DeviceQueries:
 
     def start_read(self) -> None:
         self.answered, self.failed = False, 0
-        self.said = []
+        if self.said:  # almost always empty: no new list per device per read
+            self.said = []
 
     @property
     def all_failed(self) -> bool:
@@ -145,8 +150,7 @@ class Querier:
         for v in values:
             ret = v.nvmlReturn
             if ret == 0:
-                fid = v.fieldId
-                out[fid] = getattr(v.value, MEMBER_OF.get(v.valueType, "ullVal"))
+                fid, out[fid] = _FIELD_OF.get(v.valueType, _FIELD_ULL)(v)
                 if failures:
                     failures.pop(field_key(fid), None)
             elif ret in self._absent_codes:

@@ -133,12 +133,19 @@ class UtilReader:
         self._blind_until_us = None
         full = len(pairs) >= _FULL * self._depth
         self._depth = max(self._depth, len(pairs))
-        period = self.period
-        period.observe(pairs, self._last)
-        period_s = period.seconds
         start = self._accounted_us if self._accounted_us is not None else self.cursor_us or None
-        r = busy_from_samples(pairs, None if start is None else int(start), period_s,
-                              first_gap_unknown=stalled and full)  # fmt: skip
+        start = None if start is None else int(start)
+        period, last = self.period, self._last
+        period_s = period.seconds
+        r = busy_from_samples(pairs, start, period_s, first_gap_unknown=stalled and full)
+        # The period is learned from the same spacings; at steady state they cannot lower it, and
+        # the batch is integrated once. When they do, it is integrated again with the new period.
+        least = r.least_gap_us if last is None else min(r.least_gap_us, pairs[0][0] - last[0])
+        if period.could_learn(least):
+            period.observe(pairs, last)
+            if period.seconds != period_s:
+                period_s = period.seconds
+                r = busy_from_samples(pairs, start, period_s, first_gap_unknown=stalled and full)
         if stalled and full:
             self._note("buffer_overrun", "the utilisation sample buffer wrapped while the reader was stalled; "
                        "the lost span is measured by the instant reading")  # fmt: skip

@@ -52,6 +52,9 @@ class SampleBusy(NamedTuple):  # a NamedTuple: made for every GPU at every tick,
     unknown_s: float  # unsampled time where samples may be lost: not measured here
     max_pct: float | None  # the highest sample value (None: no sample)
     last_us: int | None  # timestamp of the newest sample (the next cursor); None: no sample
+    # The smallest spacing between consecutive samples of the batch that is at most one period
+    # (inf: none): whether SamplePeriod.observe could learn anything from the batch.
+    least_gap_us: float = math.inf
 
 
 def busy_from_samples(
@@ -91,6 +94,7 @@ def busy_from_samples(
     # covered time is summed once at the end, and values are used as they come (a batch with one
     # out of range, which real drivers rarely report, is done again clamped).
     inner_idle = 0.0
+    least = math.inf
     out_of_range = False
     for ts, pct in samples[1:]:
         gap = ts - prev
@@ -99,6 +103,8 @@ def busy_from_samples(
             busy += pct * period_us
         else:
             busy += pct * gap
+            if gap < least:
+                least = gap
         if pct > top:
             if gap > 0:  # a sample at the same instant covers nothing
                 top = pct
@@ -110,7 +116,7 @@ def busy_from_samples(
         return busy_from_samples(clamped, cursor_us, period_s, first_gap_unknown=first_gap_unknown)
     sampled = first_span + (prev - first_ts) - inner_idle
     return SampleBusy(busy / (100.0 * _US), sampled / _US, (idle + inner_idle) / _US, unknown / _US,
-                      float(top), int(prev))  # fmt: skip
+                      float(top), int(prev), least)  # fmt: skip
 
 
 class SamplePeriod:
@@ -138,6 +144,13 @@ class SamplePeriod:
     @property
     def learned(self) -> bool:
         return self._learned is not None
+
+    def could_learn(self, least_gap_us: float) -> bool:
+        """Whether ``observe`` could change the estimate from samples whose smallest spacing is
+        ``least_gap_us``: once learned, only a spacing shorter than the estimate can lower it.
+        Lets a reader skip ``observe`` at steady state (the spacings are in busy_from_samples's
+        answer already) with the same result as calling it."""
+        return self._learned is None or least_gap_us < self._learned / _JITTER * _US
 
     def observe(self, samples: Iterable[tuple[int, float]], previous: tuple[int, float] | None = None) -> None:
         """Learn from consecutive ``(timestamp_us, percent)`` samples (``previous``: the one before)."""
