@@ -710,3 +710,53 @@ def test_a_collector_dropped_without_close_gives_its_descriptors_back() -> None:
         del collector
     gc.collect()
     assert open_fds() == before
+
+
+def test_process_io_is_read_at_its_cadence_and_every_interval_keeps_its_own(backend: str) -> None:
+    # A writer that writes (and syncs) 2 MB when told, with two collectors on the same tree: one
+    # reading I/O counters every read, one every 4th read and at closes (as gpuledger run does).
+    # Between its I/O reads the second sees no new bytes, the next I/O read brings them all, and
+    # the intervals both store are the same.
+    code = (
+        "import os, sys\n"
+        "f = open(sys.argv[1], 'wb')\n"
+        "for line in sys.stdin:\n"
+        "    f.write(os.urandom(2_000_000)); f.flush(); os.fsync(f.fileno())\n"
+        "    print('ok', flush=True)\n"
+    )
+    exclude = frozenset(p.pid for p in psutil.Process().children())
+    every, sparse = (
+        ProcessTreeCollector(os.getpid(), exclude, include_root=False, backend=backend, io_every=n) for n in (1, 4)
+    )
+    target = os.path.join(os.environ.get("TMPDIR", "/var/tmp"), f"gpuledger-io-{os.getpid()}")
+    proc = subprocess.Popen([sys.executable, "-c", code, target], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert every.read(0.0) is None and sparse.read(0.0) is None
+        closes = {3, 7}
+        ticks: dict[int, list[HostTick]] = {1: [], 4: []}
+        for i in range(1, 11):
+            proc.stdin.write(b"w\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == b"ok\n"
+            for n, c in ((1, every), (4, sparse)):
+                tick = c.read(float(i), closes_interval=i in closes)
+                assert tick is not None
+                ticks[n].append(tick)
+        if sum(t.write_b for t in ticks[1]) == 0:
+            pytest.skip("the kernel reports no storage writes here (tmpfs, or no task I/O accounting)")
+        assert all(t.write_b >= 2_000_000 for t in ticks[1])  # every read saw that tick's write
+        # I/O read at the closes (3, 7) and every 4th read since the last I/O read (7 + 4 = 11: none).
+        assert [i for i, t in enumerate(ticks[4], start=1) if t.write_b] == [3, 7]
+        cuts = [(0, 3), (3, 7)]  # the two intervals closed: the same bytes whichever the cadence
+        for a, b in cuts:
+            assert sum(t.write_b for t in ticks[4][a:b]) == sum(t.write_b for t in ticks[1][a:b])
+        # CPU is still read at every read (the writer waits on its stdin while both read).
+        assert [t.cpu_s for t in ticks[4]] == pytest.approx([t.cpu_s for t in ticks[1]])
+    finally:
+        proc.stdin.close()
+        proc.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(target)
+        every.close()
+        sparse.close()

@@ -34,9 +34,10 @@ When a tracked process is gone (reaped)
     ``pid`` and for its tracked descendants that ended along a chain of ended processes. Live
     descendants were orphaned and are credited on their own; a descendant wrongly assumed inside
     (orphaned, then credited later) makes a dip that its own credit fills.
-    Known gaps: CPU and I/O between the last read and the end of a process reaped outside the tree
-    and never credited (only without a subreaper); children of a parent that ignores SIGCHLD (the
-    kernel folds nothing into it: lost); a process born and orphaned to init between two scans;
+    Known gaps: CPU and I/O between the last read (of I/O counters, for I/O) and the end of a
+    process reaped outside the tree and never credited (only without a subreaper); children of a
+    parent that ignores SIGCHLD (the kernel folds nothing into it: lost); a process born and
+    orphaned to init between two scans;
     shared pages count once per process in ``rss_b``; writes later cancelled by a truncate count;
     with the psutil reader, a pid reused between two reads (the /proc reader notices).
     A credit lands in the tick of the next ``read``: read once more after the last credit.
@@ -50,6 +51,14 @@ Host-wide counters (system.py: CPU split, iowait, memory, disk and network bytes
     moves no cursor (tree or host-wide), so the next read covers the time since the last good one; a
     part that cannot be read (None) leaves its delta absent on both sides of that read, never
     stretched over a longer span. The psutil fallback reads the same counters, with the same rule.
+
+Per-process I/O counters
+    Cumulative as well, so they follow the same cadence: read every ``io_every`` reads (default: as
+    often as the host-wide counters) and at every read with ``closes_interval``; in between, each
+    process keeps its last I/O figure, and the next reading brings the difference. Each interval's
+    I/O is still its own, and it is what is stored; only a process that ends reaped outside the
+    tree and uncredited loses more (Known gaps), which is why the node agent, which has no
+    wait4 credits, reads them every time.
 
 Cost (benchmarks/host_tick.py measures it in the real loop)
     Reading is procfs.py's (per process: a /proc fast path on Linux, psutil elsewhere or with
@@ -119,13 +128,16 @@ class ProcessTreeCollector:
         backend: str = "auto",
         system_every: int = 1,
         system: SystemReader | None = None,
+        io_every: int | None = None,
     ) -> None:
         self.root_pid = root_pid
         # The host-wide counters are cumulative, so reading them every few reads keeps their sums
         # exact while sparing most of their cost; a read that closes an interval reads them too
-        # (module doc: "Host-wide counters").
+        # (module doc: "Host-wide counters"). The processes' I/O counters likewise (None: as often).
         self._system_every = max(1, system_every)
         self._reads_since_sys = 0
+        self._io_every = self._system_every if io_every is None else max(1, io_every)
+        self._reads_since_io = 0
         self._exclude = set(exclude_pids) - {root_pid}  # the root is governed by include_root
         self._excluded: dict[int, float] = {}  # pid -> start of processes below an excluded one
         self._rescan_every = max(1, rescan_every)
@@ -166,7 +178,8 @@ class ProcessTreeCollector:
                 self._prime(now)
                 self._prev_t = now
                 return None
-            vanished = self._refresh()
+            io = closes_interval or self._reads_since_io + 1 >= self._io_every
+            vanished = self._refresh(io)
             self._settle(vanished)
             self._reads_since_scan += 1
             # An empty tree is scanned at every read: a command that started just after the
@@ -186,6 +199,7 @@ class ProcessTreeCollector:
                 **(self._system_since(system, now) if system is not None else {}),
             )  # fmt: skip
             self._prev_t, self._reaped_peak = now, 0
+            self._reads_since_io = 0 if io else self._reads_since_io + 1
             return tick
 
     def _system_due(self, closes_interval: bool) -> SysSample | None:
@@ -261,11 +275,12 @@ class ProcessTreeCollector:
         self._reads_since_scan = self._rescan_every - 1  # CMD usually starts right after: look again soon
         self._prev_sys, self._prev_sys_t = self._system.read(), now
 
-    def _refresh(self) -> list[_Tracked]:
+    def _refresh(self, io: bool) -> list[_Tracked]:
+        """Read every live process; ``io``: its I/O counters too (else 0, which ``_max`` leaves as last read)."""
         vanished: list[_Tracked] = []
         for rec in reversed(list(self._live.values())):  # children before parents (module doc)
             try:
-                s = self._reader.sample(rec.pid)
+                s = self._reader.sample(rec.pid, io)
             except Gone:
                 vanished.append(rec)
                 continue

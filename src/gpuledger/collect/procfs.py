@@ -1,7 +1,8 @@
 """Per-process readers for the host collector: one process's counters, and the processes below a root.
 
-``make_reader(backend)`` picks one of two readers with the same interface: ``sample(pid)`` (ppid,
-start time, ``Usage``, rss, threads; raises ``Gone`` or ``Unreadable``), ``scan(root, root_start)``
+``make_reader(backend)`` picks one of two readers with the same interface: ``sample(pid, io=True)``
+(ppid, start time, ``Usage``, rss, threads; raises ``Gone`` or ``Unreadable``; ``io=False`` skips
+the I/O counters), ``scan(root, root_start)``
 (the root's descendants, parents first), ``scan_born(since, upto)``, ``last_pid()``, ``forget(pid)``
 and ``close()``. What the figures mean and how they add up is host.py's business.
 
@@ -160,7 +161,8 @@ class ProcfsReader:
         self._page_b = os.sysconf("SC_PAGE_SIZE")
         self._files = OpenFiles()
 
-    def sample(self, pid: int) -> _Sample:
+    def sample(self, pid: int, io: bool = True) -> _Sample:
+        """``io=False``: the I/O counters are not read (0 in ``usage``; the caller keeps its last figure)."""
         try:
             f = _stat_fields(self._files.read(f"/proc/{pid}/stat"))
             # man 5 proc numbering minus 3: ppid 4, utime 14 .. cstime 17, threads 20, start 22, rss 24
@@ -170,7 +172,7 @@ class ProcfsReader:
             raise Gone from None
         except (OSError, ValueError, IndexError):
             raise Unreadable from None
-        read_b, write_b = self._io(pid)
+        read_b, write_b = self._io(pid) if io else (0, 0)
         return _Sample(ppid, start, Usage(cpu_s, read_b, write_b), rss_b, threads)
 
     def _io(self, pid: int) -> tuple[int, int]:
@@ -227,13 +229,13 @@ class PsutilReader:
     def __init__(self) -> None:
         self._procs: dict[int, psutil.Process] = {}  # keeps psutil's per-process caches warm
 
-    def sample(self, pid: int) -> _Sample:
+    def sample(self, pid: int, io: bool = True) -> _Sample:
         try:
             proc = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
             with proc.oneshot():
                 t = proc.cpu_times()
                 cpu_s = t.user + t.system + t.children_user + t.children_system
-                read_b, write_b = self._io(proc)
+                read_b, write_b = self._io(proc) if io else (0, 0)
                 return _Sample(
                     proc.ppid(), proc.create_time(), Usage(cpu_s, read_b, write_b),
                     proc.memory_info().rss, proc.num_threads(),

@@ -302,7 +302,11 @@ class NodeAgent:
         root = facts.pgid if leader is not None and not leader.exited else facts.pid
         backend = "auto" if self._procs.root == "/proc" else "psutil"
         try:
-            collector = ProcessTreeCollector(root, include_root=True, backend=backend, system_every=1_000_000)
+            # No host-wide counters (they are the node's, not the job's); I/O at every read: nothing
+            # credits a job's processes when they end, so the last reading is their final figure.
+            collector = ProcessTreeCollector(
+                root, include_root=True, backend=backend, system_every=1_000_000, io_every=1
+            )
         except Exception as exc:
             return None, None, f"no host figures: the process tree of pid {root} cannot be read ({exc})"
         return collector, "processes", why
