@@ -289,7 +289,10 @@ class ProcessTreeCollector:
             if s.start != rec.start:
                 vanished.append(rec)  # ended, pid reused: the newcomer is found by the scan
                 continue
-            rec.ppid, rec.last, rec.rss_b, rec.threads = s.ppid, _max(rec.last, s.usage), s.rss_b, s.threads
+            last, usage = rec.last, s.usage
+            if usage.cpu_s < last.cpu_s or usage.read_b < last.read_b or usage.write_b < last.write_b:
+                usage = _max(last, usage)  # never below a figure seen (I/O not read this time: 0)
+            rec.ppid, rec.last, rec.rss_b, rec.threads = s.ppid, usage, s.rss_b, s.threads
         for rec in vanished:
             del self._live[rec.pid]
             self._reader.forget(rec.pid)
