@@ -274,7 +274,7 @@ class NvmlCollector:
         if now <= t0:
             return None  # nothing elapsed: leave the cursors for the next read
         elapsed = max(0.0, mono - d.mono_last) or now - t0
-        tick = GpuTick(uuid=d.uuid, t0=t0, t1=now)
+        tick = GpuTick(d.uuid, t0, now)  # positional: made for every GPU at every read
         h = d.handle
         self._busy(d, tick, wall, mono, elapsed)
         self._energy(d, tick)
