@@ -99,7 +99,7 @@ class Recorder:
         self._on_interval = on_interval
         self._control = control
         self._on_message = on_message
-        self._wake_r, self._wake_w = os.pipe() if control is not None else (-1, -1)
+        self._wake_r = self._wake_w = -1  # a pipe while the thread runs: stop() wakes its wait
         self._lock = threading.Lock()
         self._pending = Pending()
         self._gpu_ticks: dict[str, list[GpuTick]] = {}
@@ -151,6 +151,7 @@ class Recorder:
     def start(self) -> None:
         self.tick()  # prime collector cursors at t0 so the first interval starts with CMD
         self._last_flush = self._clock()
+        self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._loop, name="gpuledger-recorder", daemon=True)
         self._thread.start()
 
@@ -173,6 +174,7 @@ class Recorder:
         if self._wake_r >= 0:
             os.close(self._wake_r)
             os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
 
     # -- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -197,18 +199,21 @@ class Recorder:
             self.flush()
 
     def _wait_until(self, deadline: float) -> bool:
-        """Sleep until ``deadline`` (monotonic), serving control messages; True when stopping."""
-        if self._control is None:
-            return self._stop.wait(max(0.0, deadline - time.monotonic()))
+        """Sleep until ``deadline`` (monotonic), serving control messages; True when stopping.
+
+        One select on the wake pipe (and the control socket): a third less CPU per wake-up than
+        ``Event.wait``, whose lock and waiter machinery run at every tick (BENCHMARKS.md).
+        """
+        watch = [self._wake_r] if self._control is None else [self._control, self._wake_r]
         while not self._stop.is_set():
             timeout = deadline - time.monotonic()
             if timeout <= 0:
                 return False
             try:
-                ready, _, _ = select.select([self._control, self._wake_r], [], [], timeout)
+                ready, _, _ = select.select(watch, [], [], timeout)
             except InterruptedError:
                 continue
-            if self._control in ready:
+            if self._control is not None and self._control in ready:
                 self._handle_messages()
         return True
 
