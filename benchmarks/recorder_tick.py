@@ -19,8 +19,9 @@ of one sample to the start of the next: the sample, the sleep, closing intervals
 the real loop. The process's CPU over the same span (getrusage RUSAGE_SELF; the main thread
 sleeps) is printed as a cross-check. The first --warmup samples of each process are not counted.
 Phases (host read, GPU read, merge, write; MLflow: collect, run-status check, publish) are timed
-with the same thread clock around those calls. --profile VARIANT runs one variant under cProfile
-(slower, not timed) and prints where the time goes.
+with the same thread clock around those calls; the cyclic garbage collector's passes in the sampler
+thread are timed too (gc.callbacks), by generation, inside whichever phase they struck. --profile
+VARIANT runs one variant under cProfile (slower, not timed) and prints where the time goes.
 
 --baseline DIR also runs the gpuledger variants on the source tree DIR (its src/, this script's
 harness), in turn with this tree's in every round, and prints the ratio round by round: the same
@@ -41,6 +42,7 @@ own work is only compared fairly with a driver cost; 0 (the default) leaves it o
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -93,6 +95,7 @@ class Meter:
         self._cur: dict[str, int] = defaultdict(int)
         self._last: tuple[int, float] | None = None
         self._depth: dict[str, int] = defaultdict(int)
+        self._gc_t0 = 0
 
     def mark(self) -> None:
         """Called at the start of every sample, in the sampler thread."""
@@ -111,6 +114,16 @@ class Meter:
                 self.profile.enable()  # profiles this thread only
         self._cur.clear()
         self._last = (time.thread_time_ns(), proc)  # after our own bookkeeping
+
+    def gc_event(self, phase: str, info: dict[str, Any]) -> None:
+        """gc.callbacks hook: the sampler thread's CPU in the collector's passes, by generation."""
+        if threading.get_ident() != self._ident:
+            return
+        if phase == "start":
+            self._gc_t0 = time.thread_time_ns()
+        elif self._gc_t0:
+            self._cur[f"gc gen {info.get('generation')}"] += time.thread_time_ns() - self._gc_t0
+            self._gc_t0 = 0
 
     def timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -328,6 +341,7 @@ def child(args: argparse.Namespace) -> None:
     # CPU time of this thread, not wall time: sleeping and waiting for a core must not count.
     profile = cProfile.Profile(time.thread_time) if args.profile else None
     meter = Meter(args.warmup + args.ticks, args.warmup, profile)
+    gc.callbacks.append(meter.gc_event)  # Python's cyclic collector, wherever it strikes
     with tempfile.TemporaryDirectory(prefix="gpl-bench-") as tmp:
         if args.child == "mlflow":
             info = child_mlflow(meter, tmp)
@@ -489,6 +503,9 @@ def report(results: dict[str, list[dict[str, Any]]], info: dict[str, dict[str, A
                 print(f"      {'of which gpuledger (the rest)':30} {own / len(rows) / 1e6:7.3f}")
         rest = total - sum(sum(r["phases"].get(k, 0) for r in rows) / len(rows) / 1e6 for k in top)
         print(f"    {'other (loop, wake-up, timers)':32} {rest:7.3f}")
+        for gen in range(3):  # inside the phases above: where a collection strikes, it is counted
+            if any(f"gc gen {gen}" in r["phases"] for r in rows):
+                print_phase(f"gc gen {gen}", rows, "    in any phase: ")
 
 
 def print_phase(name: str, rows: list[dict[str, Any]], indent: str) -> None:
