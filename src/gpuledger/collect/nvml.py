@@ -280,10 +280,8 @@ class NvmlCollector:
         self._energy(d, tick)
         self._memory(d, tick)
         tick.temp_c = self._temperature(d)
-        mhz = self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm)
-        tick.sm_clock_mhz = None if mhz is None else float(mhz)
-        mhz = self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem)
-        tick.mem_clock_mhz = None if mhz is None else float(mhz)
+        tick.sm_clock_mhz = _num(self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm))
+        tick.mem_clock_mhz = _num(self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem))
         tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed)
         if pids:
             self._processes(d, tick, pids)
@@ -389,13 +387,9 @@ class NvmlCollector:
         procs = self._gpu_processes(d)
         if procs is None:
             return
-        owner = self._owner or self._pid_owner()
+        owner = self._pid_owner()
         foreign = owner.foreign_ns
-        v = d.verdict  # the usual tick: the same processes as the last verdict, still good
-        if v is not None and v.procs == procs and v.pids == pids and owner.holds(v.until):
-            match = v.match
-        else:
-            match = self._match(d, owner, procs, pids)
+        match = self._match(d, owner, procs, pids)
         if foreign and procs:
             self._q.once(d.q, "pidns", _NOTE, "this run is in a PID namespace (a container): NVML lists GPU "
                          "processes by host pid, so the run's processes are found by verified pid or by the "
@@ -458,24 +452,11 @@ class NvmlCollector:
         The MPS and graphics lists are empty on almost every training node: while they stay empty
         they are asked every ``_RARE_LIST_TICKS``-th read only, then every read once one is not.
         """
+        seen: dict[int, int | None] = {}
+        known = False
         d.proc_reads += 1
         every = not d.proc_reads % _RARE_LIST_TICKS
-        if not every and not d.busy_lists:  # the usual read: the compute list alone
-            _, fn, fn_v2 = self._proc_fns[0]
-            procs = self._q.call(d.q, "procs", fn, d.handle)
-            if procs is None and "procs" in d.q.unsupported:
-                procs = self._q.call(d.q, "procs_v2", fn_v2, d.handle)
-            if procs is None:
-                return None
-            seen: dict[int, int | None] = {}
-            for p in procs:
-                pid = int(p.pid)
-                if pid not in seen:  # listed twice: the first entry, as below
-                    seen[pid] = _int(p.usedGpuMemory)
-            return seen
-        seen = {}
-        known = False
-        for key, fn, fn_v2 in self._proc_fns:
+        for key, fn, fn_v2 in self._proc_fns if every or d.busy_lists else self._proc_fns[:1]:
             if not every and key != "procs" and key not in d.busy_lists:
                 continue
             procs = self._q.call(d.q, key, fn, d.handle)
@@ -489,7 +470,8 @@ class NvmlCollector:
             for p in procs:
                 pid = int(p.pid)
                 if pid not in seen:  # a process may be in two lists
-                    seen[pid] = _int(p.usedGpuMemory)
+                    mem = p.usedGpuMemory
+                    seen[pid] = None if mem is None else int(mem)
         return seen if known else None
 
     def _pid_owner(self) -> PidOwner:
@@ -592,7 +574,3 @@ def _init_reason(nv: Any, exc: BaseException) -> str:
 
 def _num(value: Any) -> float | None:
     return None if value is None else float(value)
-
-
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
