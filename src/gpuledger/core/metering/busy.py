@@ -145,18 +145,21 @@ class SamplePeriod:
     def learned(self) -> bool:
         return self._learned is not None
 
+    def _useful_us(self) -> float:
+        """Spacings shorter than this can lower the estimate (it never grows); inf until learned."""
+        return math.inf if self._learned is None else self._learned / _JITTER * _US
+
     def could_learn(self, least_gap_us: float) -> bool:
         """Whether ``observe`` could change the estimate from samples whose smallest spacing is
-        ``least_gap_us``: once learned, only a spacing shorter than the estimate can lower it.
-        Lets a reader skip ``observe`` at steady state (the spacings are in busy_from_samples's
-        answer already) with the same result as calling it."""
-        return self._learned is None or least_gap_us < self._learned / _JITTER * _US
+        ``least_gap_us``. Lets a reader skip ``observe`` at steady state (the spacings are in
+        busy_from_samples's answer already) with the same result as calling it."""
+        return least_gap_us < self._useful_us()
 
     def observe(self, samples: Iterable[tuple[int, float]], previous: tuple[int, float] | None = None) -> None:
         """Learn from consecutive ``(timestamp_us, percent)`` samples (``previous``: the one before)."""
-        # Once learned, only a spacing short enough to lower the estimate is worth remembering
-        # (the estimate never grows): at steady state a read costs one comparison per sample.
-        useful_us = math.inf if self._learned is None else self._learned / _JITTER * _US
+        # Once learned, only a spacing short enough to lower the estimate is worth remembering:
+        # at steady state a read costs one comparison per sample.
+        useful_us = self._useful_us()
         it = iter(samples)
         if previous is None:
             previous = next(it, None)
