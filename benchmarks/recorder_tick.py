@@ -25,7 +25,9 @@ VARIANT runs one variant under cProfile (slower, not timed) and prints where the
 
 --baseline DIR also runs the gpuledger variants on the source tree DIR (its src/, this script's
 harness), in turn with this tree's in every round, and prints the ratio round by round: the same
-run, as a change's CPU cost must be compared on a noisy machine. For the GPU variant the baseline
+run, as a change's CPU cost must be compared on a noisy machine. With 4 rounds or more it also
+prints a 95 % bootstrap interval of the mean ratio (the rounds resampled, as the machine's noise
+moves whole rounds): a difference is shown only when the interval leaves 1. For the GPU variant the baseline
 needs this tree's scripted NVML, so both read the same answers::
 
     git worktree add /tmp/base 85532be
@@ -448,6 +450,27 @@ def main() -> None:
         stop_tree(tree)
 
 
+def ratio_interval(this: list[dict[str, Any]], base: list[dict[str, Any]], draws: int = 4000) -> tuple[float, float]:
+    """95 % bootstrap interval of the ratio of mean CPU per sample, this tree / baseline.
+
+    The machine's noise moves whole rounds (a slow neighbour, a busy minute), so the independent
+    units are the rounds: pairs of rounds are drawn with replacement, each draw's ratio of means
+    taken, and the 2.5th and 97.5th percentiles returned (seeded: the same input, the same answer).
+    """
+    totals = [
+        (sum(r["cpu_ns"] for r in t["rows"]), len(t["rows"]), sum(r["cpu_ns"] for r in b["rows"]), len(b["rows"]))
+        for t, b in zip(this, base, strict=True)
+    ]
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(draws):
+        pick = [totals[rng.randrange(len(totals))] for _ in totals]
+        t_ns, t_n, b_ns, b_n = (sum(column) for column in zip(*pick, strict=True))
+        ratios.append((t_ns / t_n) / (b_ns / b_n))
+    ratios.sort()
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
 def report(results: dict[str, list[dict[str, Any]]], info: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\nCPU per sample (ms), {args.rounds} rounds x {args.ticks} samples, {args.warmup} warm-up samples dropped")
     print(f"  {'':32} {'n':>4} {'median':>7} {'p95':>7} {'mean':>7} {'process':>8}")
@@ -473,6 +496,10 @@ def report(results: dict[str, list[dict[str, Any]]], info: dict[str, dict[str, A
             f"  mean {mean:5.3f}   median {med:5.3f}   per round (means) {', '.join(f'{x:.2f}' for x in paired)}; "
             f"median of rounds {median(paired):.3f}"
         )
+        if len(paired) >= 4:
+            low, high = ratio_interval(results[this], results[v])
+            verdict = "less" if high < 1 else "more" if low > 1 else "no difference shown"
+            print(f"  95 % interval of the mean ratio, rounds resampled: {low:.3f} to {high:.3f} ({verdict})")
 
     if "mlflow" in stats:
         print("\nRatio MLflow / gpuledger (same run)")
