@@ -27,8 +27,8 @@ VARIANT runs one variant under cProfile (slower, not timed) and prints where the
 harness), in turn with this tree's in every round, and prints the ratio round by round: the same
 run, as a change's CPU cost must be compared on a noisy machine. With 4 rounds or more it also
 prints a 95 % bootstrap interval of the mean ratio (the rounds resampled, as the machine's noise
-moves whole rounds): a difference is shown only when the interval leaves 1. For the GPU variant the baseline
-needs this tree's scripted NVML, so both read the same answers::
+moves whole rounds): a difference is shown only when the interval leaves 1. For the GPU variant
+the baseline needs this tree's scripted NVML, so both read the same answers::
 
     git worktree add /tmp/base 85532be
     cp src/gpuledger/collect/fake_nvml*.py /tmp/base/src/gpuledger/collect/
