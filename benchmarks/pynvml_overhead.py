@@ -81,8 +81,7 @@ def queries(nv: Any, h: Any) -> list[tuple[str, Callable[[], Any]]]:
 
 def scripted() -> tuple[Any, Any]:
     """(FakeNvml, handle of its first GPU): one of recorder_tick.py's A100s, 10 µs of its time a call."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-    from recorder_tick import fake_gpus
+    from recorder_tick import fake_gpus  # puts this tree's src/ on the path too
 
     from gpuledger.collect.fake_nvml import FakeNvml
 
@@ -98,7 +97,7 @@ def timed(call: Callable[[], Any], calls: int, repeat: int) -> float | str:
     try:
         call()
     except Exception as exc:  # an answer this function cannot take from a stub: say so, go on
-        return f"{type(exc).__name__}"
+        return type(exc).__name__
     return min(timeit.repeat(call, number=calls, repeat=repeat)) / calls * 1e6
 
 
