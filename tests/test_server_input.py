@@ -258,21 +258,29 @@ def test_secrets_are_redacted_by_the_server_too(ctx) -> None:  # type: ignore[no
     assert _post(client, t.agent_a, body).json()["created"] is False  # resent: redacted the same, no change
 
 
-def test_compact_rows_of_old_and_new_agents_are_both_stored(ctx) -> None:  # type: ignore[no-untyped-def]
-    # An agent that predates the coverage columns sends 20 columns; a current one 23. Both are
-    # stored, the old ones with the coverage left absent (not zero).
-    from gpuledger.core.wire import GPU_COLUMNS, GPU_COLUMNS_V1
+def test_compact_rows_of_old_and_new_agents_are_all_stored(ctx) -> None:  # type: ignore[no-untyped-def]
+    # An agent that predates the coverage columns sends 20 columns, one that predates the exact
+    # unmeasured time 23, a current one 24. All are stored, what an old agent did not send left
+    # absent (not zero): the readers then judge its unmeasured time by the interval's method.
+    from gpuledger.core.wire import GPU_COLUMNS, GPU_COLUMNS_V1, GPU_COLUMNS_V2
 
     client, tokens, url = ctx
     run = run_doc()
-    old, new = gpu_rows(2)
-    new |= {"util_idle_s": 1.5, "util_unknown_s": 0.25, "proc_method": "pidns"}
+    old, older, new = gpu_rows(3)
+    older |= {"util_idle_s": 1.5, "util_unknown_s": 0.25, "proc_method": "pidns", "util_method": "samples"}
+    new |= {"util_idle_s": 1.5, "util_unknown_s": 0.25, "proc_method": "pidns", "util_unmeasured_s": 0.125}
     body = batch(run, n=0) | {
-        "gpu_rows": [[old.get(c) for c in GPU_COLUMNS_V1], [new.get(c) for c in GPU_COLUMNS]],
-    }
+        "gpu_rows": [[old.get(c) for c in GPU_COLUMNS_V1], [older.get(c) for c in GPU_COLUMNS_V2],
+                     [new.get(c) for c in GPU_COLUMNS]],
+    }  # fmt: skip
     got = _post(client, tokens.agent_a, body)
     assert got.status_code == 200, got.text
+    from gpuledger.runs.view import summary
+
     with Ledger(url) as ledger:
         stored = {iv.seq: iv for iv in ledger.gpu_intervals(run["id"])}
+        shown = summary(ledger, ledger.get_run(run["id"]))["gpus"][0]
+    assert shown["unmeasured_seconds"] == pytest.approx(0.25 + 0.125)  # the 23-column row by its method
     assert (stored[0].util_idle_s, stored[0].util_unknown_s, stored[0].proc_method) == (None, None, None)
     assert (stored[1].util_idle_s, stored[1].util_unknown_s, stored[1].proc_method) == (1.5, 0.25, "pidns")
+    assert [stored[i].util_unmeasured_s for i in range(3)] == [None, None, 0.125]

@@ -95,6 +95,9 @@ class GpuInterval:
     util_max_pct: float | None = None
     util_idle_s: float | None = None
     util_unknown_s: float | None = None
+    # Of util_unknown_s, the time no instant reading measured either: neither busy nor idle.
+    # None on rows stored before it (busy.unmeasured_seconds then applies the per-interval rule).
+    util_unmeasured_s: float | None = None
     energy_j: float | None = None
     energy_method: str | None = None
     power_max_w: float | None = None

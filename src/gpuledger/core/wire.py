@@ -9,9 +9,13 @@ GPU_COLUMNS = (
     "proc_sm_util_avg_pct", "temp_max_c", "sm_clock_avg_mhz", "mem_clock_max_mhz", "throttle_s",
     # added later (migration 6): how busy time was covered, how the run's processes were found
     "util_idle_s", "util_unknown_s", "proc_method",
+    # added later (migration 12): the exact unmeasured time
+    "util_unmeasured_s",
 )  # fmt: skip
-# Agents older than the coverage columns send the first GPU_COLUMNS_V1 columns only.
+# Older agents send the first GPU_COLUMNS_V1 columns (before the coverage columns) or the first
+# GPU_COLUMNS_V2 (before util_unmeasured_s) only.
 GPU_COLUMNS_V1 = GPU_COLUMNS[:20]
+GPU_COLUMNS_V2 = GPU_COLUMNS[:23]
 HOST_COLUMNS = (
     "seq", "t0", "t1", "samples", "cpu_s", "rss_max_b", "read_b", "write_b", "threads_max", "procs_max",
     "sys_cpu_util_avg_pct", "iowait_s", "sys_mem_used_max_b", "disk_read_b", "disk_write_b", "net_rx_b", "net_tx_b",

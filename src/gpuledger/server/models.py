@@ -55,6 +55,7 @@ class GpuIntervalIn(TypedDict, total=False):
     util_max_pct: Pct | None
     util_idle_s: NonNeg | None
     util_unknown_s: NonNeg | None
+    util_unmeasured_s: NonNeg | None
     energy_j: NonNeg | None
     energy_method: Short | None
     power_max_w: Watts | None

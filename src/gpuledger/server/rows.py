@@ -41,15 +41,20 @@ _GpuRowV2 = tuple[
     Bytes | None, Bytes | None, Bytes | None, Bytes | None, Pct | None, Celsius | None, NonNeg | None, NonNeg | None,
     dict[Short, NonNeg] | None, NonNeg | None, NonNeg | None, Short | None,
 ]  # fmt: skip
+_GpuRowV3 = tuple[
+    Short, Seq, T, T, Count, NonNeg | None, Short | None, Pct | None, NonNeg | None, Short | None, Watts | None,
+    Bytes | None, Bytes | None, Bytes | None, Bytes | None, Pct | None, Celsius | None, NonNeg | None, NonNeg | None,
+    dict[Short, NonNeg] | None, NonNeg | None, NonNeg | None, Short | None, NonNeg | None,
+]  # fmt: skip
 
 
 def _full_width(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A row from an agent that predates the coverage columns, padded with "not measured"."""
+    """A row from an agent that predates the later columns, padded with "not measured"."""
     return row if len(row) == len(GPU_COLUMNS) else (*row, *(None,) * (len(GPU_COLUMNS) - len(row)))
 
 
-# Both widths are accepted (agents upgrade after the server); every row leaves validation full width.
-GpuRow = Annotated[_GpuRowV2 | _GpuRowV1, AfterValidator(_full_width)]
+# Every width is accepted (agents upgrade after the server); every row leaves validation full width.
+GpuRow = Annotated[_GpuRowV3 | _GpuRowV2 | _GpuRowV1, AfterValidator(_full_width)]
 HostRow = tuple[
     Seq, T, T, Count, NonNeg, Bytes, Bytes, Bytes, Count, Count, Pct | None, NonNeg | None, Bytes | None,
     Bytes | None, Bytes | None, Bytes | None, Bytes | None,

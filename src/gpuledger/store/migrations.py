@@ -166,6 +166,15 @@ def _add_coverage_columns(conn: Connection) -> None:
             conn.execute(sa.text(f"ALTER TABLE gpu_intervals ADD COLUMN {name} {sql_type}"))
 
 
+def _add_unmeasured_column(conn: Connection) -> None:
+    # Version 12: each GPU interval's exact unmeasured time. Rows stored before it stay NULL and
+    # are judged by the per-interval rule (store/queries.unmeasured_sql): no rewrite of a big table.
+    if "util_unmeasured_s" in {c["name"] for c in sa.inspect(conn).get_columns("gpu_intervals")}:
+        return
+    kind = "DOUBLE PRECISION" if conn.dialect.name == "postgresql" else "REAL"
+    conn.execute(sa.text(f"ALTER TABLE gpu_intervals ADD COLUMN util_unmeasured_s {kind}"))
+
+
 def _add_ownership(conn: Connection) -> None:
     # Version 7: signatures on audit rows, run_owners and gpu_owners (schema_audit.define is the
     # shape as version 7 created it). Each piece is skipped when there (a ledger rebuilt by hand).
@@ -312,6 +321,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         11, "add gpu_fleet_hosts.instance_type: a GPU is priced as each host it was on had it", _add_stay_instance_types
+    ),
+    Migration(
+        12,
+        "add gpu_intervals.util_unmeasured_s: the exact time no sample or instant reading measured",
+        _add_unmeasured_column,
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.model import DISCOVERED
+from gpuledger.core.model import DISCOVERED, UTIL_INSTANT
 from gpuledger.store.schema import gpu_intervals, host_intervals, run_labels, runs
 
 
@@ -64,6 +64,21 @@ def list_runs_query(
     return q
 
 
+def unmeasured_sql(g: Any) -> Any:
+    """Per GPU interval, ``core.metering.busy.unmeasured_seconds``: the stored exact figure, else
+    (rows stored before it) the unknown time capped at the span unless the interval's method
+    includes the instant reading (which measured it). NULL where the interval says nothing of
+    how its busy time was covered (no unknown time recorded either)."""
+    span = g.t1 - g.t0
+    lost = sa.and_(g.util_unknown_s > 0, sa.func.coalesce(g.util_method, "").not_like(f"%{UTIL_INSTANT}%"), span > 0)
+    legacy = sa.case(
+        (g.util_unknown_s.is_(None), sa.null()),
+        (lost, sa.case((g.util_unknown_s < span, g.util_unknown_s), else_=span)),
+        else_=0.0,
+    )
+    return sa.func.coalesce(g.util_unmeasured_s, legacy)
+
+
 def gpu_totals(conn: Connection, run_id: str) -> dict[str, dict[str, Any]]:
     g = gpu_intervals.c
     q = (
@@ -77,6 +92,7 @@ def gpu_totals(conn: Connection, run_id: str) -> dict[str, dict[str, Any]]:
             sa.func.count(g.busy_s).label("busy_count"),
             sa.func.sum(g.util_idle_s).label("util_idle_s"),
             sa.func.sum(g.util_unknown_s).label("util_unknown_s"),
+            sa.func.sum(unmeasured_sql(g)).label("util_unmeasured_s"),
             sa.func.sum(g.energy_j).label("energy_j"),
             sa.func.count(g.energy_j).label("energy_count"),
             sa.func.max(g.power_max_w).label("power_max_w"),

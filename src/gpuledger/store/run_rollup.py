@@ -87,7 +87,8 @@ def gpu_rollups(conn: Connection, run_id: str) -> tuple[list[GpuInterval], dict[
             GpuInterval(
                 device_uuid=uuid, seq=0, t0=t["t0"], t1=t["t1"], samples=t["samples"] or 0,
                 busy_s=t["busy_s"], util_method=x.get("util_method"), util_max_pct=t["util_max_pct"],
-                util_idle_s=t["util_idle_s"], util_unknown_s=t["util_unknown_s"], proc_method=x.get("proc_method"),
+                util_idle_s=t["util_idle_s"], util_unknown_s=t["util_unknown_s"],
+                util_unmeasured_s=t["util_unmeasured_s"], proc_method=x.get("proc_method"),
                 energy_j=t["energy_j"], energy_method=x.get("energy_method"), power_max_w=t["power_max_w"],
                 mem_used_max_b=t["mem_used_max_b"], mem_used_last_b=x.get("mem_used_last_b"),
                 mem_reserved_b=x.get("mem_reserved_b"), proc_mem_max_b=t["proc_mem_max_b"],

@@ -182,6 +182,7 @@ gpu_intervals = sa.Table(
     sa.Column("util_max_pct", Measured),
     sa.Column("util_idle_s", Measured),
     sa.Column("util_unknown_s", Measured),
+    sa.Column("util_unmeasured_s", Measured),  # migration 12
     sa.Column("energy_j", Measured),
     sa.Column("energy_method", sa.String),
     sa.Column("power_max_w", Measured),

@@ -21,8 +21,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.metering.intervals import merge_methods
-from gpuledger.core.metering.series import THROTTLE_REASONS, BucketInterval, GpuBucket, HostBucket, Plan
-from gpuledger.core.model import UTIL_INSTANT, HostInterval
+from gpuledger.core.metering.series import THROTTLE_REASONS, GpuBucket, HostBucket, Plan
+from gpuledger.core.model import GpuInterval, HostInterval
+from gpuledger.store.queries import unmeasured_sql
 from gpuledger.store.schema import devices, gpu_intervals, host_intervals
 
 if TYPE_CHECKING:
@@ -91,13 +92,6 @@ def _wmean(value: Any, span: Any) -> Any:
     return sa.func.coalesce(sa.func.sum(value * span) / sa.func.nullif(weight, 0), sa.func.avg(value))
 
 
-def _unmeasured(g: Any, span: Any) -> Any:
-    """Per interval, ``core.metering.busy.unmeasured_seconds``: the unknown time, capped at the span,
-    unless the interval's method includes the instant reading (which measured it)."""
-    lost = sa.and_(g.util_unknown_s > 0, sa.func.coalesce(g.util_method, "").not_like(f"%{UTIL_INSTANT}%"), span > 0)
-    return sa.case((lost, sa.case((g.util_unknown_s < span, g.util_unknown_s), else_=span)), else_=0.0)
-
-
 def _sum_int(col: Any) -> Any:
     return sa.cast(sa.func.sum(col), sa.BigInteger)  # PostgreSQL sums bigint into numeric
 
@@ -144,7 +138,7 @@ def _bucketed_device(ledger: Ledger, run_id: str, uuid: str, plan: Plan) -> list
             sa.func.avg(g.sm_clock_avg_mhz).label("clock_avg"),
             sa.func.min(g.sm_clock_avg_mhz).label("clock_min"),
             sa.func.count(sa.case((sa.cast(g.throttle_s, sa.Text) != "{}", 1))).label("throttled"),
-            sa.func.sum(_unmeasured(g, span)).label("unmeasured"),
+            sa.func.sum(unmeasured_sql(g)).label("unmeasured"),
         )
         .where(g.run_id == run_id, g.device_uuid == uuid)
         .group_by(key)
@@ -168,8 +162,8 @@ def _bucketed_device(ledger: Ledger, run_id: str, uuid: str, plan: Plan) -> list
     for r in rows:
         k = int(r["key"])
         t0, t1 = _edges(plan, k, ends)
-        merged = BucketInterval(
-            unmeasured_s=float(r["unmeasured"] or 0.0),
+        merged = GpuInterval(
+            util_unmeasured_s=float(r["unmeasured"] or 0.0),
             device_uuid=uuid,
             seq=k,
             t0=t0,

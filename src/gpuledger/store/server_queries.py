@@ -121,7 +121,7 @@ def interval_export_query(
     gpu_from = g.outerjoin(d, sa.and_(d.c.run_id == g.c.run_id, d.c.uuid == g.c.device_uuid))
     special = {
         "gpu": {"series": sa.literal("gpu", sa.String), "gpu_index": d.c["index"], "gpu_uuid": g.c.device_uuid,
-                "gpu_name": d.c.name},
+                "gpu_name": d.c.name, "util_unmeasured_s": queries.unmeasured_sql(g.c)},
         "host": {"series": sa.literal("host", sa.String)},
     }  # fmt: skip
     kinds = {c.name: c.type for c in (*g.c, *h.c)} | {

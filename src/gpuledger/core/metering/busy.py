@@ -191,8 +191,12 @@ class _Covered(Protocol):  # a GpuTick or a GpuInterval
 def unmeasured_seconds(part: _Covered) -> float:
     """The time of a tick or interval the driver's samples could not cover (``util_unknown_s``)
     when no instant reading measured it: not in busy_s, and not idle either: unmeasured
-    (docs/METERING.md). A report bucket (core/metering/series.py) carries its intervals' sum."""
-    exact = getattr(part, "unmeasured_s", None)
+    (docs/METERING.md).
+
+    An interval carries the exact sum of its ticks' (``util_unmeasured_s``): once ticks that did
+    and did not use the instant reading are merged, its method and unknown time can no longer
+    tell. A tick, or an interval stored before that column, is judged by its own method."""
+    exact = getattr(part, "util_unmeasured_s", None)
     if exact is not None:
         return exact
     unknown = part.util_unknown_s

@@ -27,6 +27,7 @@ from itertools import repeat
 from operator import attrgetter, is_not, itemgetter, mul, sub
 from typing import TypeVar
 
+from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.model import GpuInterval, GpuTick, HostInterval, HostTick
 
 __all__ = [
@@ -149,6 +150,7 @@ def _merge_gpu(
     if uuids.count(uuid) != len(uuids):
         raise ValueError(mixed)
     weights = list(map(sub, t1s, t0s))
+    unknown_s = _sum(unknown)
     return GpuInterval(
         device_uuid=uuid,
         seq=seq,
@@ -159,7 +161,8 @@ def _merge_gpu(
         util_method=merge_methods(util_method),
         util_max_pct=_max(util_max),
         util_idle_s=_sum(idle),
-        util_unknown_s=_sum(unknown),
+        util_unknown_s=unknown_s,
+        util_unmeasured_s=_unmeasured(parts, unknown_s),
         energy_j=_sum(energy),
         energy_method=merge_methods(energy_method),
         power_max_w=_max(power_max),
@@ -174,6 +177,16 @@ def _merge_gpu(
         mem_clock_max_mhz=_max(mem_clock),
         throttle_s=_sum_dicts(throttle),
     )
+
+
+def _unmeasured(parts: Sequence[GpuTick | GpuInterval], unknown_s: float | None) -> float | None:
+    """The parts' unmeasured time, summed part by part: once parts that did and did not use the
+    instant reading are merged, the merged method and unknown time can no longer tell it."""
+    if unknown_s is None:
+        return None  # no part says how its busy time was covered
+    if not unknown_s:
+        return 0.0  # the usual case: the samples covered every part
+    return math.fsum(map(unmeasured_seconds, parts))
 
 
 # -- host ---------------------------------------------------------------------------------------

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
-from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.metering.intervals import merge_gpu_intervals, merge_host_intervals
 from gpuledger.core.model import GpuInterval, HostInterval
 
@@ -35,23 +34,6 @@ THROTTLE_REASONS = (
     "hw_slowdown",
     "hw_power_brake",
 )
-
-
-@dataclass
-class BucketInterval(GpuInterval):
-    """A bucket's intervals merged, with the time of theirs that was unmeasured.
-
-    Each interval tells its unmeasured time by its own method and unknown time
-    (``busy.unmeasured_seconds``); once intervals that did and did not use the instant reading are
-    merged, the merged method and unknown time can no longer tell it, so the bucket carries the
-    exact sum. Never stored: a report object.
-    """
-
-    unmeasured_s: float = 0.0
-
-
-def bucket_interval(merged: GpuInterval, unmeasured_s: float) -> BucketInterval:
-    return BucketInterval(**{f.name: getattr(merged, f.name) for f in fields(GpuInterval)}, unmeasured_s=unmeasured_s)
 
 
 @dataclass
@@ -156,9 +138,7 @@ def bucket_gpu(intervals: Sequence[GpuInterval], plan_: Plan) -> dict[str, list[
             buckets.append(
                 GpuBucket(
                     key=key,
-                    merged=bucket_interval(
-                        merge_gpu_intervals(part, seq=key), math.fsum(unmeasured_seconds(i) for i in part)
-                    ),
+                    merged=merge_gpu_intervals(part, seq=key),
                     n=len(part),
                     covered_s=math.fsum(i.t1 - i.t0 for i in part),
                     util_min=_clip(_lo(utils)),

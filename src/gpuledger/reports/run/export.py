@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval
 
 if TYPE_CHECKING:
@@ -54,6 +55,12 @@ COLUMNS: tuple[Column, ...] = (
         "float",
         "s",
         "time the samples could not cover: measured by the instant reading, else unmeasured",
+    ),
+    Column(
+        "util_unmeasured_s",
+        "float",
+        "s",
+        "of util_unknown_s, the time no instant reading measured either: neither busy nor idle",
     ),
     Column("energy_j", "float", "J", "GPU energy (integral)"),
     Column("energy_method", "str", "", "'counter' (hardware counter) or 'power' (integrated)"),
@@ -90,6 +97,7 @@ _GPU_FIELDS = [
     "util_max_pct",
     "util_idle_s",
     "util_unknown_s",
+    "util_unmeasured_s",
     "energy_j",
     "energy_method",
     "power_max_w",
@@ -141,6 +149,8 @@ def interval_rows(
             gpu_name=dev.name if dev else None,
         )
         row.update({f: getattr(iv, f) for f in _GPU_FIELDS})
+        if iv.util_unmeasured_s is None and iv.util_unknown_s is not None:  # stored before the column
+            row["util_unmeasured_s"] = unmeasured_seconds(iv)
         row["throttle_s"] = json.dumps(iv.throttle_s, sort_keys=True) if iv.throttle_s is not None else None
         rows.append(row)
     for iv in host:
