@@ -137,7 +137,7 @@ def test_migration_11_gives_stored_stays_their_gpus_instance_type(ledger_url: st
     db = Database(ledger_url)
     try:  # back to what version 10 made: no instance type per stay
         db.write(lambda c: c.execute(sa.text("ALTER TABLE gpu_fleet_hosts DROP COLUMN instance_type")))
-        db.write(lambda c: c.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version == 11)))
+        db.write(lambda c: c.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version >= 11)))
     finally:
         db.close()
     with Ledger(ledger_url) as led:
