@@ -164,26 +164,24 @@ def test_intervals_stored_before_the_exact_column_are_judged_one_by_one(ledger_u
     assert g["unmeasured_seconds"] == pytest.approx(1.5 + 1.5)
 
 
-def test_the_export_carries_each_intervals_unmeasured_time_the_same_both_ways(ledger_url: str) -> None:
+@pytest.mark.parametrize(
+    ("exact", "expected"),
+    [
+        (True, [0, 0, 0, 0, 0, 0, 1.5, 1.5, 0.5, 0]),  # each interval's exact figure
+        (False, [0, 0, 0, 0, 0, 0, 1.5, 1.5, 0, 0]),  # stored before the column: its own method
+    ],
+)
+def test_the_export_carries_each_intervals_unmeasured_time_the_same_both_ways(
+    ledger_url: str, exact: bool, expected: list[float]
+) -> None:
     with Ledger(ledger_url) as led:
-        _run_with_mixed_intervals(led, exact=True)
+        _run_with_mixed_intervals(led, exact=exact)
         streamed = io.StringIO()
         write_csv(stream_rows(led, RUN), streamed)
         gathered = to_csv(interval_rows(RUN, led.devices(RUN), led.gpu_intervals(RUN), []))
     assert streamed.getvalue() == gathered
     rows = list(csv.DictReader(io.StringIO(gathered)))
-    assert [float(r["util_unmeasured_s"]) for r in rows] == pytest.approx([0, 0, 0, 0, 0, 0, 1.5, 1.5, 0.5, 0])
-
-
-def test_the_export_of_a_legacy_interval_applies_its_own_method(ledger_url: str) -> None:
-    with Ledger(ledger_url) as led:
-        _run_with_mixed_intervals(led, exact=False)
-        streamed = io.StringIO()
-        write_csv(stream_rows(led, RUN), streamed)
-        gathered = to_csv(interval_rows(RUN, led.devices(RUN), led.gpu_intervals(RUN), []))
-    assert streamed.getvalue() == gathered
-    rows = list(csv.DictReader(io.StringIO(gathered)))
-    assert [float(r["util_unmeasured_s"]) for r in rows] == pytest.approx([0, 0, 0, 0, 0, 0, 1.5, 1.5, 0, 0])
+    assert [float(r["util_unmeasured_s"]) for r in rows] == pytest.approx(expected)
 
 
 def test_migration_12_adds_the_column_and_keeps_older_rows_judged_by_their_method(ledger_url: str) -> None:
