@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from gpuledger.core.wire import GPU_COLUMNS, HOST_COLUMNS
+from gpuledger.core.wire import GPU_COLUMNS, GPU_COLUMNS_V1, GPU_COLUMNS_V2, HOST_COLUMNS
 from gpuledger.server.wire_types import (
     FUTURE_SKEW_S,
     MAX_INTERVAL_S,
@@ -31,21 +31,16 @@ from gpuledger.server.wire_types import (
     Watts,
 )
 
-_GpuRowV1 = tuple[
-    Short, Seq, T, T, Count, NonNeg | None, Short | None, Pct | None, NonNeg | None, Short | None, Watts | None,
-    Bytes | None, Bytes | None, Bytes | None, Bytes | None, Pct | None, Celsius | None, NonNeg | None, NonNeg | None,
-    dict[Short, NonNeg] | None,
-]  # fmt: skip
-_GpuRowV2 = tuple[
-    Short, Seq, T, T, Count, NonNeg | None, Short | None, Pct | None, NonNeg | None, Short | None, Watts | None,
-    Bytes | None, Bytes | None, Bytes | None, Bytes | None, Pct | None, Celsius | None, NonNeg | None, NonNeg | None,
-    dict[Short, NonNeg] | None, NonNeg | None, NonNeg | None, Short | None,
-]  # fmt: skip
-_GpuRowV3 = tuple[
+# The type of each GPU_COLUMNS entry, in order; an older agent's row is a prefix of it.
+_GPU_TYPES = (
     Short, Seq, T, T, Count, NonNeg | None, Short | None, Pct | None, NonNeg | None, Short | None, Watts | None,
     Bytes | None, Bytes | None, Bytes | None, Bytes | None, Pct | None, Celsius | None, NonNeg | None, NonNeg | None,
     dict[Short, NonNeg] | None, NonNeg | None, NonNeg | None, Short | None, NonNeg | None,
-]  # fmt: skip
+)  # fmt: skip
+assert len(_GPU_TYPES) == len(GPU_COLUMNS)
+_GpuRowV1 = tuple[_GPU_TYPES[: len(GPU_COLUMNS_V1)]]  # type: ignore[valid-type]
+_GpuRowV2 = tuple[_GPU_TYPES[: len(GPU_COLUMNS_V2)]]  # type: ignore[valid-type]
+_GpuRowV3 = tuple[_GPU_TYPES]  # type: ignore[valid-type]
 
 
 def _full_width(row: tuple[Any, ...]) -> tuple[Any, ...]:

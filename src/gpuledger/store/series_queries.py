@@ -7,9 +7,10 @@ Each aggregate costs about 60 ns per row, so only the fields the report uses are
 rest of ``merged`` stays None / 0 (GPU: samples, last values, memory clock, per-process SM share;
 host: samples, threads). Methods come from each device's first and last interval, and throttle
 reasons other than ``core.metering.series.THROTTLE_REASONS`` are not summed. The tests check the computed
-fields against the pure reference. Each GPU bucket carries its intervals' unmeasured time (the
-per-interval rule of ``core.metering.busy.unmeasured_seconds``), so a big run's report tells
-unmeasured time from idle time as ``gpuledger show`` does.
+fields against the pure reference. Each GPU bucket carries its intervals' unmeasured time (each
+interval's stored figure, or for rows stored before it the per-interval rule of
+``core.metering.busy.unmeasured_seconds``: ``store.queries.unmeasured_sql``), so a big run's report
+tells unmeasured time from idle time as ``gpuledger show`` does.
 """
 
 from __future__ import annotations
