@@ -1,6 +1,7 @@
 """Recorder CPU per sample, side by side with MLflow's system-metrics monitor (issue 2).
 
     python benchmarks/recorder_tick.py [--ticks 30] [--rounds 2] [--quick] [--profile VARIANT] [--driver-us US]
+                                     [--baseline DIR [--together]]
 
 Variants, each in a fresh process of its own whose main thread only waits, run in turn
 (A B C, then B C A, ...) while one shared tree of 8 busy-ish processes runs on the machine:
@@ -33,6 +34,13 @@ the baseline needs this tree's scripted NVML, so both read the same answers::
     git worktree add /tmp/base 85532be
     cp src/gpuledger/collect/fake_nvml*.py /tmp/base/src/gpuledger/collect/
     python benchmarks/recorder_tick.py --variants gl-gpu8 --baseline /tmp/base --rounds 6
+
+--together runs a round's variants at the same time instead of in turn, each started half a tick
+after the one before (so no two sample at the same instant). Run in turn, each variant meets a
+different minute of the machine, and on a shared VM whole minutes run 1.5x slower than others; run
+together, they meet the same ones, so the round-to-round spread of the ratio shrinks and a smaller
+difference can be told from noise. The variants then share the machine with one another (as two
+collectors on one node would), alike for all of them.
 
 --driver-us US makes each scripted NVML query also spend US microseconds of the thread's CPU, as a
 query into a real driver does (an ioctl and the driver's work; public figures run from about 22 µs
@@ -79,6 +87,7 @@ GL_SUBPHASES = {  # part of
     "run check": "write",
 }
 MLFLOW_PHASES = ("collect", "status check", "publish")
+STAGGER_S = 0.5  # --together: half of the recorder's 1 s tick between one variant's start and the next
 
 
 # -- measuring inside a child process ----------------------------------------------------------
@@ -366,9 +375,10 @@ def child(args: argparse.Namespace) -> None:
 # -- the orchestrating process ----------------------------------------------------------------
 
 
-def run_child(
+def start_child(
     variant: str, root: int, args: argparse.Namespace, profile: bool = False, src: str | None = None
-) -> dict[str, Any]:
+) -> tuple[subprocess.Popen[bytes], str]:
+    """One variant's child process, started; ``finish_child`` waits for it and reads its figures."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = fh.name
     cmd = [
@@ -376,12 +386,39 @@ def run_child(
         "--ticks", str(args.ticks), "--warmup", str(args.warmup),
     ] + (["--profile", variant] if profile else []) + (["--src", src] if src else []) + (
         ["--driver-us", str(args.driver_us)] if args.driver_us else [])  # fmt: skip
+    return subprocess.Popen(cmd), out
+
+
+def finish_child(proc: subprocess.Popen[bytes], out: str) -> dict[str, Any]:
     try:
-        subprocess.run(cmd, check=True)
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args)
         with open(out) as fh:
             return json.load(fh)
     finally:
         os.unlink(out)
+
+
+def run_child(
+    variant: str, root: int, args: argparse.Namespace, profile: bool = False, src: str | None = None
+) -> dict[str, Any]:
+    return finish_child(*start_child(variant, root, args, profile, src))
+
+
+def run_round(
+    order: list[str], src: dict[str, str | None], root: int, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """One round's figures, in ``order``: the variants one after the other, or with ``--together``
+    all at once, each started half a tick after the one before, so that no two sample at the same
+    instant while the machine's slow and fast minutes fall on all of them alike."""
+    if not args.together:
+        return [run_child(v.removesuffix("@base"), root, args, src=src[v]) for v in order]
+    started = []
+    for i, v in enumerate(order):
+        if i:
+            time.sleep(STAGGER_S)
+        started.append(start_child(v.removesuffix("@base"), root, args, src=src[v]))
+    return [finish_child(proc, out) for proc, out in started]
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -403,6 +440,8 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="DIR", help="also run the gpuledger variants on the source tree DIR")
     ap.add_argument("--driver-us", type=float, default=0.0, metavar="US",
                     help="CPU each scripted NVML query also spends, as a real driver's does (default 0)")  # fmt: skip
+    ap.add_argument("--together", action="store_true",
+                    help="run each round's variants at the same time (half a tick apart), not in turn")  # fmt: skip
     ap.add_argument("--src", help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     ap.add_argument("--root", type=int, help=argparse.SUPPRESS)
@@ -436,9 +475,8 @@ def main() -> None:
         info: dict[str, dict[str, Any]] = {}
         for r in range(args.rounds):
             order = variants[r % len(variants) :] + variants[: r % len(variants)]
-            for v in order:
-                t0 = time.monotonic()
-                res = run_child(v.removesuffix("@base"), tree.pid, args, src=src[v])
+            t0 = time.monotonic()
+            for v, res in zip(order, run_round(order, src, tree.pid, args), strict=True):
                 s = summarise(res["rows"])
                 print(
                     f"  round {r + 1}: {VARIANTS[v]:32} mean {s['mean']:6.2f} ms/sample ({time.monotonic() - t0:.0f} s)"
