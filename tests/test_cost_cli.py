@@ -142,3 +142,20 @@ def test_rollup_command(tmp_path: Path) -> None:
     out = _run(report_group, ["rollup", "--db", str(db)])
     assert out.exit_code == 0 and "rolled up 8 runs" in out.output
     assert "rolled up 0 runs" in _run(report_group, ["rollup", "--db", str(db)]).output
+
+
+def test_cost_table_says_n_a_for_what_was_not_measured(tmp_path: Path) -> None:
+    """A run without GPUs has no utilisation: the table says n/a (README's number policy), not a dash or 0."""
+    import subprocess
+    import sys
+
+    db = f"sqlite:///{tmp_path / 'ledger.db'}"
+    cmd = [sys.executable, "-m", "gpuledger", "run", "--db", db, "--no-gpu", "-q", "--", sys.executable, "-c", "pass"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    out = _run(cost_cmd, ["--db", db])
+    assert out.exit_code == 0, out.output
+    run_line = next(line for line in out.output.splitlines() if line.strip()[:8].isalnum() and "RUN_ID" not in line)
+    header = next(line for line in out.output.splitlines() if "RUN_ID" in line)
+    end = header.index("UTIL") + len("UTIL")  # numbers are right-aligned under their header
+    assert run_line[:end].split()[-1] == "n/a", out.output
+    assert "—" not in out.output

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuledger.core.capacity.columns import COLUMNS
 from gpuledger.core.capacity.report import CapacityReport
-from gpuledger.core.units import fmt_money, fmt_number, fmt_pct
+from gpuledger.core.units import NA, fmt_money, fmt_number, fmt_pct
 
 __all__ = [
     "capacity_csv",
@@ -88,7 +88,7 @@ def to_json(data: Any) -> str:
 
 def _cell(column: str, value: Any) -> str:
     if value is None:
-        return "—"
+        return NA
     if column in _MONEY:
         return fmt_money(value)
     if column in _RATIO:

@@ -16,7 +16,7 @@ from typing import Any
 from gpuledger.core.chargeback.columns import COLUMNS, group_columns
 from gpuledger.core.chargeback.report import Chargeback
 from gpuledger.core.ids import short_id
-from gpuledger.core.units import fmt_count, fmt_money, fmt_number, fmt_pct
+from gpuledger.core.units import NA, fmt_count, fmt_money, fmt_number, fmt_pct
 
 __all__ = ["SECTIONS", "chargeback_csv", "chargeback_markdown", "chargeback_text", "cost_csv", "cost_text", "to_json"]
 
@@ -106,7 +106,7 @@ def _cell(column: str, value: Any) -> str:
     """One cell for people (core/units.py): money in cents, shares in percent, quantities with
     three significant digits; machine formats keep the exact values."""
     if value is None:
-        return "—"
+        return NA
     if column in _MONEY_COLUMNS or _MONTH.fullmatch(column):
         return fmt_money(value)
     if column in ("mean_utilization", "share", "idle_share", "change"):

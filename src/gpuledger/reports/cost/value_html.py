@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuledger.core.chargeback.anomaly_causes import METRIC_NAMES
 from gpuledger.core.chargeback.value_trends import week_label
-from gpuledger.core.units import fmt_number, fmt_pct
+from gpuledger.core.units import NA, fmt_number, fmt_pct
 from gpuledger.reports.cost.value_trends import ValueTrends
 
 __all__ = ["value_sections"]
@@ -59,14 +59,14 @@ def _esc(value: Any) -> str:
 def _money(value: Any) -> str:
     """Money for people: cents from 1 up, four places below (a cost per mAP point of 0.1715)."""
     if value is None:
-        return "—"
+        return NA
     d = Decimal(value)
     return f"{d:,.2f}" if abs(d) >= 1 else f"{d:.4f}"
 
 
 def _cell(column: str, value: Any) -> str:
     if value is None:
-        return "—"
+        return NA
     if column in ("cost", "idle_cost") or column.startswith("cost_per_") or _WEEK.fullmatch(column):
         return _money(value)
     if column == "busy_share":
