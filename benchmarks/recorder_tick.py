@@ -17,8 +17,11 @@ Variants, each in a fresh process of its own whose main thread only waits, run i
 
 CPU per sample is the sampler thread's own CPU clock (CLOCK_THREAD_CPUTIME_ID) from the start
 of one sample to the start of the next: the sample, the sleep, closing intervals and writing, all in
-the real loop. The process's CPU over the same span (getrusage RUSAGE_SELF; the main thread
-sleeps) is printed as a cross-check. The first --warmup samples of each process are not counted.
+the real loop. Where the recorder writes in a thread of its own (gpuledger since 2026-12-03, so a
+slow ledger never delays a reading), that thread's CPU clock over the same span is added: the
+figure is all of the recorder's work, in whichever thread. The process's CPU over the same span
+(getrusage RUSAGE_SELF; the main thread sleeps) is printed as a cross-check. The first --warmup
+samples of each process are not counted.
 Phases (host read, GPU read, merge, write; MLflow: collect, run-status check, publish) are timed
 with the same thread clock around those calls; the cyclic garbage collector's passes in the sampler
 thread are timed too (gc.callbacks), by generation, inside whichever phase they struck. --profile
@@ -94,7 +97,9 @@ STAGGER_S = 0.5  # --together: half of the recorder's 1 s tick between one varia
 
 
 class Meter:
-    """Per-sample CPU of one sampler thread, split into named phases."""
+    """Per-sample CPU of one sampler thread, split into named phases, plus the CPU of the threads
+    it hands work to (``watch``: gpuledger's writer), so all of a recorder's work is counted
+    whichever thread does it."""
 
     def __init__(self, samples: int, warmup: int = 0, profile: Any = None) -> None:
         self.wanted = samples + 1  # n samples are the spans between n + 1 sample starts
@@ -107,6 +112,25 @@ class Meter:
         self._last: tuple[int, float] | None = None
         self._depth: dict[str, int] = defaultdict(int)
         self._gc_t0 = 0
+        self._watched: dict[int, int] = {}  # thread ident -> its CPU clock id
+        self._watched_ns: dict[int, int] = {}  # thread ident -> its CPU at the last mark
+
+    def watch(self, thread: threading.Thread) -> None:
+        """Count ``thread``'s CPU in every sample from now on, and time phases that run in it."""
+        assert thread.ident is not None
+        self._watched[thread.ident] = time.pthread_getcpuclockid(thread.ident)
+
+    def _watched_delta(self) -> int:
+        """CPU the watched threads spent since the previous mark (a thread's first mark: 0)."""
+        delta = 0
+        for ident, clock in list(self._watched.items()):
+            try:
+                now = time.clock_gettime_ns(clock)
+            except OSError:  # the thread ended (at stop, after the counted samples)
+                continue
+            delta += now - self._watched_ns.get(ident, now)
+            self._watched_ns[ident] = now
+        return delta
 
     def mark(self) -> None:
         """Called at the start of every sample, in the sampler thread."""
@@ -114,9 +138,10 @@ class Meter:
         now = time.thread_time_ns()
         ru = resource.getrusage(resource.RUSAGE_SELF)
         proc = ru.ru_utime + ru.ru_stime
+        others = self._watched_delta()
         if self._last is not None and not self.done.is_set():
             t0, p0 = self._last
-            self.rows.append({"cpu_ns": now - t0, "proc_s": proc - p0, "phases": dict(self._cur)})
+            self.rows.append({"cpu_ns": now - t0 + others, "proc_s": proc - p0, "phases": dict(self._cur)})
             if len(self.rows) + 1 >= self.wanted:
                 if self.profile is not None:
                     self.profile.disable()
@@ -138,7 +163,8 @@ class Meter:
 
     def timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != self._ident:
+            ident = threading.get_ident()
+            if ident != self._ident and ident not in self._watched:
                 return fn(*args, **kwargs)  # priming and the final flush run in the main thread
             t0 = time.thread_time_ns()
             try:
@@ -276,6 +302,9 @@ def child_gpuledger(variant: str, root: int, meter: Meter, tmp: str, driver_us: 
 
     rec = TimedRecorder(sink, host=host, gpu=gpu, interval_s=5.0)
     rec.start()
+    writer = getattr(rec, "_writer", None)  # where the recorder writes in a thread of its own
+    if writer is not None:
+        meter.watch(writer)
     meter.done.wait()
     rec.stop()
     n_gpu = len(ledger.gpu_intervals(run.id))

@@ -287,3 +287,58 @@ def test_any_mix_of_ticks_cuts_and_failures_keeps_every_host_figure_in_its_inter
     assert_exact_host_intervals(host, system, start)
     assert all(iv.t1 - iv.t0 >= SLIVER_S for iv in host[:-1])  # only the last, closed at stop, may be shorter
     assert math.fsum(iv.cpu_s for iv in host) == pytest.approx(rec._host.totals().cpu_s)
+
+
+class BlockedSink:
+    """A ledger that does not answer (a locked SQLite file, a hung server) until released."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.batches: list[tuple] = []
+
+    def __call__(self, gpu, host, events, metrics) -> None:
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the ledger"
+        self.batches.append((list(gpu), list(host), list(events), list(metrics)))
+
+
+class CountingHost(ScriptedHost):
+    def __init__(self, clock) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(clock)
+        self.reads: list[float] = []
+
+    def read(self, now: float, closes_interval: bool = False) -> HostTick | None:
+        self.reads.append(now)
+        return super().read(now, closes_interval)
+
+
+def test_a_ledger_that_does_not_answer_never_delays_a_reading_and_loses_nothing() -> None:
+    """Readings keep their cadence while the ledger hangs, the final one is taken at stop (where the
+    run ends), and every interval is written once the ledger answers."""
+    import threading
+    import time
+
+    host = CountingHost(Clock())
+    sink = BlockedSink()
+    rec = Recorder(sink, host=host, interval_s=0.5, clock=time.time)  # a tick every 0.5 s
+    rec.start()
+    assert sink.entered.wait(10)  # the writer is stuck creating the run
+    time.sleep(2.0)
+    during = len(host.reads)
+    assert during >= 4, f"only {during} readings in 2 s of a hung ledger"
+    stopping = threading.Thread(target=rec.stop)
+    stop_at = time.time()
+    stopping.start()
+    time.sleep(0.5)
+    assert rec.last_reading_t is not None and rec.last_reading_t - stop_at < 0.4  # taken at stop, not later
+    final = rec.last_reading_t
+    sink.release.set()
+    stopping.join(10)
+    assert not stopping.is_alive()
+    host_intervals = [h for batch in sink.batches for h in batch[1]]
+    assert [h.seq for h in host_intervals] == list(range(len(host_intervals)))  # none lost, in order
+    assert host_intervals[-1].t1 == final
+    assert sum(h.samples for h in host_intervals) == len(host.reads) - 1  # every reading but the priming one

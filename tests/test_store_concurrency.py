@@ -76,3 +76,34 @@ def test_locked_sqlite_raises_ledger_locked_then_recovers(tmp_path: Path) -> Non
             holder.close()
         led.append(rid, [full_gpu("GPU-a", 0)])  # the caller's retry lands
         assert len(led.gpu_intervals(rid)) == 1
+
+
+def test_a_run_recorded_while_another_process_holds_the_ledger_ends_when_its_command_does(tmp_path: Path) -> None:
+    """`gpuledger run` into a SQLite file another process holds locked for 6 s: the 1 s command's
+    run is 1 s long (not the lock's 6 s: the wall time and allocated hours are the command's),
+    and nothing is lost once the lock is let go."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    path = tmp_path / "ledger.db"
+    Ledger(path).close()  # the schema exists; the holder then takes the write lock
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(6.0, lambda: (holder.execute("ROLLBACK"), holder.close()))
+    release.start()
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "gpuledger", "run", "--db", f"sqlite:///{path}", "--no-gpu", "-q", "--interval", "0.5",
+           "--", sys.executable, "-c", "import time; time.sleep(1)"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    release.join()
+    assert done.returncode == 0, done.stderr
+    assert time.time() - t0 >= 5.5  # it did wait for the lock to write
+    with Ledger(path) as led:
+        (run,) = led.list_runs()
+        host = led.host_intervals(run.id)
+    assert run.status == "succeeded"
+    assert 1.0 <= run.ended_at - run.started_at < 2.5, (run.started_at, run.ended_at)
+    assert host and host[-1].t1 == run.ended_at  # the final reading ends the run
+    assert [h.seq for h in host] == list(range(len(host)))

@@ -1,8 +1,12 @@
 """The recorder: sample collectors every tick, close intervals, flush them to the ledger.
 
-It runs in one background thread and is built so that nothing it does can hurt the training:
+It runs in two background threads and is built so that nothing it does can hurt the training:
 every collector or ledger failure becomes a run event plus one line on stderr, and data that
-could not be written stays buffered and is retried at the next flush.
+could not be written stays buffered and is retried at the next flush. One thread takes the
+readings, the other writes: a ledger that is slow or locked (a busy SQLite file, a PostgreSQL
+server that hangs) never delays a reading, so ticks keep their cadence, the sample buffers are read
+before they wrap, and the final reading is taken when the command ends, not when the ledger
+answers.
 
 Intervals end at a reading: a regular close (every ``interval_s``), an epoch cut (``cut``) or the
 end (``stop``). The host collector is told which readings end an interval and reads its host-wide
@@ -117,6 +121,8 @@ class Recorder:
         self._repeats: dict[tuple[str, str], tuple[float | None, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._flush_due = threading.Event()  # the sampler asks the writer for a flush
+        self._writer: threading.Thread | None = None
         self.last_flush_ok: float | None = None
 
     # -- public, thread-safe --------------------------------------------------------------
@@ -152,6 +158,8 @@ class Recorder:
         self.tick()  # prime collector cursors at t0 so the first interval starts with CMD
         self._last_flush = self._clock()
         self._wake_r, self._wake_w = os.pipe()
+        self._writer = threading.Thread(target=self._write_loop, name="gpuledger-writer", daemon=True)
+        self._writer.start()
         self._thread = threading.Thread(target=self._loop, name="gpuledger-recorder", daemon=True)
         self._thread.start()
 
@@ -161,7 +169,7 @@ class Recorder:
         if self._wake_w >= 0:
             os.write(self._wake_w, b"x")
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join()  # prompt: the sampler never waits on the ledger
         if self._control is not None:
             self._handle_messages()  # whatever CMD said just before it ended
         self._close_requested = True
@@ -170,6 +178,9 @@ class Recorder:
         for (kind, message), (_, repeats) in self._repeats.items():
             if repeats:
                 self.event(kind, message, repeats=repeats)
+        if self._writer is not None:
+            self._flush_due.set()  # the writer ends after the write it may be in
+            self._writer.join()
         self.flush()
         if self._wake_r >= 0:
             os.close(self._wake_r)
@@ -178,7 +189,6 @@ class Recorder:
 
     # -- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:
-        self.flush(force=True)  # creates the run in the ledger off the main thread
         # The first reading comes early, so a short command's peak memory is seen at all.
         next_tick = time.monotonic() + min(self.tick_s, FIRST_TICK_S)
         while not self._wait_until(next_tick):
@@ -191,12 +201,34 @@ class Recorder:
                 self.problem("sampler_error", f"sampling failed: {exc!r}")
 
     def step(self) -> None:
-        """One turn of the loop: a reading, the interval closed when due, a flush when due."""
+        """One turn of the loop: a reading, the interval closed when due, a flush when due (by the
+        writer thread once started, else here)."""
         self.tick()
         if self._closes:
             self._close_interval()
         if self._clock() - self._last_flush >= self._flush_every_s - 1e-6:
-            self.flush()
+            if self._writer is None:
+                self.flush()
+            else:
+                self._last_flush = self._clock()  # asked once, not at every tick of a long write
+                self._flush_due.set()
+
+    def _write_loop(self) -> None:
+        """The writer thread: creates the run in the ledger (off the main thread), then writes
+        whenever the sampler says a flush is due, until ``stop``, which writes the rest itself."""
+        self._flush_once(force=True)
+        while True:
+            self._flush_due.wait()
+            self._flush_due.clear()
+            if self._stop.is_set():
+                return
+            self._flush_once()
+
+    def _flush_once(self, force: bool = False) -> None:
+        try:
+            self.flush(force=force)
+        except Exception as exc:  # a bug, not the ledger (flush keeps those): the writer goes on
+            self.problem("sampler_error", f"writing failed: {exc!r}")
 
     def _wait_until(self, deadline: float) -> bool:
         """Sleep until ``deadline`` (monotonic), serving control messages; True when stopping.
@@ -348,3 +380,8 @@ class Recorder:
     @property
     def pending(self) -> Pending:
         return self._pending
+
+    @property
+    def last_reading_t(self) -> float | None:
+        """When the latest reading was taken (after ``stop``: the final one, where the run ends)."""
+        return self._last_read_t or None

@@ -256,13 +256,15 @@ class Session:
         integration reported them) and may return a better status reason.
         """
         self.recorder.stop()
+        # The run ends at the final reading, taken as the command ended: not after the log is read
+        # below or after a slow ledger answered (the wall time and the allocated GPU-hours).
+        ended = self.recorder.last_reading_t or self._clock()
         self.alerts.close()
         if explain is not None:
             try:
                 reason = explain(self, log or b"", status, exit_code, signal) or reason
             except Exception as exc:
                 stderr_line(f"gpuledger: could not read the run's log: {exc!r}")
-        ended = self._clock()
         run = self.run
         run.status, run.ended_at, run.exit_code, run.signal = status, ended, exit_code, signal
         run.status_reason = reason
