@@ -6,6 +6,8 @@ import csv
 import io
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,9 +148,6 @@ def test_rollup_command(tmp_path: Path) -> None:
 
 def test_cost_table_says_n_a_for_what_was_not_measured(tmp_path: Path) -> None:
     """A run without GPUs has no utilisation: the table says n/a (README's number policy), not a dash or 0."""
-    import subprocess
-    import sys
-
     db = f"sqlite:///{tmp_path / 'ledger.db'}"
     cmd = [sys.executable, "-m", "gpuledger", "run", "--db", db, "--no-gpu", "-q", "--", sys.executable, "-c", "pass"]
     subprocess.run(cmd, check=True, capture_output=True)

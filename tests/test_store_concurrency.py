@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sqlite3
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -82,11 +86,6 @@ def test_a_run_recorded_while_another_process_holds_the_ledger_ends_when_its_com
     """`gpuledger run` into a SQLite file another process holds locked for 6 s: the 1 s command's
     run is 1 s long (not the lock's 6 s: the wall time and allocated hours are the command's),
     and nothing is lost once the lock is let go."""
-    import subprocess
-    import sys
-    import threading
-    import time
-
     path = tmp_path / "ledger.db"
     Ledger(path).close()  # the schema exists; the holder then takes the write lock
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
