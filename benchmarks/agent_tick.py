@@ -77,10 +77,10 @@ class TimedGpu:
     def devices(self):  # type: ignore[no-untyped-def]
         return self.inner.devices()
 
-    def read(self, pids, now):  # type: ignore[no-untyped-def]
+    def read(self, pids, now, closes_interval=True):  # type: ignore[no-untyped-def]
         t0 = time.thread_time()
         try:
-            return self.inner.read(pids, now)
+            return self.inner.read(pids, now, closes_interval)
         finally:
             self.cpu_s.append(time.thread_time() - t0)
 

@@ -216,28 +216,69 @@ def test_throttle_from_reason_bits_when_counters_are_missing() -> None:
     assert sum(t.throttle_s["thermal"] for t in ticks) == 0.0
 
 
-def test_violation_counters_are_read_only_when_something_throttles_and_nothing_is_lost() -> None:
-    # a 0.4 s power cap between two reads: the reason bits are clear at both reads; the GPU is idle
-    # (the GpuIdle bit set) throughout, which must not cost a counter read every tick
-    points = [TracePoint(0, util_pct=0, throttle=("low_util",)), TracePoint(3.2, throttle=("low_util", "power")),
-              TracePoint(3.6, throttle=("low_util",))]  # fmt: skip
+def test_violation_counters_are_read_where_intervals_end_and_each_interval_gets_its_own_time() -> None:
+    # a 0.4 s power cap inside the first 5 s interval, between two ticks; a thermal slowdown from
+    # 7.5 s to 12.5 s, across the end of the second interval (10 s)
+    points = [TracePoint(0, util_pct=90, throttle=()), TracePoint(3.2, throttle=("power",)),
+              TracePoint(3.6, throttle=()), TracePoint(7.5, throttle=("thermal",)),
+              TracePoint(12.5, throttle=())]  # fmt: skip
     col, fake, clock = make([ideal("GPU-a", points=points)])
     reads: list[list[int]] = []
     fields = fake.nvmlDeviceGetFieldValues
     col._throttle._f_fields = lambda h, ids: (reads.append(list(ids)), fields(h, ids))[1]
-    ticks, _ = run(col, clock, 25)
-    counter_reads = [ids for ids in reads if 74 in ids]
-    assert len(counter_reads) <= 4  # calibration, the prime and two sweeps; not every idle tick
-    power = [t.throttle_s["power"] for t in ticks]
-    assert sum(power) == pytest.approx(0.4)
-    assert power.index(max(power)) == 9  # counted at the sweep, (9, 10]
-    # idle time is counted at the sweeps: up to the last one, (19, 20]
-    assert sum(t.throttle_s["low_util"] for t in ticks) == pytest.approx(20.0)
+    col.read({77}, clock.t)  # primes
+    primed = len([ids for ids in reads if 74 in ids])
+    reasons_before = fake.calls["nvmlDeviceGetCurrentClocksEventReasons"]
+    intervals: list[list] = [[]]
+    for i in range(1, 16):  # 1 s ticks; every fifth one ends an interval, as the recorder reads
+        clock.t += 1.0
+        closes = i % 5 == 0
+        intervals[-1] += col.read({77}, clock.t, closes_interval=closes).ticks
+        if closes:
+            intervals.append([])
+    sums = [{r: sum(t.throttle_s[r] for t in iv if t.throttle_s is not None) for r in ("power", "thermal")}
+            for iv in intervals[:3]]  # fmt: skip
+    assert sums[0] == pytest.approx({"power": 0.4, "thermal": 0.0})  # where it happened, not later
+    assert sums[1] == pytest.approx({"power": 0.0, "thermal": 2.5})
+    assert sums[2] == pytest.approx({"power": 0.0, "thermal": 2.5})
+    # one counter query per interval, none in between, and no reason-bit query at all
+    assert len([ids for ids in reads if 74 in ids]) - primed == 3
+    assert fake.calls["nvmlDeviceGetCurrentClocksEventReasons"] == reasons_before
+    read_at = [[t.throttle_s is not None for t in iv] for iv in intervals[:3]]
+    assert read_at == [[False, False, False, False, True]] * 3  # only the tick that ends an interval
 
 
-def test_each_quiet_tick_owns_its_throttle_figures() -> None:
-    # A quiet tick reports zeros without asking the driver. Each tick's figures are its own: a
-    # consumer that adds into one tick's dict (a sum kept in place) must not leak into later ticks.
+def test_a_counter_reading_that_fails_leaves_its_time_to_the_next_one() -> None:
+    points = [TracePoint(0, util_pct=90, throttle=("power",))]
+    col, fake, clock = make([ideal("GPU-a", points=points)])
+    fields = fake.nvmlDeviceGetFieldValues
+    failing = {"now": False}
+
+    def flaky(h, ids):
+        if failing["now"] and 74 in ids:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return fields(h, ids)
+
+    def flaky_classic(h, policy):  # the deprecated call, tried for what the fields lack
+        if failing["now"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return fake.nvmlDeviceGetViolationStatus(h, policy)
+
+    col._throttle._f_fields, col._throttle._f_viol = flaky, flaky_classic
+    col.read({77}, clock.t)
+    clock.t += 5.0
+    failing["now"] = True
+    first = col.read({77}, clock.t, closes_interval=True).ticks[0]
+    failing["now"] = False
+    clock.t += 5.0
+    second = col.read({77}, clock.t, closes_interval=True).ticks[0]
+    assert first.throttle_s is None  # not known: not "nothing throttled"
+    assert second.throttle_s["power"] == pytest.approx(10.0)  # nothing lost
+
+
+def test_each_counter_reading_owns_its_throttle_figures() -> None:
+    # Each tick's figures are its own: a consumer that adds into one tick's dict (a sum kept in
+    # place) must not leak into later ticks.
     col, _, clock = make([ideal("GPU-a", points=[TracePoint(0, util_pct=90, throttle=())])])
     ticks, _ = run(col, clock, 2)
     assert ticks[0].throttle_s == ticks[1].throttle_s == dict.fromkeys(POLICIES, 0.0)

@@ -119,7 +119,7 @@ def test_a_collector_that_raises_becomes_an_event_and_sampling_goes_on() -> None
         def devices(self) -> list:
             return []
 
-        def read(self, pids: set[int], now: float) -> GpuRead:
+        def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
             raise RuntimeError("NVML exploded")
 
         def close(self) -> None:
@@ -155,6 +155,33 @@ def test_gpu_busy_time_flows_from_nvml_into_intervals_exactly() -> None:
     # 10 s at 50 % and 10 s at 100 %, within one driver sample period.
     assert busy == pytest.approx(15.0, abs=0.2)
     assert {iv.util_method for iv in intervals} == {"samples"}
+
+
+def test_gpu_throttle_seconds_land_in_the_interval_they_happened_in() -> None:
+    # NVML's cumulative violation counters, read where intervals end: a 0.4 s power cap between two
+    # ticks of the first interval (no reason bit set at any tick), a thermal slowdown across the
+    # second one's end and on past an epoch's end
+    clock = Clock()
+    points = [TracePoint(0, util_pct=90, throttle=()), TracePoint(2.2, throttle=("power",)),
+              TracePoint(2.6, throttle=()), TracePoint(7.5, throttle=("thermal",)),
+              TracePoint(13, throttle=())]  # fmt: skip
+    fake = FakeNvml([FakeGpu("GPU-aaaa", profile="ideal", points=points)], clock=clock, start=clock.t)
+    sink = FlakySink(0, RuntimeError())
+    rec = Recorder(sink, host=ScriptedHost(clock), gpu=NvmlCollector(nvml=fake, clock=clock), interval_s=5.0,
+                   clock=clock)  # fmt: skip
+    start = clock.t
+    drive(rec, clock, 12)
+    clock.t = start + 12.5
+    rec.cut()  # an epoch ends inside the second slowdown
+    clock.t = start + 14.0
+    rec.stop()
+    intervals = sink.all(0)
+    edges = [(iv.t0 - start, iv.t1 - start) for iv in intervals]
+    assert edges == [(0, 5), (5, 10), (10, 12.5), (12.5, 14)]
+    thermal = [iv.throttle_s["thermal"] for iv in intervals]
+    assert thermal == pytest.approx([0, 2.5, 2.5, 0.5])
+    assert [iv.throttle_s["power"] for iv in intervals] == pytest.approx([0.4, 0, 0, 0])
+    assert all(iv.throttle_s["thermal"] <= iv.t1 - iv.t0 for iv in intervals)
 
 
 # -- host-wide counters and interval edges: every figure over its interval's own span -------------

@@ -43,10 +43,14 @@ class GpuCollector(Protocol):
     def devices(self) -> list[GpuIdentity]:
         """The GPUs the wrapped command can see, in the order it sees them."""
 
-    def read(self, pids: set[int], now: float) -> GpuRead:
+    def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
         """Usage since the previous read (the first read primes cursors and may return no ticks).
 
         ``pids`` are the run's processes, used for per-process memory and SM utilisation.
+        ``closes_interval``: the caller ends an interval with this read. Figures a collector reads
+        only where intervals end (NVML's cumulative throttle counters) are read then, so each
+        interval gets its own span's; a tick of a read that does not close one has them None
+        (``GpuTick``). Callers without intervals leave it True: every read stands alone.
         Must not raise: errors become events.
         """
 

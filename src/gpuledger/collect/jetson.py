@@ -76,7 +76,7 @@ class JetsonCollector:
     def devices(self) -> list[GpuIdentity]:
         return list(self._idents)
 
-    def read(self, pids: set[int], now: float) -> GpuRead:
+    def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
         out = GpuRead()
         if not self._idents:
             return out

@@ -201,7 +201,7 @@ class NvmlCollector:
     def devices(self) -> list[GpuIdentity]:
         return list(self._identities)
 
-    def read(self, pids: set[int], now: float) -> GpuRead:
+    def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
         out = GpuRead()
         if self._closed:
             return out
@@ -213,7 +213,7 @@ class NvmlCollector:
                     continue
                 d.q.start_read()
                 said = len(out.events)
-                tick = self._read_device(d, pids, now, out)
+                tick = self._read_device(d, pids, now, out, closes_interval)
                 if d.q.all_failed:  # nothing answered: the GPU, not a field, is gone
                     del out.events[said:]
                     self._q.forget_read(d.q)
@@ -263,7 +263,7 @@ class NvmlCollector:
         self._events.append(event)
 
     # -- one device, one tick ------------------------------------------------------------------
-    def _read_device(self, d: _Device, pids: set[int], now: float, out: GpuRead) -> GpuTick | None:
+    def _read_device(self, d: _Device, pids: set[int], now: float, out: GpuRead, closes: bool) -> GpuTick | None:
         mono = self._clock()
         wall = now if self._wall is None else self._wall()
         t0 = d.t_last
@@ -282,7 +282,7 @@ class NvmlCollector:
         tick.temp_c = self._temperature(d)
         tick.sm_clock_mhz = _num(self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm))
         tick.mem_clock_mhz = _num(self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem))
-        tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed)
+        tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed, closes)
         if pids:
             self._processes(d, tick, pids)
         elif self._all_processes:

@@ -2,12 +2,12 @@
 
 Exact where the GPU has cumulative violation counters (nanoseconds per perf policy): read as field
 values (``NVML_FI_DEV_PERF_POLICY_*``, one call for all six) with the deprecated
-``nvmlDeviceGetViolationStatus`` as the fallback. Reading them costs a query, so they are read
-only when the clock-event reason bits showed a slowdown at either end of the tick, and at least
-every tenth tick: a throttle shorter than a tick that starts and ends between two reads is
-counted at that later reading, never lost. The "GPU idle" bit is not a slowdown worth a read:
-an idle GPU would otherwise cost the counters every tick. GPUs without counters: the reason bits
-read at the end of the tick, the whole tick attributed to each active reason (an approximation).
+``nvmlDeviceGetViolationStatus`` as the fallback. Being cumulative, they need reading only where
+the recorder ends an interval (``closes``): each interval then gets exactly the time its own span
+accumulated, whatever happened between its ticks, for one query per interval rather than one per
+tick; the ticks in between report None (not read), and a reading that fails leaves its time to the
+next one. GPUs without counters: the clock-event reason bits read at the end of every tick, the
+whole tick attributed to each active reason (an approximation).
 """
 
 from __future__ import annotations
@@ -39,22 +39,17 @@ REASON_BITS = {
     0x400: "reliability",
 }
 _BIT_NAMES = tuple(dict.fromkeys(REASON_BITS.values()))
-_IDLE_BIT = 0x1
-_TRIGGER_BITS = sum(REASON_BITS) & ~_IDLE_BIT  # a real slowdown: read the counters this tick
-SWEEP_TICKS = 9  # otherwise read them at least every tenth tick
 
 
 class ThrottleState:
-    """Per-device counters and reason bits between reads."""
+    """Per-device counters between reads."""
 
-    __slots__ = ("fi_scale", "names", "prev_bits", "quiet_ticks", "viol_ns", "zeros")
+    __slots__ = ("fi_scale", "names", "viol_ns", "zeros")
 
     def __init__(self) -> None:
         self.viol_ns: dict[str, int] = {}
         self.names: tuple[str, ...] = ()  # reasons whose counters answer
-        self.zeros: dict[str, float] = {}  # every name at 0 s (copied for a quiet tick)
-        self.prev_bits = 0
-        self.quiet_ticks = 0
+        self.zeros: dict[str, float] = {}  # every name at 0 s (copied for each reading)
         self.fi_scale = 1  # field values -> ns (calibrated against the classic call at the start)
 
 
@@ -77,18 +72,15 @@ class ThrottleReader:
         st.viol_ns = self._counters(d, handle, st.fi_scale)
         st.names = tuple(name for name, _, _ in self._policies if name in st.viol_ns)
         st.zeros = dict.fromkeys(st.names, 0.0)
-        st.prev_bits, st.quiet_ticks = self._bits(d, handle) or 0, 0
 
-    def read(self, d: DeviceQueries, handle: Any, st: ThrottleState, dt: float) -> dict[str, float] | None:
-        bits = self._bits(d, handle)
+    def read(
+        self, d: DeviceQueries, handle: Any, st: ThrottleState, dt: float, closes: bool = True
+    ) -> dict[str, float] | None:
+        """Seconds throttled per reason: with counters, since their previous reading, read only when
+        ``closes`` (None otherwise: the time is in the next reading); else the reason bits x ``dt``."""
         if st.names:
-            quiet = bits is not None and not (bits | st.prev_bits) & _TRIGGER_BITS
-            st.prev_bits = bits or 0
-            if quiet and st.quiet_ticks < SWEEP_TICKS:
-                st.quiet_ticks += 1
-                return st.zeros.copy()
-            st.quiet_ticks = 0
-            return self._violations(d, handle, st)
+            return self._violations(d, handle, st) if closes else None
+        bits = self._bits(d, handle)
         if bits is None:
             return None
         out = dict.fromkeys(_BIT_NAMES, 0.0)
@@ -135,7 +127,9 @@ class ThrottleReader:
                         out[name] = int(v.violationTime)
         return out
 
-    def _violations(self, d: DeviceQueries, handle: Any, st: ThrottleState) -> dict[str, float]:
+    def _violations(self, d: DeviceQueries, handle: Any, st: ThrottleState) -> dict[str, float] | None:
+        """Seconds per reason since the previous reading; None when no counter answered (the next
+        reading covers this span: a counter not read moves no cursor)."""
         out = st.zeros.copy()
         now = self._counters(d, handle, st.fi_scale)
         for name in st.names:
@@ -149,4 +143,4 @@ class ThrottleReader:
                 out.pop(name)
             else:
                 out[name] = delta / 1e9
-        return out
+        return out or None

@@ -292,9 +292,9 @@ class ReplayCollector:
     def devices(self) -> list[GpuIdentity]:
         return self._inner.devices()
 
-    def read(self, pids: set[int], now: float) -> GpuRead:
+    def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
         self.fake.run_pids = pids
-        return self._inner.read(pids, now)
+        return self._inner.read(pids, now, closes_interval)
 
     def close(self) -> None:
         self._inner.close()

@@ -54,7 +54,9 @@ class GpuTick:
     """What a GPU collector measured on one device between two reads (t0, t1].
 
     Integrals (``busy_s``, ``energy_j``, ``throttle_s``) cover exactly the span; gauges are the
-    value read at t1 (or the max seen in the span where the driver buffer gives one).
+    value read at t1 (or the max seen in the span where the driver buffer gives one). Except
+    ``throttle_s`` from NVML's cumulative counters, which are read only where an interval ends:
+    there it covers the span since the previous such read, at other ticks it is None (not read).
     """
 
     uuid: str
@@ -74,7 +76,7 @@ class GpuTick:
     temp_c: float | None = None
     sm_clock_mhz: float | None = None
     mem_clock_mhz: float | None = None
-    # Seconds spent throttled per reason in the span; None when the driver cannot tell.
+    # Seconds spent throttled per reason in the span (see above); None when not read or not known.
     throttle_s: dict[str, float] | None = None
     proc_mem_b: int | None = None  # GPU memory held by the run's own processes
     proc_sm_util_pct: float | None = None  # the run's processes' share of SM, 0-100

@@ -287,7 +287,7 @@ class Recorder:
         if self._gpu is None:
             return
         try:
-            read = self._gpu.read(self._host.pids(), now)
+            read = self._gpu.read(self._host.pids(), now, closes_interval=self._closes)
         except Exception as exc:
             self.problem("sampler_error", f"GPU sampling failed: {exc!r}")
             return
