@@ -350,6 +350,35 @@ def test_baseline_when_the_root_is_included(backend: str) -> None:
         root.wait()
 
 
+def _own_cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def test_the_collectors_own_process_is_metered_to_the_microsecond_not_the_clock_tick(backend: str) -> None:
+    # gpuledger.track() meters the process it runs in. /proc/<pid>/stat counts its CPU in whole
+    # clock ticks, each rounded down: prime just after a tick and read most of a tick past one, so
+    # tick counting would read over 3 ms short.
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")
+
+    def burn_until(low: float, high: float, at_least_s: float = 0.0) -> None:
+        start = _own_cpu_s()
+        while not (_own_cpu_s() - start >= at_least_s and low < (_own_cpu_s() % tick_s) / tick_s < high):
+            pass
+
+    c = ProcessTreeCollector(os.getpid(), include_root=True, backend=backend)
+    burn_until(0.0, 0.1)
+    before_prime = _own_cpu_s()
+    c.read()
+    after_prime = _own_cpu_s()
+    burn_until(0.65, 0.9, at_least_s=0.1)
+    before = _own_cpu_s()
+    tick = c.read()
+    after = _own_cpu_s()
+    assert tick is not None
+    assert before - after_prime - 0.0015 <= tick.cpu_s <= after - before_prime + 0.0015  # the kernel's figure
+
+
 @pytest.mark.usefixtures("subreaper")
 def test_memory_grower_rss(backend: str) -> None:
     code = (
