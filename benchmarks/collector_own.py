@@ -7,7 +7,8 @@ read, and its cost is nothing like a real driver's. This script takes it out: it
 ``NvmlCollector`` over ``FakeNvml`` (8 scripted A100s, as in recorder_tick.py) once while recording
 every answer the scripted driver gives, then replays the same reads with those answers handed back
 canned. What remains is gpuledger's own work per read: the sample buffer reader, busy-time rule,
-field values, throttle, process attribution, the error memo. It reports, per GPU and read:
+field values, throttle, process attribution, the error memo. The reads come as recorder_tick.py's
+recorder makes them: 1 s apart, every fifth one ending a 5 s interval. It reports, per GPU and read:
 
 * own CPU (the thread's CPU clock, best of ``--repeat``), a canned answer costing well under 1 µs;
 * cold own CPU: the same, with the CPU caches flushed before each read of the 8 GPUs (a pass over a
@@ -28,6 +29,7 @@ the collector before issue 10, given today's scripted NVML so both read the same
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -38,6 +40,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WARMUP = 20
+INTERVAL_TICKS = 5  # recorder_tick.py's recorder: 5 s intervals of 1 s ticks
 
 
 def measure(reads: int, repeat: int, cold_mib: int = 0) -> dict[str, float]:
@@ -67,10 +70,22 @@ def measure(reads: int, repeat: int, cold_mib: int = 0) -> dict[str, float]:
                 setattr(fake, name, wrap(name, fn))
         return clock, ReplayCollector(fake, NvmlCollector(nvml=fake, clock=clock, source="replay"))
 
+    # As the recorder reads (1 s ticks, 5 s intervals): every fifth read ends an interval, where
+    # the collector reads what it reads at interval ends only. Decided by the clock, so a replay
+    # ends intervals at the same reads as the recording. A tree from before closes_interval reads
+    # everything at every read anyway.
+    closes = "closes_interval" in inspect.signature(NvmlCollector.read).parameters
+
+    def read(clock: Clock, col: ReplayCollector) -> None:
+        if closes:
+            col.read(pids, clock.t, closes_interval=round(clock.t) % INTERVAL_TICKS == 0)
+        else:
+            col.read(pids, clock.t)
+
     def run(clock: Clock, col: ReplayCollector, n: int) -> None:
         for _ in range(n):
             clock.t += 1.0
-            col.read(pids, clock.t)
+            read(clock, col)
 
     tape: dict[str, list[tuple[bool, Any]]] = defaultdict(list)
 
@@ -134,7 +149,7 @@ def measure(reads: int, repeat: int, cold_mib: int = 0) -> dict[str, float]:
                 hashlib.md5(flush).digest()  # reads the whole buffer: the caches now hold it
                 clock.t += 1.0
                 t0 = time.thread_time_ns()
-                col.read(pids, clock.t)
+                read(clock, col)
                 spent += time.thread_time_ns() - t0
             runs.append(spent / n_cold / 8 / 1e3)
         cold = min(runs)
