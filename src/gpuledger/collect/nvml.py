@@ -280,8 +280,11 @@ class NvmlCollector:
         self._energy(d, tick)
         self._memory(d, tick)
         tick.temp_c = self._temperature(d)
-        tick.sm_clock_mhz = _num(self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm))
-        tick.mem_clock_mhz = _num(self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem))
+        # Gauges as floats, the None test inline (not a helper call): this runs for every GPU at every tick.
+        sm = self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm)
+        tick.sm_clock_mhz = None if sm is None else float(sm)
+        mem = self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem)
+        tick.mem_clock_mhz = None if mem is None else float(mem)
         tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed, closes)
         if pids:
             self._processes(d, tick, pids)
@@ -381,13 +384,13 @@ class NvmlCollector:
         t = self._q.call(d.q, "temp_v", self._f_temp_v, d.handle, self._temp_gpu)
         if t is None:
             t = self._q.call(d.q, "temp", self._f_temp, d.handle, self._temp_gpu)
-        return _num(t)
+        return None if t is None else float(t)
 
     def _processes(self, d: _Device, tick: GpuTick, pids: set[int]) -> None:
         procs = self._gpu_processes(d)
         if procs is None:
             return
-        owner = self._pid_owner()
+        owner = self._owner or self._pid_owner()
         foreign = owner.foreign_ns
         match = self._match(d, owner, procs, pids)
         if foreign and procs:
@@ -570,7 +573,3 @@ def _init_reason(nv: Any, exc: BaseException) -> str:
     if isinstance(exc, getattr(nv, "NVMLError_NoPermission", ())):
         return "no permission to use NVML (check access to /dev/nvidia*)"
     return f"NVML failed to start: {type(exc).__name__}: {exc}"
-
-
-def _num(value: Any) -> float | None:
-    return None if value is None else float(value)

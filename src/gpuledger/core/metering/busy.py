@@ -131,35 +131,30 @@ class SamplePeriod:
     the first sample after an idle span; one taken too long would over-count it.
     """
 
-    __slots__ = ("_learned", "_spacings")
+    __slots__ = ("_learned", "_spacings", "seconds", "useful_us")
 
     def __init__(self) -> None:
         self._spacings: deque[float] = deque(maxlen=_HISTORY)
         self._learned: float | None = None
-
-    @property
-    def seconds(self) -> float:
-        return PERIOD_MIN_S if self._learned is None else self._learned
+        # Plain attributes, not properties: a reader consults them for every GPU at every tick.
+        self.seconds = PERIOD_MIN_S  # the period in use
+        self.useful_us = math.inf  # spacings shorter than this can lower the estimate (it never grows)
 
     @property
     def learned(self) -> bool:
         return self._learned is not None
 
-    def _useful_us(self) -> float:
-        """Spacings shorter than this can lower the estimate (it never grows); inf until learned."""
-        return math.inf if self._learned is None else self._learned / _JITTER * _US
-
     def could_learn(self, least_gap_us: float) -> bool:
         """Whether ``observe`` could change the estimate from samples whose smallest spacing is
         ``least_gap_us``. Lets a reader skip ``observe`` at steady state (the spacings are in
         busy_from_samples's answer already) with the same result as calling it."""
-        return least_gap_us < self._useful_us()
+        return least_gap_us < self.useful_us
 
     def observe(self, samples: Iterable[tuple[int, float]], previous: tuple[int, float] | None = None) -> None:
         """Learn from consecutive ``(timestamp_us, percent)`` samples (``previous``: the one before)."""
         # Once learned, only a spacing short enough to lower the estimate is worth remembering:
         # at steady state a read costs one comparison per sample.
-        useful_us = self._useful_us()
+        useful_us = self.useful_us
         it = iter(samples)
         if previous is None:
             previous = next(it, None)
@@ -179,6 +174,7 @@ class SamplePeriod:
         regular = [s for s in self._spacings if s <= smallest * _CLUSTER]
         estimate = min(max(statistics.median(regular) * _JITTER, PERIOD_MIN_S), PERIOD_MAX_S * _JITTER)
         self._learned = estimate if self._learned is None else min(self._learned, estimate)
+        self.seconds, self.useful_us = self._learned, self._learned / _JITTER * _US
 
 
 class _Covered(Protocol):  # a GpuTick or a GpuInterval
