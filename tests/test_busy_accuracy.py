@@ -6,6 +6,12 @@ collector reads it at the recorder's tick cadence and ticks are merged into inte
 recorder does; the sum must be within 1 % of the truth plus one sample period per run, whatever
 the interval (1 s to 60 s). A naive poller — one instantaneous reading every 30 s, standing for
 those 30 s, the way `nvidia-smi -l 30` is used — errs by far more on the same loads.
+
+One allowance on top, the documented limit (docs/METERING.md): NVML does not report the sample
+period, so it is learned from two consecutive busy samples; a busy sample handed out before that
+is taken to cover the shortest documented period (1/6 s). On a 1 s product an isolated busy sample
+and its neighbours look exactly as on a 1/6 s product that samples once a second while idle, so
+nothing could tell the longer period; each such sample may be short by up to 5/6 s, never over.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from hypothesis import strategies as st
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
 from gpuledger.collect.fake_nvml_profiles import PROFILES
 from gpuledger.collect.nvml import NvmlCollector
+from gpuledger.core.metering.busy import PERIOD_MIN_S
 from gpuledger.core.metering.intervals import merge_gpu_ticks
 from gpuledger.recorder.recorder import tick_seconds
 
@@ -59,11 +66,28 @@ def workloads(draw: st.DrawFn) -> list[TracePoint]:
     return points
 
 
-def record(points: list[TracePoint], profile: str, idle: str, interval_s: float, rnd: random.Random):
-    """(recorded busy-seconds, recorded intervals, end of recording in trace seconds, sample period)."""
+def record(
+    points: list[TracePoint],
+    profile: str,
+    idle: str,
+    interval_s: float,
+    rnd: random.Random,
+    seen: dict[int, int] | None = None,
+):
+    """(recorded busy-seconds, recorded intervals, end of recording in trace seconds, sample period);
+    ``seen`` collects every utilisation sample the driver handed out (timestamp µs -> percent)."""
     clock = Clock()
     gpu = FakeGpu(UUID, name="NVIDIA GPU", points=points, profile=profile, idle_sampling=idle)
     fake = FakeNvml([gpu], clock=clock, start=T0)
+    if seen is not None:
+        samples = fake.nvmlDeviceGetSamples
+
+        def spy(handle, kind, after):
+            vtype, got = samples(handle, kind, after)
+            seen.update((int(x.timeStamp), int(x.sampleValue.uiVal)) for x in got)
+            return vtype, got
+
+        fake.nvmlDeviceGetSamples = spy
     col = NvmlCollector(nvml=fake, clock=clock)
     tick = tick_seconds(interval_s)
     col.read(set(), clock.t)  # the recorder primes at the start
@@ -79,6 +103,16 @@ def record(points: list[TracePoint], profile: str, idle: str, interval_s: float,
         intervals.append(merge_gpu_ticks(UUID, len(intervals), ticks))
     period = gpu.sample_period_s or PROFILES[profile].sample_period_s
     return math.fsum(i.busy_s or 0.0 for i in intervals), intervals, clock.t - T0, period
+
+
+def unlearned_busy_samples(seen: dict[int, int], after_us: int) -> int:
+    """Busy samples newer than ``after_us`` (the run's start) up to the first two consecutive busy
+    ones: until then the period cannot be known from the samples (the module doc)."""
+    values = [v for ts, v in sorted(seen.items()) if ts > after_us]
+    for i, v in enumerate(values):
+        if v > 0 and i + 1 < len(values) and values[i + 1] > 0:
+            return sum(1 for x in values[: i + 1] if x > 0)
+    return sum(1 for x in values if x > 0)
 
 
 def naive_poll(points: list[TracePoint], profile: str, every_s: float, end: float) -> float:
@@ -101,9 +135,12 @@ def naive_poll(points: list[TracePoint], profile: str, every_s: float, end: floa
 @given(points=workloads(), which=st.sampled_from(SAMPLING), seed=st.integers(0, 2**16))
 def test_recorded_busy_time_is_within_one_percent_plus_one_period(points, which, seed, interval_s) -> None:
     profile, idle = which
-    busy, intervals, end, period = record(points, profile, idle, interval_s, random.Random(seed))
+    seen: dict[int, int] = {}
+    busy, intervals, end, period = record(points, profile, idle, interval_s, random.Random(seed), seen)
     expected = truth(points, 0.0, end)
-    assert abs(busy - expected) <= 0.01 * expected + period + 1e-6, (busy, expected)
+    unlearned = unlearned_busy_samples(seen, int(T0 * 1e6)) * (period - PERIOD_MIN_S)  # 0 on 1/6 s products
+    assert expected - unlearned - 0.01 * expected - period - 1e-6 <= busy, (busy, expected, unlearned)
+    assert busy <= expected + 0.01 * expected + period + 1e-6, (busy, expected)  # never over
     for iv in intervals:  # no interval holds more busy time than its span (plus one period carried in)
         assert (iv.busy_s or 0.0) <= iv.t1 - iv.t0 + period + 1e-6
         assert iv.util_method == "samples" and iv.util_unknown_s == 0
