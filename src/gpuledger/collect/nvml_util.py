@@ -141,7 +141,7 @@ class UtilReader:
         # The period is learned from the same spacings; at steady state they cannot lower it, and
         # the batch is integrated once. When they do, it is integrated again with the new period.
         least = r.least_gap_us if last is None else min(r.least_gap_us, pairs[0][0] - last[0])
-        if least < period.useful_us:  # period.could_learn, inline: it runs for every GPU at every tick
+        if least < period.useful_us:
             period.observe(pairs, last)
             if period.seconds != period_s:
                 period_s = period.seconds

@@ -138,17 +138,13 @@ class SamplePeriod:
         self._learned: float | None = None
         # Plain attributes, not properties: a reader consults them for every GPU at every tick.
         self.seconds = PERIOD_MIN_S  # the period in use
-        self.useful_us = math.inf  # spacings shorter than this can lower the estimate (it never grows)
+        # Spacings shorter than this can lower the estimate (it never grows): a reader whose batch
+        # has none (busy_from_samples's least_gap_us) may skip observe, with the same result.
+        self.useful_us = math.inf
 
     @property
     def learned(self) -> bool:
         return self._learned is not None
-
-    def could_learn(self, least_gap_us: float) -> bool:
-        """Whether ``observe`` could change the estimate from samples whose smallest spacing is
-        ``least_gap_us``. Lets a reader skip ``observe`` at steady state (the spacings are in
-        busy_from_samples's answer already) with the same result as calling it."""
-        return least_gap_us < self.useful_us
 
     def observe(self, samples: Iterable[tuple[int, float]], previous: tuple[int, float] | None = None) -> None:
         """Learn from consecutive ``(timestamp_us, percent)`` samples (``previous``: the one before)."""
