@@ -131,20 +131,16 @@ class SamplePeriod:
     the first sample after an idle span; one taken too long would over-count it.
     """
 
-    __slots__ = ("_learned", "_spacings", "seconds", "useful_us")
+    __slots__ = ("_spacings", "learned", "seconds", "useful_us")
 
     def __init__(self) -> None:
         self._spacings: deque[float] = deque(maxlen=_HISTORY)
-        self._learned: float | None = None
         # Plain attributes, not properties: a reader consults them for every GPU at every tick.
+        self.learned = False
         self.seconds = PERIOD_MIN_S  # the period in use
         # Spacings shorter than this can lower the estimate (it never grows): a reader whose batch
         # has none (busy_from_samples's least_gap_us) may skip observe, with the same result.
         self.useful_us = math.inf
-
-    @property
-    def learned(self) -> bool:
-        return self._learned is not None
 
     def observe(self, samples: Iterable[tuple[int, float]], previous: tuple[int, float] | None = None) -> None:
         """Learn from consecutive ``(timestamp_us, percent)`` samples (``previous``: the one before)."""
@@ -169,8 +165,8 @@ class SamplePeriod:
         smallest = min(self._spacings)
         regular = [s for s in self._spacings if s <= smallest * _CLUSTER]
         estimate = min(max(statistics.median(regular) * _JITTER, PERIOD_MIN_S), PERIOD_MAX_S * _JITTER)
-        self._learned = estimate if self._learned is None else min(self._learned, estimate)
-        self.seconds, self.useful_us = self._learned, self._learned / _JITTER * _US
+        self.seconds = min(self.seconds, estimate) if self.learned else estimate
+        self.learned, self.useful_us = True, self.seconds / _JITTER * _US
 
 
 class _Covered(Protocol):  # a GpuTick or a GpuInterval
