@@ -14,7 +14,7 @@ from gpuledger.store.capacity import rebuild_days, write_capacity
 from gpuledger.store.capacity_queries import day_rows, fleet, intervals
 from gpuledger.store.migrations import LATEST
 
-MIDNIGHT = 20_500 * DAY_MS  # 2026-02-15 00:00 UTC
+MIDNIGHT = 20_500 * DAY_MS  # 2026-02-16 00:00 UTC
 
 
 def _random_intervals(rng: random.Random, gpu: str, host: str, t0: int, n: int) -> list[CapacityInterval]:

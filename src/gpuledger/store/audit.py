@@ -35,6 +35,12 @@ DELETE_ACTIONS = ("run.deleted",)
 T = schema
 
 
+def lock(conn: Connection) -> None:
+    """Serialise with every other writer of the chain until the caller's transaction ends (on
+    PostgreSQL; a SQLite write transaction already is)."""
+    _lock(conn)
+
+
 def _lock(conn: Connection) -> None:
     if conn.dialect.name == "postgresql":
         conn.execute(

@@ -19,14 +19,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.store import rollup_audit, schema
+from gpuledger.store import capacity_audit, rollup_audit, schema
 
 ACCOUNT_ACTIONS = frozenset({"user.added", "project.added", "member.added", "member.removed", "token.issued",
                              "token.revoked"})  # fmt: skip
 OWNER_ACTIONS = frozenset({"run.created", "run.transferred", "run.owner_claimed", "run.deleted"})
 GPU_ACTIONS = frozenset({"gpu.registered", "gpu.claimed", "gpu.rehomed"})
 ROLLUP_ACTIONS = frozenset({rollup_audit.WRITTEN, rollup_audit.DROPPED, "run.deleted"})
-REPLAYED = ACCOUNT_ACTIONS | OWNER_ACTIONS | GPU_ACTIONS | ROLLUP_ACTIONS
+REPLAYED = ACCOUNT_ACTIONS | OWNER_ACTIONS | GPU_ACTIONS | ROLLUP_ACTIONS | capacity_audit.ACTIONS
 
 
 def secret_check(secret_sha256: str) -> str:
@@ -44,6 +44,9 @@ class TrailState:
     gpus: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)  # uuid -> (host, user, seq)
     rollups: dict[str, tuple[str | None, int]] = field(default_factory=dict)  # run id -> (digest | None, seq)
     rollups_audited: bool = False
+    capacity: capacity_audit.Digests = field(default_factory=dict)  # (gpu, day, host) -> sealed digest
+    capacity_seqs: dict[capacity_audit.Key, int] = field(default_factory=dict)  # ... -> seq of that seal
+    capacity_through: int | None = None  # every day up to this one is sealed
 
     def feed(self, seq: int, action: str, obj: str, payload_text: str) -> None:
         if action not in REPLAYED:
@@ -78,6 +81,13 @@ class TrailState:
         elif action == rollup_audit.DROPPED:
             for run_id in payload.get("runs") or ():
                 self.rollups[run_id] = (None, seq)
+        elif action in capacity_audit.ACTIONS:
+            sealed = capacity_audit.unnest(payload.get("days"))
+            self.capacity.update(sealed)
+            self.capacity_seqs.update(dict.fromkeys(sealed, seq))
+            through = payload.get("through")
+            if action == capacity_audit.SEALED and isinstance(through, int):
+                self.capacity_through = max(through, self.capacity_through or through)
         if action == "run.deleted" and kind == "run":
             self.owners.pop(name, None)
             self.rollups.pop(name, None)
@@ -205,3 +215,8 @@ def check_rollups(conn: Connection, state: TrailState) -> list[str]:
         elif (now or rollup_audit.digest(())) != said[0]:
             out.append(f"run {run_id}: gpu_rollups edited (they differ from what was written at audit seq {said[1]})")
     return out
+
+
+def check_capacity(conn: Connection, state: TrailState) -> list[str]:
+    """Each sealed day's per-GPU capacity sums against their latest seal."""
+    return capacity_audit.check(conn, state.capacity, state.capacity_seqs, state.capacity_through)

@@ -209,6 +209,7 @@ def _verify(conn: Connection, expect_head: str | None, keyring: Keyring | None, 
     out.problems += audit_state.check_accounts(conn, state)
     out.problems += audit_state.check_owners(conn, state)
     out.problems += audit_state.check_rollups(conn, state)
+    out.problems += audit_state.check_capacity(conn, state)
     return out
 
 

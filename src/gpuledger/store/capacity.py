@@ -28,6 +28,7 @@ from gpuledger.core.capacity.model import (
     merge_days,
     split_days,
 )
+from gpuledger.store import capacity_audit
 from gpuledger.store.engine import Database
 from gpuledger.store.schema import audit_log, gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts
 from gpuledger.store.schema_capacity import STATE_COLUMNS
@@ -78,10 +79,17 @@ def _add_nullable(a: Any, b: Any) -> Any:
 
 
 def write_capacity(
-    db: Database, conn: Connection, intervals: Sequence[CapacityInterval], sightings: Sequence[Sighting] = ()
+    db: Database,
+    conn: Connection,
+    intervals: Sequence[CapacityInterval],
+    sightings: Sequence[Sighting] = (),
+    *,
+    now: float | None = None,
 ) -> int:
     """Store new intervals (each checked: its states add up to its span) and add them to the day
-    sums; fold the sightings into the fleet. Returns how many intervals were new."""
+    sums; fold the sightings into the fleet; in a ledger with an audit trail, seal the days due and
+    reseal sealed days this changed (store/capacity_audit.py; ``now``: the wall clock by default).
+    Returns how many intervals were new."""
     for iv in intervals:
         iv.check()
     cut = retention_cut_ms(conn)
@@ -102,6 +110,7 @@ def write_capacity(
         _add_days(db, conn, days)
     if sightings:
         _fold_sightings(db, conn, sightings)
+    capacity_audit.after_write(conn, ((d.gpu_uuid, d.day, d.host) for d in days), len(inserted), now)
     return len(inserted)
 
 

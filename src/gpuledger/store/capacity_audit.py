@@ -1,0 +1,190 @@
+"""The capacity ledger in the audit trail: each UTC day's per-GPU sums are sealed once the day is
+over, and a late push that adds to a sealed day reseals what it changed, so ``verify`` names a
+day's figures edited, inserted or deleted with SQL (docs/AUDIT.md, "Capacity seals").
+
+What is sealed is ``gpu_capacity_days``, what every capacity report (and the idle cost it bills)
+reads; the raw intervals are covered through their sums (retention deletes them after 90 days and
+keeps the sums). A seal is one audit row, ``capacity.sealed``, with a digest per GPU, day and host
+of the days it covers and ``through``: every day up to it is sealed. ``capacity.resealed`` gives
+the new digests of the rows a late push changed, and why.
+
+Sealing runs in the transaction that stores capacity (``store/capacity.write_capacity``), under
+the chain's lock: in a ledger with an audit trail (a team ledger) each write seals the days that
+ended at least ``GRACE_DAYS`` before it and are not sealed yet, at most ``MAX_DAYS_PER_SEAL`` per
+write (an upgraded ledger catches up over its next writes). A local ledger seals nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.core.capacity.model import DAY_MS
+from gpuledger.store import rollup_audit
+from gpuledger.store.schema import audit_log, gpu_capacity_days
+from gpuledger.store.schema_capacity import STATE_COLUMNS
+
+SEALED = "capacity.sealed"
+RESEALED = "capacity.resealed"
+OBJECT = "capacity"
+ACTIONS = frozenset({SEALED, RESEALED})
+# A day is sealed once the day after it is over too: an agent that was briefly away has pushed by then
+# (a later push still lands: it reseals what it adds).
+GRACE_DAYS = 1
+MAX_DAYS_PER_SEAL = 7  # bounds one write's extra work and one audit row's size
+# The columns a digest covers, in this order (the key, gpu_uuid, day and host, is the payload's nesting).
+COLUMNS = ("first_ms", "last_ms", *STATE_COLUMNS, "unmeasured_ms", "energy_j", "intervals")
+
+Key = tuple[str, int, str]  # (gpu_uuid, day, host)
+Digests = dict[Key, str]
+
+
+def row_digest(row: Mapping[str, Any]) -> str:
+    """One ``gpu_capacity_days`` row's figures, as the same text from either database."""
+    values = []
+    for col in COLUMNS:
+        v = row[col]
+        if v is not None:
+            if col == "energy_j":
+                v = float(v)
+                v = None if math.isnan(v) else v
+            else:
+                v = int(v)
+        values.append(v)
+    return hashlib.sha256(repr(tuple(values)).encode("utf-8")).hexdigest()[:32]
+
+
+def nest(digests: Digests) -> dict[str, dict[str, dict[str, str]]]:
+    """{day: {gpu_uuid: {host: digest}}}: the payload's form (JSON keys are text)."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for (uuid, day, host), d in sorted(digests.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+        out.setdefault(str(day), {}).setdefault(uuid, {})[host] = d
+    return out
+
+
+def unnest(days: Any) -> Digests:
+    """The inverse of ``nest``; what is not in that form is skipped (verify names edited rows anyway)."""
+    out: Digests = {}
+    if not isinstance(days, dict):
+        return out
+    for day, gpus in days.items():
+        if not (isinstance(gpus, dict) and str(day).lstrip("-").isdigit()):
+            continue
+        for uuid, hosts in gpus.items():
+            if isinstance(hosts, dict):
+                for host, d in hosts.items():
+                    out[(str(uuid), int(day), str(host))] = str(d)
+    return out
+
+
+def digests(conn: Connection, *, upto_day: int | None = None, from_day: int | None = None) -> Digests:
+    """The digest of every ``gpu_capacity_days`` row in the day range (both ends included)."""
+    d = gpu_capacity_days.c
+    q = sa.select(d.gpu_uuid, d.day, d.host, *(d[c] for c in COLUMNS))
+    if from_day is not None:
+        q = q.where(d.day >= from_day)
+    if upto_day is not None:
+        q = q.where(d.day <= upto_day)
+    return {(r["gpu_uuid"], int(r["day"]), r["host"]): row_digest(r) for r in conn.execute(q).mappings()}
+
+
+def _digests_of(conn: Connection, keys: Iterable[Key]) -> Digests:
+    by_day: dict[int, set[Key]] = {}
+    for k in keys:
+        by_day.setdefault(k[1], set()).add(k)
+    out: Digests = {}
+    for day, wanted in by_day.items():
+        out.update({k: v for k, v in digests(conn, from_day=day, upto_day=day).items() if k in wanted})
+    return out
+
+
+def sealed_through(conn: Connection) -> int | None:
+    """The last day the trail's capacity seals cover (every day up to it is sealed); None: none yet."""
+    log = audit_log.c
+    q = (
+        sa.select(log.payload)
+        .where(log.object == OBJECT, log.action == SEALED)  # by the object's index
+        .order_by(log.seq.desc())
+        .limit(1)
+    )
+    payload = conn.scalar(q)
+    if payload is None:
+        return None
+    try:
+        through = json.loads(payload).get("through")
+    except (ValueError, AttributeError):
+        return None  # an edited row: verify names it
+    return through if isinstance(through, int) else None
+
+
+def after_write(conn: Connection, changed: Iterable[Key], added: int, now: float | None = None) -> None:
+    """In the transaction of a capacity write that changed the day rows ``changed`` (``added`` new
+    intervals): reseal the sealed ones, then seal the days now due."""
+    from gpuledger.store import audit  # audit -> audit_verify -> audit_state imports this module
+
+    changed = list(changed)
+    if not rollup_audit.audited(conn):
+        return  # a local ledger keeps no trail
+    last_due = _day(time.time() if now is None else now) - 1 - GRACE_DAYS
+    through = sealed_through(conn)
+    # The usual write (today's rows, yesterday's already sealed) needs no lock. Rows of a day that
+    # another writer, whose clock is already past midnight, may be sealing right now do.
+    if through is not None and through >= last_due and all(k[1] > last_due + 1 for k in changed):
+        return
+    audit.lock(conn)  # then read what is sealed again: a sealer that held the lock has committed
+    through = sealed_through(conn)
+    late = [k for k in changed if through is not None and k[1] <= through]
+    if late:
+        payload = {"why": f"late push: {added} capacity intervals added", "days": nest(_digests_of(conn, late))}
+        audit.append(conn, actor="gpuledger capacity", action=RESEALED, obj=OBJECT, payload=payload)
+    _seal_due(conn, through, last_due)
+
+
+def _day(t: float) -> int:
+    return int(t * 1000) // DAY_MS
+
+
+def _seal_due(conn: Connection, through: int | None, last_due: int) -> None:
+    from gpuledger.store import audit
+
+    if through is None:
+        first = conn.scalar(sa.select(sa.func.min(gpu_capacity_days.c.day)))
+        if first is None:
+            return  # nothing stored yet
+        first = int(first)
+    else:
+        first = through + 1
+    if first > last_due:
+        return
+    upto = min(last_due, first + MAX_DAYS_PER_SEAL - 1)
+    payload = {"from": first, "through": upto, "days": nest(digests(conn, from_day=first, upto_day=upto))}
+    audit.append(conn, actor="gpuledger capacity", action=SEALED, obj=OBJECT, payload=payload)
+
+
+def check(conn: Connection, sealed: Digests, seqs: Mapping[Key, int], through: int | None) -> list[str]:
+    """The rows of every sealed day against their latest seal (``sealed``, replayed from the trail)."""
+    if through is None:
+        return []
+    now = digests(conn, upto_day=through)
+    out: list[str] = []
+    for key in sorted(set(now) | set(sealed), key=lambda k: (k[1], k[0], k[2])):
+        uuid, day, host = key
+        where = f"gpu_capacity_days: GPU {uuid} on {_date(day)} (host {host!r})"
+        if key not in sealed:
+            out.append(f"{where}: not in the capacity seal of that day (inserted outside gpuledger)")
+        elif key not in now:
+            out.append(f"{where}: sealed at audit seq {seqs[key]}, deleted outside gpuledger")
+        elif now[key] != sealed[key]:
+            out.append(f"{where}: edited (differs from its seal at audit seq {seqs[key]})")
+    return out
+
+
+def _date(day: int) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(day * 86_400))
