@@ -6,6 +6,8 @@ seals nothing."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,7 +20,7 @@ from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, States
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, audit
 from gpuledger.store.capacity import write_capacity
-from server_support import bearer, setup_accounts
+from server_support import bearer, fresh_pg_url, setup_accounts
 
 DAY0 = 20_500  # 2026-02-16 (UTC days since 1970)
 HOUR_MS = 3_600_000
@@ -169,3 +171,44 @@ def test_capacity_pushed_to_the_server_is_sealed(ledger_url: str) -> None:
         sql(ledger_url, f"DELETE FROM gpu_capacity_days WHERE day = {DAY0}")
         with Ledger(ledger_url) as led:
             assert any("sealed at audit seq" in p for p in audit.verify(led, keyring=keyring(key)).problems)
+
+
+def _through(url: str) -> int:
+    return json.loads([r for r in _capacity_rows(url) if r["action"] == "capacity.sealed"][-1]["payload"])["through"]
+
+
+@pytest.mark.postgres
+def test_a_day_sealed_while_another_writer_adds_to_it_is_resealed_on_postgresql(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Writer A adds rows of a day it still sees as yesterday; writer B, whose clock is already past
+    midnight, seals that day between A's insert and A's commit (it cannot see A's rows). A must find
+    the new seal and reseal its rows, or verify would call them inserted outside gpuledger."""
+    if os.environ.get("GPULEDGER_TEST_PG") == "0":
+        pytest.skip("PostgreSQL tests disabled by GPULEDGER_TEST_PG=0")
+    with fresh_pg_url() as url, audit_key() as key:
+        setup_accounts(url)
+        _write(url, _day_of("GPU-a", "node-1", DAY0), DAY0 + 2.5)
+        assert _through(url) == DAY0
+        real_lock = audit.lock
+        sealed_meanwhile: list[int] = []
+
+        def b_seals_first(conn):  # type: ignore[no-untyped-def]
+            if threading.current_thread().name == "writer-a":
+                b = threading.Thread(target=lambda: _write(url, [], DAY0 + 3.1), name="writer-b")
+                b.start()
+                b.join(timeout=60)
+                sealed_meanwhile.append(_through(url))
+            real_lock(conn)
+
+        monkeypatch.setattr(audit, "lock", b_seals_first)
+        a = threading.Thread(
+            target=lambda: _write(url, _day_of("GPU-b", "node-2", DAY0 + 1), DAY0 + 2.9), name="writer-a"
+        )
+        a.start()
+        a.join(timeout=120)
+        assert sealed_meanwhile == [DAY0 + 1]  # B sealed the day while A's rows were not committed
+        assert _capacity_rows(url)[-1]["action"] == "capacity.resealed"
+        with Ledger(url) as led:
+            result = audit.verify(led, keyring=keyring(key))
+        assert result.ok, result.problems
