@@ -6,7 +6,6 @@ instead of eight per run, so a ledger of a hundred thousand runs is read in a fe
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.audit import seal as seals
+from gpuledger.store import log_codec
 from gpuledger.store import schema as T
 
 CHUNK = 200  # runs per query
@@ -36,9 +36,10 @@ def current_seals(conn: Connection, run_ids: Sequence[str]) -> Iterator[tuple[st
         runs = {r["id"]: dict(r) for r in conn.execute(sa.select(T.runs).where(T.runs.c.id.in_(ids))).mappings()}
         parts = {t.name: _by_run(conn, t, ids) for t in (T.run_labels, T.devices, T.gpu_intervals, T.host_intervals,
                                                          T.events, T.metrics)}  # fmt: skip
-        logs = {
-            run_id: hashlib.sha256(bytes(data)).hexdigest()
-            for run_id, data in conn.execute(sa.select(T.logs.c.run_id, T.logs.c.data).where(T.logs.c.run_id.in_(ids)))
+        lg = T.logs.c
+        logs = {  # the log itself, whichever form it is stored in
+            run_id: log_codec.digest(bytes(data), int(size_b))
+            for run_id, data, size_b in conn.execute(sa.select(lg.run_id, lg.data, lg.size_b).where(lg.run_id.in_(ids)))
         }
         for run_id in ids:
             run = runs.get(run_id)

@@ -16,7 +16,18 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import codec, flush, migrations, ownership, queries, rollup_stale, run_rollup, schema, writes
+from gpuledger.store import (
+    codec,
+    flush,
+    log_codec,
+    migrations,
+    ownership,
+    queries,
+    rollup_stale,
+    run_rollup,
+    schema,
+    writes,
+)
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import AmbiguousRun, RunNotFound
 from gpuledger.store.url import default_url
@@ -274,10 +285,9 @@ class Ledger:
         return [codec.metric_from_row(r) for r in self._rows(q.order_by(m.seq))]
 
     def get_log(self, run_id: str) -> bytes | None:
-        data = self._db.read(
-            lambda conn: conn.scalar(sa.select(schema.logs.c.data).where(schema.logs.c.run_id == run_id))
-        )
-        return None if data is None else bytes(data)
+        lg = schema.logs.c
+        row = self._db.read(lambda conn: conn.execute(sa.select(lg.data, lg.size_b).where(lg.run_id == run_id)).first())
+        return None if row is None else log_codec.decode(bytes(row[0]), int(row[1]))
 
     def log_info(self, run_id: str) -> dict[str, Any] | None:
         """``{"sha256", "size_b", "truncated"}`` of the stored log without loading it; None if none."""

@@ -292,6 +292,13 @@ def _add_stay_instance_types(conn: Connection) -> None:
     )
 
 
+def _mark_compressed_logs(conn: Connection) -> None:
+    # Version 13: logs.data may hold the log zlib-compressed (store/log_codec.py: shorter than
+    # size_b). No table changes; the version keeps a gpuledger that would read those bytes as the
+    # log itself (and call a sealed log changed) off this ledger. Stored logs stay as they are.
+    return
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
@@ -326,6 +333,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         12,
         "add gpu_intervals.util_unmeasured_s: the exact time no sample or instant reading measured",
         _add_unmeasured_column,
+    ),
+    Migration(
+        13, "store logs zlib-compressed when that is shorter (logs.data shorter than size_b)", _mark_compressed_logs
     ),
 )
 LATEST = MIGRATIONS[-1].version

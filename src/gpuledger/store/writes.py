@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import bulk, rollup_stale, schema
+from gpuledger.store import bulk, log_codec, rollup_stale, schema
 from gpuledger.store.codec import device_from_row, label_rows, run_row, to_row
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import RunNotFound
@@ -140,7 +140,7 @@ def set_log(db: Database, conn: Connection, run_id: str, data: bytes, truncated:
     data = bytes(data)
     row = {
         "run_id": run_id,
-        "data": data,
+        "data": log_codec.encode(data),  # size_b and sha256 are the log's own
         "sha256": hashlib.sha256(data).hexdigest(),
         "size_b": len(data),
         "truncated": truncated,

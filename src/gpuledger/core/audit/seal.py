@@ -6,7 +6,8 @@ A seal holds, per part of the run, enough to *name* what changed later:
 - ``series``: per interval series (``gpu_intervals/<device uuid>``, ``host_intervals``): the seqs
   present (as ranges), the sums of its integrals, and row hashes, one per chunk of rows in seq
   order (chunks of one row while a series has at most MAX_HASHES rows);
-- ``events`` / ``metrics``: count and one hash; ``log``: sha256 of the stored bytes.
+- ``events`` / ``metrics``: count and one hash; ``log``: sha256 of the log itself, whichever form
+  it is stored in (store/log_codec.py).
 
 ``compare(sealed, current)`` lists the differences as sentences naming the run, table, column,
 device and seqs. Both sides must be built by ``seal`` from rows read the same way.
