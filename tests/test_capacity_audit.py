@@ -212,3 +212,15 @@ def test_a_day_sealed_while_another_writer_adds_to_it_is_resealed_on_postgresql(
         with Ledger(url) as led:
             result = audit.verify(led, keyring=keyring(key))
         assert result.ok, result.problems
+
+
+def test_audit_verify_says_how_far_capacity_is_sealed_and_names_an_edit(fleet: Fleet) -> None:
+    from test_audit_signing import gl
+
+    ok = gl("audit", "verify", "--db", fleet.url, "--public-key", fleet.key.public.text)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "4 capacity GPU-days checked (sealed through 2026-02-17)" in ok.stdout.splitlines()[0], ok.stdout
+    sql(fleet.url, f"UPDATE gpu_capacity_days SET alloc_idle_ms = 0 WHERE gpu_uuid = 'GPU-b' AND day = {DAY0}")
+    bad = gl("audit", "verify", "--db", fleet.url, "--public-key", fleet.key.public.text)
+    assert bad.returncode == 1
+    assert "TAMPERED  gpu_capacity_days: GPU GPU-b on 2026-02-16 (host 'node-1'): edited" in bad.stdout, bad.stdout

@@ -89,9 +89,15 @@ def verify_cmd(
             click.echo(f"SINCE HEAD  {line}")
         for line in result.notes:
             click.echo(f"NOTE  {line}")
+        capacity = ""
+        if result.capacity_sealed_through is not None:
+            capacity = (
+                f", {result.capacity_days_checked} capacity GPU-days checked (sealed through "
+                f"{result.capacity_sealed_through})"
+            )
         click.echo(
             f"{'OK' if result.ok else 'FAILED'}: {result.rows} audit rows, {result.runs_checked} sealed runs checked, "
-            f"{result.unsealed_running} running; head {result.head_seq}:{result.head_hash}"
+            f"{result.unsealed_running} running{capacity}; head {result.head_seq}:{result.head_hash}"
         )
         click.echo(_assurance(result))
     if not result.ok:

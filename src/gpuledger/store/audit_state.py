@@ -217,6 +217,11 @@ def check_rollups(conn: Connection, state: TrailState) -> list[str]:
     return out
 
 
-def check_capacity(conn: Connection, state: TrailState) -> list[str]:
-    """Each sealed day's per-GPU capacity sums against their latest seal."""
-    return capacity_audit.check(conn, state.capacity, state.capacity_seqs, state.capacity_through)
+def check_capacity(conn: Connection, state: TrailState, out: Any) -> list[str]:
+    """Each sealed day's per-GPU capacity sums against their latest seal; ``out`` (a Verification)
+    gets how many were checked and the last sealed day."""
+    problems, checked = capacity_audit.check(conn, state.capacity, state.capacity_seqs, state.capacity_through)
+    out.capacity_days_checked = checked
+    if state.capacity_through is not None:
+        out.capacity_sealed_through = capacity_audit.date_of(state.capacity_through)
+    return problems

@@ -61,6 +61,8 @@ class Verification:
     head_hash: str = GENESIS
     runs_checked: int = 0
     unsealed_running: int = 0
+    capacity_days_checked: int = 0  # GPU-days (one per GPU, day and host) compared with their seals
+    capacity_sealed_through: str | None = None  # the last sealed capacity day (YYYY-MM-DD)
     assurance: str = "none"  # a key of ASSURANCE
     signed_through: int = 0  # the last seq vouched for by a good signature
     keys: list[str] = field(default_factory=list)  # key ids that signed rows
@@ -209,7 +211,7 @@ def _verify(conn: Connection, expect_head: str | None, keyring: Keyring | None, 
     out.problems += audit_state.check_accounts(conn, state)
     out.problems += audit_state.check_owners(conn, state)
     out.problems += audit_state.check_rollups(conn, state)
-    out.problems += audit_state.check_capacity(conn, state)
+    out.problems += audit_state.check_capacity(conn, state, out)
     return out
 
 

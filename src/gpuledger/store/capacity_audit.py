@@ -168,23 +168,25 @@ def _seal_due(conn: Connection, through: int | None, last_due: int) -> None:
     audit.append(conn, actor="gpuledger capacity", action=SEALED, obj=OBJECT, payload=payload)
 
 
-def check(conn: Connection, sealed: Digests, seqs: Mapping[Key, int], through: int | None) -> list[str]:
-    """The rows of every sealed day against their latest seal (``sealed``, replayed from the trail)."""
+def check(conn: Connection, sealed: Digests, seqs: Mapping[Key, int], through: int | None) -> tuple[list[str], int]:
+    """The rows of every sealed day against their latest seal (``sealed``, replayed from the trail):
+    (problems, rows checked)."""
     if through is None:
-        return []
+        return [], 0
     now = digests(conn, upto_day=through)
     out: list[str] = []
     for key in sorted(set(now) | set(sealed), key=lambda k: (k[1], k[0], k[2])):
         uuid, day, host = key
-        where = f"gpu_capacity_days: GPU {uuid} on {_date(day)} (host {host!r})"
+        where = f"gpu_capacity_days: GPU {uuid} on {date_of(day)} (host {host!r})"
         if key not in sealed:
             out.append(f"{where}: not in the capacity seal of that day (inserted outside gpuledger)")
         elif key not in now:
             out.append(f"{where}: sealed at audit seq {seqs[key]}, deleted outside gpuledger")
         elif now[key] != sealed[key]:
             out.append(f"{where}: edited (differs from its seal at audit seq {seqs[key]})")
-    return out
+    return out, len(now)
 
 
-def _date(day: int) -> str:
+def date_of(day: int) -> str:
+    """A UTC day number as YYYY-MM-DD."""
     return time.strftime("%Y-%m-%d", time.gmtime(day * 86_400))
