@@ -44,8 +44,9 @@ class TrailState:
     gpus: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)  # uuid -> (host, user, seq)
     rollups: dict[str, tuple[str | None, int]] = field(default_factory=dict)  # run id -> (digest | None, seq)
     rollups_audited: bool = False
-    capacity: capacity_audit.Digests = field(default_factory=dict)  # (gpu, day, host) -> sealed digest
-    capacity_seqs: dict[capacity_audit.Key, int] = field(default_factory=dict)  # ... -> seq of that seal
+    # day -> the seqs of the capacity seals covering it, in order (their digests are read back one
+    # day at a time by the check: a year of a large fleet's digests is not held at once)
+    capacity_days: dict[int, list[int]] = field(default_factory=dict)
     capacity_through: int | None = None  # every day up to this one is sealed
 
     def feed(self, seq: int, action: str, obj: str, payload_text: str) -> None:
@@ -82,9 +83,8 @@ class TrailState:
             for run_id in payload.get("runs") or ():
                 self.rollups[run_id] = (None, seq)
         elif action in capacity_audit.ACTIONS:
-            sealed = capacity_audit.unnest(payload.get("days"))
-            self.capacity.update(sealed)
-            self.capacity_seqs.update(dict.fromkeys(sealed, seq))
+            for day in capacity_audit.days_covered(action, payload):
+                self.capacity_days.setdefault(day, []).append(seq)
             through = payload.get("through")
             if action == capacity_audit.SEALED and isinstance(through, int):
                 self.capacity_through = max(through, self.capacity_through or through)
@@ -220,7 +220,7 @@ def check_rollups(conn: Connection, state: TrailState) -> list[str]:
 def check_capacity(conn: Connection, state: TrailState, out: Any) -> list[str]:
     """Each sealed day's per-GPU capacity sums against their latest seal; ``out`` (a Verification)
     gets how many were checked and the last sealed day."""
-    problems, checked = capacity_audit.check(conn, state.capacity, state.capacity_seqs, state.capacity_through)
+    problems, checked = capacity_audit.check(conn, state.capacity_days, state.capacity_through)
     out.capacity_days_checked = checked
     if state.capacity_through is not None:
         out.capacity_sealed_through = capacity_audit.date_of(state.capacity_through)

@@ -17,10 +17,11 @@ write (an upgraded ledger catches up over its next writes). A local ledger seals
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -168,23 +169,84 @@ def _seal_due(conn: Connection, through: int | None, last_due: int) -> None:
     audit.append(conn, actor="gpuledger capacity", action=SEALED, obj=OBJECT, payload=payload)
 
 
-def check(conn: Connection, sealed: Digests, seqs: Mapping[Key, int], through: int | None) -> tuple[list[str], int]:
-    """The rows of every sealed day against their latest seal (``sealed``, replayed from the trail):
-    (problems, rows checked)."""
+def days_covered(action: str, payload: Mapping[str, Any]) -> list[int]:
+    """The days an audit row of ``action`` speaks for: a seal, every day of its range (also those
+    that had no rows: rows that appear there later are not in the seal); a reseal, the days it names."""
+    first, through = payload.get("from"), payload.get("through")
+    if action == SEALED and isinstance(first, int) and isinstance(through, int):
+        return list(range(first, through + 1))
+    days = payload.get("days")
+    return [int(d) for d in days if str(d).lstrip("-").isdigit()] if isinstance(days, dict) else []
+
+
+def check(conn: Connection, day_seqs: Mapping[int, Sequence[int]], through: int | None) -> tuple[list[str], int]:
+    """Every sealed day's rows against their latest seal (``day_seqs``: the seals covering each
+    day, replayed from the trail), a day at a time: (problems, rows checked)."""
     if through is None:
         return [], 0
-    now = digests(conn, upto_day=through)
     out: list[str] = []
-    for key in sorted(set(now) | set(sealed), key=lambda k: (k[1], k[0], k[2])):
-        uuid, day, host = key
-        where = f"gpu_capacity_days: GPU {uuid} on {date_of(day)} (host {host!r})"
-        if key not in sealed:
-            out.append(f"{where}: not in the capacity seal of that day (inserted outside gpuledger)")
-        elif key not in now:
-            out.append(f"{where}: sealed at audit seq {seqs[key]}, deleted outside gpuledger")
-        elif now[key] != sealed[key]:
-            out.append(f"{where}: edited (differs from its seal at audit seq {seqs[key]})")
-    return out, len(now)
+    checked = 0
+    payloads = _Payloads(conn)
+    for day, now in _days_and_rows(conn, sorted(d for d in day_seqs if d <= through), through):
+        sealed: Digests = {}
+        seqs: dict[Key, int] = {}
+        for seq in day_seqs.get(day, ()):  # in trail order: the latest seal of a row wins
+            for key, d in unnest({str(day): payloads.day(seq, day)}).items():
+                sealed[key], seqs[key] = d, seq
+        checked += len(now)
+        for key in sorted(set(now) | set(sealed)):
+            uuid, _, host = key
+            where = f"gpu_capacity_days: GPU {uuid} on {date_of(day)} (host {host!r})"
+            if key not in sealed:
+                out.append(f"{where}: not in the capacity seal of that day (inserted outside gpuledger)")
+            elif key not in now:
+                out.append(f"{where}: sealed at audit seq {seqs[key]}, deleted outside gpuledger")
+            elif now[key] != sealed[key]:
+                out.append(f"{where}: edited (differs from its seal at audit seq {seqs[key]})")
+    return out, checked
+
+
+def _days_and_rows(conn: Connection, trail_days: list[int], through: int) -> Iterator[tuple[int, Digests]]:
+    """(day, digests of its rows now) for every day up to ``through`` that the trail covers or the
+    table holds, in day order, streaming the table."""
+    d = gpu_capacity_days.c
+    q = sa.select(d.gpu_uuid, d.day, d.host, *(d[c] for c in COLUMNS)).where(d.day <= through).order_by(d.day)
+    rows = conn.execute(q.execution_options(yield_per=10_000)).mappings()
+    by_day = ((day, {(r["gpu_uuid"], day, r["host"]): row_digest(r) for r in group})
+              for day, group in itertools.groupby(rows, key=lambda r: int(r["day"])))  # fmt: skip
+    pending = iter(trail_days)
+    nxt = next(pending, None)
+    for day, now in by_day:
+        while nxt is not None and nxt < day:
+            yield nxt, {}  # sealed, and no row left
+            nxt = next(pending, None)
+        if nxt == day:
+            nxt = next(pending, None)
+        yield day, now
+    while nxt is not None:
+        yield nxt, {}
+        nxt = next(pending, None)
+
+
+class _Payloads:
+    """Seal payloads read back by seq, the last few kept (a seal covers up to a week of days)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._kept: dict[int, dict[str, Any]] = {}
+
+    def day(self, seq: int, day: int) -> Any:
+        days = self._kept.get(seq)
+        if days is None:
+            text = self._conn.scalar(sa.select(audit_log.c.payload).where(audit_log.c.seq == seq))
+            try:
+                days = json.loads(text or "{}").get("days") or {}
+            except (ValueError, AttributeError):
+                days = {}  # an edited row: the chain check names it
+            if len(self._kept) >= 2 * MAX_DAYS_PER_SEAL:
+                self._kept.pop(next(iter(self._kept)))
+            self._kept[seq] = days
+        return days.get(str(day), {}) if isinstance(days, dict) else {}
 
 
 def date_of(day: int) -> str:
