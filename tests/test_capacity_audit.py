@@ -224,3 +224,26 @@ def test_audit_verify_says_how_far_capacity_is_sealed_and_names_an_edit(fleet: F
     bad = gl("audit", "verify", "--db", fleet.url, "--public-key", fleet.key.public.text)
     assert bad.returncode == 1
     assert "TAMPERED  gpu_capacity_days: GPU GPU-b on 2026-02-16 (host 'node-1'): edited" in bad.stdout, bad.stdout
+
+
+def test_the_capacity_report_says_which_of_its_days_are_not_sealed_yet(fleet: Fleet, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    from gpuledger.cli.main import cli
+
+    def report(*args: str) -> dict:
+        got = CliRunner().invoke(cli, ["report", "capacity", "--db", fleet.url, "--json", *args])
+        assert got.exit_code == 0, got.output
+        return json.loads(got.output)
+
+    month = report("--month", "2026-02")  # 16 to 19 February hold rows; 16 and 17 are sealed
+    assert month["sealed_through"] == "2026-02-17"
+    assert any("figures from 2026-02-18 on are not sealed in the audit trail yet" in w for w in month["warnings"])
+    sealed_only = report("--from", "2026-02-16", "--to", "2026-02-17")  # --to is included
+    assert sealed_only["sealed_through"] == "2026-02-17"
+    assert not any("not sealed" in w for w in sealed_only["warnings"])
+    local = f"sqlite:///{tmp_path}/local.db"
+    _write(local, _day_of("GPU-a", "node-1", DAY0), DAY0 + 10)
+    got = CliRunner().invoke(cli, ["report", "capacity", "--db", local, "--json", "--month", "2026-02"])
+    assert json.loads(got.output)["sealed_through"] is None  # a local ledger keeps no trail
+    assert not any("not sealed" in w for w in json.loads(got.output)["warnings"])

@@ -125,6 +125,18 @@ def sealed_through(conn: Connection) -> int | None:
     return through if isinstance(through, int) else None
 
 
+def unsealed_in(conn: Connection, first_day: int, last_day: int) -> tuple[int | None, int | None]:
+    """(the last sealed day or None, the first day of [first_day, last_day] with rows after it or
+    None); (None, None) for a ledger without an audit trail (nothing is ever sealed there)."""
+    if not rollup_audit.audited(conn):
+        return None, None
+    through = sealed_through(conn)
+    d = gpu_capacity_days.c
+    after = first_day if through is None else max(first_day, through + 1)
+    day = conn.scalar(sa.select(sa.func.min(d.day)).where(d.day >= after, d.day <= last_day))
+    return through, None if day is None else int(day)
+
+
 def after_write(conn: Connection, changed: Iterable[Key], added: int, now: float | None = None) -> None:
     """In the transaction of a capacity write that changed the day rows ``changed`` (``added`` new
     intervals): reseal the sealed ones, then seal the days now due."""

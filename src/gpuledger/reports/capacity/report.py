@@ -19,6 +19,7 @@ from gpuledger.core.money import UH_PER_H, money_str
 from gpuledger.core.pricing.ratecard import RateCard
 from gpuledger.core.pricing.usage import day_of
 from gpuledger.reports.capacity.runs import runs_fleet, runs_gpus, team_bills, whole_days
+from gpuledger.store import capacity_audit
 from gpuledger.store import capacity_queries as capq
 
 if TYPE_CHECKING:
@@ -52,6 +53,19 @@ def _read(ledger: Ledger, card: RateCard, start: float, end: float) -> tuple[lis
     return ledger.read(tx)
 
 
+def _unsealed_note(ledger: Ledger, start: float, end: float) -> tuple[str | None, str | None]:
+    """(the last capacity day sealed in the audit trail, as YYYY-MM-DD, or None; a note when the
+    window holds agents' day rows after it). A local ledger keeps no trail: (None, None)."""
+    through, open_day = ledger.read(lambda c: capacity_audit.unsealed_in(c, day_of(start), day_of(end - 1e-6)))
+    sealed = None if through is None else capacity_audit.date_of(through)
+    if open_day is None:
+        return sealed, None
+    return sealed, (
+        f"the agents' figures from {capacity_audit.date_of(open_day)} on are not sealed in the audit trail "
+        "yet (a day is sealed once the day after it is over: docs/AUDIT.md)"
+    )
+
+
 def capacity(
     ledger: Ledger,
     *,
@@ -69,13 +83,15 @@ def capacity(
     bills: list[TeamBill] = []
     if share_rule != "none":
         bills = ledger.read(lambda conn: team_bills(conn, card, start, end, basis))
+    sealed_through, unsealed = _unsealed_note(ledger, start, end)
     params = {
         "basis": basis or card.basis,
         "rate_card": card.name or card.source,
         "rate_card_source": card.source,
         "pools": pools.source or None,
+        "sealed_through": sealed_through,
     }
-    warnings = []
+    warnings = [] if unsealed is None else [unsealed]
     derived = [g for g in gpus if g.source == "runs"]
     if derived:
         warnings.append(
