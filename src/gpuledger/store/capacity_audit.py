@@ -106,16 +106,18 @@ def _digests_of(conn: Connection, keys: Iterable[Key]) -> Digests:
     return out
 
 
+# The latest seal row, by the object's index (built once: this runs in every capacity write).
+_LATEST_SEAL = (
+    sa.select(audit_log.c.payload)
+    .where(audit_log.c.object == OBJECT, audit_log.c.action == SEALED)
+    .order_by(audit_log.c.seq.desc())
+    .limit(1)
+)
+
+
 def sealed_through(conn: Connection) -> int | None:
     """The last day the trail's capacity seals cover (every day up to it is sealed); None: none yet."""
-    log = audit_log.c
-    q = (
-        sa.select(log.payload)
-        .where(log.object == OBJECT, log.action == SEALED)  # by the object's index
-        .order_by(log.seq.desc())
-        .limit(1)
-    )
-    payload = conn.scalar(q)
+    payload = conn.scalar(_LATEST_SEAL)
     if payload is None:
         return None
     try:
@@ -143,14 +145,17 @@ def after_write(conn: Connection, changed: Iterable[Key], added: int, now: float
     from gpuledger.store import audit  # audit -> audit_verify -> audit_state imports this module
 
     changed = list(changed)
-    if not rollup_audit.audited(conn):
+    through = sealed_through(conn)
+    if through is None and not rollup_audit.audited(conn):
         return  # a local ledger keeps no trail
     last_due = _day(time.time() if now is None else now) - 1 - GRACE_DAYS
-    through = sealed_through(conn)
-    # The usual write (today's rows, yesterday's already sealed) needs no lock. Rows of a day that
-    # another writer, whose clock is already past midnight, may be sealing right now do.
-    if through is not None and through >= last_due and all(k[1] > last_due + 1 for k in changed):
-        return
+    # The usual write (today's rows, nothing due) needs no lock. Rows of a day that another writer,
+    # whose clock is already past midnight, may be sealing right now do.
+    if all(k[1] > last_due + 1 for k in changed):
+        if through is not None and through >= last_due:
+            return
+        if through is None and not _stored_by(conn, last_due):
+            return  # a new fleet: no day of it is over yet
     audit.lock(conn)  # then read what is sealed again: a sealer that held the lock has committed
     through = sealed_through(conn)
     late = [k for k in changed if through is not None and k[1] <= through]
@@ -158,6 +163,12 @@ def after_write(conn: Connection, changed: Iterable[Key], added: int, now: float
         payload = {"why": f"late push: {added} capacity intervals added", "days": nest(_digests_of(conn, late))}
         audit.append(conn, actor="gpuledger capacity", action=RESEALED, obj=OBJECT, payload=payload)
     _seal_due(conn, through, last_due)
+
+
+def _stored_by(conn: Connection, day: int) -> bool:
+    """Whether the table holds a row of ``day`` or before."""
+    d = gpu_capacity_days.c
+    return conn.execute(sa.select(d.day).where(d.day <= day).limit(1)).first() is not None
 
 
 def _day(t: float) -> int:
