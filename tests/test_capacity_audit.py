@@ -247,3 +247,17 @@ def test_the_capacity_report_says_which_of_its_days_are_not_sealed_yet(fleet: Fl
     got = CliRunner().invoke(cli, ["report", "capacity", "--db", local, "--json", "--month", "2026-02"])
     assert json.loads(got.output)["sealed_through"] is None  # a local ledger keeps no trail
     assert not any("not sealed" in w for w in json.loads(got.output)["warnings"])
+
+
+def test_a_ledger_given_a_trail_later_is_sealed_by_its_next_write_of_todays_rows(ledger_url: str) -> None:
+    with audit_key() as key:
+        _write(ledger_url, _day_of("GPU-a", "node-1", DAY0), DAY0 + 1.5)  # no trail yet: nothing sealed
+        assert audit_rows(ledger_url) == []
+        setup_accounts(ledger_url)  # the ledger becomes a team ledger
+        today = DAY0 + 9
+        _write(ledger_url, _day_of("GPU-a", "node-1", today)[:1], today + 0.5)  # only today's rows
+        seal = json.loads(_capacity_rows(ledger_url)[-1]["payload"])
+        assert (seal["from"], seal["through"]) == (DAY0, DAY0 + 6) and list(seal["days"]) == [str(DAY0)]
+        with Ledger(ledger_url) as led:
+            result = audit.verify(led, keyring=keyring(key))
+        assert result.ok, result.problems
