@@ -27,7 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.core.capacity.model import DAY_MS
+from gpuledger.core.pricing.usage import day_of
 from gpuledger.store import rollup_audit
 from gpuledger.store.schema import audit_log, gpu_capacity_days
 from gpuledger.store.schema_capacity import STATE_COLUMNS
@@ -85,10 +85,14 @@ def unnest(days: Any) -> Digests:
     return out
 
 
+_D = gpu_capacity_days.c
+_ROWS = sa.select(_D.gpu_uuid, _D.day, _D.host, *(_D[c] for c in COLUMNS))  # what a digest reads, with the key
+
+
 def digests(conn: Connection, *, upto_day: int | None = None, from_day: int | None = None) -> Digests:
     """The digest of every ``gpu_capacity_days`` row in the day range (both ends included)."""
-    d = gpu_capacity_days.c
-    q = sa.select(d.gpu_uuid, d.day, d.host, *(d[c] for c in COLUMNS))
+    d = _D
+    q = _ROWS
     if from_day is not None:
         q = q.where(d.day >= from_day)
     if upto_day is not None:
@@ -148,14 +152,16 @@ def after_write(conn: Connection, changed: Iterable[Key], added: int, now: float
     through = sealed_through(conn)
     if through is None and not rollup_audit.audited(conn):
         return  # a local ledger keeps no trail
-    last_due = _day(time.time() if now is None else now) - 1 - GRACE_DAYS
+    last_due = day_of(time.time() if now is None else now) - 1 - GRACE_DAYS
     # The usual write (today's rows, nothing due) needs no lock. Rows of a day that another writer,
     # whose clock is already past midnight, may be sealing right now do.
     if all(k[1] > last_due + 1 for k in changed):
         if through is not None and through >= last_due:
             return
-        if through is None and not _stored_by(conn, last_due):
-            return  # a new fleet: no day of it is over yet
+        if through is None:
+            first = _first_day(conn)
+            if first is None or first > last_due:
+                return  # a new fleet (or none yet): no day of it is over
     audit.lock(conn)  # then read what is sealed again: a sealer that held the lock has committed
     through = sealed_through(conn)
     late = [k for k in changed if through is not None and k[1] <= through]
@@ -165,28 +171,18 @@ def after_write(conn: Connection, changed: Iterable[Key], added: int, now: float
     _seal_due(conn, through, last_due)
 
 
-def _stored_by(conn: Connection, day: int) -> bool:
-    """Whether the table holds a row of ``day`` or before."""
-    d = gpu_capacity_days.c
-    return conn.execute(sa.select(d.day).where(d.day <= day).limit(1)).first() is not None
-
-
-def _day(t: float) -> int:
-    return int(t * 1000) // DAY_MS
+def _first_day(conn: Connection) -> int | None:
+    """The earliest day the table holds (None: empty)."""
+    first = conn.scalar(sa.select(sa.func.min(gpu_capacity_days.c.day)))
+    return None if first is None else int(first)
 
 
 def _seal_due(conn: Connection, through: int | None, last_due: int) -> None:
     from gpuledger.store import audit
 
-    if through is None:
-        first = conn.scalar(sa.select(sa.func.min(gpu_capacity_days.c.day)))
-        if first is None:
-            return  # nothing stored yet
-        first = int(first)
-    else:
-        first = through + 1
-    if first > last_due:
-        return
+    first = _first_day(conn) if through is None else through + 1
+    if first is None or first > last_due:
+        return  # nothing stored yet, or nothing due
     upto = min(last_due, first + MAX_DAYS_PER_SEAL - 1)
     payload = {"from": first, "through": upto, "days": nest(digests(conn, from_day=first, upto_day=upto))}
     audit.append(conn, actor="gpuledger capacity", action=SEALED, obj=OBJECT, payload=payload)
@@ -232,8 +228,7 @@ def check(conn: Connection, day_seqs: Mapping[int, Sequence[int]], through: int 
 def _days_and_rows(conn: Connection, trail_days: list[int], through: int) -> Iterator[tuple[int, Digests]]:
     """(day, digests of its rows now) for every day up to ``through`` that the trail covers or the
     table holds, in day order, streaming the table."""
-    d = gpu_capacity_days.c
-    q = sa.select(d.gpu_uuid, d.day, d.host, *(d[c] for c in COLUMNS)).where(d.day <= through).order_by(d.day)
+    q = _ROWS.where(_D.day <= through).order_by(_D.day)
     rows = conn.execute(q.execution_options(yield_per=10_000)).mappings()
     by_day = ((day, {(r["gpu_uuid"], day, r["host"]): row_digest(r) for r in group})
               for day, group in itertools.groupby(rows, key=lambda r: int(r["day"])))  # fmt: skip
