@@ -217,11 +217,6 @@ def check_rollups(conn: Connection, state: TrailState) -> list[str]:
     return out
 
 
-def check_capacity(conn: Connection, state: TrailState, out: Any) -> list[str]:
-    """Each sealed day's per-GPU capacity sums against their latest seal; ``out`` (a Verification)
-    gets how many were checked and the last sealed day."""
-    problems, checked = capacity_audit.check(conn, state.capacity_days, state.capacity_through)
-    out.capacity_days_checked = checked
-    if state.capacity_through is not None:
-        out.capacity_sealed_through = capacity_audit.date_of(state.capacity_through)
-    return problems
+def check_capacity(conn: Connection, state: TrailState) -> tuple[list[str], int]:
+    """Each sealed day's per-GPU capacity sums against their latest seal: (problems, GPU-days checked)."""
+    return capacity_audit.check(conn, state.capacity_days, state.capacity_through)

@@ -31,7 +31,7 @@ from gpuledger.core.audit import seal as seals
 from gpuledger.core.audit.chain import GENESIS, check_chain
 from gpuledger.core.audit.signing import Keyring
 from gpuledger.core.model import run_is_open
-from gpuledger.store import audit_seals, audit_sign, audit_state, liveness_sweep
+from gpuledger.store import audit_seals, audit_sign, audit_state, capacity_audit, liveness_sweep
 from gpuledger.store import schema as T
 
 if TYPE_CHECKING:
@@ -211,7 +211,10 @@ def _verify(conn: Connection, expect_head: str | None, keyring: Keyring | None, 
     out.problems += audit_state.check_accounts(conn, state)
     out.problems += audit_state.check_owners(conn, state)
     out.problems += audit_state.check_rollups(conn, state)
-    out.problems += audit_state.check_capacity(conn, state, out)
+    problems, out.capacity_days_checked = audit_state.check_capacity(conn, state)
+    out.problems += problems
+    if state.capacity_through is not None:
+        out.capacity_sealed_through = capacity_audit.date_of(state.capacity_through)
     return out
 
 
