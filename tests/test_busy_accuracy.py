@@ -24,15 +24,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
+from gpuledger.collect.fake_nvml_core import DEFAULT_UPTIME_S
 from gpuledger.collect.fake_nvml_profiles import PROFILES
 from gpuledger.collect.nvml import NvmlCollector
-from gpuledger.core.metering.busy import PERIOD_MIN_S
+from gpuledger.core.metering.busy import PERIOD_MAX_S, PERIOD_MIN_S
 from gpuledger.core.metering.intervals import merge_gpu_ticks
 from gpuledger.recorder.recorder import tick_seconds
 
 T0 = 1_700_000_000.0
 UUID = "GPU-5d3c1f4e-0000-4000-8000-000000000001"
 SAMPLING = [(name, idle) for name in sorted(PROFILES) for idle in ("grid", "slow", "stop")]
+UPTIME_S = 3 * 86_400.0  # the host's boot clock at T0
+# The clock NVML stamps samples with, as drivers do: the wall clock, the host's boot clock, or one
+# the collector cannot read (boot-clock stamps on a host whose boot clock says otherwise).
+STAMP_CLOCKS = ("wall", "boot", "other")
 
 
 class Clock:
@@ -73,22 +78,28 @@ def record(
     interval_s: float,
     rnd: random.Random,
     seen: dict[int, int] | None = None,
+    stamps: str = "wall",
 ):
     """(recorded busy-seconds, recorded intervals, end of recording in trace seconds, sample period);
-    ``seen`` collects every utilisation sample the driver handed out (timestamp µs -> percent)."""
+    ``seen`` collects every utilisation sample the driver handed out (timestamp µs -> percent),
+    rebased onto the wall clock; ``stamps``: one of STAMP_CLOCKS."""
     clock = Clock()
     gpu = FakeGpu(UUID, name="NVIDIA GPU", points=points, profile=profile, idle_sampling=idle)
-    fake = FakeNvml([gpu], clock=clock, start=T0)
+    boot = (lambda: clock.t - T0 + UPTIME_S) if stamps == "boot" else (lambda: 60.0)  # "other": booted a minute ago
+    fake = FakeNvml([gpu], clock=clock, start=T0, sample_clock="wall" if stamps == "wall" else "boot", boot_clock=boot)
+    rebase = 0 if stamps == "wall" else round((T0 - UPTIME_S) * 1e6) if stamps == "boot" else None
     if seen is not None:
         samples = fake.nvmlDeviceGetSamples
 
         def spy(handle, kind, after):
             vtype, got = samples(handle, kind, after)
-            seen.update((int(x.timeStamp), int(x.sampleValue.uiVal)) for x in got)
+            seen.update((int(x.timeStamp) + shift, int(x.sampleValue.uiVal)) for x in got)
             return vtype, got
 
         fake.nvmlDeviceGetSamples = spy
-    col = NvmlCollector(nvml=fake, clock=clock)
+        # "other": trace second 0 is DEFAULT_UPTIME_S on the samples' clock
+        shift = rebase if rebase is not None else round((T0 - DEFAULT_UPTIME_S) * 1e6)
+    col = NvmlCollector(nvml=fake, clock=clock, boot=boot)
     tick = tick_seconds(interval_s)
     col.read(set(), clock.t)  # the recorder primes at the start
     ticks, intervals, start = [], [], clock.t
@@ -130,13 +141,14 @@ def naive_poll(points: list[TracePoint], profile: str, every_s: float, end: floa
     return busy
 
 
+@pytest.mark.parametrize("stamps", STAMP_CLOCKS)
 @pytest.mark.parametrize("interval_s", [1.0, 5.0, 30.0, 60.0])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(points=workloads(), which=st.sampled_from(SAMPLING), seed=st.integers(0, 2**16))
-def test_recorded_busy_time_is_within_one_percent_plus_one_period(points, which, seed, interval_s) -> None:
+def test_recorded_busy_time_is_within_one_percent_plus_one_period(points, which, seed, interval_s, stamps) -> None:
     profile, idle = which
     seen: dict[int, int] = {}
-    busy, intervals, end, period = record(points, profile, idle, interval_s, random.Random(seed), seen)
+    busy, intervals, end, period = record(points, profile, idle, interval_s, random.Random(seed), seen, stamps)
     expected = truth(points, 0.0, end)
     unlearned = unlearned_busy_samples(seen, int(T0 * 1e6)) * (period - PERIOD_MIN_S)  # 0 on 1/6 s products
     assert expected - unlearned - 0.01 * expected - period - 1e-6 <= busy, (busy, expected, unlearned)
@@ -144,6 +156,10 @@ def test_recorded_busy_time_is_within_one_percent_plus_one_period(points, which,
     for iv in intervals:  # no interval holds more busy time than its span (plus one period carried in)
         assert (iv.busy_s or 0.0) <= iv.t1 - iv.t0 + period + 1e-6
         assert iv.util_method == "samples" and iv.util_unknown_s == 0
+        if stamps != "other":  # on a clock gpuledger reads, each interval records its own idle time
+            assert (iv.util_idle_s or 0.0) <= iv.t1 - iv.t0 + PERIOD_MAX_S + 1e-6, (iv.util_idle_s, iv.t1 - iv.t0)
+    # Time classified (busy, idle) never exceeds the recording: nothing from before it is counted.
+    assert math.fsum((iv.util_idle_s or 0.0) + (iv.busy_s or 0.0) for iv in intervals) <= end + period + 1e-6
 
 
 def test_a_naive_30_s_poller_errs_by_far_more_on_the_same_loads() -> None:

@@ -30,7 +30,11 @@ class Clock:
 
 
 def one_gpu(clock: Clock, **kw) -> tuple[FakeNvml, object]:
-    nvml_kw = {k: kw.pop(k) for k in ("wall_clock", "reloads", "host_pid_offset", "pid_translation") if k in kw}
+    nvml_kw = {
+        k: kw.pop(k)
+        for k in ("wall_clock", "reloads", "host_pid_offset", "pid_translation", "sample_clock", "boot_clock")
+        if k in kw
+    }
     points = kw.pop(
         "points",
         [
@@ -286,6 +290,26 @@ def test_wall_clock_steps_show_in_the_timestamps() -> None:
     assert new[0][0] < before[-1][0]  # buffer order: the timestamps go back
     assert samples(fake, h, before[-1][0]) == []  # a cursor at the newest timestamp seen misses them
     assert [b - a for (a, _), (b, _) in itertools.pairwise(new)] == [166_667] * 5
+
+
+@pytest.mark.parametrize("boot_clock", [None, "host"])
+def test_boot_clock_stamps_are_microseconds_since_boot_and_never_step(boot_clock) -> None:
+    # Some drivers stamp samples with CLOCK_BOOTTIME (NVML documents no epoch for them): the
+    # utilisation and the per-process samples alike; field values keep the Unix epoch.
+    clock, wall = Clock(), Clock(5_000.0)
+    up = 3_600.0  # the host booted an hour before trace second 0
+    boot = None if boot_clock is None else (lambda: clock.t - T0 + up)
+    points = [TracePoint(0, util_pct=100, power_w=300, procs={1234: (2**30, 90)})]
+    fake, h = one_gpu(clock, wall_clock=wall, profile="ideal", points=points, sample_clock="boot", boot_clock=boot)
+    base = tables.DEFAULT_UPTIME_S if boot is None else up
+    clock.t += 1.0
+    wall.t += 1.0 - 30.0  # a wall-clock step back: the boot clock does not step
+    assert samples(fake, h)[-1][0] == round(base * 1e6) + 5 * 166_667
+    (proc,) = fake.nvmlDeviceGetProcessUtilization(h, 0)
+    assert proc.timeStamp == round(base * 1e6) + 5 * 166_667
+    assert field(fake, h, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION).timestamp == round((wall.t) * 1e6)
+    with pytest.raises(ValueError, match="sample_clock"):
+        FakeNvml([], clock=clock, sample_clock="gpu")
 
 
 def test_driver_reload_empties_the_buffer_and_restarts_the_energy_counter() -> None:

@@ -114,3 +114,91 @@ def test_a_shorter_spacing_seen_later_lowers_the_learned_period() -> None:
     assert quick is not None and quick.busy_s == pytest.approx(6 * P_US / 1e6, rel=0.1)
     after = r.read(lone / 1e6, 9.0, 6.0)
     assert after is not None and after.busy_s == pytest.approx(1.1 * P_US / 1e6, rel=0.01)
+
+
+# -- the clock NVML stamps samples with ----------------------------------------------------------
+# NVML documents nvmlSample_t.timeStamp as "CPU timestamp in microseconds", no epoch: most drivers
+# stamp the Unix epoch, some the time since boot (CLOCK_BOOTTIME; a public agent found its
+# samples dated February 1970 on a host up 58 days).
+BOOT0 = 5_011_200.0  # the host's boot clock at monotonic 0 (58 days up)
+WALL0 = T0 / 1e6  # the wall clock at monotonic 0
+
+
+def boot_reader(driver: Driver, boot: Any, notes: list[str] | None = None) -> UtilReader:
+    said = notes if notes is not None else []
+    return UtilReader(samples=driver, instant=lambda: None, note=lambda key, text: said.append(key), boot=boot)
+
+
+def test_boot_clock_stamps_count_idle_time_tick_by_tick_as_wall_clock_ones_do() -> None:
+    # The GPU ran until 10 s before the start; the driver stopped sampling when it went idle. Each
+    # idle tick records its own idle time (not all of it when work resumes), and nothing from
+    # before the start is counted.
+    mono = {"t": 0.0}
+    old = round((BOOT0 - 10) * 1e6)
+    fresh = round((BOOT0 + 5) * 1e6)
+    drv = Driver(batch((old - P_US, 100), (old, 100)), NOTHING_NEW, NOTHING_NEW, batch((fresh, 100)))
+    r = boot_reader(drv, lambda: BOOT0 + mono["t"])
+    r.prime(WALL0, 0.0)
+    reads = []
+    for t in (2.0, 4.0, 5.05):
+        mono["t"] = t
+        reads.append(r.read(WALL0 + t, t, 2.0 if t < 5 else 1.05))
+    period = r.period.seconds  # learned from the two samples before the start
+    assert [x.idle_s for x in reads] == pytest.approx([2 - period, 2.0, 1.0], abs=1e-6)
+    assert reads[2].busy_s == pytest.approx(period, abs=1e-6)  # one sample: one period
+
+
+@pytest.mark.parametrize("boot", [None, lambda: 60.0], ids=["no-boot-clock", "boot-clock-disagrees"])
+def test_on_an_unknown_clock_no_time_before_the_start_is_counted(boot: Any) -> None:
+    # Stamps on a clock gpuledger cannot read (or cannot trust): gaps are classified when the next
+    # sample arrives, but the first one after the start counts from the start, not from the
+    # newest sample in the buffer (taken 10 minutes before the run).
+    old = round((BOOT0 - 600) * 1e6)
+    fresh = round((BOOT0 + 5) * 1e6)
+    notes: list[str] = []
+    drv = Driver(batch((old - P_US, 100), (old, 100)), NOTHING_NEW, batch((fresh, 100)))
+    r = boot_reader(drv, boot, notes)
+    r.prime(WALL0, 0.0)
+    first = r.read(WALL0 + 2.0, 2.0, 2.0)
+    second = r.read(WALL0 + 5.05, 5.05, 3.05)
+    assert first is not None and second is not None
+    period = r.period.seconds
+    # 5 s since the start, less what the sample covers; the first sample after the start is
+    # fresh, so the start is placed within 0.05 s (the time since that sample) of the truth
+    assert first.idle_s + second.idle_s == pytest.approx(5.0 - period, abs=0.06)  # not ~605 s
+    assert second.busy_s == pytest.approx(period, abs=1e-6)
+    assert notes == ["sample_clock"]
+
+
+def test_a_wall_clock_step_does_not_move_boot_clock_stamps() -> None:
+    # NTP steps the wall clock 30 s forward between two reads; the boot clock does not step, and
+    # neither do the samples stamped with it: no step is corrected and no time is unknown.
+    mono = {"t": 0.0}
+    t = [round((BOOT0 + k / 6) * 1e6) for k in range(0, 19)]
+    drv = Driver(batch((t[0], 100)), batch(*((ts, 100) for ts in t[1:7])), batch(*((ts, 100) for ts in t[7:19])))
+    notes: list[str] = []
+    r = boot_reader(drv, lambda: BOOT0 + mono["t"], notes)
+    r.prime(WALL0, 0.0)
+    mono["t"] = 1.0
+    a = r.read(WALL0 + 1.0, 1.0, 1.0)
+    mono["t"] = 3.0
+    b = r.read(WALL0 + 30 + 3.0, 3.0, 2.0)
+    assert a is not None and b is not None
+    assert a.busy_s + b.busy_s == pytest.approx(3.0, abs=1e-6)
+    assert a.unknown_s == b.unknown_s == 0 and not notes
+
+
+def test_samples_later_than_the_boot_clock_are_not_on_it() -> None:
+    # The first fresh sample agreed with the boot clock; a later one is 100 s ahead of it (the
+    # driver's clock is some other one): from then on gaps wait for the next sample, with a note.
+    mono = {"t": 0.0}
+    notes: list[str] = []
+    drv = Driver(batch((round(BOOT0 * 1e6), 100)), batch((round((BOOT0 + 101) * 1e6), 100)), NOTHING_NEW)
+    r = boot_reader(drv, lambda: BOOT0 + mono["t"], notes)
+    r.prime(WALL0, 0.0)
+    mono["t"] = 1.0
+    r.read(WALL0 + 1.0, 1.0, 1.0)
+    mono["t"] = 9.0
+    idle = r.read(WALL0 + 9.0, 9.0, 8.0)
+    assert notes == ["sample_clock"]
+    assert idle is not None and idle.idle_s == 0  # "now" on the driver's clock is not known

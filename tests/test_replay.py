@@ -120,6 +120,7 @@ def test_json_document_sparse_points_and_absent_series(tmp_path) -> None:
         ('{"gpus": [{"uuid": "GPU-a"}]}\n{"t": 0,\n', "t.jsonl:2: not JSON"),
         ('{"t": 0, "gpu": 0}\n', "the first line must be the header"),
         ('{"gpus": []}\n', "lists no GPU"),
+        ('{"sample_clock": "gpu", "gpus": [{"uuid": "GPU-a"}]}\n', "'sample_clock' must be one of wall, boot"),
     ],
 )
 def test_bad_traces_say_where(tmp_path, text: str, message: str) -> None:
@@ -176,6 +177,28 @@ def test_format_doc_lists_every_field() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "replay-format.md").read_text()
     for key in replay._GPU_KEYS | replay._POINT_KEYS | replay._MIG_KEYS:
         assert f"`{key}`" in doc or f'"{key}"' in doc, key
+
+
+@pytest.mark.parametrize("sample_clock", ["wall", "boot"])
+def test_a_trace_chooses_the_clock_samples_are_stamped_with(tmp_path, sample_clock: str) -> None:
+    # Busy, idle for 5 s (the driver stops sampling), busy again: on either clock each tick
+    # records its own idle time, and busy time is the same.
+    header = {"sample_clock": sample_clock, "gpus": [{"uuid": "GPU-c", "name": "NVIDIA H100 80GB HBM3"}]}
+    points = [{"t": 0.0, "gpu": 0, "util_pct": 100, "power_w": 300}, {"t": 3.0, "gpu": 0, "util_pct": 0},
+              {"t": 8.0, "gpu": 0, "util_pct": 100}]  # fmt: skip
+    path = tmp_path / "clock.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in (header, *points)))
+    clock = Clock()
+    col = open_replay(path, None, clock=clock, boot=lambda: clock.t - T0 + 7_200.0)
+    ticks, events = read_for(col, clock, 10)
+    _, got = col.fake.nvmlDeviceGetSamples(col.fake.nvmlDeviceGetHandleByIndex(0), 1, 0)
+    assert got[-1].timeStamp < (7_200 + 11) * 1e6 if sample_clock == "boot" else got[-1].timeStamp > T0 * 1e6
+    assert sum(t.busy_s for t in ticks) == pytest.approx(5.0, abs=0.2)
+    # No tick holds idle time from before the tick before it (samples end up to a period before
+    # a read; that span is classified by the next read), not the 5 s at once.
+    assert all((t.util_idle_s or 0) <= 2.0 + 1e-6 for t in ticks)
+    assert sum(t.util_idle_s or 0 for t in ticks) == pytest.approx(5.0, abs=1.2)
+    assert not [e for e in events if e.kind != "note"]
 
 
 def test_a_trace_can_lose_a_gpu(tmp_path) -> None:

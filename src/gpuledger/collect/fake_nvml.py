@@ -18,7 +18,13 @@ Trace semantics (times are *trace seconds*: ``clock() - start``):
   steps, averaged or instantaneous ``nvmlDeviceGetPowerUsage``, architecture.
 * Utilisation samples: instant k is at trace time ``phase + k * period``; its sample is the
   percent of the period *before* it a kernel ran, rounded to an integer, stamped in µs on the
-  wall clock (default: the trace clock). While the GPU is idle (no work in a sample's period)
+  wall clock (default: the trace clock), or with ``sample_clock="boot"`` on the host's boot clock
+  (µs since boot: ``boot_clock``, else ``DEFAULT_UPTIME_S`` at trace second 0). NVML's reference
+  documents ``nvmlSample_t.timeStamp`` and the per-process samples' as "CPU timestamp in
+  microseconds" with no epoch (unlike ``nvmlFieldValue_t.timestamp``: "since 1970"); published
+  readings show the Unix epoch on most drivers and CLOCK_BOOTTIME on some (a public GPU agent
+  found its samples dated February 1970 on a host up 58 days). Field values and violation
+  reference times stay on the wall clock. While the GPU is idle (no work in a sample's period)
   the profile's ``idle_sampling`` applies: ``grid`` samples anyway (value 0), ``slow`` takes
   one sample per ``idle_period_s`` counted from the last sample with work, ``stop`` takes none.
   When work starts again, the first sample is at the first instant whose period holds work and
@@ -129,7 +135,7 @@ class FakeNvml(NvmlCore):
             raise pynvml.NVMLError_NotSupported()  # the fake only scripts GPU utilisation
         self._needs(dev, "util_pct")
         restart = self._restart(t) if self.reloads else None
-        dev.fill_buffer(t, self.start_us + self._offset_us(t), restart, self._reload_epoch(t))
+        dev.fill_buffer(t, self._sample_base_us(t), restart, self._reload_epoch(t))
         found = dev.samples_after(last_ts)
         if not found:
             raise pynvml.NVMLError_NotFound()  # nothing newer than last_ts (or the buffer ran dry)
@@ -306,7 +312,7 @@ class FakeNvml(NvmlCore):
     def nvmlDeviceGetProcessUtilization(self, handle: Handle, last_ts: int) -> list[Any]:
         dev, t = self._enter(handle, "nvmlDeviceGetProcessUtilization")
         quirks = dev.gpu.putil_quirks
-        ts = self.start_us + self._offset_us(t) + dev.phase_us + dev.last_instant(t) * dev.period_us
+        ts = self._sample_base_us(t) + dev.phase_us + dev.last_instant(t) * dev.period_us
         out = []
         if ts > last_ts or "stale" in quirks:  # stale: old samples come back (go-nvml #51, lo2s #230)
             for key, (mem_b, sm) in dev.procs[dev.idx(t)].items():

@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 
 from gpuledger.collect.fake_nvml_gpu import PID_TRANSLATIONS, Device, FakeGpu
+from gpuledger.collect.fake_nvml_profiles import DEFAULT_UPTIME_S, SAMPLE_CLOCKS
 
 _U64 = 1 << 64
 UNSUPPORTED_ON_MIG = frozenset(
@@ -89,10 +90,20 @@ class NvmlCore:
         ctypes_structs: bool = False,
         host_pid_offset: int = 0,
         pid_translation: str = "none",
+        sample_clock: str = "wall",
+        boot_clock: Callable[[], float | None] | None = None,
     ) -> None:
         if pid_translation not in PID_TRANSLATIONS:
             raise ValueError(f"pid_translation must be one of {', '.join(PID_TRANSLATIONS)}")
+        if sample_clock not in SAMPLE_CLOCKS:
+            raise ValueError(f"sample_clock must be one of {', '.join(SAMPLE_CLOCKS)}")
         self.clock, self.wall_clock, self.start = clock, wall_clock, start
+        self.sample_clock = sample_clock
+        # "boot": sample timestamps on the host's boot clock, read through ``boot_clock`` (as the
+        # collector reads it), else DEFAULT_UPTIME_S at trace second 0. Fixed here: that clock
+        # never steps with the wall clock.
+        boot_now = boot_clock() if boot_clock is not None else None
+        self._boot_minus_clock_s = None if boot_now is None else boot_now - clock()
         self.driver_version, self.cuda_version = driver_version, cuda_version
         self.reloads = sorted(reloads)
         self.library_missing = library_missing
@@ -118,6 +129,15 @@ class NvmlCore:
     # -- plumbing ------------------------------------------------------------------------------
     def _t(self) -> float:
         return self.clock() - self._start
+
+    def _sample_base_us(self, t: float) -> int:
+        """The timestamp of trace second 0 on the clock that stamps utilisation samples, in µs:
+        the wall clock as read now (it may have stepped), or the host's boot clock."""
+        if self.sample_clock == "wall":
+            return self.start_us + self._offset_us(t)
+        if self._boot_minus_clock_s is None:
+            return round(DEFAULT_UPTIME_S * 1e6)
+        return round((self._start + self._boot_minus_clock_s) * 1e6)
 
     def _offset_us(self, t: float) -> int:
         """Wall clock minus trace clock, in µs, as read now (0 without a separate wall clock)."""

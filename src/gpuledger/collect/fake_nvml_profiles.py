@@ -56,6 +56,12 @@ ARCH_VOLTA, ARCH_TURING, ARCH_AMPERE, ARCH_ADA, ARCH_HOPPER = 5, 6, 7, 8, 9
 ARCH_UNKNOWN = 0xFFFFFFFF
 
 IDLE_SAMPLING = ("grid", "slow", "stop")
+# The clock that stamps utilisation samples: nvmlSample_t.timeStamp is "CPU timestamp in
+# microseconds" with no epoch (nvmlFieldValue_t.timestamp says "since 1970"). Most drivers use the
+# Unix epoch; some CLOCK_BOOTTIME: a public GPU agent (2026-05) found its samples dated February
+# 1970 on a host up 58 days, which is also the uptime the fake assumes without a boot clock.
+SAMPLE_CLOCKS = ("wall", "boot")
+DEFAULT_UPTIME_S = 58 * 86_400.0
 PROCESS_LISTS = ("compute", "mps", "graphics")  # the running-process lists NVML keeps per device
 
 

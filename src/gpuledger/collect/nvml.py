@@ -40,7 +40,7 @@ from gpuledger.collect.base import CollectorUnavailable, GpuProcess, GpuRead
 from gpuledger.collect.nvml_devices import DeviceFinder, Found
 from gpuledger.collect.nvml_query import NOTHING_NEW, DeviceQueries, Querier
 from gpuledger.collect.nvml_throttle import ThrottleReader, ThrottleState
-from gpuledger.collect.nvml_util import UtilReader
+from gpuledger.collect.nvml_util import UtilReader, host_boot_time
 from gpuledger.collect.pid_owner import PidOwner
 from gpuledger.core.metering.gpu_procs import ProcMatch, attribute, sm_share
 from gpuledger.core.metering.integrate import counter_delta, trapezoid_energy_j
@@ -109,8 +109,9 @@ class NvmlCollector:
     """GpuCollector over NVML for the GPUs that ``visible`` (CUDA_VISIBLE_DEVICES) exposes.
 
     ``clock`` is monotonic (retry backoff, elapsed time); ``wall`` is the host's real wall clock,
-    the clock NVML stamps its samples with (compared with ``clock`` to see it step); the ``now``
-    given to ``read`` only dates the ticks. ``owner`` gathers the /proc facts about the run's
+    the clock most drivers stamp samples with (compared with ``clock`` to see it step); ``boot``
+    the host's seconds since boot, the clock other drivers stamp them with (nvml_util.py); the
+    ``now`` given to ``read`` only dates the ticks. ``owner`` gathers the /proc facts about the run's
     processes (a ``PidOwner`` on the real /proc by default). ``all_processes``: also report every
     process on every GPU in ``GpuRead.processes`` (the node agent attributes them itself).
     """
@@ -124,10 +125,11 @@ class NvmlCollector:
         owner: PidOwner | None = None,
         wall: Callable[[], float] | None = None,
         all_processes: bool = False,
+        boot: Callable[[], float | None] | None = host_boot_time,
     ) -> None:
         self._nvml = nv = pynvml if nvml is None else nvml
         self._clock = clock
-        self._wall = wall
+        self._wall, self._boot = wall, boot
         self._all_processes = all_processes  # report every process on every GPU (the node agent)
         self._events: list[Event] = []
         self._now = 0.0
@@ -192,6 +194,7 @@ class NvmlCollector:
                                                 self._util_samples, cursor, since=True),
             instant=lambda: self._instant(holder[0]),
             note=lambda key, text: self._q.once(q, key, _NOTE, text),
+            boot=self._boot,
         )  # fmt: skip
         d = _Device(found, q, util)
         holder.append(d)

@@ -11,8 +11,14 @@ module keeps the per-device state that decides which case a read is in:
 * **accounted** — the time classified so far. While the buffer has nothing new (the driver stops
   or slows sampling on an idle GPU, answering NotFound), time up to ``now - period`` (1 s, the
   longest documented period, until the period is learned) is counted idle tick by tick, so each
-  interval records its own idle time. This needs NVML's timestamps on the host's wall clock (seen
-  on real drivers; checked at run time), else gaps are classified when the next sample arrives.
+  interval records its own idle time. That needs "now" on the clock NVML stamps samples with.
+* **the samples' clock** — NVML documents the timestamp as "CPU timestamp in microseconds", no
+  epoch. Most drivers use the Unix epoch (the host's wall clock); some use the time since boot
+  (CLOCK_BOOTTIME). The first samples tell which: within a day of the wall clock, or not after
+  the host's boot clock (read where the host has not been suspended since boot, so that a driver
+  counting CLOCK_MONOTONIC reads the same). On any other clock "now" is not known: a gap is
+  classified when the sample after it arrives, and the first one after the start counts from the
+  start at the latest (newest sample − time since the start), never from before the run.
 * **lost samples** — the ring buffer holds on the order of 100 samples (~16 s at 6 per second). A
   read after a stall longer than ``STALL_S`` that comes back (nearly) full may have lost the oldest
   samples: the gap before them is unknown, not idle.
@@ -31,6 +37,7 @@ from __future__ import annotations
 import bisect
 import math
 import operator
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +50,25 @@ STALL_S = 8.0  # a read this late may find the ring buffer wrapped (100 samples 
 STEP_S = 0.5  # a change of (wall - monotonic) beyond this between reads is a clock step
 _FULL = 0.9  # a read returning this share of the deepest buffer seen counts as full
 _WALL_DOMAIN_S = 86_400.0  # NVML timestamps within a day of the host clock: the wall clock
+_BOOT_SLACK_S = 0.5  # a sample stamped on the boot clock is never later than it (plus rounding)
+_SUSPENDED_S = 1.0  # boot clock ahead of the monotonic one by more: the host was suspended
+# The clock NVML stamps samples with (None: not known yet, no sample seen)
+WALL, BOOT, OTHER = "wall", "boot", "other"
 _US = 1_000_000
 _TIME = operator.itemgetter(0)
 # value type -> (timeStamp, sampleValue.<member>) of one nvmlSample_t; unknown types read uiVal
 _PAIR_OF = {vtype: operator.attrgetter("timeStamp", f"sampleValue.{m}") for vtype, m in MEMBER_OF.items()}
 _PAIR_UINT = operator.attrgetter("timeStamp", "sampleValue.uiVal")
+
+
+def host_boot_time() -> float | None:
+    """Seconds since the host booted (CLOCK_BOOTTIME), or None where that clock does not exist or
+    the host has been suspended since boot (a driver counting CLOCK_MONOTONIC would then differ)."""
+    boot = getattr(time, "CLOCK_BOOTTIME", None)
+    if boot is None:
+        return None
+    now = time.clock_gettime(boot)
+    return now if now - time.clock_gettime(time.CLOCK_MONOTONIC) < _SUSPENDED_S else None
 
 
 @dataclass(slots=True)
@@ -66,20 +87,23 @@ class UtilReader:
 
     ``samples(cursor_us)`` returns ``(value_type, samples)``, ``NOTHING_NEW`` or None (failed or
     unsupported); ``instant()`` the instantaneous utilisation percent or None; ``note(key, text)``
-    records a one-time event.
+    records a one-time event; ``boot()`` the host's seconds since boot or None (host_boot_time).
     """
 
     __slots__ = (
         "_accounted_us",
         "_blind_until_us",
+        "_boot",
+        "_clock_of",
         "_depth",
+        "_idle_before_s",
         "_instant",
         "_last",
         "_last_ok_mono",
         "_note",
         "_offset",
+        "_open_mono",
         "_samples",
-        "_wall",
         "cursor_us",
         "period",
     )
@@ -89,12 +113,15 @@ class UtilReader:
         samples: Callable[[int], Any],
         instant: Callable[[], float | None],
         note: Callable[[str, str], None],
+        boot: Callable[[], float | None] | None = None,
     ) -> None:
-        self._samples, self._instant, self._note = samples, instant, note
+        self._samples, self._instant, self._note, self._boot = samples, instant, note, boot
         self.period = SamplePeriod()
         self.cursor_us: int | None = None  # None: closed (no trustworthy read yet)
         self._accounted_us: float | None = None
-        self._wall: bool | None = None  # NVML timestamps on the host wall clock?
+        self._clock_of: str | None = None  # WALL, BOOT or OTHER: NVML's timestamps; None: not known yet
+        self._open_mono: float | None = None  # when the cursor was opened (monotonic)
+        self._idle_before_s = 0.0  # idle counted since then while NVML's clock was not known
         self._last: tuple[int, float] | None = None  # newest sample seen
         self._depth = 0  # the most samples one read returned
         self._offset: float | None = None  # wall - monotonic at the last read
@@ -104,7 +131,7 @@ class UtilReader:
     # -- start ---------------------------------------------------------------------------------
     def prime(self, now: float, mono: float) -> None:
         """Open the cursor at the newest buffered sample: nothing before the run is counted."""
-        self._offset = now - mono
+        self._offset, self._open_mono = now - mono, mono
         res = self._samples(0)
         if res is None:
             self.cursor_us = None  # closed: the next read opens it without integrating
@@ -118,7 +145,7 @@ class UtilReader:
         """Busy time since the previous read; None when the buffer could not be read this time."""
         offset, last_offset = now - mono, self._offset
         self._offset = offset
-        if last_offset is not None and abs(offset - last_offset) > STEP_S and self._wall:
+        if last_offset is not None and abs(offset - last_offset) > STEP_S and self._clock_of is WALL:
             self._stepped(offset - last_offset)
         if self.cursor_us is None:
             return self._open_late(now, mono, elapsed_s)
@@ -129,12 +156,14 @@ class UtilReader:
         self._last_ok_mono = mono
         pairs = self._pairs(res, self.cursor_us)
         if not pairs:
-            return self._nothing_new(now, elapsed_s)
+            return self._nothing_new(now, mono, elapsed_s)
         self._blind_until_us = None
+        if self._clock_of is None or self._clock_of is BOOT:
+            self._check_clock(pairs[-1][0], now, elapsed_s)
         full = len(pairs) >= _FULL * self._depth
         self._depth = max(self._depth, len(pairs))
-        start = self._accounted_us if self._accounted_us is not None else self.cursor_us or None
-        start = None if start is None else int(start)
+        start = self._accounted_us
+        start = int(self._first_start(pairs[-1][0], now, mono) if start is None else start)
         period, last = self.period, self._last
         period_s = period.seconds
         r = busy_from_samples(pairs, start, period_s, first_gap_unknown=stalled and full)
@@ -155,8 +184,6 @@ class UtilReader:
         self.cursor_us = r.last_us
         self._accounted_us = r.last_us
         self._last = pairs[-1]
-        if self._wall is None:  # the buffer was empty at the start: the first samples tell
-            self._wall = abs(now - pairs[-1][0] / _US) < _WALL_DOMAIN_S
         return self._fill_unknown(out) if out.unknown_s else out
 
     def missed(self, now: float, elapsed_s: float) -> UtilRead | None:
@@ -165,11 +192,13 @@ class UtilReader:
         cursor moves to ``now``, so the next read covers its own span only. Left to the next read,
         that read would hold both spans' busy time, one tick with twice its time (and an interval
         end between them would move busy time into the wrong interval). None when NVML's
-        timestamps are not known to be on the wall clock (nothing to move the cursor to): the
-        cursor stays and the next read covers both spans, as before."""
-        if not self._wall or self.cursor_us is None or self._accounted_us is None:
+        timestamps' clock is not known (nothing to move the cursor to): the cursor stays and the
+        next read covers both spans, as before."""
+        if self.cursor_us is None or self._accounted_us is None:
             return None
-        now_us = now * _US
+        now_us = self._now_us(now)
+        if now_us is None:
+            return None
         unknown = min(max(0.0, (now_us - self._accounted_us) / _US), elapsed_s + self.period.seconds)
         self.cursor_us = max(self.cursor_us, int(now_us))
         self._accounted_us = max(self._accounted_us, now_us)
@@ -183,34 +212,81 @@ class UtilReader:
             self.period.observe(pairs)
             self._last = pairs[-1]
             self.cursor_us = pairs[-1][0]
-            self._wall = abs(now - pairs[-1][0] / _US) < _WALL_DOMAIN_S
+            self._check_clock(pairs[-1][0], now, 0.0)
         else:
             self.cursor_us = 0  # an empty buffer: every later sample is new
-        # From now on time is the run's: nothing before this instant is classified.
-        self._accounted_us = now * _US if self._wall else None
+        self._idle_before_s = 0.0
+        # From now on time is the run's: nothing before this instant is classified (None: the
+        # clock is not known yet; the first samples' read sets it, _first_start).
+        self._accounted_us = self._now_us(now)
+
+    def _check_clock(self, newest_us: int, now: float, elapsed_s: float) -> None:
+        """Tell (or re-check) the clock NVML stamps samples with, from its newest sample."""
+        if self._clock_of is WALL or self._clock_of is OTHER:
+            return  # for good: the wall clock's steps are watched apart (_stepped)
+        if self._clock_of is None and abs(now - newest_us / _US) < _WALL_DOMAIN_S:
+            self._clock_of = WALL
+            return
+        boot = self._boot() if self._boot is not None else None
+        if boot is not None and newest_us <= (boot + _BOOT_SLACK_S) * _US:
+            # Any older timestamp is not after the boot clock either: only a fresh sample (taken
+            # since the previous read) shows that the two clocks agree.
+            if self._clock_of is None and boot - newest_us / _US <= elapsed_s + PERIOD_MAX_S + _BOOT_SLACK_S:
+                self._clock_of = BOOT
+            return
+        # Later than the boot clock (or no boot clock): what was counted on it stays (it was
+        # behind NVML's clock, so nothing was classified ahead of the samples).
+        self._clock_of = OTHER
+        self._note("sample_clock", "NVML stamps utilisation samples on a clock that is neither the host's "
+                   "wall clock nor its boot clock: idle time is classified when the sample after it arrives, "
+                   "so a tick may hold idle time of the ticks before it")  # fmt: skip
+
+    def _now_us(self, now: float) -> float | None:
+        """Now on the clock of NVML's timestamps, in µs; None where that clock is not known."""
+        if self._clock_of is WALL:
+            return now * _US
+        if self._clock_of is BOOT:
+            boot = self._boot() if self._boot is not None else None
+            return None if boot is None else boot * _US
+        return None
+
+    def _first_start(self, newest_us: int, now: float, mono: float) -> float:
+        """Where the first samples' read starts classifying: the start of the cursor, on NVML's
+        clock (its "now" less the time since), or not before the newest sample less the time since
+        the start where that clock is not known, so no time from before the run is counted."""
+        since_us = 0.0 if self._open_mono is None else max(0.0, mono - self._open_mono) * _US
+        now_us = self._now_us(now)
+        floor = (newest_us if now_us is None else now_us) - since_us
+        return max(float(self.cursor_us or 0), floor + self._idle_before_s * _US)
 
     def _open_late(self, now: float, mono: float, elapsed_s: float) -> UtilRead | None:
         res = self._samples(0)
         if res is None:
             return None
+        self._open_mono = mono
         self._open(self._pairs(res), now)
         self._last_ok_mono = mono
         return self._fill_unknown(UtilRead(0.0, UTIL_SAMPLES, None, 0.0, elapsed_s))
 
-    def _nothing_new(self, now: float, elapsed_s: float) -> UtilRead:
+    def _nothing_new(self, now: float, mono: float, elapsed_s: float) -> UtilRead:
         if self._blind_until_us is not None:  # after a backward step: samples are behind the cursor
             return self._fill_unknown(UtilRead(0.0, UTIL_SAMPLES, None, 0.0, elapsed_s))
+        # A sample taken later covers at most one period before its timestamp, so time up to
+        # now - period can no longer be covered: the driver had nothing to sample. Until the
+        # period is learned that is the longest documented one: the shortest would call idle
+        # the busy time a 1 s product's next sample is about to cover.
+        period_s = self.period.seconds if self.period.learned else PERIOD_MAX_S
         idle = 0.0
-        if self._wall and self._accounted_us is not None:
-            # A sample taken later covers at most one period before its timestamp, so time up
-            # to now - period can no longer be covered: the driver had nothing to sample. Until
-            # the period is learned that is the longest documented one: the shortest would call
-            # idle the busy time a 1 s product's next sample is about to cover.
-            period_s = self.period.seconds if self.period.learned else PERIOD_MAX_S
-            horizon = now * _US - period_s * _US
-            if horizon > self._accounted_us:
+        if self._accounted_us is not None:
+            now_us = self._now_us(now)
+            horizon = None if now_us is None else now_us - period_s * _US
+            if horizon is not None and horizon > self._accounted_us:
                 idle = (horizon - self._accounted_us) / _US
                 self._accounted_us = horizon
+        elif self._open_mono is not None:  # no sample since the start yet: counted from the start
+            horizon_s = mono - self._open_mono - period_s
+            if horizon_s > self._idle_before_s:
+                idle, self._idle_before_s = horizon_s - self._idle_before_s, horizon_s
         return UtilRead(0.0, UTIL_SAMPLES, None, idle, 0.0)
 
     def _fill_unknown(self, out: UtilRead) -> UtilRead:

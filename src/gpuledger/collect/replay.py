@@ -20,8 +20,9 @@ from typing import IO, Any
 from gpuledger.collect.base import GpuCollector, GpuRead
 from gpuledger.collect.fake_nvml import Failing, FakeGpu, FakeNvml, TracePoint
 from gpuledger.collect.fake_nvml_gpu import PID_TRANSLATIONS, PUTIL_QUIRKS
-from gpuledger.collect.fake_nvml_profiles import IDLE_SAMPLING, PROFILES, REASON_BITS
+from gpuledger.collect.fake_nvml_profiles import IDLE_SAMPLING, PROFILES, REASON_BITS, SAMPLE_CLOCKS
 from gpuledger.collect.nvml import NvmlCollector
+from gpuledger.collect.nvml_util import host_boot_time
 from gpuledger.core.model import ENERGY_COUNTER, UTIL_SAMPLES, GpuIdentity, GpuTick
 
 FORMAT = "gpuledger-gpu-trace"
@@ -70,6 +71,7 @@ def load_trace(trace: str | Path) -> tuple[dict[str, Any], list[FakeGpu]]:
     times = (p.get("t") for _, p in points if isinstance(p, dict))
     t_first = min((float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool)), default=0.0)
     at = f"{path.name}:{header_line}" if header_line else f"{path.name}: header"
+    _choice(header, "sample_clock", SAMPLE_CLOCKS, at)
     gpus = [_gpu(g, i, t_first, f"{at}: gpu {i}") for i, g in enumerate(header.get("gpus") or [])]
     if not gpus:
         raise TraceError(f"{path.name}: the header lists no GPU")
@@ -300,8 +302,14 @@ class ReplayCollector:
         self._inner.close()
 
 
-def open_replay(trace: str | Path, visible: str | None, clock: Callable[[], float] = time.time) -> ReplayCollector:
-    """Start replaying now: the trace's first point is this moment."""
+def open_replay(
+    trace: str | Path,
+    visible: str | None,
+    clock: Callable[[], float] = time.time,
+    boot: Callable[[], float | None] = host_boot_time,
+) -> ReplayCollector:
+    """Start replaying now: the trace's first point is this moment. ``boot``: the host's boot
+    clock, which a trace's ``sample_clock: boot`` stamps samples with, as the collector reads it."""
     header, gpus = load_trace(trace)
     fake = FakeNvml(
         gpus,
@@ -309,8 +317,10 @@ def open_replay(trace: str | Path, visible: str | None, clock: Callable[[], floa
         start=clock(),
         driver_version=str(header.get("driver_version", "550.54.15")),
         cuda_version=_cuda_int(header.get("cuda_version")),
+        sample_clock=header.get("sample_clock") or "wall",
+        boot_clock=boot,
     )
-    return ReplayCollector(fake, NvmlCollector(nvml=fake, visible=visible, clock=clock, source="replay"))
+    return ReplayCollector(fake, NvmlCollector(nvml=fake, visible=visible, clock=clock, source="replay", boot=boot))
 
 
 # -- recording ---------------------------------------------------------------------------------
