@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # h200_check.sh -- validate gpuledger's NVML collector on a real NVIDIA GPU (written for one H200).
 # (gpuledger's copy: the per-interval table also shows util_idle_s, util_unknown_s and proc_method,
-#  and the summary their totals; everything else as the original device check.)
+#  and the summary their totals; the probe also records how far the newest utilisation sample is
+#  behind the host's boot clock, to tell which clock the driver stamps samples with; everything
+#  else as the original device check.)
 #
 # Run from the project checkout (installed with `pip install -e .`), torch + nvidia-ml-py present:
 #     bash /path/to/h200_check.sh            # results under $OUT/h200_check if OUT is set, else a temp dir
@@ -145,6 +147,8 @@ if buf:
         "gap_min_s": min(gaps) if gaps else None, "gap_max_s": max(gaps) if gaps else None,
         "values_min_max": [min(v for _, v in buf), max(v for _, v in buf)],
         "host_now_minus_newest_s": now_us / 1e6 - max(ts) / 1e6,  # ~0..period if NVML uses the epoch clock
+        # ~0..period if NVML stamps CLOCK_BOOTTIME instead (seen on some drivers; docs/METERING.md)
+        "boot_now_minus_newest_s": time.clock_gettime(time.CLOCK_BOOTTIME) - max(ts) / 1e6,
         "last_10": buf[-10:],
     }
     last = max(ts)
