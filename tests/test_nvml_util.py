@@ -202,3 +202,18 @@ def test_samples_later_than_the_boot_clock_are_not_on_it() -> None:
     idle = r.read(WALL0 + 9.0, 9.0, 8.0)
     assert notes == ["sample_clock"]
     assert idle is not None and idle.idle_s == 0  # "now" on the driver's clock is not known
+
+
+@pytest.mark.parametrize("nothing", [NOTHING_NEW, batch()], ids=["not-found", "empty-list"])
+def test_an_empty_answer_is_nothing_new_as_not_found_is(nothing: Any) -> None:
+    # While the GPU idles, drivers answer "not found" or success with no sample (a public agent
+    # saw both): either way the time is idle, counted tick by tick, and the cursor stays.
+    t1 = T0 + P_US
+    drv = Driver(batch((t1 - P_US, 100), (t1, 100)), nothing, nothing)
+    r = reader(drv)
+    r.prime(t1 / 1e6, 0.0)
+    a = r.read(t1 / 1e6 + 1, 1.0, 1.0)
+    b = r.read(t1 / 1e6 + 2, 2.0, 1.0)
+    assert a is not None and b is not None
+    assert a.idle_s + b.idle_s == pytest.approx(2 - r.period.seconds, abs=1e-6) and a.busy_s == b.busy_s == 0
+    assert drv.cursors == [0, t1, t1]
