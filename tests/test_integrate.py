@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.metering.integrate import counter_delta, trapezoid_energy_j
+from gpuledger.core.metering.integrate import counter_delta, implausible_counter, trapezoid_energy_j
 
 
 @pytest.mark.parametrize("width", [32, 64])
@@ -66,3 +66,45 @@ def test_trapezoid_split_inside_a_segment_keeps_the_energy(t0, dt, p0, p1, f) ->
         trapezoid_energy_j(t0, p0, tm, pm) + trapezoid_energy_j(tm, pm, t1, p1), whole, rel_tol=1e-9, abs_tol=1e-6
     )
     assert math.isclose(trapezoid_energy_j(0, 300.0, 10, 300.0), 3000.0)
+
+
+@given(
+    limit=st.floats(20, 1500),
+    levels=st.lists(st.tuples(st.floats(0.05, 1), st.floats(0.001, 5)), min_size=1, max_size=12),
+    step_s=st.sampled_from([0.0, 0.02, 0.1]),
+    t0=st.floats(0, 20),
+    seconds=st.floats(0, 40),
+)
+def test_a_counter_that_counts_what_the_gpu_drew_is_never_judged_implausible(limit, levels, step_s, t0, seconds):
+    # A GPU drawing between its idle floor (5 % of the limit: real ones idle at 10-20 %) and its
+    # limit, read through a counter that moves every step_s (a reading is the value at its last
+    # update), over any span: neither "stuck" nor "spike".
+    ends = list(itertools.accumulate(d for _, d in levels))
+
+    def draw(t: float) -> float:  # the stepped power trace, its last level held for ever
+        return next((f for (f, _), e in zip(levels, ends, strict=True) if t < e), levels[-1][0]) * limit
+
+    def energy(t: float) -> float:  # exact integral of draw over [0, t]
+        total, a = 0.0, 0.0
+        for (f, _), e in zip(levels, ends, strict=True):
+            total += f * limit * max(0.0, min(t, e) - a)
+            a = e
+        return total + levels[-1][0] * limit * max(0.0, t - ends[-1])
+
+    def reading(t: float) -> float:
+        return energy(math.floor(t / step_s) * step_s if step_s else t)
+
+    t1 = t0 + seconds
+    joules = reading(t1) - reading(t0)
+    assert implausible_counter(joules, seconds, draw(t0), draw(t1), limit) is None
+
+
+def test_broken_counter_readings_are_named() -> None:
+    assert implausible_counter(0.0, 1.0, 300.0, 310.0, 700.0) == "stuck"
+    assert implausible_counter(0.0, 0.5, 300.0, 310.0, 700.0) is None  # shorter than the counter can be trusted to move
+    assert implausible_counter(0.0, 5.0, 0.0, 310.0, 700.0) is None  # a reading of no draw: idle may be true
+    assert implausible_counter(0.0, 5.0, None, 310.0, 700.0) is None
+    assert implausible_counter(3.69e12, 1.0, 300.0, 310.0, 700.0) == "spike"  # the terawatt readings of the field
+    assert implausible_counter(2 * 700.0 * 2.0 + 1, 1.0, 300.0, 310.0, 700.0) == "spike"
+    assert implausible_counter(2 * 700.0 * 2.0, 1.0, 300.0, 310.0, 700.0) is None
+    assert implausible_counter(5000.0 * 2 + 1, 1.0, 300.0, 310.0, None) == "spike"  # no limit known: 5 kW

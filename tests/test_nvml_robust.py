@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pynvml
@@ -144,6 +145,37 @@ def test_a_failing_energy_field_falls_back_to_the_classic_counter() -> None:
     ticks, _ = run(col, clock, 10)
     assert sum(t.energy_j for t in ticks[1:]) == pytest.approx(9 * 300.0, abs=0.01)
     assert ticks[-1].energy_method == "counter"
+
+
+def test_an_energy_counter_that_stops_counting_is_not_billed_as_zero_energy() -> None:
+    # The counter holds its value for 10 s while the GPU draws 300 W (counters seen frozen in the
+    # field): those ticks integrate power, one event says why, and the run's energy stays right.
+    points = [TracePoint(0, power_w=300.0, util_pct=100)]
+    gpu = FakeGpu("GPU-a", name=H100, points=points, energy_stuck=[(10.0, 20.0)])
+    col, _, clock = make([gpu])
+    ticks, events = run(col, clock, 30)
+    # Not 20 * 300 J: only the tick in which the counter stopped keeps the little it counted (a
+    # counter that moved is a reading, not a broken one), and the counter's 0.1 s steps
+    assert 28 * 300.0 <= sum(t.energy_j for t in ticks) <= 30 * 300.0 * 1.01
+    stuck = [t for t in ticks if 12 <= t.t1 - T0 <= 20]  # from the first whole tick it held
+    assert stuck and all(t.energy_method == "power" for t in stuck)
+    assert ticks[-1].energy_method == "counter"  # counting again: the counter again
+    said = [e.message for e in events if e.kind == "sampler_error"]
+    assert len(said) == 1 and "did not move in 1.0 s while the GPU drew 300 W" in said[0]
+
+
+def test_an_energy_counter_that_jumps_beyond_what_the_gpu_can_draw_is_not_billed() -> None:
+    # One reading 10 MJ too high (scripted counter values; a drop afterwards is a reset): the
+    # spans around it integrate power, and no tick holds more than the GPU drew.
+    points = [TracePoint(0, power_w=300.0, energy_j=0.0), TracePoint(9.95, energy_j=2_985.0),
+              TracePoint(10.05, energy_j=10_003_015.0), TracePoint(10.15, energy_j=3_045.0)]  # fmt: skip
+    gpu = FakeGpu("GPU-a", profile="ideal", points=points)
+    col, _, clock = make([gpu])
+    ticks, events = run(col, clock, 20, step=0.1)
+    assert sum(t.energy_j for t in ticks) == pytest.approx(20 * 300.0, rel=0.01)
+    assert max(t.energy_j for t in ticks) <= 300.0 * 0.1 * 1.01
+    said = [e.message for e in events if e.kind == "sampler_error"]
+    assert any(re.search(r"rose 10,000,\d{3} J in 0.1 s, more than the GPU can draw", m) for m in said), said
 
 
 def test_memory_v2_failing_is_dropped_for_v1_after_three_tries() -> None:

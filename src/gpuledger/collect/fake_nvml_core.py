@@ -239,6 +239,9 @@ class NvmlCore:
         joules = dev.energy_j(u)
         if joules is None:
             raise pynvml.NVMLError_NotSupported()
+        for a, b in dev.gpu.energy_stuck:  # what the counter missed while stuck
+            if a < u:
+                joules -= dev.energy_j(min(u, b)) - dev.energy_j(a)  # type: ignore[operator]
         if restart is None:
             return (math.floor(joules * 1000) + dev.gpu.energy_offset_mj) % _U64
         since = dev.energy_j(restart)

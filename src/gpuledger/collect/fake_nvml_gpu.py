@@ -92,6 +92,11 @@ class FakeGpu:
     gpu_instance_id: int | None = None  # for a slice; None: its position + 1
     compute_instance_id: int = 0  # for a slice
     energy_offset_mj: int = 0
+    # Trace-time windows in which the energy counter stops counting (it holds its value while the
+    # GPU draws power; after the window it counts on from there): counters seen frozen in the
+    # field (DCGM job stats of 0 J at 247 W, NVIDIA/DCGM#171; a counter constant for a whole
+    # program, ROCm/rocm_smi_lib#180).
+    energy_stuck: list[tuple[float, float]] = field(default_factory=list)
     profile: str | Profile | None = None
     sample_period_s: float | None = None
     buffer_len: int | None = None

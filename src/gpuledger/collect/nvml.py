@@ -43,7 +43,7 @@ from gpuledger.collect.nvml_throttle import ThrottleReader, ThrottleState
 from gpuledger.collect.nvml_util import UtilReader, host_boot_time
 from gpuledger.collect.pid_owner import PidOwner
 from gpuledger.core.metering.gpu_procs import ProcMatch, attribute, sm_share
-from gpuledger.core.metering.integrate import counter_delta, trapezoid_energy_j
+from gpuledger.core.metering.integrate import counter_delta, implausible_counter, trapezoid_energy_j
 from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
 
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 1.0, 60.0
@@ -365,7 +365,12 @@ class NvmlCollector:
         if mj is not None:
             delta = counter_delta(d.energy_mj, mj)
             if delta is not None:
-                energy, method = delta / 1000, ENERGY_COUNTER
+                limit = d.ident.power_limit_w if isinstance(d, _Device) else None
+                why = implausible_counter(delta / 1000, t1 - t0, d.power_w, power, limit)
+                if why is None:
+                    energy, method = delta / 1000, ENERGY_COUNTER
+                else:  # a broken reading: this span integrates power; the next one starts from it
+                    self._q.report(d.q, "energy", _COUNTER_ERRORS[why](delta / 1000, t1 - t0, power))
             elif d.energy_mj is not None:
                 self._q.report(d.q, "energy", _CounterReset())
         d.energy_mj = mj  # None after a read error: re-base rather than double count
@@ -566,6 +571,27 @@ class _NothingAnswered(Exception):
 class _CounterReset(Exception):
     def __str__(self) -> str:
         return "the cumulative energy counter went backwards (driver reload or GPU reset); this tick integrates power"
+
+
+class _CounterImplausible(Exception):
+    def __init__(self, joules: float, seconds: float, power_w: float | None) -> None:
+        super().__init__(joules, seconds, power_w)
+        self.joules, self.seconds, self.power_w = joules, seconds, power_w
+
+
+class _CounterStuck(_CounterImplausible):
+    def __str__(self) -> str:
+        return (f"the energy counter did not move in {self.seconds:.1f} s while the GPU drew "
+                f"{self.power_w or 0:.0f} W; such spans integrate power")  # fmt: skip
+
+
+class _CounterSpike(_CounterImplausible):
+    def __str__(self) -> str:
+        return (f"the energy counter rose {self.joules:,.0f} J in {self.seconds:.1f} s, more than the GPU can draw; "
+                "such spans integrate power")  # fmt: skip
+
+
+_COUNTER_ERRORS: dict[str, type[_CounterImplausible]] = {"stuck": _CounterStuck, "spike": _CounterSpike}
 
 
 def _init_reason(nv: Any, exc: BaseException) -> str:

@@ -35,6 +35,7 @@ _GPU_KEYS = {
     # behaviours (docs/replay-format.md, "Hardware behaviour")
     "profile", "sampling", "buffer_len", "energy_update_s", "power_average_s", "sample_phase_s",
     "host_pid_offset", "pid_translation", "failing", "unsupported_fields", "process_quirks", "minor_number",
+    "energy_stuck",
 }  # fmt: skip
 _MIG_KEYS = {"uuid", "profile", "memory_total_b", "gi", "ci", "process_memory"}
 _FAILING_KEYS = {"call", "field", "from", "to"}
@@ -134,6 +135,7 @@ def _gpu(g: dict[str, Any], i: int, t_first: float, where: str) -> FakeGpu:
         unsupported=frozenset(_list(g, "unsupported", where)),
         energy_offset_mj=int(g.get("energy_offset_mj", 0)),
         lost=[_window(w, t_first, f"{where} lost") for w in _list(g, "lost", where)],
+        energy_stuck=[_window(w, t_first, f"{where} energy_stuck") for w in _list(g, "energy_stuck", where)],
         mig=slices,
         profile=_choice(g, "profile", tuple(PROFILES), where),
         sample_period_s=_number(g, "sample_period_s", where, positive=True),

@@ -33,3 +33,28 @@ def counter_delta(prev: int | None, cur: int, width_bits: int = 64) -> int | Non
 def trapezoid_energy_j(t0: float, p0_w: float, t1: float, p1_w: float) -> float:
     """Joules between two power readings, assuming power changed linearly between them."""
     return (t1 - t0) * (p0_w + p1_w) * 0.5
+
+
+# An energy counter delta is judged against what a GPU can draw. Over a span of at least
+# STUCK_MIN_S the counter (which moves every 20-100 ms) must move while both power readings say the
+# GPU draws power; and no span can hold more than MAX_DRAW_X the enforced power limit (or
+# MAX_DRAW_W without one) over the span plus SPIKE_SLACK_S (the counter's steps, a reading taken
+# just before an update). Only plainly broken readings fail: the counter stays the figure otherwise.
+STUCK_MIN_S = 1.0
+STUCK_POWER_W = 1.0
+MAX_DRAW_X = 2.0
+MAX_DRAW_W = 5000.0
+SPIKE_SLACK_S = 1.0
+
+
+def implausible_counter(
+    joules: float, seconds: float, p0_w: float | None, p1_w: float | None, limit_w: float | None
+) -> str | None:
+    """Why an energy counter's increase over a span cannot be right ("stuck", "spike"), or None."""
+    drawing = p0_w is not None and p1_w is not None and min(p0_w, p1_w) >= STUCK_POWER_W
+    if joules == 0 and seconds >= STUCK_MIN_S and drawing:
+        return "stuck"
+    most_w = MAX_DRAW_X * limit_w if limit_w else MAX_DRAW_W
+    if joules > most_w * (max(seconds, 0.0) + SPIKE_SLACK_S):
+        return "spike"
+    return None
