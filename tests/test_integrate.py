@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.metering.integrate import counter_delta, implausible_counter, trapezoid_energy_j
+from gpuledger.core.metering.integrate import (
+    counter_delta,
+    implausible_counter,
+    surely_plausible_mj,
+    trapezoid_energy_j,
+)
 
 
 @pytest.mark.parametrize("width", [32, 64])
@@ -108,3 +113,9 @@ def test_broken_counter_readings_are_named() -> None:
     assert implausible_counter(2 * 700.0 * 2.0 + 1, 1.0, 300.0, 310.0, 700.0) == "spike"
     assert implausible_counter(2 * 700.0 * 2.0, 1.0, 300.0, 310.0, 700.0) is None
     assert implausible_counter(5000.0 * 2 + 1, 1.0, 300.0, 310.0, None) == "spike"  # no limit known: 5 kW
+
+
+@given(limit=st.one_of(st.none(), st.floats(1, 2000)), mj=st.integers(1, 10**9), seconds=st.floats(0, 100))
+def test_the_fast_path_passes_only_what_the_check_passes(limit, mj, seconds) -> None:
+    if mj <= surely_plausible_mj(limit):
+        assert implausible_counter(mj / 1000, seconds, 300.0, 300.0, limit) is None

@@ -43,7 +43,12 @@ from gpuledger.collect.nvml_throttle import ThrottleReader, ThrottleState
 from gpuledger.collect.nvml_util import UtilReader, host_boot_time
 from gpuledger.collect.pid_owner import PidOwner
 from gpuledger.core.metering.gpu_procs import ProcMatch, attribute, sm_share
-from gpuledger.core.metering.integrate import counter_delta, implausible_counter, trapezoid_energy_j
+from gpuledger.core.metering.integrate import (
+    counter_delta,
+    implausible_counter,
+    surely_plausible_mj,
+    trapezoid_energy_j,
+)
 from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
 
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 1.0, 60.0
@@ -55,9 +60,9 @@ class _Device:
     """Per-device handle, cursors and the memo of what the device cannot answer."""
 
     __slots__ = (
-        "backoff", "busy_lists", "energy_mj", "handle", "ident", "lost", "lost_at", "minor", "mono_last",
-        "noteworthy", "power_w", "proc_reads", "proc_ts", "q", "retry_at", "t_last", "throttle", "util",
-        "uuid", "verdict", "via_parent",
+        "backoff", "busy_lists", "energy_mj", "handle", "ident", "limit_w", "lost", "lost_at", "minor",
+        "mono_last", "noteworthy", "power_w", "proc_reads", "proc_ts", "q", "retry_at", "sure_mj", "t_last",
+        "throttle", "util", "uuid", "verdict", "via_parent",
     )  # fmt: skip
 
     def __init__(self, found: Found, q: DeviceQueries, util: UtilReader) -> None:
@@ -75,6 +80,8 @@ class _Device:
         self.verdict: _Verdict | None = None  # the last attribution of its processes
         self.energy_mj: int | None = None
         self.power_w: float | None = None
+        self.limit_w = found.ident.power_limit_w
+        self.sure_mj = surely_plausible_mj(self.limit_w)  # energy counter deltas up to this need no check
         self.lost = False
         self.lost_at = 0.0
         self.retry_at = 0.0
@@ -96,12 +103,14 @@ class _Verdict:
 class _Parent:
     """A MIG-mode GPU read for its energy only (the node agent's capacity meter prices the GPU)."""
 
-    __slots__ = ("energy_mj", "handle", "power_w", "q", "t_last", "uuid")
+    __slots__ = ("energy_mj", "handle", "limit_w", "power_w", "q", "sure_mj", "t_last", "uuid")
 
     def __init__(self, uuid: str, handle: Any, q: DeviceQueries) -> None:
         self.uuid, self.handle, self.q = uuid, handle, q
         self.energy_mj: int | None = None
         self.power_w: float | None = None
+        self.limit_w: float | None = None  # not read: the largest draw of any GPU bounds it
+        self.sure_mj = surely_plausible_mj(None)
         self.t_last: float | None = None
 
 
@@ -365,8 +374,8 @@ class NvmlCollector:
         if mj is not None:
             delta = counter_delta(d.energy_mj, mj)
             if delta is not None:
-                limit = d.ident.power_limit_w if isinstance(d, _Device) else None
-                why = implausible_counter(delta / 1000, t1 - t0, d.power_w, power, limit)
+                plausible = 0 < delta <= d.sure_mj  # nearly always: no further check
+                why = None if plausible else implausible_counter(delta / 1000, t1 - t0, d.power_w, power, d.limit_w)
                 if why is None:
                     energy, method = delta / 1000, ENERGY_COUNTER
                 else:  # a broken reading: this span integrates power; the next one starts from it

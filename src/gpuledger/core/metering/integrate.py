@@ -54,7 +54,16 @@ def implausible_counter(
     drawing = p0_w is not None and p1_w is not None and min(p0_w, p1_w) >= STUCK_POWER_W
     if joules == 0 and seconds >= STUCK_MIN_S and drawing:
         return "stuck"
-    most_w = MAX_DRAW_X * limit_w if limit_w else MAX_DRAW_W
-    if joules > most_w * (max(seconds, 0.0) + SPIKE_SLACK_S):
+    if joules > _most_w(limit_w) * (max(seconds, 0.0) + SPIKE_SLACK_S):
         return "spike"
     return None
+
+
+def surely_plausible_mj(limit_w: float | None) -> float:
+    """A positive counter increase up to this many millijoules passes ``implausible_counter`` over
+    any span (the caller's fast path: it runs for every GPU at every tick)."""
+    return _most_w(limit_w) * SPIKE_SLACK_S * 1000
+
+
+def _most_w(limit_w: float | None) -> float:
+    return MAX_DRAW_X * limit_w if limit_w else MAX_DRAW_W
