@@ -35,7 +35,8 @@ Trace semantics (times are *trace seconds*: ``clock() - start``):
   scripted counter, exact at each point, advancing at the power between points; a drop is a
   counter reset) at the counter's last update instant, floored to mJ, plus ``energy_offset_mj``,
   modulo 2**64. After a driver reload it counts from 0 again ("since the driver was last
-  reloaded", NVML API reference).
+  reloaded", NVML API reference). In an ``energy_stuck`` window the counter holds its value while
+  the GPU draws power, and counts on from there after it (counters seen frozen in the field).
 * Throttle reasons named on a point are active while it holds: clock-event bits, and violation
   counters (exact cumulative ns) for their perf policies.
 * Processes: ``{pid: (mem_b, sm_pct)}``; the key ``"run"`` is the run's process (the smallest of
