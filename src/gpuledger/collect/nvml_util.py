@@ -233,6 +233,8 @@ class UtilReader:
             # since the previous read) shows that the two clocks agree.
             if self._clock_of is None and boot - newest_us / _US <= elapsed_s + PERIOD_MAX_S + _BOOT_SLACK_S:
                 self._clock_of = BOOT
+                self._note("sample_clock_boot", "NVML stamps utilisation samples with the time since the host "
+                           "booted, not the wall clock; idle time is counted on that clock")  # fmt: skip
             return
         # Later than the boot clock (or no boot clock): what was counted on it stays (it was
         # behind NVML's clock, so nothing was classified ahead of the samples).
