@@ -24,8 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
-from gpuledger.collect.fake_nvml_core import DEFAULT_UPTIME_S
-from gpuledger.collect.fake_nvml_profiles import PROFILES
+from gpuledger.collect.fake_nvml_profiles import DEFAULT_UPTIME_S, PROFILES
 from gpuledger.collect.nvml import NvmlCollector
 from gpuledger.core.metering.busy import PERIOD_MAX_S, PERIOD_MIN_S
 from gpuledger.core.metering.intervals import merge_gpu_ticks

@@ -60,9 +60,9 @@ class _Device:
     """Per-device handle, cursors and the memo of what the device cannot answer."""
 
     __slots__ = (
-        "backoff", "busy_lists", "energy_mj", "handle", "ident", "limit_w", "lost", "lost_at", "minor",
-        "mono_last", "noteworthy", "power_w", "proc_reads", "proc_ts", "q", "retry_at", "sure_mj", "t_last",
-        "throttle", "util", "uuid", "verdict", "via_parent",
+        "backoff", "busy_lists", "energy_mj", "handle", "ident", "lost", "lost_at", "minor", "mono_last",
+        "noteworthy", "power_w", "proc_reads", "proc_ts", "q", "retry_at", "sure_mj", "t_last", "throttle",
+        "util", "uuid", "verdict", "via_parent",
     )  # fmt: skip
 
     def __init__(self, found: Found, q: DeviceQueries, util: UtilReader) -> None:
@@ -80,8 +80,8 @@ class _Device:
         self.verdict: _Verdict | None = None  # the last attribution of its processes
         self.energy_mj: int | None = None
         self.power_w: float | None = None
-        self.limit_w = found.ident.power_limit_w
-        self.sure_mj = surely_plausible_mj(self.limit_w)  # energy counter deltas up to this need no check
+        # Energy counter deltas up to this need no plausibility check (_energy_since's fast path).
+        self.sure_mj = surely_plausible_mj(found.ident.power_limit_w)
         self.lost = False
         self.lost_at = 0.0
         self.retry_at = 0.0
@@ -103,14 +103,13 @@ class _Verdict:
 class _Parent:
     """A MIG-mode GPU read for its energy only (the node agent's capacity meter prices the GPU)."""
 
-    __slots__ = ("energy_mj", "handle", "limit_w", "power_w", "q", "sure_mj", "t_last", "uuid")
+    __slots__ = ("energy_mj", "handle", "power_w", "q", "sure_mj", "t_last", "uuid")
 
     def __init__(self, uuid: str, handle: Any, q: DeviceQueries) -> None:
         self.uuid, self.handle, self.q = uuid, handle, q
         self.energy_mj: int | None = None
         self.power_w: float | None = None
-        self.limit_w: float | None = None  # not read: the largest draw of any GPU bounds it
-        self.sure_mj = surely_plausible_mj(None)
+        self.sure_mj = surely_plausible_mj(None)  # its power limit is not read: any GPU's bounds it
         self.t_last: float | None = None
 
 
@@ -363,19 +362,26 @@ class NvmlCollector:
     def _energy(self, d: _Device, tick: GpuTick) -> None:
         mj, power = self._power_readings(d)
         tick.power_w = power
-        tick.energy_j, tick.energy_method = self._energy_since(d, tick.t0, tick.t1, mj, power)
+        tick.energy_j, tick.energy_method = self._energy_since(d, tick.t0, tick.t1, mj, power, d.ident.power_limit_w)
 
     def _energy_since(
-        self, d: _Device | _Parent, t0: float, t1: float, mj: int | None, power: float | None
+        self,
+        d: _Device | _Parent,
+        t0: float,
+        t1: float,
+        mj: int | None,
+        power: float | None,
+        limit_w: float | None = None,
     ) -> tuple[float | None, str | None]:
-        """(J, method) over (t0, t1] from the device's previous readings: the counter's delta, else
-        power integrated; the readings become the next call's previous ones."""
+        """(J, method) over (t0, t1] from the device's previous readings: the counter's delta (unless
+        it cannot be right for a GPU of power limit ``limit_w``), else power integrated; the readings
+        become the next call's previous ones."""
         energy = method = None
         if mj is not None:
             delta = counter_delta(d.energy_mj, mj)
             if delta is not None:
                 plausible = 0 < delta <= d.sure_mj  # nearly always: no further check
-                why = None if plausible else implausible_counter(delta / 1000, t1 - t0, d.power_w, power, d.limit_w)
+                why = None if plausible else implausible_counter(delta / 1000, t1 - t0, d.power_w, power, limit_w)
                 if why is None:
                     energy, method = delta / 1000, ENERGY_COUNTER
                 else:  # a broken reading: this span integrates power; the next one starts from it
