@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import random
 import resource
@@ -350,33 +351,44 @@ def test_baseline_when_the_root_is_included(backend: str) -> None:
         root.wait()
 
 
-def _own_cpu_s() -> float:
+_OWN_PROCESS = """
+import json, os, resource, sys
+from gpuledger.collect.host import ProcessTreeCollector
+
+def own_cpu_s():
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+tick_s = 1 / os.sysconf("SC_CLK_TCK")
+
+def burn_until(low, high, at_least_s=0.0):
+    start = own_cpu_s()
+    while not (own_cpu_s() - start >= at_least_s and low < (own_cpu_s() % tick_s) / tick_s < high):
+        pass
+
+c = ProcessTreeCollector(os.getpid(), include_root=True, backend=sys.argv[1])
+burn_until(0.0, 0.1)
+before_prime = own_cpu_s()
+c.read()
+after_prime = own_cpu_s()
+burn_until(0.65, 0.9, at_least_s=0.1)
+before = own_cpu_s()
+tick = c.read()
+after = own_cpu_s()
+json.dump([before_prime, after_prime, before, after, tick.cpu_s, tick.procs], sys.stdout)
+"""
 
 
 def test_the_collectors_own_process_is_metered_to_the_microsecond_not_the_clock_tick(backend: str) -> None:
     # gpuledger.track() meters the process it runs in. /proc/<pid>/stat counts its CPU in whole
     # clock ticks, each rounded down: prime just after a tick and read most of a tick past one, so
-    # tick counting would read over 3 ms short.
-    tick_s = 1 / os.sysconf("SC_CLK_TCK")
-
-    def burn_until(low: float, high: float, at_least_s: float = 0.0) -> None:
-        start = _own_cpu_s()
-        while not (_own_cpu_s() - start >= at_least_s and low < (_own_cpu_s() % tick_s) / tick_s < high):
-            pass
-
-    c = ProcessTreeCollector(os.getpid(), include_root=True, backend=backend)
-    burn_until(0.0, 0.1)
-    before_prime = _own_cpu_s()
-    c.read()
-    after_prime = _own_cpu_s()
-    burn_until(0.65, 0.9, at_least_s=0.1)
-    before = _own_cpu_s()
-    tick = c.read()
-    after = _own_cpu_s()
-    assert tick is not None
-    assert before - after_prime - 0.0015 <= tick.cpu_s <= after - before_prime + 0.0015  # the kernel's figure
+    # tick counting would read over 3 ms short. Measured in a fresh interpreter, whose tree is
+    # itself alone (this one's may hold a still-running child of another test, burning CPU).
+    out = subprocess.run([sys.executable, "-c", _OWN_PROCESS, backend], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    before_prime, after_prime, before, after, cpu_s, procs = json.loads(out.stdout)
+    assert procs == 1
+    assert before - after_prime - 0.0015 <= cpu_s <= after - before_prime + 0.0015  # the kernel's figure
 
 
 @pytest.mark.usefixtures("subreaper")
