@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -92,6 +94,27 @@ def test_a_read_between_a_slow_products_samples_calls_no_busy_time_idle() -> Non
     after = r.read(T0 / 1e6 + 3.05, 3.0, 0.15)
     assert between is not None and between.idle_s == 0 and between.busy_s == 0
     assert after is not None and after.busy_s == pytest.approx(1.0)  # second 2-3, whole
+
+
+def test_samples_that_become_visible_late_lose_no_busy_time() -> None:
+    # How soon a sample is visible after its timestamp is not documented. While samples keep
+    # coming, the time after the newest one is left to the next read (not called idle at now -
+    # period): a driver that publishes half a second late must not lose busy time at every tick,
+    # and the samples dated before the start that it hands over after it are not the run's.
+    lag_us = 500_000
+    grid = [T0 + k * P_US for k in range(1, 60)]
+    reads = [T0 + s * 1_000_000 for s in range(1, 9)]
+    batches = [
+        batch(*((ts, 100) for ts in grid if prev - lag_us < ts <= now - lag_us))
+        for prev, now in itertools.pairwise([0, *reads])
+    ]
+    r = reader(Driver(*batches))
+    r.prime(reads[0] / 1e6, 0.0)
+    got = [r.read(now / 1e6, (now - reads[0]) / 1e6, 1.0) for now in reads[1:]]
+    assert all(x is not None for x in got)
+    newest = max(ts for ts in grid if ts <= reads[-1] - lag_us)
+    assert math.fsum(x.busy_s for x in got) == pytest.approx((newest - reads[0]) / 1e6, abs=1e-6)
+    assert all(x.idle_s == 0 for x in got)
 
 
 def test_a_shorter_spacing_seen_later_lowers_the_learned_period() -> None:

@@ -143,7 +143,8 @@ def test_gpu_busy_time_flows_from_nvml_into_intervals_exactly() -> None:
         TracePoint(t=float(t), util_pct=50.0 if t < 10 else 100.0, mem_used_b=2**30, power_w=200.0)
         for t in range(0, 31)
     ]
-    fake = FakeNvml([FakeGpu(uuid="GPU-aaaa", points=points)], clock=lambda: clock.t - 1000.0)
+    # The driver stamps samples with the wall clock; the collector's monotonic clock runs apart.
+    fake = FakeNvml([FakeGpu(uuid="GPU-aaaa", points=points)], clock=clock, start=clock.t)
     sink = FlakySink(0, RuntimeError())
     gpu = NvmlCollector(nvml=fake, clock=lambda: clock.t - 1000.0)
     rec = Recorder(sink, host=ScriptedHost(clock), gpu=gpu, interval_s=5.0, clock=clock)

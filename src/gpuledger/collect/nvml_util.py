@@ -164,6 +164,12 @@ class UtilReader:
         self._depth = max(self._depth, len(pairs))
         start = self._accounted_us
         start = int(self._first_start(pairs[-1][0], now, mono) if start is None else start)
+        if pairs[0][0] <= start:  # rare: samples that became visible late, dated before the run or
+            fresh = [p for p in pairs if p[0] > start]  # before time already classified
+            if not fresh:
+                self.cursor_us, self._last = pairs[-1][0], pairs[-1]
+                return UtilRead(0.0, UTIL_SAMPLES, None, 0.0, 0.0)
+            pairs = fresh
         period, last = self.period, self._last
         period_s = period.seconds
         r = busy_from_samples(pairs, start, period_s, first_gap_unknown=stalled and full)
