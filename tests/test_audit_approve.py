@@ -4,15 +4,18 @@ the audit key on a signed ledger (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from audit_support import audit_key, audit_rows, keyring, payload_of
+from gpuledger.core.ids import short_id
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.server.app import create_app
@@ -121,3 +124,52 @@ def test_retention_never_seals_what_nobody_approved(ledger_url: str) -> None:
             problems = audit.verify(led, keyring=keyring(key)).problems
         assert any("run forged: inserted outside gpuledger" in p for p in problems)
         assert any(f"run {never_final['id']}: succeeded but never sealed" in p for p in problems)
+
+
+def test_chargeback_names_the_billed_runs_the_trail_never_sealed(ledger_url: str, tmp_path: Path) -> None:
+    """Finance must see which of the runs it bills are not protected by the trail: a finished run
+    whose last batch never came is named until an admin seals it; a sealed one is not."""
+    from datetime import datetime, timezone
+
+    day = datetime.fromtimestamp(NOW, timezone.utc).date()
+    window = ("--from", (day.fromordinal(day.toordinal() - 1)).isoformat(), "--to", day.isoformat())
+
+    def chargeback() -> tuple[dict[str, Any], str]:
+        got = gl("report", "chargeback", "--db", ledger_url, *window, "--format", "json")
+        assert got.returncode == 0, got.stderr
+        text = gl("report", "chargeback", "--db", ledger_url, *window)
+        assert text.returncode == 0, text.stderr
+        return json.loads(got.stdout), text.stdout
+
+    with audit_key() as key:
+        key_file = tmp_path / "audit.key"
+        key_file.write_text(key.text)
+        tokens = setup_accounts(ledger_url)
+        sealed = run_doc(status="succeeded", ended_at=NOW - 60, exit_code=0)
+        never_final = run_doc(status="succeeded", ended_at=NOW - 60, exit_code=0)
+        with TestClient(create_app(ledger_url)) as client:
+            for run, final in ((sealed, True), (never_final, False)):
+                got = client.post("/api/v1/ingest", json=batch(run, n=5, final=final), headers=bearer(tokens.agent_a))
+                assert got.status_code == 200 and got.json()["sealed"] is final, got.text
+        report, text = chargeback()
+        assert report["unsealed_runs"] == [never_final["id"]]
+        assert any(w.startswith("1 finished runs billed here were never sealed") for w in report["warnings"])
+        assert short_id(never_final["id"]) in text and "gpuledger audit seal" in text  # the ID gpuledger runs shows
+
+        approved = gl("audit", "seal", "--db", ledger_url, "--yes", key_file=key_file)
+        assert approved.returncode == 0, approved.stderr
+        report, text = chargeback()
+        assert report["unsealed_runs"] == [] and "never sealed" not in text
+        assert report["total"]["runs"] == 2  # both still billed
+
+
+def test_chargeback_of_a_local_ledger_says_no_trail_is_kept(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'local.db'}"
+    with Ledger(url) as led:
+        led.create_run(RunRecord("r1", ["train"], "ana", "node", "/", NOW - 600, status="succeeded", ended_at=NOW - 60))
+        led.add_devices("r1", [GpuIdentity(0, "GPU-1", "NVIDIA A100-SXM4-80GB")])
+        led.append("r1", [GpuInterval("GPU-1", 0, NOW - 600, NOW - 60, 6, busy_s=300.0)])
+    got = gl("report", "chargeback", "--db", url, "--format", "json", "--from", "2000-01-01")
+    assert got.returncode == 0, got.stderr
+    report = json.loads(got.stdout)
+    assert report["unsealed_runs"] is None and not any("sealed" in w for w in report["warnings"])

@@ -17,7 +17,7 @@ a sealed run that differs from its seal stays reported by ``verify``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,21 @@ def pending(ledger: Ledger) -> Pending:
         return out
 
     return ledger.read(tx)
+
+
+def unsealed_among(conn: Connection, run_ids: Collection[str]) -> list[str] | None:
+    """Of the finished runs ``run_ids``, those the audit trail holds no seal of (sorted): their rows
+    are not protected until an admin approves them. None on a ledger that keeps no trail."""
+    if not rollup_audit.audited(conn):
+        return None
+    a = T.audit_log.c
+    ids = sorted(run_ids)
+    sealed: set[str] = set()
+    for i in range(0, len(ids), 500):  # through the index on object, a chunk at a time
+        objects = [f"run:{x}" for x in ids[i : i + 500]]
+        q = sa.select(a.object).where(a.object.in_(objects), a.action.in_(audit.SEAL_ACTIONS)).distinct()
+        sealed.update(conn.scalars(q))
+    return [x for x in ids if f"run:{x}" not in sealed]
 
 
 def approve(

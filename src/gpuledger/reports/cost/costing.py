@@ -12,7 +12,7 @@ import datetime as dt
 import gc
 import itertools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,12 +20,15 @@ from typing import TYPE_CHECKING, Any
 from gpuledger.core.chargeback.fast import price_plain_rows
 from gpuledger.core.chargeback.report import Chargeback, Totals, build_from_compact, grouping, usage_columns
 from gpuledger.core.chargeback.value import ValueForMoney, value_for_money, yolo_inputs
+from gpuledger.core.ids import short_id
+from gpuledger.core.model import run_is_open
 from gpuledger.core.money import money_decimal
 from gpuledger.core.pricing.cost import CostLine, Pricer, compact, month_bounds, month_of, month_starts
 from gpuledger.core.pricing.ratecard import RateCard
 from gpuledger.core.pricing.ratecard_load import RateCardError, default_rate_card, parse_rate_card
 from gpuledger.core.pricing.usage import PARTIAL_STATUSES, partial_flag
 from gpuledger.reports.cost.usage import Scope, collect_report, collect_runs, read
+from gpuledger.store.audit_approve import unsealed_among
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -179,7 +182,23 @@ def _priced(ledger: Ledger, pricer: Pricer, window: dict[str, Any], report: dict
         pricer.price_rollups(unusual, usage.runs, usage.period_of_day, usage.periods),
     )
     trend = _group_items(pricer, usage.groups, usage.periods, by, window["group_keys"])
-    return build_from_compact(items, usage.runs, fast=fast, trend_items=trend, **report)
+    cb = build_from_compact(items, usage.runs, fast=fast, trend_items=trend, **report)
+    _note_unsealed(ledger, cb, usage.runs)
+    return cb
+
+
+def _note_unsealed(ledger: Ledger, cb: Chargeback, runs: Mapping[str, Any]) -> None:
+    """Say which finished runs billed here the audit trail does not vouch for (never sealed)."""
+    billed = (runs.get(rid) for rid in cb.total_units.records)
+    finished = [r.id for r in billed if r is not None and not run_is_open(r.status, r.ended_at)]
+    unsealed = read(ledger, lambda conn: unsealed_among(conn, finished))
+    cb.params["unsealed_runs"] = unsealed
+    if unsealed:
+        shown = ", ".join(short_id(x) for x in unsealed[:5]) + (", ..." if len(unsealed) > 5 else "")
+        cb.warnings.append(
+            f"{len(unsealed)} finished runs billed here were never sealed in the audit trail ({shown}): their "
+            "figures are not protected until an admin approves them (gpuledger audit seal)"
+        )
 
 
 def _group_items(
