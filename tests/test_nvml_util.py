@@ -117,6 +117,22 @@ def test_samples_that_become_visible_late_lose_no_busy_time() -> None:
     assert all(x.idle_s == 0 for x in got)
 
 
+def test_a_batch_dated_wholly_before_the_classified_time_is_as_nothing_new() -> None:
+    # Samples handed over after the start but dated before it: no busy time, the cursor moves past
+    # them (not asked again), and the time since the start is idle, tick by tick, as when nothing came.
+    s = 1_000_000
+    stale = batch((T0 + s // 2, 100), (T0 + s, 100))
+    drv = Driver(batch((T0, 100)), stale, NOTHING_NEW)
+    r = reader(drv)
+    r.prime(T0 / 1e6 + 2, 0.0)  # the run starts 2 s after the newest buffered sample
+    first = r.read(T0 / 1e6 + 5, 3.0, 3.0)
+    second = r.read(T0 / 1e6 + 6, 4.0, 1.0)
+    assert first is not None and first.busy_s == 0
+    # The period is not learned: only time more than the longest documented one (1 s) back is idle.
+    assert first.idle_s == pytest.approx(2.0) and second is not None and second.idle_s == pytest.approx(1.0)
+    assert drv.cursors == [0, T0, T0 + s]
+
+
 def test_a_shorter_spacing_seen_later_lowers_the_learned_period() -> None:
     # The first busy spacing seen is a slow one (1 s); later the driver samples every 1/6 s. The
     # period must come down (reads skip learning only when a batch cannot lower it), and the batch

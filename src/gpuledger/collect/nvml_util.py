@@ -166,9 +166,9 @@ class UtilReader:
         start = int(self._first_start(pairs[-1][0], now, mono) if start is None else start)
         if pairs[0][0] <= start:  # rare: samples that became visible late, dated before the run or
             fresh = [p for p in pairs if p[0] > start]  # before time already classified
-            if not fresh:
+            if not fresh:  # nothing newer than what is classified: as if nothing new came
                 self.cursor_us, self._last = pairs[-1][0], pairs[-1]
-                return UtilRead(0.0, UTIL_SAMPLES, None, 0.0, 0.0)
+                return self._nothing_new(now, mono, elapsed_s)
             pairs = fresh
         period, last = self.period, self._last
         period_s = period.seconds
