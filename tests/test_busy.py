@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from hypothesis import given, settings
@@ -119,6 +120,9 @@ def test_matches_the_rule_with_repeated_instants_and_out_of_range_values(steps) 
     busy, sampled, idle, top = reference_busy(samples, T0, P_US)
     assert close(r.busy_s, busy) and close(r.sampled_s, sampled) and close(r.idle_s, idle)
     assert r.max_pct == top and r.unknown_s == 0 and r.last_us == samples[-1][0]
+    # the least spacing of at most one period tells the reader whether the period can be learned
+    spacings = [b[0] - a[0] for a, b in itertools.pairwise(samples) if b[0] - a[0] <= P_US]
+    assert r.least_gap_us == min(spacings, default=math.inf)
 
 
 def test_a_sample_at_the_same_instant_covers_nothing() -> None:

@@ -337,3 +337,17 @@ def test_a_mig_parent_named_by_index_or_uuid_is_metered_as_its_first_slice() -> 
 def test_the_r450_mig_name_selects_the_slice_by_instance_ids() -> None:
     col, _, _ = make([mig_gpu()], visible="MIG-GPU-p/2/0")
     assert [d.uuid for d in col.devices()] == ["MIG-s1"]
+
+
+def test_a_function_the_installed_nvidia_ml_py_lacks_is_absent_without_an_error() -> None:
+    """An older nvidia-ml-py has no nvmlDeviceGetTemperatureV: the deprecated call answers instead,
+    every tick, and no sampler error is recorded for the missing function."""
+    clock = Clock()
+    gpu = FakeGpu("GPU-a", name=H100, points=[TracePoint(0, util_pct=50, temp_c=61)])
+    fake = FakeNvml([gpu], clock=clock, start=T0)
+    fake.nvmlDeviceGetTemperatureV = None  # what getattr finds on a module without the function
+    col = NvmlCollector(nvml=fake, clock=clock)
+    ticks, events = run(col, clock, until=5)
+    assert len(ticks) == 5 and all(t.temp_c == 61 for t in ticks)
+    assert [e for e in events if e.kind == "sampler_error"] == []
+    assert fake.calls["nvmlDeviceGetTemperature"] >= 5

@@ -29,6 +29,7 @@ has no ticks (absent, not zero). ``read`` never raises.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -198,15 +199,19 @@ class NvmlCollector:
         q = DeviceQueries(found.ident.uuid, str(found.ident.index), self._q.absent_mig if mig else self._q.absent)
         holder: list[_Device] = []
         util = UtilReader(
-            samples=lambda cursor: self._q.call(q, "samples", self._f_samples, holder[0].handle,
-                                                self._util_samples, cursor, since=True),
+            samples=self._samples_query(q, found.handle),
             instant=lambda: self._instant(holder[0]),
             note=lambda key, text: self._q.once(q, key, _NOTE, text),
             boot=self._boot,
-        )  # fmt: skip
+        )
         d = _Device(found, q, util)
         holder.append(d)
         return d
+
+    def _samples_query(self, q: DeviceQueries, handle: Any) -> Callable[[int], Any]:
+        """``samples(cursor)`` for a UtilReader: a partial (C) rather than a lambda, as it runs for
+        every GPU at every tick; made again when the handle changes (_try_recover)."""
+        return functools.partial(self._q.call, q, "samples", self._f_samples, handle, self._util_samples, since=True)
 
     # -- GpuCollector --------------------------------------------------------------------------
     def devices(self) -> list[GpuIdentity]:
@@ -222,12 +227,13 @@ class NvmlCollector:
                 if d.lost:
                     self._try_recover(d, now)
                     continue
-                d.q.start_read()
+                q = d.q
+                q.start_read()
                 said = len(out.events)
                 tick = self._read_device(d, pids, now, out, closes_interval)
-                if d.q.all_failed:  # nothing answered: the GPU, not a field, is gone
+                if q.failed and not q.answered:  # all_failed, inline: nothing answered, the GPU is gone
                     del out.events[said:]
-                    self._q.forget_read(d.q)
+                    self._q.forget_read(q)
                     self._mark_lost(d, _NothingAnswered(), now)
                 elif tick is not None:
                     out.ticks.append(tick)
@@ -288,15 +294,11 @@ class NvmlCollector:
         tick = GpuTick(d.uuid, t0, now)  # positional: made for every GPU at every read
         h = d.handle
         self._busy(d, tick, wall, mono, elapsed)
-        self._energy(d, tick)
-        self._memory(d, tick)
-        tick.temp_c = self._temperature(d)
-        # Gauges as floats, the None test inline (not a helper call): this runs for every GPU at every tick.
-        sm = self._q.call(d.q, "sm_clock", self._f_clock, h, self._clock_sm)
-        tick.sm_clock_mhz = None if sm is None else float(sm)
-        mem = self._q.call(d.q, "mem_clock", self._f_clock, h, self._clock_mem)
-        tick.mem_clock_mhz = None if mem is None else float(mem)
-        tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed, closes)
+        mj, tick.power_w = self._power_readings(d)
+        tick.energy_j, tick.energy_method = self._energy_since(d, t0, now, mj, tick.power_w, d.ident.power_limit_w)
+        self._gauges(d, tick)
+        if closes or not d.throttle.names:  # counters are read where an interval ends only (nvml_throttle.py)
+            tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed, closes)
         if pids:
             self._processes(d, tick, pids)
         elif self._all_processes:
@@ -337,8 +339,7 @@ class NvmlCollector:
                 if r is None:
                     return  # NVML's clock not known: the cursor stays, the next tick covers this span
             if r is not None:
-                tick.busy_s, tick.util_method, tick.util_max_pct = r.busy_s, r.method, r.max_pct
-                tick.util_idle_s, tick.util_unknown_s = r.idle_s, r.unknown_s
+                tick.busy_s, tick.util_method, tick.util_max_pct, tick.util_idle_s, tick.util_unknown_s = r
                 return
         pct = self._instant(d)
         if pct is not None:
@@ -359,11 +360,6 @@ class NvmlCollector:
             mw = self._q.call(d.q, "power", self._f_power, d.handle)
         return (None if mj is None else int(mj)), (None if mw is None else mw / 1000)
 
-    def _energy(self, d: _Device, tick: GpuTick) -> None:
-        mj, power = self._power_readings(d)
-        tick.power_w = power
-        tick.energy_j, tick.energy_method = self._energy_since(d, tick.t0, tick.t1, mj, power, d.ident.power_limit_w)
-
     def _energy_since(
         self,
         d: _Device | _Parent,
@@ -378,7 +374,8 @@ class NvmlCollector:
         become the next call's previous ones."""
         energy = method = None
         if mj is not None:
-            delta = counter_delta(d.energy_mj, mj)
+            prev = d.energy_mj
+            delta = mj - prev if prev is not None and mj >= prev else counter_delta(prev, mj)  # the usual case inline
             if delta is not None:
                 plausible = 0 < delta <= d.sure_mj  # nearly always: no further check
                 why = None if plausible else implausible_counter(delta / 1000, t1 - t0, d.power_w, power, limit_w)
@@ -394,20 +391,24 @@ class NvmlCollector:
         d.power_w = power
         return energy, method
 
-    def _memory(self, d: _Device, tick: GpuTick) -> None:
-        h = d.handle
-        m = self._q.call(d.q, "mem_v2", self._f_mem, h, self._mem_v2) if self._mem_v2 else None
+    def _gauges(self, d: _Device, tick: GpuTick) -> None:
+        """Memory (v2 API, else v1), temperature (``nvmlDeviceGetTemperatureV``, else the deprecated
+        call) and clocks now. One function, the None tests inline: it runs for every GPU at every tick."""
+        h, q, call = d.handle, d.q, self._q.call
+        m = call(q, "mem_v2", self._f_mem, h, self._mem_v2) if self._mem_v2 else None
         if m is not None:
             tick.mem_used_b, tick.mem_reserved_b = int(m.used), int(m.reserved)
-            return
-        m = self._q.call(d.q, "mem", self._f_mem, h)
-        tick.mem_used_b = None if m is None else int(m.used)
-
-    def _temperature(self, d: _Device) -> float | None:
-        t = self._q.call(d.q, "temp_v", self._f_temp_v, d.handle, self._temp_gpu)
+        else:
+            m = call(q, "mem", self._f_mem, h)
+            tick.mem_used_b = None if m is None else int(m.used)
+        t = call(q, "temp_v", self._f_temp_v, h, self._temp_gpu)
         if t is None:
-            t = self._q.call(d.q, "temp", self._f_temp, d.handle, self._temp_gpu)
-        return None if t is None else float(t)
+            t = call(q, "temp", self._f_temp, h, self._temp_gpu)
+        tick.temp_c = None if t is None else float(t)
+        sm = call(q, "sm_clock", self._f_clock, h, self._clock_sm)
+        tick.sm_clock_mhz = None if sm is None else float(sm)
+        mem = call(q, "mem_clock", self._f_clock, h, self._clock_mem)
+        tick.mem_clock_mhz = None if mem is None else float(mem)
 
     def _processes(self, d: _Device, tick: GpuTick, pids: set[int]) -> None:
         procs = self._gpu_processes(d)
@@ -530,6 +531,7 @@ class NvmlCollector:
             if self._need_init:
                 self._restart_nvml()
             d.handle = self._lookup(d)
+            d.util.samples = self._samples_query(d.q, d.handle)
             d.q.start_read()
             self._prime(d, now if self._wall is None else self._wall(), mono)
             if d.q.all_failed:

@@ -106,9 +106,6 @@ class Querier:
         """One NVML query: the value, or None (absent or failed). ``since``: NotFound is NOTHING_NEW."""
         if key in d.unsupported:
             return None
-        if fn is None:
-            d.unsupported.add(key)
-            return None
         try:
             value = fn(*args)
         except d.absent:
@@ -124,7 +121,10 @@ class Querier:
             self._fail(d, key, exc)
             return None
         except Exception as exc:  # Unknown, Timeout, a bug: this field, this read
-            self._fail(d, key, exc)
+            if fn is None:  # an nvidia-ml-py without the function: absent (tested here, not before every call)
+                d.unsupported.add(key)
+            else:
+                self._fail(d, key, exc)
             return None
         d.answered = True  # a flag, not a count: this runs for every query of every tick
         if d.failures:

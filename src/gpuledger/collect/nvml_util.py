@@ -39,8 +39,7 @@ import math
 import operator
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuledger.collect.nvml_query import MEMBER_OF, NOTHING_NEW
 from gpuledger.core.metering.busy import PERIOD_MAX_S, SamplePeriod, busy_from_samples
@@ -71,15 +70,15 @@ def host_boot_time() -> float | None:
     return now if now - time.clock_gettime(time.CLOCK_MONOTONIC) < _SUSPENDED_S else None
 
 
-@dataclass(slots=True)
-class UtilRead:
-    """Busy time for one tick, and how it was measured."""
+class UtilRead(NamedTuple):  # a NamedTuple: made for every GPU at every tick, so cheap to build
+    """Busy time for one tick, and how it was measured (in GpuTick's order: busy_s, util_method,
+    util_max_pct, util_idle_s, util_unknown_s)."""
 
-    busy_s: float | None = None
-    method: str | None = None
-    max_pct: float | None = None
-    idle_s: float | None = None  # unsampled time taken as idle (the driver had nothing to sample)
-    unknown_s: float | None = None  # time the samples could not cover (lost, clock step, first read)
+    busy_s: float
+    method: str
+    max_pct: float | None
+    idle_s: float  # unsampled time taken as idle (the driver had nothing to sample)
+    unknown_s: float  # time the samples could not cover (lost, clock step, first read)
 
 
 class UtilReader:
@@ -103,9 +102,9 @@ class UtilReader:
         "_note",
         "_offset",
         "_open_mono",
-        "_samples",
         "cursor_us",
         "period",
+        "samples",
     )
 
     def __init__(
@@ -115,7 +114,7 @@ class UtilReader:
         note: Callable[[str, str], None],
         boot: Callable[[], float | None] | None = None,
     ) -> None:
-        self._samples, self._instant, self._note, self._boot = samples, instant, note, boot
+        self.samples, self._instant, self._note, self._boot = samples, instant, note, boot
         self.period = SamplePeriod()
         self.cursor_us: int | None = None  # None: closed (no trustworthy read yet)
         self._accounted_us: float | None = None
@@ -132,7 +131,7 @@ class UtilReader:
     def prime(self, now: float, mono: float) -> None:
         """Open the cursor at the newest buffered sample: nothing before the run is counted."""
         self._offset, self._open_mono = now - mono, mono
-        res = self._samples(0)
+        res = self.samples(0)
         if res is None:
             self.cursor_us = None  # closed: the next read opens it without integrating
             return
@@ -149,7 +148,7 @@ class UtilReader:
             self._stepped(offset - last_offset)
         if self.cursor_us is None:
             return self._open_late(now, mono, elapsed_s)
-        res = self._samples(self.cursor_us)
+        res = self.samples(self.cursor_us)
         if res is None:
             return None  # a passing failure: the cursor stays, the next read covers this span
         stalled = self._last_ok_mono is not None and mono - self._last_ok_mono > STALL_S
@@ -268,7 +267,7 @@ class UtilReader:
         return max(float(self.cursor_us or 0), floor + self._idle_before_s * _US)
 
     def _open_late(self, now: float, mono: float, elapsed_s: float) -> UtilRead | None:
-        res = self._samples(0)
+        res = self.samples(0)
         if res is None:
             return None
         self._open_mono = mono
@@ -301,11 +300,13 @@ class UtilReader:
         if not out.unknown_s:
             return out
         pct = self._instant()
-        if pct is not None:
-            out.busy_s = (out.busy_s or 0.0) + min(max(pct, 0.0), 100.0) / 100 * out.unknown_s
-            out.method = f"{UTIL_INSTANT},{UTIL_SAMPLES}"
-            out.max_pct = pct if out.max_pct is None else max(out.max_pct, pct)
-        return out
+        if pct is None:
+            return out
+        return out._replace(
+            busy_s=out.busy_s + min(max(pct, 0.0), 100.0) / 100 * out.unknown_s,
+            method=f"{UTIL_INSTANT},{UTIL_SAMPLES}",
+            max_pct=pct if out.max_pct is None else max(out.max_pct, pct),
+        )
 
     def _stepped(self, step: float) -> None:
         """The wall clock stepped by ``step`` seconds between two reads (NVML stamps samples with it)."""
