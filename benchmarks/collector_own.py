@@ -43,8 +43,9 @@ WARMUP = 20
 INTERVAL_TICKS = 5  # recorder_tick.py's recorder: 5 s intervals of 1 s ticks
 
 
-def measure(reads: int, repeat: int, cold_mib: int = 0) -> dict[str, float]:
-    """Runs in the tree whose ``src`` is first on sys.path (set by ``main``)."""
+def measure(reads: int, repeat: int, cold_mib: int = 0, count_only: int = 0) -> dict[str, float]:
+    """Runs in the tree whose ``src`` is first on sys.path (set by ``main``). ``count_only``: replay
+    that many reads (at most ``reads``) once, untimed, for a run under cachegrind, and return {}."""
     # gpuledger first, from the tree measured: recorder_tick puts this tree's src on the path.
     from gpuledger.collect.fake_nvml import FakeNvml
     from gpuledger.collect.nvml import NvmlCollector
@@ -128,6 +129,15 @@ def measure(reads: int, repeat: int, cold_mib: int = 0) -> dict[str, float]:
         run(clock, col, WARMUP)  # the same warm-up as recorded: same cursors, same answers
         return clock, col
 
+    if count_only:
+        import gc
+
+        clock, col = canned_build()
+        gc.collect()
+        gc.disable()  # a collection's moment would move the count from one run to the next
+        run(clock, col, min(count_only, reads))
+        return {}
+
     best = float("inf")
     for _ in range(repeat):
         clock, col = canned_build()
@@ -180,6 +190,38 @@ def child_of(tree: str, args: argparse.Namespace) -> dict[str, float]:
                                             "--cold", str(args.cold)])  # fmt: skip
 
 
+COUNT_READS = (50, 250)  # two replays under cachegrind: their difference is the reads alone
+
+
+def instructions_of(tree: str) -> dict[str, float]:
+    """Per GPU read, from cachegrind (valgrind): instructions executed, and first-level instruction and
+    data cache misses of its simulated caches. The same on every run (no timer, no neighbour), so a
+    difference of a few percent can be told on a noisy machine; the setup cancels out between the
+    two replays."""
+    import subprocess
+    import tempfile
+
+    totals = []
+    for n in COUNT_READS:
+        with tempfile.NamedTemporaryFile(suffix=".cachegrind") as out:
+            cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", f"--cachegrind-out-file={out.name}",
+                   sys.executable, os.path.abspath(__file__), "--child", "--reads", str(COUNT_READS[-1]),
+                   "--count", str(n)]  # fmt: skip
+            env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src"), PYTHONHASHSEED="0")
+            subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=tree)
+            events = summary = None
+            with open(out.name) as fh:
+                for line in fh:
+                    if line.startswith("events:"):
+                        events = line.split()[1:]
+                    elif line.startswith("summary:"):
+                        summary = [int(v) for v in line.split()[1:]]
+            assert events and summary, f"no cachegrind summary in {out.name}"
+            totals.append(dict(zip(events, summary, strict=True)))
+    per = (COUNT_READS[1] - COUNT_READS[0]) * 8
+    return {k: (totals[1][k] - totals[0][k]) / per for k in ("Ir", "I1mr", "D1mr", "D1mw")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reads", type=int, default=1500, help="reads of 8 GPUs timed per repeat (default 1500)")
@@ -187,10 +229,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds over the trees, in turn (default 2)")
     ap.add_argument("--cold", type=int, default=32, metavar="MIB", help="cache-flush buffer, MiB (0: no cold figure)")
     ap.add_argument("--baseline", action="append", default=[], metavar="DIR", help="another source tree to measure")
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions and cache misses per GPU read under valgrind's cachegrind instead",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(measure(args.reads, args.repeat, args.cold)))
+        print(json.dumps(measure(args.reads, args.repeat, args.cold, args.count)))
+        return
+    if args.instructions:
+        main_instructions(args)
         return
 
     sys.path.insert(0, HERE)
@@ -211,6 +262,25 @@ def main() -> None:
     for name, rows in got.items():
         best = {k: min(r[k] for r in rows) for k in rows[0]}  # the best round of each figure
         print(f"  {name:48} {best['own_us']:10.2f} {best['cold_us']:8.2f} {best['opcodes']:8.0f} {best['calls']:13.2f}")
+
+
+def main_instructions(args: argparse.Namespace) -> None:
+    import shutil
+
+    if shutil.which("valgrind") is None:
+        sys.exit("--instructions needs valgrind (apt-get install valgrind)")
+    sys.path.insert(0, HERE)
+    from _common import machine_line, source_state
+
+    print(f"# {machine_line()}\n# {source_state()}")
+    trees = {"this tree": os.path.dirname(HERE), **{f"baseline {d}": os.path.abspath(d) for d in args.baseline}}
+    print(f"\nPer GPU read under cachegrind (8 scripted A100s, canned answers; {COUNT_READS[1]} less "
+          f"{COUNT_READS[0]} reads; cyclic GC off)")  # fmt: skip
+    print(f"  {'':48} {'instructions':>12} {'I1 misses':>10} {'D1 misses':>10}")
+    for name, tree in trees.items():
+        got = instructions_of(tree)
+        misses = got["D1mr"] + got["D1mw"]
+        print(f"  {name:48} {got['Ir']:12,.0f} {got['I1mr']:10,.0f} {misses:10,.0f}")
 
 
 if __name__ == "__main__":
