@@ -153,7 +153,7 @@ def test_chargeback_names_the_billed_runs_the_trail_never_sealed(ledger_url: str
                 assert got.status_code == 200 and got.json()["sealed"] is final, got.text
         report, text = chargeback()
         assert report["unsealed_runs"] == [never_final["id"]]
-        assert any(w.startswith("1 finished runs billed here were never sealed") for w in report["warnings"])
+        assert any(w.startswith("1 finished run billed here was never sealed") for w in report["warnings"])
         assert short_id(never_final["id"]) in text and "gpuledger audit seal" in text  # the ID gpuledger runs shows
 
         approved = gl("audit", "seal", "--db", ledger_url, "--yes", key_file=key_file)

@@ -195,9 +195,11 @@ def _note_unsealed(ledger: Ledger, cb: Chargeback, runs: Mapping[str, Any]) -> N
     cb.params["unsealed_runs"] = unsealed
     if unsealed:
         shown = ", ".join(short_id(x) for x in unsealed[:5]) + (", ..." if len(unsealed) > 5 else "")
+        n = len(unsealed)
+        runs_were = "1 finished run billed here was" if n == 1 else f"{n} finished runs billed here were"
         cb.warnings.append(
-            f"{len(unsealed)} finished runs billed here were never sealed in the audit trail ({shown}): their "
-            "figures are not protected until an admin approves them (gpuledger audit seal)"
+            f"{runs_were} never sealed in the audit trail ({shown}): the figures are not protected until an admin "
+            "approves (gpuledger audit seal)"
         )
 
 
