@@ -1,6 +1,7 @@
 """gpuledger's own CPU per GPU read of the NVML collector, the scripted driver taken out.
 
     python benchmarks/collector_own.py [--reads 1500] [--repeat 5] [--baseline DIR ...]
+    python benchmarks/collector_own.py --instructions [--baseline DIR ...]
 
 In recorder_tick.py the scripted NVML (Python code standing in for the driver) is most of a GPU
 read, and its cost is nothing like a real driver's. This script takes it out: it runs
@@ -17,6 +18,12 @@ recorder makes them: 1 s apart, every fifth one ending a 5 s interval. It report
   which opcode counts do not show;
 * Python opcodes executed (a deterministic count, not affected by a noisy machine);
 * driver calls (each one a round trip into the driver on real hardware).
+
+``--instructions`` counts instead of timing, under valgrind's cachegrind (needs ``valgrind``;
+about 40 s per tree): instructions executed and first-level instruction and data cache misses of
+its simulated caches, per GPU read, from two replays (250 and 50 reads, cyclic GC off) whose
+difference leaves the set-up out. The counts are the same on every run, so a few percent can be
+told on a machine whose timings move by more than that.
 
 ``--baseline DIR`` measures the collector of another source tree (DIR/src) in the same call, e.g.
 the collector before issue 10, given today's scripted NVML so both read the same answers::
