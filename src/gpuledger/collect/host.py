@@ -93,7 +93,13 @@ def _minus(a: Usage, b: Usage) -> Usage:
 
 
 def _max(a: Usage, b: Usage) -> Usage:
-    return Usage(max(a.cpu_s, b.cpu_s), max(a.read_b, b.read_b), max(a.write_b, b.write_b))
+    # Comparisons, not max(): the builtin parses its arguments by keyword at every call (3.11),
+    # and this runs at every read.
+    return Usage(
+        a.cpu_s if a.cpu_s >= b.cpu_s else b.cpu_s,
+        a.read_b if a.read_b >= b.read_b else b.read_b,
+        a.write_b if a.write_b >= b.write_b else b.write_b,
+    )
 
 
 @dataclass(slots=True)

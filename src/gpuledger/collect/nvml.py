@@ -290,7 +290,9 @@ class NvmlCollector:
             return None
         if now <= t0:
             return None  # nothing elapsed: leave the cursors for the next read
-        elapsed = max(0.0, mono - d.mono_last) or now - t0
+        elapsed = mono - d.mono_last
+        if elapsed <= 0.0:  # the monotonic clock did not move (a test's): the ticks' own span
+            elapsed = now - t0
         tick = GpuTick(d.uuid, t0, now)  # positional: made for every GPU at every read
         h = d.handle
         self._busy(d, tick, wall, mono, elapsed)

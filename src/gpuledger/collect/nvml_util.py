@@ -58,6 +58,7 @@ _TIME = operator.itemgetter(0)
 # value type -> (timeStamp, sampleValue.<member>) of one nvmlSample_t; unknown types read uiVal
 _PAIR_OF = {vtype: operator.attrgetter("timeStamp", f"sampleValue.{m}") for vtype, m in MEMBER_OF.items()}
 _PAIR_UINT = operator.attrgetter("timeStamp", "sampleValue.uiVal")
+_UINT = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
 
 
 def host_boot_time() -> float | None:
@@ -159,8 +160,12 @@ class UtilReader:
         self._blind_until_us = None
         if self._clock_of is None or self._clock_of is BOOT:
             self._check_clock(pairs[-1][0], now, elapsed_s)
-        full = len(pairs) >= _FULL * self._depth
-        self._depth = max(self._depth, len(pairs))
+        # Comparisons inline rather than min()/max(): builtins that parse their arguments by keyword
+        # at every call in Python 3.11, and this runs for every GPU at every tick.
+        n = len(pairs)
+        full = n >= _FULL * self._depth
+        if n > self._depth:
+            self._depth = n
         start = self._accounted_us
         start = int(self._first_start(pairs[-1][0], now, mono) if start is None else start)
         if pairs[0][0] <= start:  # rare: samples that became visible late, dated before the run or
@@ -174,7 +179,9 @@ class UtilReader:
         r = busy_from_samples(pairs, start, period_s, first_gap_unknown=stalled and full)
         # The period is learned from the same spacings; at steady state they cannot lower it, and
         # the batch is integrated once. When they do, it is integrated again with the new period.
-        least = r.least_gap_us if last is None else min(r.least_gap_us, pairs[0][0] - last[0])
+        least = r.least_gap_us
+        if last is not None and pairs[0][0] - last[0] < least:
+            least = pairs[0][0] - last[0]
         if least < period.useful_us:
             period.observe(pairs, last)
             if period.seconds != period_s:
@@ -183,12 +190,14 @@ class UtilReader:
         if stalled and full:
             self._note("buffer_overrun", "the utilisation sample buffer wrapped while the reader was stalled; "
                        "the lost span is measured by the instant reading")  # fmt: skip
-        # Time cannot be classified beyond what really elapsed (a clock step inflates gaps).
-        cap = max(0.0, elapsed_s + period_s - r.sampled_s - r.idle_s)
-        out = UtilRead(r.busy_s, UTIL_SAMPLES, r.max_pct, r.idle_s, min(r.unknown_s, cap))
         self.cursor_us = r.last_us
         self._accounted_us = r.last_us
         self._last = pairs[-1]
+        if not r.unknown_s:  # nearly always
+            return UtilRead(r.busy_s, UTIL_SAMPLES, r.max_pct, r.idle_s, 0.0)
+        # Time cannot be classified beyond what really elapsed (a clock step inflates gaps).
+        cap = max(0.0, elapsed_s + period_s - r.sampled_s - r.idle_s)
+        out = UtilRead(r.busy_s, UTIL_SAMPLES, r.max_pct, r.idle_s, min(r.unknown_s, cap))
         return self._fill_unknown(out) if out.unknown_s else out
 
     def missed(self, now: float, elapsed_s: float) -> UtilRead | None:
@@ -329,7 +338,10 @@ class UtilReader:
         if res is NOTHING_NEW or not res:
             return []
         vtype, samples = res
-        pairs = list(map(_PAIR_OF.get(vtype, _PAIR_UINT), samples))  # (timeStamp, value) in C
+        if vtype == _UINT:  # GPU utilisation's type: plain attribute reads, the cheapest in 3.11
+            pairs = [(s.timeStamp, s.sampleValue.uiVal) for s in samples]
+        else:
+            pairs = list(map(_PAIR_OF.get(vtype, _PAIR_UINT), samples))
         # Buffer order is time order, except across a wall-clock step back; sorting a sorted
         # list is one pass in C, cheaper than checking the order in Python (stable: samples at
         # the same instant keep the driver's order).

@@ -121,7 +121,7 @@ def sm_share(
     share = 0.0
     for total, n in sums.values():
         share += total / n
-    return min(100.0, share), newest
+    return (share if share < 100.0 else 100.0), newest
 
 
 def _total(values: Iterable[int | None]) -> int | None:

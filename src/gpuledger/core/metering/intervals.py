@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from functools import partial
-from itertools import repeat
 from operator import attrgetter, is_not, itemgetter, mul, sub
 from typing import TypeVar
 
@@ -80,7 +79,7 @@ def _weighted_mean(values: Sequence[float | None], weights: Sequence[float]) -> 
         values, weights = zip(*known, strict=True)
     elif not values:
         return None
-    clipped = list(map(max, weights, repeat(0.0)))
+    clipped = [w if w > 0.0 else 0.0 for w in weights]  # not map(max, ...): max() is a dear call in 3.11
     total = math.fsum(clipped)
     if total <= 0:
         return math.fsum(values) / len(values)  # type: ignore[arg-type]
