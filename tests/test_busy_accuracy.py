@@ -20,7 +20,7 @@ import math
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
@@ -56,6 +56,13 @@ def truth(points: list[TracePoint], a: float, b: float) -> float:
         if hi > lo:
             total += (p.util_pct or 0) / 100 * (hi - lo)
     return total
+
+
+STARVED = [
+    TracePoint(t, util_pct=util, power_w=100.0 + 3 * util, mem_used_b=2**30)
+    for k in range(24)
+    for t, util in ((k * 2.6, 100), (k * 2.6 + 2.0, 0))
+] + [TracePoint(24 * 2.6, util_pct=0)]
 
 
 @st.composite
@@ -144,6 +151,10 @@ def naive_poll(points: list[TracePoint], profile: str, every_s: float, end: floa
 @pytest.mark.parametrize("interval_s", [1.0, 5.0, 30.0, 60.0])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(points=workloads(), which=st.sampled_from(SAMPLING), seed=st.integers(0, 2**16))
+# Always tried as well: an input-starved training whose idle gaps are shorter than a tick, on a
+# driver that stops sampling while idle, so gaps inside one read's batch are common (a sample
+# after one covers one period, not the gap: random workloads meet this case only now and then).
+@example(points=STARVED, which=(sorted(PROFILES)[0], "stop"), seed=1)
 def test_recorded_busy_time_is_within_one_percent_plus_one_period(points, which, seed, interval_s, stamps) -> None:
     profile, idle = which
     seen: dict[int, int] = {}
