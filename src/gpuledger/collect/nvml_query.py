@@ -31,7 +31,7 @@ NOTHING_NEW: Any = object()  # a buffer query (with a timestamp cursor) that has
 # NVML_VALUE_TYPE_* -> the member of nvmlValue_t that holds the value (nvml.h, stable ABI)
 VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 MEMBER_OF = dict(enumerate(VALUE_MEMBERS))  # value type -> member
-_UINT, _ULL = VALUE_MEMBERS.index("uiVal"), VALUE_MEMBERS.index("ullVal")
+UINT_TYPE, ULL_TYPE = VALUE_MEMBERS.index("uiVal"), VALUE_MEMBERS.index("ullVal")  # NVML_VALUE_TYPE_*
 
 
 def _member(value: Any, vtype: int) -> Any:
@@ -156,7 +156,10 @@ class Querier:
                 # Plain attribute reads for the two types gpuledger's fields have (the cheapest in
                 # Python 3.11), the member of any other type by name.
                 vtype, value, fid = v.valueType, v.value, v.fieldId
-                out[fid] = value.ullVal if vtype == _ULL else value.uiVal if vtype == _UINT else _member(value, vtype)
+                if vtype == ULL_TYPE:
+                    out[fid] = value.ullVal
+                else:
+                    out[fid] = value.uiVal if vtype == UINT_TYPE else _member(value, vtype)
                 if failures:
                     failures.pop(field_key(fid), None)
             elif ret in self._absent_codes:

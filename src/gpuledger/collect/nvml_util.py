@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from gpuledger.collect.nvml_query import MEMBER_OF, NOTHING_NEW
+from gpuledger.collect.nvml_query import MEMBER_OF, NOTHING_NEW, UINT_TYPE
 from gpuledger.core.metering.busy import PERIOD_MAX_S, SamplePeriod, busy_from_samples
 from gpuledger.core.model import UTIL_INSTANT, UTIL_SAMPLES
 
@@ -58,7 +58,6 @@ _TIME = operator.itemgetter(0)
 # value type -> (timeStamp, sampleValue.<member>) of one nvmlSample_t; unknown types read uiVal
 _PAIR_OF = {vtype: operator.attrgetter("timeStamp", f"sampleValue.{m}") for vtype, m in MEMBER_OF.items()}
 _PAIR_UINT = operator.attrgetter("timeStamp", "sampleValue.uiVal")
-_UINT = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
 
 
 def host_boot_time() -> float | None:
@@ -338,7 +337,7 @@ class UtilReader:
         if res is NOTHING_NEW or not res:
             return []
         vtype, samples = res
-        if vtype == _UINT:  # GPU utilisation's type: plain attribute reads, the cheapest in 3.11
+        if vtype == UINT_TYPE:  # GPU utilisation's type: plain attribute reads, the cheapest in 3.11
             pairs = [(s.timeStamp, s.sampleValue.uiVal) for s in samples]
         else:
             pairs = list(map(_PAIR_OF.get(vtype, _PAIR_UINT), samples))
