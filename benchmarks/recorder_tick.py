@@ -10,6 +10,9 @@ Variants, each in a fresh process of its own whose main thread only waits, run i
             ProcessTreeCollector of that tree, writing into a real SQLite Ledger (sink = Ledger.append).
   gl-gpu8   the same plus 8 scripted GPUs: NvmlCollector over FakeNvml (8 devices, 2 processes each,
             one of them the run's), as `gpuledger run --replay-gpus` does.
+  gl-nvml   the same as gl-host plus this machine's own GPUs: NvmlCollector over the real driver
+            (nvidia-ml-py), as `gpuledger run` builds it; every query costs what the driver makes it
+            cost. Needs a GPU; start some GPU work beside it, or the driver has little to answer.
   mlflow    mlflow.system_metrics SystemMetricsMonitor, sampling_interval=1 s,
             samples_before_logging=1 (every sample is logged), tracking URI sqlite:/// in a temp dir.
             It reads host counters only (CPU %, memory, disk usage, network): it meters no process
@@ -80,6 +83,7 @@ from _common import machine_line, median, p95, source_state, start_tree, stop_tr
 VARIANTS = {
     "gl-host": "gpuledger (a) host + tree of 8",
     "gl-gpu8": "gpuledger (b) (a) + 8 fake GPUs",
+    "gl-nvml": "gpuledger (c) (a) + real NVML GPUs",
     "mlflow": "MLflow SystemMetricsMonitor",
 }
 GL_PHASES = ("host read", "gpu read", "merge", "write")
@@ -288,12 +292,18 @@ def child_gpuledger(variant: str, root: int, meter: Meter, tmp: str, driver_us: 
         time_driver(fake, meter, driver_us)
         gpu = ReplayCollector(fake, NvmlCollector(nvml=fake, clock=time.time, source="replay"))
         gpu.read = meter.timed("gpu read", gpu.read)  # type: ignore[method-assign]
+    elif variant == "gl-nvml":
+        # No wrapper around the driver's calls: it would cost more for the tree that makes more.
+        gpu = NvmlCollector()
+        if not gpu.devices():
+            raise SystemExit("gl-nvml: NVML found no GPU on this machine")
+        gpu.read = meter.timed("gpu read", gpu.read)  # type: ignore[method-assign]
 
     ledger = Ledger(f"sqlite:///{tmp}/ledger.db")
     now = time.time()
     run = RunRecord(
         id=uuid7(int(now * 1000)), command=["bench"], user="bench", host="bench", cwd=tmp, started_at=now,
-        interval_s=5.0, replayed=gpu is not None,
+        interval_s=5.0, replayed=variant == "gl-gpu8",
     )  # fmt: skip
     ledger.create_run(run)
     if gpu is not None:
@@ -465,7 +475,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5, help="samples not counted at the start of each process")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 10 samples, 1 round, 2 warm-up")
     ap.add_argument("--profile", choices=sorted(VARIANTS), help="run one variant under cProfile instead")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
+    ap.add_argument("--variants", default="gl-host,gl-gpu8,mlflow",
+                    help="comma-separated; gl-nvml (a real GPU) is run only when named")  # fmt: skip
     ap.add_argument("--baseline", metavar="DIR", help="also run the gpuledger variants on the source tree DIR")
     ap.add_argument("--driver-us", type=float, default=0.0, metavar="US",
                     help="CPU each scripted NVML query also spends, as a real driver's does (default 0)")  # fmt: skip
