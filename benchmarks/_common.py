@@ -85,6 +85,10 @@ def source_state(repo: str | None = None) -> str:
     """The commit measured (this checkout, or ``repo``), and the files of src/ that differ from it."""
     repo = repo or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     try:
+        top = subprocess.run(["git", "-C", repo, "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+        if os.path.realpath(top) != os.path.realpath(repo):  # a plain copy inside another checkout
+            return f"source: {repo} (not a git checkout of its own)"
         head = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()  # fmt: skip
         changed = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--", "src"], capture_output=True,

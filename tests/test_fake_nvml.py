@@ -143,7 +143,8 @@ def test_uninitialised_and_missing_library() -> None:
     ("name", "profile", "arch"),
     [
         ("NVIDIA H100 80GB HBM3", "hopper", pynvml.NVML_DEVICE_ARCH_HOPPER),
-        ("NVIDIA H200", "hopper", pynvml.NVML_DEVICE_ARCH_HOPPER),
+        ("NVIDIA H200", "h200", pynvml.NVML_DEVICE_ARCH_HOPPER),
+        ("NVIDIA GH200 480GB", "hopper", pynvml.NVML_DEVICE_ARCH_HOPPER),
         ("NVIDIA A100-SXM4-80GB", "ampere-ga100", pynvml.NVML_DEVICE_ARCH_AMPERE),
         ("NVIDIA A10G", "ampere", pynvml.NVML_DEVICE_ARCH_AMPERE),
         ("Tesla V100-SXM2-16GB", "volta", pynvml.NVML_DEVICE_ARCH_VOLTA),
@@ -256,6 +257,20 @@ def test_idle_gpu_stops_sampling_then_resumes_with_one_period() -> None:
     resumed = samples(fake, h, busy[-1][0])
     # the first sample is at the first instant whose period holds work, and covers that period only
     assert resumed[:2] == [(61 * per, round(60 * (61 * per - 10_050_000) / per)), (62 * per, 60)]
+
+
+def test_h200_answers_as_one_was_seen_to() -> None:
+    # What the device check read from a real H200 (driver 580.159.04) with its GPU idle: a sample
+    # every 0.2 s, values 0, 71 in the buffer; a cursor at the newest one answers NotFound.
+    clock = Clock(0.0)
+    fake, h = one_gpu(clock, points=[TracePoint(0, util_pct=0)], name="NVIDIA H200", sample_phase_s=0.0)
+    clock.t = 30.0
+    got = samples(fake, h)
+    assert len(got) == 71
+    assert [b - a for (a, _), (b, _) in itertools.pairwise(got)] == [200_000] * 70
+    assert {v for _, v in got} == {0} and got[-1][0] == 30_000_000
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        fake.nvmlDeviceGetSamples(h, UTIL, got[-1][0])
 
 
 def test_idle_gpu_samples_slowly_on_ga100() -> None:
