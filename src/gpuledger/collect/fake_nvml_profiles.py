@@ -104,14 +104,14 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        # H200, as observed on one (driver 580.159.04, persistence mode on, 2026-12-04, the device
+        # Other datacenter Hopper (H100, H800, GH200): buffer dry while idle, as reported for recent
+        # drivers (assumed here: not seen on the H200 below).
+        Profile("hopper", ARCH_HOPPER, 1 / 6, 100, "stop", 1.0, 0.1, 1.0),
+        # H200, as seen on one (driver 580.159.04, persistence mode on, 2026-12-04, the device
         # check): a sample every 0.2 s, busy or idle; the buffer held 71 samples (14 s); a cursor at
         # the newest sample answers NotFound; the energy counter moved every 100 ms; GetPowerUsage
         # equalled the 1 s average field (NVML_FI_DEV_POWER_AVERAGE), not the instant one.
         Profile("h200", ARCH_HOPPER, 0.2, 71, "grid", 1.0, 0.1, 1.0),
-        # Other datacenter Hopper (H100, H800, GH200): buffer dry while idle, as reported for recent
-        # drivers (assumed here: not seen on the H200 above).
-        Profile("hopper", ARCH_HOPPER, 1 / 6, 100, "stop", 1.0, 0.1, 1.0),
         # Datacenter Ampere GA100 (A100, A800, A30): instantaneous GetPowerUsage per NVML's docs;
         # slowed idle sampling (assumed).
         Profile("ampere-ga100", ARCH_AMPERE, 1 / 6, 120, "slow", 1.0, 0.1, 0.0),
