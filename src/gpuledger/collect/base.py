@@ -48,7 +48,7 @@ class GpuCollector(Protocol):
 
         ``pids`` are the run's processes, used for per-process memory and SM utilisation.
         ``closes_interval``: the caller ends an interval with this read. Figures a collector reads
-        only where intervals end (NVML's cumulative throttle counters) are read then, so each
+        only where intervals end (NVML's cumulative throttle and energy counters) are read then, so each
         interval gets its own span's; a tick of a read that does not close one has them None
         (``GpuTick``). Callers without intervals leave it True: every read stands alone.
         Must not raise: errors become events.

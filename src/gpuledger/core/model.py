@@ -55,8 +55,9 @@ class GpuTick:
 
     Integrals (``busy_s``, ``energy_j``, ``throttle_s``) cover exactly the span; gauges are the
     value read at t1 (or the max seen in the span where the driver buffer gives one). Except
-    ``throttle_s`` from NVML's cumulative counters, which are read only where an interval ends:
-    there it covers the span since the previous such read, at other ticks it is None (not read).
+    ``throttle_s`` and a counter's ``energy_j`` (NVML's cumulative counters), which are read only
+    where an interval ends: there they cover the span since the previous such read, at other ticks
+    they are None (not read; ``energy_method`` None too).
     """
 
     uuid: str
