@@ -161,6 +161,16 @@ def test_idle_slow_sampling_does_not_stretch_the_period() -> None:
     assert math.isclose(p.seconds, P_S * 1.1, rel_tol=0.01)
 
 
+def test_a_stop_between_two_bursts_is_not_a_period() -> None:
+    # A burst's last sample (2 %, the tail of its work) and the next burst's first (33 %) are both
+    # busy, 9.3 s apart: the driver stopped sampling in between; no product samples that seldom.
+    p = SamplePeriod()
+    p.observe([(T0, 2.0), (T0 + 9_333_333, 33.0)])
+    assert not p.learned and p.seconds == PERIOD_MIN_S
+    p.observe([(T0, 50.0), (T0 + 1_050_000, 50.0)])  # 1.05 s: a once-a-second product, with jitter
+    assert p.learned and math.isclose(p.seconds, PERIOD_MAX_S * 1.1)  # the documented ceiling
+
+
 @settings(max_examples=50)
 @given(st.integers(30_000, 2_000_000), st.integers(-3_000, 3_000))
 def test_learned_period_stays_in_the_documented_range(spacing, jitter) -> None:

@@ -65,6 +65,15 @@ STARVED = [
 ] + [TracePoint(24 * 2.6, util_pct=0)]
 
 
+# Found by this test (2026-12-04): a short light burst, a stop of the driver's sampling, then a
+# longer one. The tail sample of the first burst and the head sample of the second are both busy:
+# their 9.3 s spacing was once taken for the sample period, and the head sample charged over 1.1 s.
+STOP_BETWEEN_BURSTS = [
+    TracePoint(t, util_pct=util, power_w=100.0 + 3 * util, mem_used_b=2**30)
+    for t, util in ((0.0, 0), (8.0, 12), (8.5, 0), (10.125, 0), (17.875, 55), (20.875, 0))
+]
+
+
 @st.composite
 def workloads(draw: st.DrawFn) -> list[TracePoint]:
     """Busy and idle stretches: steady training, input-starved bursts, long idle spans."""
@@ -155,6 +164,7 @@ def naive_poll(points: list[TracePoint], profile: str, every_s: float, end: floa
 # driver that stops sampling while idle, so gaps inside one read's batch are common (a sample
 # after one covers one period, not the gap: random workloads meet this case only now and then).
 @example(points=STARVED, which=(sorted(PROFILES)[0], "stop"), seed=1)
+@example(points=STOP_BETWEEN_BURSTS, which=("ada-consumer", "stop"), seed=1)
 def test_recorded_busy_time_is_within_one_percent_plus_one_period(points, which, seed, interval_s, stamps) -> None:
     profile, idle = which
     seen: dict[int, int] = {}

@@ -155,6 +155,22 @@ def test_a_shorter_spacing_seen_later_lowers_the_learned_period() -> None:
     assert after is not None and after.busy_s == pytest.approx(1.1 * P_US / 1e6, rel=0.01)
 
 
+def test_the_period_is_learned_from_the_first_busy_batch() -> None:
+    # Real spacings run a microsecond or more over the 1/6 s assumed until the period is learned:
+    # the first batch of busy samples must still teach it. Otherwise the first spacing learned is
+    # the one across the driver's stop before the next burst, and a lone sample after the stop
+    # covers the longest documented period (1.1 s at 33 %) instead of one real one.
+    t = T0 + 1_000_000
+    burst = [(t + k * P_US, 12) for k in range(1, 5)] + [(t + 5 * P_US, 2)]
+    lone = t + 10_000_000
+    r = reader(Driver(batch(), batch(*burst), batch((lone, 33))))  # an empty buffer at the start
+    r.prime(t / 1e6, 0.0)
+    r.read(burst[-1][0] / 1e6 + 0.1, 1.0, 1.0)
+    assert r.period.learned and r.period.seconds == pytest.approx(1.1 * P_US / 1e6)
+    after = r.read(lone / 1e6, 10.0, 9.0)
+    assert after is not None and after.busy_s == pytest.approx(0.33 * 1.1 * P_US / 1e6, rel=0.01)
+
+
 # -- the clock NVML stamps samples with ----------------------------------------------------------
 # NVML documents nvmlSample_t.timeStamp as "CPU timestamp in microseconds", no epoch: most drivers
 # stamp the Unix epoch, some the time since boot (CLOCK_BOOTTIME; a public agent found its

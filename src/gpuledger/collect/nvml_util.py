@@ -181,7 +181,9 @@ class UtilReader:
         least = r.least_gap_us
         if last is not None and pairs[0][0] - last[0] < least:
             least = pairs[0][0] - last[0]
-        if least < period.useful_us:
+        # Until learned, any spacing can teach it (the batch's are seldom within the assumed
+        # 1/6 s: real ones run a microsecond or more longer), so every batch is looked at.
+        if least < period.useful_us or not period.learned:
             period.observe(pairs, last)
             if period.seconds != period_s:
                 period_s = period.seconds

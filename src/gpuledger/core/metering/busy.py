@@ -41,6 +41,9 @@ PERIOD_MAX_S = 1.0
 _JITTER = 1.1
 _CLUSTER = 1.5  # spacings up to this multiple of the smallest one are "regular" sampling
 _HISTORY = 32  # spacings remembered across reads
+# A longer spacing between two busy samples is no sample period: the driver stopped sampling in
+# between (a burst's last sample and the next burst's first are both above zero).
+_SPACING_MAX_US = PERIOD_MAX_S * _JITTER * _US
 
 
 class SampleBusy(NamedTuple):  # a NamedTuple: made for every GPU at every tick, so cheap to build
@@ -124,11 +127,13 @@ class SamplePeriod:
 
     Only spacings between two *busy* samples count: while the GPU works the driver samples at its
     regular rate, while it idles it may slow down or stop (those spacings say nothing about the
-    period). Regular sampling is the cluster of the smallest such spacings; the period is that
-    cluster's median, widened for jitter, kept within NVML's documented range, and it only ever
-    decreases (one burst of slow sampling must not stretch every later sample). Until one busy
-    spacing is seen it is the shortest documented period: a period taken too short under-counts
-    the first sample after an idle span; one taken too long would over-count it.
+    period). Nor does a spacing longer than the longest documented period: the driver stopped
+    between the two (the last sample of one burst and the first of the next are both busy).
+    Regular sampling is the cluster of the smallest such spacings; the period is that cluster's
+    median, widened for jitter, kept within NVML's documented range, and it only ever decreases
+    (one burst of slow sampling must not stretch every later sample). Until one busy spacing is
+    seen it is the shortest documented period: a period taken too short under-counts the first
+    sample after an idle span; one taken too long would over-count it.
     """
 
     __slots__ = ("_spacings", "learned", "seconds", "useful_us")
@@ -156,7 +161,7 @@ class SamplePeriod:
         added = False
         for ts, pct in it:
             gap = ts - prev_ts
-            if 0 < gap < useful_us and pct > 0 and prev_pct > 0:
+            if 0 < gap < useful_us and gap <= _SPACING_MAX_US and pct > 0 and prev_pct > 0:
                 self._spacings.append(gap / _US)
                 added = True
             prev_ts, prev_pct = ts, pct
