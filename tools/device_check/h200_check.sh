@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # h200_check.sh -- validate gpuledger's NVML collector on a real NVIDIA GPU (written for one H200).
-# (gpuledger's copy: the per-interval table also shows util_idle_s, util_unknown_s and proc_method,
+# (gpuledger's copy: the workload's memory scales down on GPUs under 60 GiB; the per-interval
+#  table also shows util_idle_s, util_unknown_s and proc_method,
 #  and the summary their totals; the probe also records how far the newest utilisation sample is
 #  behind the host's boot clock, to tell which clock the driver stamps samples with; everything
 #  else as the original device check.)
@@ -26,7 +27,8 @@
 #                   -> ms per tick per GPU, NVML calls per tick       -> cost.json
 #        workload.py writes its own busy windows (host clock, after cuda synchronize) -> workload.json
 #   3. gpuledger run --interval 1 -- python workload.py   (matmuls: 3 s busy / 2 s idle, 12 cycles,
-#                   20 GiB held throughout, +16 GiB held during cycles 4-7)
+#                   20 GiB held throughout, +16 GiB held during cycles 4-7; a third and a quarter
+#                   of the GPU's memory on GPUs under 60 GiB)
 #   4. analyze.py   gpuledger's show --json / export jsonl / report json against the ground truth;
 #                   prints every measurement, the method recorded per interval, and a PASS/FAIL table:
 #                   energy within 1 % of the counter truth; busy within 5 % of the duty cycle and of the
@@ -421,7 +423,12 @@ try:
     dev = torch.device("cuda:0")
     torch.cuda.init()
     info["device"] = torch.cuda.get_device_name(0)
-    base = torch.empty(20 * 2**30, dtype=torch.uint8, device=dev)  # 20 GiB held for the whole run
+    # 20 GiB held for the whole run and 16 GiB more in cycles 4..7, or less on a smaller GPU (a
+    # third and a quarter of its memory), so the check runs on any CUDA GPU.
+    total_b = torch.cuda.mem_get_info(dev)[1]
+    base_b, extra_b = min(20 * 2**30, total_b // 3), min(16 * 2**30, total_b // 4)
+    info["base_b"], info["extra_b"] = base_b, extra_b
+    base = torch.empty(base_b, dtype=torch.uint8, device=dev)
     base.fill_(1)
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
@@ -454,7 +461,7 @@ try:
     extra = None
     for cyc in range(CYCLES):
         if cyc == 4:
-            extra = torch.empty(16 * 2**30, dtype=torch.uint8, device=dev)  # +16 GiB for cycles 4..7
+            extra = torch.empty(extra_b, dtype=torch.uint8, device=dev)  # held for cycles 4..7
             extra.fill_(2)
             info["mem_step"] = [time.time(), None]
         busy(BUSY_S, k)
@@ -627,7 +634,8 @@ with guard("workload (its own clock)"):
         M["busy_duty_s"] = busy_duty
         print(f"  busy inside gpuledger's window: {busy_duty:.3f} s; workload ran "
               f"[{fmt(wl.get('t_start', 0) - W0, 2)}, {fmt(wl.get('t_end', 0) - W0, 2)}] s into the window")
-    print(f"  torch max reserved {fmt((wl.get('torch_max_reserved') or 0) / GiB)} GiB, +16 GiB step {wl.get('mem_step')}")
+    print(f"  torch max reserved {fmt((wl.get('torch_max_reserved') or 0) / GiB)} GiB, "
+          f"+{fmt((wl.get('extra_b') or 16 * GiB) / GiB)} GiB step {wl.get('mem_step')}")
 
 with guard("nvidia-smi -lms 100"):
     fields = open(f"{W}/smi_fields.txt").read().strip().split(",")
