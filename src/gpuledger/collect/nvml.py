@@ -311,8 +311,8 @@ class NvmlCollector:
             )
             d.energy_t = now
         else:  # the counter is read where an interval ends only: its query costs milliseconds (module doc)
-            tick.power_w = power = self._power_now(d)
-            self._integrate_power(d, now, power)
+            tick.power_w = self._power_readings(d, energy=False)[1]
+            self._integrate_power(d, now, tick.power_w)
         self._gauges(d, tick)
         if closes or not d.throttle.names:  # counters are read where an interval ends only (nvml_throttle.py)
             tick.throttle_s = self._throttle.read(d.q, h, d.throttle, elapsed, closes)
@@ -368,25 +368,20 @@ class NvmlCollector:
         rates = self._q.call(d.q, "util", self._f_util, d.handle)
         return None if rates is None else min(max(float(rates.gpu), 0.0), 100.0)
 
-    def _power_readings(self, d: _Device) -> tuple[int | None, float | None]:
-        """(energy counter mJ, power W) now: field values in one call, the classic calls for what they lack."""
-        vals = self._q.fields(d.q, self._f_fields, d.handle, self._power_ids) if self._power_ids else {}
-        mj = vals.get(self._fi_energy) if self._fi_energy is not None else None
-        if mj is None and "energy" not in d.q.unsupported:
-            mj = self._q.call(d.q, "energy", self._f_energy, d.handle)
+    def _power_readings(self, d: _Device, energy: bool = True) -> tuple[int | None, float | None]:
+        """(energy counter mJ, power W) now: field values in one call, the classic calls for what they
+        lack; ``energy`` False: power alone (the counter is None, not asked)."""
+        ids = self._power_ids if energy else self._power_id
+        vals = self._q.fields(d.q, self._f_fields, d.handle, ids) if ids else {}
+        mj = None
+        if energy:
+            mj = vals.get(self._fi_energy) if self._fi_energy is not None else None
+            if mj is None and "energy" not in d.q.unsupported:
+                mj = self._q.call(d.q, "energy", self._f_energy, d.handle)
         mw = vals.get(self._fi_power) if self._fi_power is not None else None
         if mw is None:  # no instantaneous field: GetPowerUsage (a 1 s average on Ampere, except GA100, and later)
             mw = self._q.call(d.q, "power", self._f_power, d.handle)
         return (None if mj is None else int(mj)), (None if mw is None else mw / 1000)
-
-    def _power_now(self, d: _Device) -> float | None:
-        """Power (W) now, without the energy counter: the instantaneous field, else GetPowerUsage."""
-        mw = None
-        if self._fi_power is not None:
-            mw = self._q.fields(d.q, self._f_fields, d.handle, self._power_id).get(self._fi_power)
-        if mw is None:
-            mw = self._q.call(d.q, "power", self._f_power, d.handle)
-        return None if mw is None else mw / 1000
 
     @staticmethod
     def _integrate_power(d: _Device | _Parent, t: float, power: float | None) -> None:
