@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,14 @@ BURNER = textwrap.dedent(
             json.dump({"cpu_s": total}, fh)
     """
 )
+
+
+def wait_for(condition: Callable[[], bool], what: str, limit_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; a generous deadline, never a guessed sleep."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {limit_s:.0f} s for {what}"
+        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -162,14 +171,17 @@ def test_sigint_is_forwarded_to_the_command(tmp_path: Path, env: dict[str, str])
 
 
 def test_kill_9_of_gpuledger_leaves_the_command_running_with_its_full_log(tmp_path: Path, env: dict[str, str]) -> None:
-    done = tmp_path / "done"
+    done, go = tmp_path / "done", tmp_path / "go"
     code = textwrap.dedent(
         f"""
-        import time
-        for i in range(30):
+        import os, time
+        for i in range(15):
             print(f"line {{i}}", flush=True)
             time.sleep(0.1)
-        import os
+        while not os.path.exists({str(go)!r}):  # runs on until gpuledger has been killed
+            time.sleep(0.05)
+        for i in range(15, 30):
+            print(f"line {{i}}", flush=True)
         open({str(done)!r} + ".tmp", "w").write("finished")
         os.replace({str(done)!r} + ".tmp", {str(done)!r})  # atomic: the test never sees it half-written
         """
@@ -181,19 +193,22 @@ def test_kill_9_of_gpuledger_leaves_the_command_running_with_its_full_log(tmp_pa
         stderr=subprocess.DEVNULL,
     )
     assert proc.stdout.readline().startswith(b"line 0")
-    time.sleep(2.6)  # at least one flush (every 2 s at this interval)
+    wait_for(lambda: only_run(env)["intervals"] >= 1, "a flush of the run's first interval")
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 30
-    while not done.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    go.touch()
+    wait_for(done.exists, "the command to finish without gpuledger")
     assert done.read_text() == "finished"  # CMD ran to completion without gpuledger
-    time.sleep(0.3)  # the relay writes the last line
     run = only_run(env)
     assert run["status"] == "lost"
     assert run["intervals"] >= 1  # usage up to the last flush
-    log = run_cli(["logs", run["id"]], env).stdout.decode()
-    assert [int(n) for n in re.findall(r"line (\d+)", log)] == list(range(30))
+
+    def logged() -> list[int]:
+        log = run_cli(["logs", run["id"]], env).stdout.decode()
+        return [int(n) for n in re.findall(r"line (\d+)", log)]
+
+    wait_for(lambda: len(logged()) >= 30, "the relay to write the last line")
+    assert logged() == list(range(30))
 
 
 def test_eight_concurrent_runs_lose_no_interval(env: dict[str, str]) -> None:

@@ -161,19 +161,19 @@ def test_two_workers_match_os_accounting(backend: str) -> None:
         "import subprocess, sys, time\n"
         f"workers = [subprocess.Popen({burner(1.5)!r}) for _ in range(2)]\n"
         "[w.wait() for w in workers]\n"
-        "time.sleep(0.6)\n"  # linger so that a read sees the workers inside our reaped counters
+        "print('reaped', flush=True)\n"
+        "sys.stdin.read()\n"  # linger until told, so that a read sees the workers inside its counters
     )
-    root = py(code)
-    seen_workers = 0
-    while not reap(sampler.c, root.pid, os.WNOHANG):
-        sampler.read()
-        seen_workers = max(seen_workers, sampler.ticks[-1].procs)
-        pre_credit = sampler.c.totals().cpu_s
-        time.sleep(0.1)
-    forget_popen(root)
+    root = py(code, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert root.stdin is not None and root.stdout is not None
+    sampler.until(lambda: bool(sampler.ticks) and sampler.ticks[-1].procs == 3)  # the root and both workers
+    assert root.stdout.readline() == b"reaped\n"
     sampler.read()
+    pre_credit = sampler.c.totals().cpu_s  # our own reading, the root idle on its stdin
+    root.stdin.close()
+    sampler.until(lambda: reap(sampler.c, root.pid, os.WNOHANG))
+    forget_popen(root)
     expected = children_cpu_s() - before
-    assert seen_workers == 3
     assert expected >= 3.0
     assert_close(pre_credit, expected, abs_s=0.05)  # our own reading, before the exact credit
     assert_close(sampler.cpu_s(), expected)
@@ -185,15 +185,19 @@ def test_short_lived_grandchildren_are_counted(backend: str) -> None:
     before = children_cpu_s()
     collector = run_collector(backend, rescan_every=1000)  # only the early scan: grandchildren unseen
     sampler = Sampler(collector)
-    code = f"import subprocess, time\nfor _ in range(6): subprocess.run({burner(0.2)!r})\ntime.sleep(0.6)\n"
-    root = py(code)
+    code = (
+        f"import subprocess, sys\nfor _ in range(6): subprocess.run({burner(0.2)!r})\n"
+        "print('done', flush=True)\nsys.stdin.read()\n"  # linger until told: a read sees it all
+    )
+    root = py(code, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert root.stdin is not None and root.stdout is not None
     sampler.read()  # the first read after priming scans: the root is known from here on
-    while not reap(collector, root.pid, os.WNOHANG):
-        sampler.read()
-        pre_credit = collector.totals().cpu_s
-        time.sleep(0.3)
-    forget_popen(root)
+    assert root.stdout.readline() == b"done\n"
     sampler.read()
+    pre_credit = collector.totals().cpu_s
+    root.stdin.close()
+    sampler.until(lambda: reap(collector, root.pid, os.WNOHANG))
+    forget_popen(root)
     expected = children_cpu_s() - before
     assert expected >= 1.2
     # The last read before the root exits misses only the root's own exit (~50 ms of CPU on a
@@ -240,8 +244,7 @@ def test_credits_in_any_order_do_not_double_count(backend: str, first: str, read
     assert parent.stdout is not None
     grandchild = int(parent.stdout.readline())
     sampler.until(lambda: len(sampler.c.pids()) == 2)
-    time.sleep(0.2)
-    sampler.read()  # both alive and tracked, with some CPU seen
+    sampler.until(lambda: sampler.c.totals().cpu_s > 0)  # both tracked, with some CPU seen
     deadline = time.monotonic() + 30
     for pid in (parent.pid, grandchild):  # both end, unread and unreaped (zombies)
         try:
@@ -276,9 +279,8 @@ def test_credit_replaces_the_reaped_subtree(backend: str, read_between: bool) ->
     parent = py(code, stdin=subprocess.PIPE)
     assert parent.stdin is not None
     sampler.until(lambda: len(sampler.c.pids()) == 2)
-    time.sleep(0.5)
-    sampler.read()
-    assert sampler.c.totals().cpu_s > 0.2  # the child's CPU, seen while it runs
+    # The child's CPU, seen while it runs (it burns 0.8 s, then waits to be reaped).
+    sampler.until(lambda: sampler.c.totals().cpu_s > 0.2, every_s=0.05)
     parent.stdin.close()  # from here on, no read until the parent has ended
     deadline = time.monotonic() + 30
     while psutil.Process(parent.pid).status() != psutil.STATUS_ZOMBIE:
@@ -332,7 +334,7 @@ def test_preexisting_child_reaped_later_counts_only_its_metered_part(backend: st
 def test_baseline_when_the_root_is_included(backend: str) -> None:
     # track(): the root's CPU before the first read is not the run's.
     code = BURN.format(s=0.8) + "import sys\nsys.stdout.write('ok\\n'); sys.stdout.flush()\n" + BURN.format(s=0.8)
-    code += "sys.stdin.read()\n"
+    code += "sys.stdout.write('idle\\n'); sys.stdout.flush()\nsys.stdin.read()\n"
     root = py(code, stdout=subprocess.PIPE, stdin=subprocess.PIPE)
     assert root.stdout is not None and root.stdin is not None
     try:
@@ -340,7 +342,7 @@ def test_baseline_when_the_root_is_included(backend: str) -> None:
         sampler = Sampler(ProcessTreeCollector(root.pid, include_root=True, backend=backend))
         at_prime = psutil.Process(root.pid).cpu_times()
         sampler.until(lambda: sum(psutil.Process(root.pid).cpu_times()[:2]) - sum(at_prime[:2]) > 0.75)
-        time.sleep(0.2)
+        assert root.stdout.readline() == b"idle\n"  # no CPU burnt between our read and psutil's
         sampler.read()
         assert root.pid in sampler.c.pids()
         now = psutil.Process(root.pid).cpu_times()
@@ -394,15 +396,20 @@ def test_the_collectors_own_process_is_metered_to_the_microsecond_not_the_clock_
 @pytest.mark.usefixtures("subreaper")
 def test_memory_grower_rss(backend: str) -> None:
     code = (
-        "import time\n"
+        "import sys, time\n"
         "blocks = []\n"
         "for _ in range(10):\n"
         "    blocks.append(bytearray(b'x') * (20 * 1000 * 1000))\n"  # filled, so resident
         "    time.sleep(0.1)\n"
-        "time.sleep(0.5)\n"
+        "print('full', flush=True)\n"
+        "sys.stdin.read()\n"  # hold it all until a read has seen it
     )
     sampler = Sampler(run_collector(backend))
-    proc = py(code)
+    proc = py(code, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.readline() == b"full\n"
+    sampler.read()
+    proc.stdin.close()
     sampler.until(lambda: reap(sampler.c, proc.pid, os.WNOHANG), every_s=0.05)
     forget_popen(proc)
     assert max(t.rss_b for t in sampler.ticks) >= 180 * MB
