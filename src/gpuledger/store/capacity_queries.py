@@ -127,14 +127,14 @@ _DEVICE_UUIDS = sa.text(
 
 
 def unmetered_devices(
-    conn: Connection, start: float, end: float, *, before: bool = False
+    conn: Connection, start: float, end: float, *, before: bool = False, replayed: bool = False
 ) -> list[tuple[str, str, str, str, float]]:
     """(run id, physical GPU uuid, device name, run host, run start) of the runs that may have used a
     GPU in [start, end) on a GPU no agent has seen (the GPU, or a MIG slice's parent, is not in
     gpu_fleet); with ``before``, of the latest run on each such GPU that started before ``end``
     instead (where a GPU was between its runs: one row per GPU). Cheap when every GPU runs used is
     in the fleet: the device uuids come from their index, and only the unknown ones are joined to
-    their runs."""
+    their runs. Runs of a replayed GPU trace (--replay-gpus, no real GPU) only with ``replayed``."""
     fleet_uuids = set(conn.scalars(sa.select(gpu_fleet.c.uuid)))
     unknown = sorted(set(conn.scalars(_DEVICE_UUIDS)) - fleet_uuids)
     if not unknown:
@@ -148,6 +148,8 @@ def unmetered_devices(
             .select_from(runs.join(devices, d.run_id == runs.c.id))
             .where(d.uuid.in_(unknown[i : i + 2000]), runs.c.started_at < end)
         )
+        if not replayed:  # before the ranking: a demo run is never a GPU's latest run
+            q = q.where(runs.c.replayed == sa.false())
         if before:
             order = (runs.c.started_at.desc(), d.run_id.desc())
             rank = sa.func.row_number().over(partition_by=physical, order_by=order).label("rank")
@@ -159,9 +161,12 @@ def unmetered_devices(
     return out
 
 
-def run_spans(conn: Connection, uuids: Iterable[str]) -> dict[str, tuple[float, float | None]]:
+def run_spans(
+    conn: Connection, uuids: Iterable[str], *, replayed: bool = False
+) -> dict[str, tuple[float, float | None]]:
     """Per physical GPU of ``uuids``: the first start and the last end of every run recorded on it
-    (or on one of its MIG slices), whenever; the end is None while one of them is still open."""
+    (or on one of its MIG slices), whenever; the end is None while one of them is still open.
+    Replayed runs (--replay-gpus) count only with ``replayed``."""
     d = devices.c
     physical = sa.func.coalesce(d.mig_parent_uuid, d.uuid)
     open_now = sa.func.max(sa.case((open_run(runs.c), 1), else_=0))
@@ -171,7 +176,7 @@ def run_spans(conn: Connection, uuids: Iterable[str]) -> dict[str, tuple[float, 
         q = (
             sa.select(physical, sa.func.min(runs.c.started_at), sa.func.max(runs.c.ended_at), open_now)
             .select_from(runs.join(devices, d.run_id == runs.c.id))
-            .where(physical.in_(wanted[i : i + 2000]))
+            .where(physical.in_(wanted[i : i + 2000]), sa.true() if replayed else runs.c.replayed == sa.false())
             .group_by(physical)
         )
         for uuid, first, last, still_open in conn.execute(q):
