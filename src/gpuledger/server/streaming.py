@@ -1,4 +1,5 @@
-"""Large reads streamed from the database: a run's export (CSV / JSON Lines) and its interval pages.
+"""Large reads streamed from the database: a run's export (CSV / JSON Lines), its interval pages
+and its log (store/log_stream.py: read and decompressed a piece at a time).
 
 Rows come from a server-side cursor (store/server_queries.stream), ``Settings.stream_rows`` per
 round trip, and leave as soon as they are formatted, so a run of any length costs the memory of one
@@ -10,7 +11,6 @@ proper error status rather than a cut-off 200.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
@@ -67,15 +67,17 @@ def _batched(rows: Iterable[Any], n: int) -> Iterator[list[Any]]:
 
 
 def csv_parts(rows: Iterable[Mapping[str, Any]], columns: list[str]) -> Iterator[bytes]:
+    """The export's CSV, formula-like text cells neutralised as ``gpuledger export`` does (reports/safe_csv.py)."""
+    from gpuledger.reports.run.export import NUMERIC_COLUMNS
+    from gpuledger.reports.safe_csv import SafeCsvWriter
+
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
+    writer = SafeCsvWriter(out, columns, NUMERIC_COLUMNS)
     yield out.getvalue().encode()
     for batch in _batched(rows, CHUNK_ROWS):
         out.seek(0)
         out.truncate()
-        for row in batch:
-            writer.writerow({k: "" if v is None else v for k, v in export_row(row).items()})
+        writer.writerows([export_row(row).get(c) for c in columns] for row in batch)
         yield out.getvalue().encode()
 
 
@@ -105,7 +107,9 @@ def pages_parts(series: Iterable[tuple[str, Callable[[], Iterator[Mapping[str, A
     yield b"}"
 
 
-async def respond(request: Request, parts: Iterator[bytes], media_type: str) -> StreamingResponse:
+async def respond(
+    request: Request, parts: Iterator[bytes], media_type: str, headers: Mapping[str, str] | None = None
+) -> StreamingResponse:
     """A streaming answer of ``parts`` (a generator holding a cursor), within the stream limit."""
     streams = gate(request)
     if not streams.acquire(blocking=False):
@@ -115,7 +119,7 @@ async def respond(request: Request, parts: Iterator[bytes], media_type: str) -> 
         limit = request.app.state.settings.max_streams
         raise HTTPException(
             status_code=429,
-            detail=f"this server streams at most {limit} exports or interval pages at once; retry in a second",
+            detail=f"this server streams at most {limit} exports, interval pages or logs at once; retry in a second",
             headers={"Retry-After": "1"},
         )
     released = False
@@ -143,4 +147,4 @@ async def respond(request: Request, parts: Iterator[bytes], media_type: str) -> 
         finally:
             await finish()
 
-    return StreamingResponse(body(), media_type=media_type)
+    return StreamingResponse(body(), media_type=media_type, headers=dict(headers or {}))

@@ -8,7 +8,6 @@ epochs, final validation ...), in time order, for ``gpuledger show`` (text via
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gpuledger.core.model import Metric, RunRecord
 from gpuledger.core.training import epochs as core_epochs
 from gpuledger.core.units import fmt_number
+from gpuledger.reports.safe_csv import SafeCsvWriter
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -296,11 +296,11 @@ def export_rows(run_id: str, rows: Sequence[dict[str, Any]]) -> tuple[list[str],
 
 
 def to_csv(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
+    """Text cells, and metric names in the header, that a spreadsheet would take as a formula are
+    neutralised (reports/safe_csv.py); metric columns are numeric."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    writer = SafeCsvWriter(out, columns, {c for c in columns if _KINDS.get(c, "float") != "str"})
+    writer.writerows([row.get(c) for c in columns] for row in rows)
     return out.getvalue()
 
 

@@ -13,7 +13,6 @@ the memory of one piece: a 72-hour, 8-GPU run at 1 s (2.3 million rows) took 4.4
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval
+from gpuledger.reports.safe_csv import SafeCsvWriter
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -162,12 +162,12 @@ def interval_rows(
     return iter(rows)
 
 
+NUMERIC_COLUMNS = frozenset(c.name for c in COLUMNS if c.kind != "str")
+
+
 def to_csv(rows: Iterable[dict[str, object]]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMN_NAMES, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    SafeCsvWriter(out, COLUMN_NAMES, NUMERIC_COLUMNS).writerows([row[c] for c in COLUMN_NAMES] for row in rows)
     return out.getvalue()
 
 
@@ -227,11 +227,11 @@ def _pieces(rows: Iterable[Sequence[Any]], n: int) -> Iterator[list[Sequence[Any
 
 
 def write_csv(rows: Iterable[Sequence[Any]], out: TextIO) -> None:
-    """CSV to ``out`` piece by piece: the same text as ``to_csv`` (absent is an empty field)."""
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMN_NAMES)
+    """CSV to ``out`` piece by piece: the same text as ``to_csv`` (absent is an empty field; a device
+    name that a spreadsheet would take as a formula neutralised, reports/safe_csv.py)."""
+    writer = SafeCsvWriter(out, COLUMN_NAMES, NUMERIC_COLUMNS)
     for piece in _pieces(rows, FETCH_ROWS):
-        writer.writerows(["" if v is None else v for v in row] for row in piece)
+        writer.writerows(piece)
 
 
 def _finite(value: Any) -> Any:
