@@ -7,7 +7,6 @@ with money as exact decimal strings; people's formats round money to cents.
 
 from __future__ import annotations
 
-import csv
 import html
 import io
 import json
@@ -17,6 +16,7 @@ from typing import Any
 from gpuledger.core.capacity.columns import COLUMNS
 from gpuledger.core.capacity.report import CapacityReport
 from gpuledger.core.units import NA, fmt_money, fmt_number, fmt_pct
+from gpuledger.reports.safe_csv import SafeCsvWriter, numeric_columns
 
 __all__ = [
     "capacity_csv",
@@ -123,12 +123,14 @@ def _md(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+_NUMERIC = numeric_columns(c for cols in COLUMNS.values() for c in cols)  # money strings stay numbers
+
+
 def _csv(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
+    """Text cells that a spreadsheet would take as a formula are neutralised (reports/safe_csv.py)."""
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
+    writer = SafeCsvWriter(buf, columns, _NUMERIC)
+    writer.writerows([row.get(c) for c in columns] for row in rows)
     return buf.getvalue()
 
 

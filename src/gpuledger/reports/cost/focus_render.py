@@ -4,7 +4,6 @@ cell and a Parquet null."""
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import io
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from typing import Any
 
 from gpuledger.core.chargeback.focus import FocusExport
 from gpuledger.core.chargeback.focus_columns import COLUMNS, FocusColumn
+from gpuledger.reports.safe_csv import SafeCsvWriter
 
 __all__ = ["focus_csv", "is_parquet_path", "write_focus_parquet"]
 
@@ -33,13 +33,16 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+_DECIMALS = frozenset(c.name for c in COLUMNS if c.kind == "decimal")
+
+
 def focus_csv(export: FocusExport) -> str:
+    """A string cell (a team, user or run name in a tag or a name) that a spreadsheet would take as a
+    formula is neutralised (reports/safe_csv.py); decimal columns keep their numbers, negative ones too."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
     names = [c.name for c in COLUMNS]
-    writer.writerow(names)
-    for row in export.rows:
-        writer.writerow([_cell(row[n]) for n in names])
+    writer = SafeCsvWriter(out, names, _DECIMALS)
+    writer.writerows([_cell(row[n]) for n in names] for row in export.rows)
     return out.getvalue()
 
 

@@ -6,7 +6,6 @@ docs/CHARGEBACK.md); money stays an exact decimal string. People's formats round
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import re
@@ -17,6 +16,7 @@ from gpuledger.core.chargeback.columns import COLUMNS, group_columns
 from gpuledger.core.chargeback.report import Chargeback
 from gpuledger.core.ids import short_id
 from gpuledger.core.units import NA, fmt_count, fmt_money, fmt_number, fmt_pct
+from gpuledger.reports.safe_csv import SafeCsvWriter, numeric_columns
 
 __all__ = ["SECTIONS", "chargeback_csv", "chargeback_markdown", "chargeback_text", "cost_csv", "cost_text", "to_json"]
 
@@ -57,12 +57,15 @@ def section_rows(cb: Chargeback, section: str) -> list[dict[str, Any]]:
     return [*rows, cb.total] if section == "groups" else rows
 
 
+# Columns whose decimal strings are numbers (money "-1.50"): a CSV cell there is not a formula.
+_NUMERIC = numeric_columns(c for cols in COLUMNS.values() for c in cols) | set(SHARED_IDLE_COLUMNS)
+
+
 def _csv(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
+    """Text cells that a spreadsheet would take as a formula are neutralised (reports/safe_csv.py)."""
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
+    writer = SafeCsvWriter(buf, columns, _NUMERIC)
+    writer.writerows([row.get(c) for c in columns] for row in rows)
     return buf.getvalue()
 
 
