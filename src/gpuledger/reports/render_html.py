@@ -2,8 +2,8 @@
 
 Templates are Jinja2 package data with autoescape on, so every piece of user text (run names,
 labels, commands, metric keys, event messages) is escaped. The chart data travels as JSON in a
-``<script type="application/json">`` block with ``<``, ``>`` and ``&`` escaped as ``\\u003c``...,
-so no string in it can close the script element.
+``<script type="application/json">`` block with ``<``, ``>``, ``&``, U+2028 and U+2029 escaped as
+``\\u003c``... (reports/safe_html.py), so no string in it can close the script element.
 
 Every page carries a Content-Security-Policy (a ``<meta>`` at the top of its head): scripts and
 style sheets run only when they are the bundled ones, named by their sha256, nothing may be
@@ -13,8 +13,6 @@ attachment cannot be made to run anything else, even by a run name that got past
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import math
 import shlex
@@ -27,6 +25,7 @@ import jinja2
 
 from gpuledger import __version__
 from gpuledger.core.units import NA, fmt_bytes, fmt_duration, fmt_gpu_seconds, fmt_number, fmt_seconds
+from gpuledger.reports.safe_html import policy, script_safe
 
 MAX_METRIC_COLUMNS = 4
 
@@ -45,20 +44,11 @@ def assets() -> dict[str, str]:
     }
 
 
-def _source_hash(text: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
-
-
 @cache
 def content_security_policy() -> str:
     """The report's policy: only the inlined uPlot and chart script and the two style sheets."""
     a = assets()
-    scripts = " ".join(_source_hash(a[k]) for k in ("uplot_js", "charts_js"))
-    styles = " ".join(_source_hash(a[k]) for k in ("uplot_css", "report_css"))
-    return (
-        f"default-src 'none'; script-src {scripts}; style-src {styles}; img-src data:; "
-        "base-uri 'none'; form-action 'none'"
-    )
+    return policy([a["uplot_css"], a["report_css"]], [a["uplot_js"], a["charts_js"]])
 
 
 def _clock(t: float | None) -> str:
@@ -114,7 +104,7 @@ def script_json(obj: Any) -> str:
         text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str)
     except ValueError:  # a NaN somewhere: the slower pass that turns it into null
         text = json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False, default=str)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return script_safe(text)
 
 
 def _finite(value: Any) -> Any:

@@ -1,5 +1,6 @@
 """Rendering the capacity report and the fleet: terminal table, CSV, Markdown, one offline HTML
-file (inline SVG, no script, the report's JSON embedded), JSON.
+file (inline SVG, no script, the report's JSON embedded; a Content-Security-Policy allows only its own
+style sheet), JSON.
 
 Machine formats carry exactly the documented columns (core/capacity/columns.py, docs/CAPACITY.md)
 with money as exact decimal strings; people's formats round money to cents.
@@ -17,6 +18,7 @@ from gpuledger.core.capacity.columns import COLUMNS
 from gpuledger.core.capacity.report import CapacityReport
 from gpuledger.core.units import NA, fmt_money, fmt_number, fmt_pct
 from gpuledger.reports.safe_csv import SafeCsvWriter, numeric_columns
+from gpuledger.reports.safe_html import csp_meta, json_block
 
 __all__ = [
     "capacity_csv",
@@ -193,7 +195,7 @@ table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
 th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
 th{background:#f6f6f8;font-weight:600}td:first-child,th:first-child{text-align:left}
 tr.total td{font-weight:700;border-top:2px solid #999}.rule{font-weight:600}.note{color:#666}.wide{overflow-x:auto}
-svg text{font:11px system-ui,sans-serif;fill:#333}
+svg text{font:11px system-ui,sans-serif;fill:#333}svg text.title{font-weight:600}
 """
 
 
@@ -223,7 +225,7 @@ def _stacked(report: CapacityReport) -> str:
     height = 30 + row_h * len(rows) + 28
     out = [
         f'<svg role="img" aria-label="GPU-hours by state" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}"><text x="0" y="14" style="font-weight:600">GPU-hours by state</text>'
+        f'viewBox="0 0 {width} {height}"><text x="0" y="14" class="title">GPU-hours by state</text>'
     ]
     for i, r in enumerate(rows):
         y, x = 26 + i * row_h, float(label_w)
@@ -247,9 +249,9 @@ def _stacked(report: CapacityReport) -> str:
 def capacity_html(report: CapacityReport) -> str:
     """One offline page: the states chart, the groups, the shares, the notes, the JSON."""
     by = list(report.params.get("by", []))
-    data = json.dumps(report.as_dict()).replace("</", "<\\/")
     parts = [
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        csp_meta([_CSS]),  # only this style sheet; no script runs, nothing is fetched
         f"<title>{_esc(title(report))}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_esc(title(report))}</h1>",
         f'<p class="rule">{_esc(_rule_line(report))}</p>',
@@ -266,7 +268,7 @@ def capacity_html(report: CapacityReport) -> str:
         parts += ["<h2>Shared back to teams</h2>", _html_table(_SHARE_VIEW, report.shares, report.shares_total)]
     if report.warnings:
         parts += ["<h2>Notes</h2><ul>", *(f"<li>{_esc(w)}</li>" for w in report.warnings), "</ul>"]
-    parts.append(f'<script type="application/json" id="capacity-data">{data}</script></body></html>\n')
+    parts.append(json_block("capacity-data", report.as_dict()) + "</body></html>\n")
     return "".join(parts)
 
 

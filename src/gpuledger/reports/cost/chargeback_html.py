@@ -1,4 +1,5 @@
 """The chargeback as one offline HTML file: tables and inline SVG charts, no script, no network.
+A Content-Security-Policy allows only its own style sheet (reports/safe_html.py).
 
 The report's JSON is embedded too (``<script type="application/json" id="chargeback-data">``), so
 the page and its machine-readable twin travel together.
@@ -7,7 +8,6 @@ the page and its machine-readable twin travel together.
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from gpuledger.reports.cost.render import (
     _trend_pivot,
     shared_idle_columns,
 )
+from gpuledger.reports.safe_html import csp_meta, json_block
 
 if TYPE_CHECKING:
     from gpuledger.reports.cost.value_trends import ValueTrends
@@ -40,7 +41,7 @@ th{background:#f6f6f8;font-weight:600}td:first-child,th:first-child{text-align:l
 tr.total td{font-weight:700;border-top:2px solid #999}
 .charts{display:flex;flex-wrap:wrap;gap:24px}.chart{flex:1 1 520px}
 .note{color:#666}.warn{color:#8a5a00}.wide{overflow-x:auto}
-svg text{font:11px system-ui,sans-serif;fill:#333}
+svg text{font:11px system-ui,sans-serif;fill:#333}svg text.title{font-weight:600}
 """
 
 
@@ -82,7 +83,7 @@ def _bars(
     out = [
         f'<svg role="img" aria-label="{_esc(title)}" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
     ]
-    out.append(f'<text x="0" y="14" style="font-weight:600">{_esc(title)}</text>')
+    out.append(f'<text x="0" y="14" class="title">{_esc(title)}</text>')
     for i, (name, a, b) in enumerate(items):
         y = 26 + i * row_h
         wa, wb = a * scale, b * scale
@@ -126,7 +127,7 @@ def _lines(title: str, months: list[str], series: list[tuple[str, list[float | N
     out = [
         f'<svg role="img" aria-label="{_esc(title)}" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
     ]
-    out.append(f'<text x="0" y="14" style="font-weight:600">{_esc(title)}</text>')
+    out.append(f'<text x="0" y="14" class="title">{_esc(title)}</text>')
     base = height - bottom
     out.append(f'<line x1="{left}" y1="{base}" x2="{width - right}" y2="{base}" stroke="#999"/>')
     out.append(
@@ -185,6 +186,7 @@ def chargeback_html(cb: Chargeback, top: int = 10, value: ValueTrends | None = N
     by = list(cb.params.get("by", []))
     parts = [
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        csp_meta([_CSS]),  # only this style sheet; no script runs, nothing is fetched
         f"<title>{_esc(_title(cb))}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_esc(_title(cb))}</h1>",
         '<p class="note">Allocated = GPU time held; busy = time the GPU was computing (driver samples); '
@@ -214,7 +216,6 @@ def chargeback_html(cb: Chargeback, top: int = 10, value: ValueTrends | None = N
         parts.append(value_sections(value))
     if cb.warnings:
         parts += ["<h2>Notes</h2><ul>"] + [f'<li class="warn">{_esc(w)}</li>' for w in cb.warnings] + ["</ul>"]
-    data = json.dumps(cb.as_dict()).replace("</", "<\\/")
-    parts.append(f'<script type="application/json" id="chargeback-data">{data}</script>')
+    parts.append(json_block("chargeback-data", cb.as_dict()))
     parts.append("</body></html>\n")
     return "".join(parts)

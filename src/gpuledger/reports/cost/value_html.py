@@ -6,7 +6,6 @@ lists and the anomalies with their likely causes, and their JSON twin
 from __future__ import annotations
 
 import html
-import json
 import re
 from collections.abc import Sequence
 from decimal import Decimal
@@ -16,6 +15,7 @@ from gpuledger.core.chargeback.anomaly_causes import METRIC_NAMES
 from gpuledger.core.chargeback.value_trends import week_label
 from gpuledger.core.units import NA, fmt_number, fmt_pct
 from gpuledger.reports.cost.value_trends import ValueTrends
+from gpuledger.reports.safe_html import json_block
 
 __all__ = ["value_sections"]
 
@@ -191,6 +191,5 @@ def value_sections(vt: ValueTrends) -> str:
                 ]
     parts += _anomalies(vt)
     parts += [f'<p class="warn">{_esc(n)}</p>' for n in vt.notes]
-    data = json.dumps(vt.as_dict()).replace("</", "<\\/")
-    parts.append(f'<script type="application/json" id="value-trends-data">{data}</script>')
+    parts.append(json_block("value-trends-data", vt.as_dict()))
     return "".join(parts)
