@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from ci_support import need_module
 from diag_support import T0, device, gpu_intervals, host_intervals
 from gpuledger.cli.main import cli
 from gpuledger.core.model import Event, GpuIdentity, Metric, RunRecord
@@ -91,7 +92,7 @@ def test_csv_and_jsonl_are_the_bytes_they_were_before_streaming(url: str, tmp_pa
 
 
 def test_parquet_holds_the_same_rows_and_types(url: str, tmp_path: Path) -> None:
-    pq = pytest.importorskip("pyarrow.parquet")
+    pq = need_module("pyarrow.parquet", "the parquet extra: pip install 'gpuledger[parquet]'")
     _cli(url, "export", RUN, "--format", "parquet", "-o", str(tmp_path / "run.parquet"))
     table = pq.read_table(tmp_path / "run.parquet")
     assert table.column_names == list(export.COLUMN_NAMES)
@@ -99,7 +100,7 @@ def test_parquet_holds_the_same_rows_and_types(url: str, tmp_path: Path) -> None
 
 
 def test_a_run_without_intervals_exports_just_the_header(tmp_path: Path) -> None:
-    pq = pytest.importorskip("pyarrow.parquet")
+    pq = need_module("pyarrow.parquet", "the parquet extra: pip install 'gpuledger[parquet]'")
     url = f"sqlite:///{tmp_path}/ledger.db"
     with Ledger(url) as ledger:
         _run(ledger, n=0)
@@ -172,7 +173,7 @@ def test_export_writes_rows_while_the_query_is_still_being_read(
 def test_parquet_writes_row_groups_while_the_query_is_still_being_read(
     url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pq = pytest.importorskip("pyarrow.parquet")
+    pq = need_module("pyarrow.parquet", "the parquet extra: pip install 'gpuledger[parquet]'")
     monkeypatch.setattr(export, "FETCH_ROWS", 10)
     monkeypatch.setattr(export, "PARQUET_GROUP_ROWS", 50)
     cursor = _Cursor(monkeypatch)
@@ -283,7 +284,7 @@ def test_a_metric_named_like_a_fixed_column_does_not_overwrite_it(metrics_url: s
 
 
 def test_metrics_parquet_with_colliding_names_reads_back(metrics_url: str, tmp_path: Path) -> None:
-    pq = pytest.importorskip("pyarrow.parquet")
+    pq = need_module("pyarrow.parquet", "the parquet extra: pip install 'gpuledger[parquet]'")
     path = tmp_path / "epochs.parquet"
     _cli(metrics_url, "export", RUN, "--metrics", "--format", "parquet", "-o", str(path))
     table = pq.read_table(path)  # ArrowInvalid "multiple matches" when two columns shared a name
