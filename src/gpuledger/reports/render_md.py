@@ -1,7 +1,9 @@
 """Markdown renderings, for pasting into a pull request or a ticket: tables, no charts.
 
-User text is escaped for Markdown tables (``|``, backticks, ``<``), so a run name cannot break
-the layout or inject HTML into a renderer that allows it.
+User text goes through ``esc``: ``&``, ``<`` and ``>`` become entities (no raw HTML, no ``<url>``
+autolink reaches a renderer that allows it), ``|`` and the Markdown marks (backticks, ``*``, ``_``,
+``~``, ``[``, ``]``, backslash) are backslash-escaped (no broken table, code span, link or image),
+and a line end is a space (a cell stays one row). The chargeback and capacity Markdown use it too.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ from typing import Any
 from gpuledger.core.ids import short_id
 from gpuledger.core.units import NA, fmt_bytes, fmt_duration, fmt_gpu_seconds, fmt_number
 
-_SPECIAL = re.compile(r"([\\`*_\[\]|<>])")
+_SPECIAL = re.compile(r"([\\`*_~\[\]|])")
+_ENTITIES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_LINE_ENDS = re.compile(r"\r\n?|[\n\u2028\u2029]")
 MAX_METRIC_COLUMNS = 4
 
 
 def esc(value: Any) -> str:
+    """User text as inert Markdown: safe in a table cell, a heading or a list item."""
     text = "" if value is None else str(value)
-    return _SPECIAL.sub(r"\\\1", text.replace("\n", " ").replace("\r", " "))
+    return _SPECIAL.sub(r"\\\1", _LINE_ENDS.sub(" ", text).translate(_ENTITIES))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -98,7 +103,7 @@ def render_run(model: dict[str, Any]) -> str:
 
 def render_compare(model: dict[str, Any]) -> str:
     runs = model["runs"]
-    heads = ["figure", *(f"{esc(r['label'])}" for r in runs)]
+    heads = ["figure", *(str(r["label"]) for r in runs)]  # table() escapes each cell once
     rows = []
     for row in model["rows"]:
         cells = [row["label"]]

@@ -17,6 +17,7 @@ from typing import Any
 from gpuledger.core.capacity.columns import COLUMNS
 from gpuledger.core.capacity.report import CapacityReport
 from gpuledger.core.units import NA, fmt_money, fmt_number, fmt_pct
+from gpuledger.reports.render_md import esc
 from gpuledger.reports.safe_csv import SafeCsvWriter, numeric_columns
 from gpuledger.reports.safe_html import csp_meta, json_block
 
@@ -121,7 +122,7 @@ def _plain(table: list[list[str]]) -> str:
 def _md(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
     table = _grid(columns, rows)
     out = ["| " + " | ".join(table[0]) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table[1:]]
+    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in table[1:]]
     return "\n".join(out)
 
 
@@ -171,11 +172,12 @@ def capacity_text(report: CapacityReport) -> str:
 
 def capacity_markdown(report: CapacityReport) -> str:
     by = list(report.params.get("by", []))
-    out = [f"# {title(report)}", "", f"**{_rule_line(report)}**", "", _md(by + _VIEW, [*report.groups, report.total])]
+    out = [f"# {esc(title(report))}", "", f"**{esc(_rule_line(report))}**", ""]
+    out.append(_md(by + _VIEW, [*report.groups, report.total]))
     if report.shares_total is not None:
         out += ["", "## Shared back to teams", "", _md(_SHARE_VIEW, [*report.shares, report.shares_total])]
     if report.warnings:
-        out += ["", "## Notes", "", *(f"- {w}" for w in report.warnings)]
+        out += ["", "## Notes", "", *(f"- {esc(w)}" for w in report.warnings)]
     return "\n".join(out) + "\n"
 
 
