@@ -143,11 +143,13 @@ def token_group() -> None:
 @click.option("--note", help="What the token is for.")
 @click.option("--expires-days", type=FiniteFloat(min=0, min_open=True), help="Valid this many days.")
 @click.option("--create-user", is_flag=True, help="Add USER first if missing (the first admin of a fresh server).")
+@click.option("--host", "host", help="Enroll this machine: the agent token may report its GPUs, capacity and runs, "
+              "and nothing of any other host (agents only).")  # fmt: skip
 @db_required
 @_account_errors
 def token_issue(
     user: str, role: str, projects: str | None, note: str | None, expires_days: float | None, create_user: bool,
-    db: str | None,
+    host: str | None, db: str | None,
 ) -> None:  # fmt: skip
     """Issue a token for USER (default: admin). The token is printed once, on stdout."""
     import time
@@ -160,9 +162,11 @@ def token_issue(
         create_user = not accounts.list_users(ledger) and role == "admin"  # a fresh server: its first admin
     expires = None if expires_days is None else time.time() + expires_days * 86400
     token_id, token = accounts.issue_token(
-        ledger, user, role=role, projects=wanted, note=note, expires_at=expires, actor=_actor(), create_user=create_user
-    )
-    click.echo(f"token {token_id} for {user!r} ({role}); shown once, keep it secret:", err=True)
+        ledger, user, role=role, projects=wanted, note=note, expires_at=expires, actor=_actor(), create_user=create_user,
+        host=host,
+    )  # fmt: skip
+    bound = f", bound to host {host!r}" if host else ""
+    click.echo(f"token {token_id} for {user!r} ({role}{bound}); shown once, keep it secret:", err=True)
     click.echo(token)
 
 
@@ -195,7 +199,8 @@ def token_list(as_json: bool, db: str | None) -> None:
     for t in tokens:
         state = "revoked " + _when(t.revoked_at) if t.revoked_at else "active"
         scope = "(all)" if t.role == "admin" else ",".join(t.projects) if t.projects is not None else "(memberships)"
-        click.echo(f"{t.id}  {t.user:<16} {t.role:<7} {scope:<24} created {_when(t.created_at)}  {state}")
+        host = f"host {t.host}" if t.host else "no host"
+        click.echo(f"{t.id}  {t.user:<16} {t.role:<7} {scope:<24} {host:<20} created {_when(t.created_at)}  {state}")
 
 
 @admin_group.group("run")

@@ -67,7 +67,7 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
         row["value"] = float(row["value"])
         metrics.append(row)
     actor = actor_of(principal)
-    writer = store_ingest.Writer(principal.user, principal.token_id)
+    writer = store_ingest.Writer.of(principal)
     if batch.run.status == "running":  # the agent is alive: undo the liveness sweep's verdict, if any
         liveness_sweep.revive(ledger.database, batch.run.id, writer)
     try:
@@ -87,6 +87,8 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
         )
     except store_ingest.NotYours:
         raise HTTPException(status_code=404, detail=f"no run {batch.run.id!r} in your projects") from None
+    except store_ingest.HostRefused as exc:  # a host-bound token speaking for another host
+        raise HTTPException(status_code=403, detail=str(exc)) from None
     except store_ingest.PushRefused as exc:  # would rewrite history or take another host's GPU
         raise HTTPException(status_code=409, detail=str(exc)) from None
     out_of_span = _span_refusals(batch, out.refused)
@@ -162,7 +164,7 @@ async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str,
             raise store_ingest.NotYours
 
     def write(data: bytes) -> bool:
-        writer = store_ingest.Writer(principal.user, principal.token_id)
+        writer = store_ingest.Writer.of(principal)
         return store_ingest.set_log(
             ledger.database, run_id=run_id, data=data, truncated=truncated, writer=writer, authorize=authorize
         )
@@ -171,6 +173,8 @@ async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str,
         found = await upload.store(write)  # a few at a time: each holds its log in memory once
     except store_ingest.NotYours:
         found = False
+    except store_ingest.HostRefused as exc:
+        raise HTTPException(status_code=403, detail=str(exc)) from None
     except store_ingest.PushRefused as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     if not found:

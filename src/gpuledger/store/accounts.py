@@ -42,6 +42,7 @@ class TokenInfo:
     created_at: float
     expires_at: float | None
     revoked_at: float | None
+    host: str | None = None
 
 
 def _sha(secret: str) -> str:
@@ -127,11 +128,18 @@ def issue_token(
     note: str | None = None,
     expires_at: float | None = None,
     create_user: bool = False,
+    host: str | None = None,
 ) -> tuple[str, str]:
     """A new token for ``user``: (token id, token text). The text is not stored: show it once.
     ``projects`` narrows the token to those projects (each must exist); ``create_user`` adds the
-    user first when missing (the first admin token of a fresh server)."""
+    user first when missing (the first admin token of a fresh server); ``host`` enrolls a machine:
+    an agent token bound to it is the only kind that registers that host's GPUs and pushes its
+    capacity (store/ownership.py)."""
     check_role(role)
+    if host is not None:
+        check_name("host", host)
+        if role != "agent":
+            raise AccountError(f"only agent tokens are bound to a host (this one is {role!r}); drop --host")
     wanted = None if projects is None else sorted({check_name("project", p) for p in projects})
     token_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
@@ -157,11 +165,12 @@ def issue_token(
                 created_at=time.time(),
                 expires_at=expires_at,
                 revoked_at=None,
+                host=host,
             )
         )
         # Everything verify checks the row against; of the secret only a hash of its hash.
         payload = {"user": user, "role": role, "projects": wanted, "expires_at": expires_at,
-                   "secret": secret_check(_sha(secret))}  # fmt: skip
+                   "secret": secret_check(_sha(secret)), "host": host}  # fmt: skip
         audit.append(conn, actor=actor, action="token.issued", obj=f"token:{token_id}", payload=payload)
 
     ledger.write(tx)
@@ -185,7 +194,7 @@ def revoke_token(ledger: Ledger, token_id: str, *, actor: str) -> None:
 
 def list_tokens(ledger: Ledger) -> list[TokenInfo]:
     t = schema.api_tokens.c
-    cols = (t.id, t.user_name, t.role, t.projects, t.note, t.created_at, t.expires_at, t.revoked_at)
+    cols = (t.id, t.user_name, t.role, t.projects, t.note, t.created_at, t.expires_at, t.revoked_at, t.host)
     rows = ledger.read(lambda c: list(c.execute(sa.select(*cols).order_by(t.created_at))))
     return [TokenInfo(*row) for row in rows]
 
@@ -197,7 +206,7 @@ def authenticate(conn: Connection, token_text: str, *, now: float | None = None)
         return None
     token_id, secret = parsed
     t, u = schema.api_tokens.c, schema.users.c
-    q = sa.select(t.user_name, t.role, t.projects, t.secret_sha256, t.expires_at, t.revoked_at, u.disabled).join(
+    q = sa.select(t.user_name, t.role, t.projects, t.secret_sha256, t.expires_at, t.revoked_at, t.host, u.disabled).join(
         schema.users, u.name == t.user_name
     )
     row = conn.execute(q.where(t.id == token_id)).first()
@@ -213,4 +222,4 @@ def authenticate(conn: Connection, token_text: str, *, now: float | None = None)
     projects = member_of if row.projects is None else frozenset(row.projects)
     if row.role == "member" and row.projects is not None:
         projects = projects & member_of  # a token never reaches beyond its user's projects
-    return Principal(row.user_name, row.role, projects, token_id)
+    return Principal(row.user_name, row.role, projects, token_id, row.host)

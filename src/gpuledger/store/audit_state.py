@@ -146,6 +146,8 @@ def _check_tokens(conn: Connection, state: TrailState) -> list[str]:
             out.append(f"{where}: projects are {row['projects']!r}, the audit trail says {said['projects']!r} {at}")
         if "expires_at" in said and not _same_number(row["expires_at"], said["expires_at"]):
             out.append(f"{where}: expires at {row['expires_at']}, the audit trail says {said['expires_at']} {at}")
+        if (row["host"] or None) != (said.get("host") or None):  # a token issued before hosts is bound to none
+            out.append(f"{where}: bound to host {row['host']!r}, the audit trail says {said.get('host')!r} {at}")
         if "secret" in said and secret_check(row["secret_sha256"]) != said["secret"]:
             out.append(f"{where}: its secret was replaced outside gpuledger {at}")
         revoked = said["revoked"]

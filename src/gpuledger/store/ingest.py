@@ -26,9 +26,9 @@ from gpuledger.core.audit.run_rules import FINAL, Span, is_final
 from gpuledger.core.model import RunRecord
 from gpuledger.store import audit, bulk, codec, ownership, rollup_stale, schema, writes
 from gpuledger.store.engine import Database
-from gpuledger.store.ownership import PushRefused, Writer
+from gpuledger.store.ownership import HostRefused, PushRefused, Writer
 
-__all__ = ["FINAL", "IngestOutcome", "NotYours", "PushRefused", "RefusedRow", "Writer", "ingest", "set_log"]
+__all__ = ["FINAL", "HostRefused", "IngestOutcome", "NotYours", "PushRefused", "RefusedRow", "Writer", "ingest", "set_log"]
 
 
 @dataclass(frozen=True)

@@ -299,6 +299,14 @@ def _mark_compressed_logs(conn: Connection) -> None:
     return
 
 
+def _add_token_hosts(conn: Connection) -> None:
+    # Version 15: api_tokens.host, the machine an agent token is bound to (store/accounts.py).
+    # Tokens issued before stay unbound: they push runs on GPUs already registered, nothing more.
+    if "host" in {c["name"] for c in sa.inspect(conn).get_columns("api_tokens")}:
+        return
+    conn.execute(sa.text("ALTER TABLE api_tokens ADD COLUMN host TEXT"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
@@ -337,6 +345,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         13, "store logs zlib-compressed when that is shorter (logs.data shorter than size_b)", _mark_compressed_logs
     ),
+    Migration(15, "add api_tokens.host: agent tokens bound to the host they report for", _add_token_hosts),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -2,10 +2,17 @@
 
 A run belongs to the user of the token that created it (an agent identity, usually the machine's
 name) and to the host its record names; only that user's tokens may push it again, so another
-agent of the same project cannot rewrite it. A GPU (or the GPU a MIG slice lives on) belongs to the
-host and agent that reported it first; a run of another host or agent reporting the same UUID is
-refused, with an audit row, until an admin re-homes it. Every change here is an audit row in the
-same transaction, so ``gpuledger audit verify`` can check both tables against the trail.
+agent of the same project cannot rewrite it.
+
+A GPU (or the GPU a MIG slice lives on) belongs to a host. An *enrolled* host is one an admin
+issued an agent token bound to (``gpuledger admin token issue NODE --role agent --host NODE``):
+such a token speaks only for its host (a run naming another host is refused, 403), and only it
+(or an admin) registers a GPU for good (source ``enrolled``). A GPU first named by an unbound token
+(tokens issued before hosts existed) is registered provisionally (source ``push``): the enrolled
+host that reports it later takes it over, audited, so nobody can squat another machine's GPUs
+ahead of it. A GPU an enrolled host registered is refused to every other host until an admin
+re-homes it. Every change here is an audit row in the same transaction, so ``gpuledger audit
+verify`` can check both tables against the trail.
 """
 
 from __future__ import annotations
@@ -22,11 +29,16 @@ from gpuledger.store import audit, schema
 from gpuledger.store.errors import LedgerError, RunNotFound
 
 if TYPE_CHECKING:
+    from gpuledger.core.audit.access import Principal
     from gpuledger.store.ledger import Ledger
 
 
 class PushRefused(LedgerError):
     """A push that would rewrite history or take what belongs to someone else (HTTP 409)."""
+
+
+class HostRefused(PushRefused):
+    """A token speaking for a host it is not enrolled for (HTTP 403)."""
 
 
 class TeamLedgerRefused(LedgerError):
@@ -46,14 +58,32 @@ def refuse_direct_recording(conn: Connection, display: str) -> None:
 
 @dataclass(frozen=True)
 class Writer:
-    """The principal pushing: its user (the agent identity) and token."""
+    """The principal pushing: its user (the agent identity), token, the host the token is bound
+    to (None: not enrolled) and whether it is an admin's."""
 
     user: str
     token_id: str = ""
+    host: str | None = None
+    admin: bool = False
+
+    @classmethod
+    def of(cls, principal: Principal) -> Writer:
+        return cls(principal.user, principal.token_id, principal.host, principal.role == "admin")
 
     @property
     def actor(self) -> str:
         return f"{self.user} (token {self.token_id})" if self.token_id else self.user
+
+    def check_host(self, host: str) -> None:
+        """A host-bound token speaks for its own host only."""
+        if self.host is not None and host != self.host:
+            raise HostRefused(
+                f"token {self.token_id} is bound to host {self.host!r}: it may not push for host {host!r} "
+                "(each machine reports with its own token: gpuledger admin token issue USER --role agent --host HOST)"
+            )
+
+
+ENROLLED, PROVISIONAL = "enrolled", "push"  # gpu_owners.source: by an enrolled host (or an admin), or not
 
 
 # -- runs -----------------------------------------------------------------------------------------
@@ -77,12 +107,15 @@ def _set_owner(conn: Connection, run_id: str, user: str, token_id: str | None, h
 
 def record_creator(conn: Connection, run_id: str, writer: Writer, host: str) -> None:
     """The creating push: the run is its writer's (the run.created audit row names the owner)."""
+    writer.check_host(host)
     _set_owner(conn, run_id, writer.user, writer.token_id or None, host)
 
 
 def check_pusher(conn: Connection, run_id: str, writer: Writer, host: str) -> None:
     """Refuse a push of ``run_id`` by anyone but its owner. A run stored before runs had owners
-    (migration 7) is claimed by its first pusher, audited."""
+    (migration 7) is claimed by its first pusher, audited. A host-bound token pushes runs of its
+    host only (HostRefused)."""
+    writer.check_host(host)
     owner = owner_of(conn, run_id)
     if owner is None:
         _set_owner(conn, run_id, writer.user, writer.token_id or None, host)
@@ -145,29 +178,55 @@ def _insert_new(conn: Connection, table: sa.Table, row: dict[str, Any]) -> bool:
 def check_gpus(conn: Connection, run_id: str, uuids: Iterable[str], writer: Writer, host: str) -> None:
     """Register the GPUs no one has reported yet to ``host`` and ``writer``; refuse a GPU that
     belongs to another host or agent (PushRefused)."""
+    writer.check_host(host)
+    claim_gpus(conn, uuids, writer, host, context={"run": run_id}, what=f"run {run_id} of host {host!r}")
+
+
+def claim_gpus(
+    conn: Connection, uuids: Iterable[str], writer: Writer, host: str, *, context: Mapping[str, Any], what: str
+) -> None:
+    """The ownership rules of the module docstring, for GPUs a push of ``host`` names: register the
+    new ones, let an enrolled host take over its provisional ones, refuse the rest (PushRefused)."""
     wanted = sorted(set(uuids))
     if not wanted:
         return
     g = schema.gpu_owners.c
+    enrolled = writer.admin or writer.host == host
+    source = ENROLLED if enrolled else PROVISIONAL
     known = {r.uuid: r for r in conn.execute(sa.select(schema.gpu_owners).where(g.uuid.in_(wanted)))}
-    payload = {"host": host, "user": writer.user, "run": run_id}
+    payload = {"host": host, "user": writer.user, **context, "source": source}
     for uuid in wanted:
         owner = known.get(uuid)
         if owner is None:
-            row = {"uuid": uuid, "host": host, "user_name": writer.user, "since": time.time(), "source": "push"}
+            row = {"uuid": uuid, "host": host, "user_name": writer.user, "since": time.time(), "source": source}
             if _insert_new(conn, schema.gpu_owners, row):
                 audit.append(conn, actor=writer.actor, action="gpu.registered", obj=f"gpu:{uuid}", payload=payload)
                 continue
             owner = conn.execute(sa.select(schema.gpu_owners).where(g.uuid == uuid)).first()
-        if owner.host == host and owner.user_name is None:  # known from the runs before migration 7
+        firm = owner.source in (ENROLLED, "admin")  # an enrolled host's or an admin's word
+        if enrolled and firm and owner.host == host:
+            continue  # any token of the enrolled host
+        if enrolled and not firm:
+            # registered before its host was enrolled (by an unbound token, or migration 7's guess):
+            # the enrolled host's word is better
+            conn.execute(
+                sa.update(schema.gpu_owners).where(g.uuid == uuid)
+                .values(host=host, user_name=writer.user, source=ENROLLED, since=time.time())
+            )  # fmt: skip
+            claimed = payload | {"from_host": owner.host, "from_user": owner.user_name}
+            audit.append(conn, actor=writer.actor, action="gpu.claimed", obj=f"gpu:{uuid}", payload=claimed)
+            continue
+        if not enrolled and owner.host == host and owner.user_name == writer.user:
+            continue  # an unbound token: the agent that registered it
+        if not enrolled and owner.host == host and owner.user_name is None:  # any agent of the host may claim
             conn.execute(sa.update(schema.gpu_owners).where(g.uuid == uuid).values(user_name=writer.user))
             audit.append(conn, actor=writer.actor, action="gpu.claimed", obj=f"gpu:{uuid}", payload=payload)
-        elif owner.host != host or owner.user_name != writer.user:
-            raise PushRefused(
-                f"GPU {uuid} belongs to host {owner.host!r} (agent {owner.user_name or 'any'}); run {run_id} of host "
-                f"{host!r} (agent {writer.user!r}) may not report it. If the GPU really moved, an admin re-homes it: "
-                f"gpuledger admin gpu rehome {uuid} --host {host} --agent {writer.user}"
-            )
+            continue
+        raise PushRefused(
+            f"GPU {uuid} belongs to host {owner.host!r} (agent {owner.user_name or 'any'}); {what} "
+            f"(agent {writer.user!r}) may not report it. If the GPU really moved, an admin re-homes it: "
+            f"gpuledger admin gpu rehome {uuid} --host {host} --agent {writer.user}"
+        )
 
 
 def rehome(ledger: Ledger, uuid: str, host: str, user: str | None, *, actor: str) -> dict[str, Any] | None:

@@ -56,6 +56,9 @@ def define(metadata: sa.MetaData, json_type: sa.types.TypeEngine[object]) -> dic
         sa.Column("created_at", sa.Double, nullable=False),
         sa.Column("expires_at", sa.Double),
         sa.Column("revoked_at", sa.Double),
+        # migration 15: the host an agent token is bound to (its machine: only it reports that
+        # host's GPUs and capacity); NULL for admin, member and older agent tokens
+        sa.Column("host", sa.Text),
         sa.Index("ix_api_tokens_user", "user_name"),
     )
     # Hash-chained: hash = sha256(canonical JSON of the row's fields + prev_hash). ``payload`` is the

@@ -21,6 +21,7 @@ class Principal:
     role: str  # admin | member | agent
     projects: frozenset[str] | None  # None: every project (admins)
     token_id: str = ""
+    host: str | None = None  # the machine an agent token is bound to (None: not bound)
 
     @property
     def scope(self) -> frozenset[str] | None:
