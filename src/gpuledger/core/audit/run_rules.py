@@ -5,13 +5,16 @@
   device (its UUID, name, memory, MIG profile ...).
 - **A finished run's record is final** (a ``discovered`` run has finished once its agent set its
   end): its status, end, exit code, labels and the rest cannot change, with one exception:
-  ``lost`` is a verdict drawn from silence (the recorder died, or the
-  server heard nothing for too long), so the run's owner may still report how it really ended.
+  ``lost`` is a verdict drawn from silence (the recorder died, or the server heard nothing for too
+  long), so the run's owner may still report how it really ended, and only that: its status (once,
+  from ``lost`` to another final status), exit code, signal and status reason, and an end no
+  earlier than its last recorded interval and at most ``LOST_SLACK_S`` after it. Its labels, name
+  and the rest stay as they were; while it stays ``lost`` its end cannot move.
 - **While a run records**, its other fields (labels, metadata, name, status ...) may change; each
   change is audited with the old and the new values.
 - **Rows must lie inside the run's span**: no interval, event or metric from before its start or,
-  once it has ended, after its end (so a closed month cannot change; a ``lost`` run has no end
-  yet), and GPU intervals only for the run's own devices.
+  once it has ended, after its end; a ``lost`` run's late rows may reach ``LOST_SLACK_S`` past the
+  end the verdict gave it (its last sign of life), no further.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ IDENTITY_FIELDS = (
 # Columns a run row holds that are not the agent's to send (derived, or written by the server).
 NOT_SENT = frozenset({"id", "rolled_up"})
 SPAN_SLACK_S = 5.0  # clock granularity between a run's own timestamps
+# How far past its last sign of life a lost run may still have rows, and past its last interval its
+# owner may put its real end: an agent flushes every few seconds and retries every minute, so an hour
+# covers a recorder that died between two flushes and an agent cut off until the sweep (an hour).
+LOST_SLACK_S = 3600.0
+# What the owner of a lost run may still report: how it ended, nothing else.
+LOST_MAY_CHANGE = frozenset({"status", "ended_at", "exit_code", "signal", "status_reason"})
 
 
 def is_final(status: str | None, ended_at: float | None) -> bool:
@@ -58,8 +67,11 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def judge_record(run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any]) -> RecordVerdict:
-    """What of the ``sent`` run row may be applied to the ``stored`` one."""
+def judge_record(
+    run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any], last_row_t1: float | None = None
+) -> RecordVerdict:
+    """What of the ``sent`` run row may be applied to the ``stored`` one. ``last_row_t1``: the end of
+    the run's last interval (stored, or taken in this push), which bounds a lost run's real end."""
     frozen = [k for k in IDENTITY_FIELDS if k in sent and not same(stored.get(k), sent[k])]
     if frozen:
         shown = "; ".join(f"{k} stored {_show(stored.get(k))}, sent {_show(sent[k])}" for k in frozen)
@@ -72,7 +84,11 @@ def judge_record(run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any]
     if is_final(was, stored.get("ended_at")):
         if run_is_open(sent.get("status"), sent.get("ended_at")):
             return RecordVerdict({}, {}, stale=True)  # an older copy of the record: never reopens a run
-        if diff and not (was == "lost" and sent.get("status") in FINAL - {"lost"}):
+        if diff and was == "lost":
+            refusal = lost_refusal(run_id, stored, diff, last_row_t1)
+            if refusal:
+                return RecordVerdict({}, {}, refusal)
+        elif diff:
             return RecordVerdict(
                 {},
                 {},
@@ -80,6 +96,35 @@ def judge_record(run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any]
             )
     after = {**stored, **diff}
     return RecordVerdict(diff, old, ended_now=bool(diff) and is_final(after.get("status"), after.get("ended_at")))
+
+
+def lost_refusal(
+    run_id: str, stored: Mapping[str, Any], diff: Mapping[str, Any], last_row_t1: float | None
+) -> str | None:
+    """Why a change to a lost run is not how it ended (None: it may be applied)."""
+    other = sorted(set(diff) - LOST_MAY_CHANGE)
+    if other:
+        return (
+            f"run {run_id} is lost: its owner may report only how it ended (status, end, exit code, signal, "
+            f"reason), not {', '.join(other)}"
+        )
+    status = diff.get("status", stored.get("status"))
+    if status not in FINAL:
+        return f"run {run_id} is lost: it can only end as {', '.join(sorted(FINAL - {'lost'}))}, not {status!r}"
+    if "ended_at" not in diff:
+        return None
+    if status == "lost":
+        return f"run {run_id} is lost: its end moves only with the report of how it ended (status), not alone"
+    end = diff["ended_at"]
+    anchor = last_row_t1 if last_row_t1 is not None else stored.get("ended_at") or stored.get("started_at")
+    if end is None or anchor is None:
+        return f"run {run_id} is lost: its end cannot be removed"
+    if end < float(anchor) - SPAN_SLACK_S or end > float(anchor) + LOST_SLACK_S:
+        return (
+            f"run {run_id} is lost: its end may lie between its last interval ({float(anchor):.0f}) and "
+            f"{LOST_SLACK_S:g} s after it, not at {float(end):.0f}"
+        )
+    return None
 
 
 def device_refusal(run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any]) -> str | None:
@@ -96,14 +141,19 @@ class Span:
 
     start: float
     end: float | None
+    closed: float | None = None  # months before this instant are billed and closed (store/closed_months.py)
 
     @classmethod
     def of(cls, run: Mapping[str, Any]) -> Span:
-        # A lost run may still be running somewhere: its owner's late rows are taken.
-        ended = run.get("status") != "lost" and is_final(run.get("status"), run.get("ended_at"))
-        return cls(float(run["started_at"]), float(run["ended_at"]) if ended else None)
+        start = float(run["started_at"])
+        if run.get("status") == "lost":  # it may have run on a while: its owner's late rows are taken, for a time
+            return cls(start, float(run.get("ended_at") or start) + LOST_SLACK_S - SPAN_SLACK_S)
+        ended = is_final(run.get("status"), run.get("ended_at"))
+        return cls(start, float(run["ended_at"]) if ended else None)
 
     def refusal(self, t0: float, t1: float) -> str | None:
+        if self.closed is not None and t0 < self.closed:
+            return f"dated {t0}, in a closed month (before {self.closed}): its bill is final"
         if t0 < self.start - SPAN_SLACK_S:
             return f"starts at {t0}, before the run started ({self.start})"
         if self.end is not None and t1 > self.end + SPAN_SLACK_S:
