@@ -269,7 +269,7 @@ def bench_gpuledger(args: argparse.Namespace) -> dict[str, Any]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpuledger", "serve", "--db", url, "--port", str(port),
              "--workers", str(args.workers),
-             "--log-level", "warning"], start_new_session=True,
+             "--log-level", "warning", *(["--unsigned"] if args.unsigned else [])], start_new_session=True,
         )  # fmt: skip
         try:
             _wait(f"http://127.0.0.1:{port}/healthz", proc, 60)

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -188,9 +189,15 @@ class ServerProcess:
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         env = dict(os.environ, GPULEDGER_TOKEN_CACHE_S="0", **self.env)
+        if not env.get("GPULEDGER_AUDIT_CHECKPOINT"):  # not the user's data dir: one per server object
+            path = os.path.join(tempfile.mkdtemp(prefix="gl-checkpoint-"), "audit-checkpoint.json")
+            self.env = {**self.env, "GPULEDGER_AUDIT_CHECKPOINT": path}
+            env["GPULEDGER_AUDIT_CHECKPOINT"] = path
+        # running without an audit key is an explicit choice (docs/SERVER.md, "Deploying")
+        unsigned = [] if env.get("GPULEDGER_AUDIT_KEY") or env.get("GPULEDGER_AUDIT_KEY_FILE") else ["--unsigned"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuledger", "serve", "--db", self.db_url, "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning"],
+             "--port", str(self.port), "--workers", str(self.workers), "--log-level", "warning", *unsigned],
             stdout=out, stderr=out, env=env, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + timeout_s

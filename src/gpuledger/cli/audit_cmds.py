@@ -43,6 +43,20 @@ def _keyring(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
     return env.trusted if env is not None else None
 
 
+def _checkpoint(db: str | None, given: str | None):  # type: ignore[no-untyped-def]
+    """The checkpoint to hold the chain to: the file given (which must exist), else the server's
+    default one for this ledger when it is there."""
+    from pathlib import Path
+
+    from gpuledger.store import audit_checkpoint
+
+    path = Path(given).expanduser() if given else audit_checkpoint.default_path(db or "")
+    cp = audit_checkpoint.load(path)
+    if cp is None and given:
+        raise click.ClickException(f"--checkpoint {given}: no such file")
+    return None if cp is None else (cp, str(path))
+
+
 def _assurance(result) -> str:  # type: ignore[no-untyped-def]
     from gpuledger.store.audit_verify import ASSURANCE
 
@@ -69,17 +83,26 @@ def _assurance(result) -> str:  # type: ignore[no-untyped-def]
     "--expect-head", metavar="SEQ:HASH", help="A head recorded earlier (gpuledger audit head): must still be there."
 )
 @click.option("--all-signatures", is_flag=True, help="Check every row's signature too (slow), not only the head's.")
+@click.option(
+    "--checkpoint", envvar="GPULEDGER_AUDIT_CHECKPOINT", type=click.Path(dir_okay=False), metavar="FILE",
+    help="The server's signed checkpoint: the chain must still reach it. Default: the one gpuledger serve keeps for "
+    "this ledger on this machine, if any.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @_account_errors
 def verify_cmd(
-    db: str | None, public_keys: tuple[str, ...], expect_head: str | None, all_signatures: bool, as_json: bool
-) -> None:
+    db: str | None, public_keys: tuple[str, ...], expect_head: str | None, all_signatures: bool,
+    checkpoint: str | None, as_json: bool,
+) -> None:  # fmt: skip
     """Check the signatures, the hash chain, every sealed run and the access, ownership and rollup
-    tables against the audit trail; name each row that differs. Exit 1 on any."""
+    tables against the audit trail, and that nothing was cut from its end since the checkpoint;
+    name each row that differs. Exit 1 on any."""
     from gpuledger.store import audit
 
     keyring = _keyring(public_keys)
-    result = audit.verify(server_ledger(db), expect_head=expect_head, keyring=keyring, all_signatures=all_signatures)
+    ledger = server_ledger(db)
+    result = audit.verify(ledger, expect_head=expect_head, keyring=keyring, all_signatures=all_signatures,
+                          checkpoint=_checkpoint(db, checkpoint))  # fmt: skip
     if as_json:
         echo_json({**result.__dict__, "ok": result.ok})
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -43,10 +44,18 @@ def db_required(func):  # type: ignore[no-untyped-def]
 @click.option("--rates", type=click.Path(exists=True, dir_okay=False), help="Rate card for chargeback reports.")
 @click.option("--max-body-mb", type=FiniteFloat(0.001, 1024), default=8.0, show_default=True)
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info")
+@click.option(
+    "--unsigned", is_flag=True, help="Run without an audit key: the trail is a hash chain only (docs/AUDIT.md)."
+)
+@click.option(
+    "--checkpoint", envvar="GPULEDGER_AUDIT_CHECKPOINT", type=click.Path(dir_okay=False), metavar="FILE",
+    help="The signed audit checkpoint kept outside the database (default: one per ledger under the data dir).",
+)  # fmt: skip
 @cli_errors
 def serve_cmd(
-    db: str | None, host: str, port: int, workers: int, rates: str | None, max_body_mb: float, log_level: str
-) -> None:
+    db: str | None, host: str, port: int, workers: int, rates: str | None, max_body_mb: float, log_level: str,
+    unsigned: bool, checkpoint: str | None,
+) -> None:  # fmt: skip
     """Serve the team API (docs/SERVER.md). Stateless: run several behind a load balancer.
 
     Needs the [server] extra: pip install 'gpuledger[server]'. Limits, timeouts and rate limits
@@ -58,19 +67,17 @@ def serve_cmd(
         require(module, extra="server", purpose="gpuledger serve")
     import uvicorn
 
-    server_ledger(db).close()  # refuses an outdated schema with the command to fix it
-    assert db is not None
-    from gpuledger.store import LedgerError, audit_sign
+    from gpuledger.cli import serve_audit
+    from gpuledger.store import audit_checkpoint
 
-    try:  # a key file that cannot be read fails here, not at the first push
-        keys = audit_sign.writer_keys()
-    except LedgerError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if keys is None:
-        click.echo(f"gpuledger: no audit key ({audit_sign.ENV_KEY_FILE}): the audit trail is not signed "
-                   "(docs/AUDIT.md)", err=True)  # fmt: skip
-    else:
-        click.echo(f"gpuledger: the audit trail is signed with key {keys.signer.key_id}", err=True)
+    ledger = server_ledger(db)  # refuses an outdated schema with the command to fix it
+    assert db is not None
+    path = Path(checkpoint).expanduser().absolute() if checkpoint else audit_checkpoint.default_path(db).absolute()
+    try:  # no key on a signed ledger, a key others can read, a chain below its checkpoint: refused here
+        click.echo(serve_audit.check(ledger, db, unsigned=unsigned, checkpoint=path), err=True)
+    finally:
+        ledger.close()
+    os.environ[audit_checkpoint.ENV_PATH] = str(path)  # the workers keep this file
     os.environ["GPULEDGER_SERVER_DB"] = db
     os.environ["GPULEDGER_MAX_BODY_B"] = str(int(max_body_mb * 1024 * 1024))
     if rates:

@@ -51,15 +51,17 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
 
     ``app.state``: ``ledger`` (Ledger), ``settings``, ``auth`` (token -> Principal, cached).
     """
-    from gpuledger.server import api_docs, routes_capacity, routes_misc, routes_runs, routes_write
+    from gpuledger.server import api_docs, checkpoint_keeper, routes_capacity, routes_misc, routes_runs, routes_write
 
     settings = settings or Settings()
     ledger = Ledger(db_url, migrate=migrate)  # SchemaOutdated unless migrated (gpuledger db migrate)
+    keeper = checkpoint_keeper.from_env(ledger, settings)  # the audit checkpoint outside the database
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_sweep_forever(ledger, settings)) if settings.lost_after_s > 0 else None
-        yield
+        async with checkpoint_keeper.keeping(keeper):
+            yield
         if sweeper is not None:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -104,6 +106,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
         return JSONResponse(status_code=422, content={"detail": f"a value cannot be stored: {first}"})
 
     _add_ingest_schema(app)
+    app.add_middleware(checkpoint_keeper.Halt, keeper=keeper)  # a shortened audit trail: 503, inside the guard
     app.add_middleware(Guard, settings=settings, auth=app.state.auth)
     return app
 

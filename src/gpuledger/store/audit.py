@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.audit.chain import GENESIS, canonical_json, row_hash
-from gpuledger.store import audit_seals, audit_sign, audit_verify, schema
+from gpuledger.store import audit_checkpoint, audit_seals, audit_sign, audit_verify, schema
 from gpuledger.store.audit_verify import Verification
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ def append(
     _lock(conn)
     keys = audit_sign.writer_keys()
     last = audit_sign.head(conn)
+    audit_checkpoint.check_floor(conn, last)  # never extend a chain shortened below the checkpoint
     unsigned = audit_sign.trusted_head(conn, last, keys)
     if unsigned is not None:  # rows written without the key: named, signed, before anything else
         first, upto = unsigned

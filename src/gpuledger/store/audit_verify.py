@@ -13,6 +13,9 @@
    against what the trail says (store/audit_state.py).
 5. **A published head** (``expect_head``): it must still be in the chain; every seal made after it
    is listed with its reason, for a reviewer to read.
+6. **The checkpoint** the server keeps outside the database (store/audit_checkpoint.py): its
+   signature, and the chain must still reach it with the same hash (no truncation, no restored
+   backup).
 
 Rows the trail itself marks as forged never count as history (their seals, tokens, owners).
 """
@@ -31,7 +34,7 @@ from gpuledger.core.audit import seal as seals
 from gpuledger.core.audit.chain import GENESIS, check_chain
 from gpuledger.core.audit.signing import Keyring
 from gpuledger.core.model import run_is_open
-from gpuledger.store import audit_seals, audit_sign, audit_state, capacity_audit, liveness_sweep
+from gpuledger.store import audit_checkpoint, audit_seals, audit_sign, audit_state, capacity_audit, liveness_sweep
 from gpuledger.store import schema as T
 
 if TYPE_CHECKING:
@@ -73,17 +76,43 @@ class Verification:
 
 
 def verify(
-    ledger: Ledger, *, expect_head: str | None = None, keyring: Keyring | None = None, all_signatures: bool = False
+    ledger: Ledger,
+    *,
+    expect_head: str | None = None,
+    keyring: Keyring | None = None,
+    all_signatures: bool = False,
+    checkpoint: tuple[audit_checkpoint.Checkpoint, str] | None = None,
 ) -> Verification:
     """Check the ledger against its audit trail. ``keyring``: the public keys to trust (None: the
-    signatures are not checked). ``expect_head``: ``seq:hash`` of a head published earlier."""
+    signatures are not checked). ``expect_head``: ``seq:hash`` of a head published earlier.
+    ``checkpoint``: a checkpoint the server wrote, and where it was read (for the messages)."""
 
     def tx(conn: Connection) -> Verification:
         if conn.dialect.name == "postgresql":  # one snapshot while pushes go on
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        return _verify(conn, expect_head, keyring, all_signatures)
+        out = _verify(conn, expect_head, keyring, all_signatures)
+        if checkpoint is not None:
+            _check_checkpoint(conn, out, keyring, *checkpoint)
+        return out
 
     return ledger.read(tx)
+
+
+def _check_checkpoint(
+    conn: Connection, out: Verification, keyring: Keyring | None, cp: audit_checkpoint.Checkpoint, where: str
+) -> None:
+    """The chain must still reach the checkpoint, with the same hash there."""
+    if keyring is None:
+        out.notes.append(f"checkpoint {where}: its signature was not checked (give --public-key)")
+    elif not cp.trusted_by(keyring):
+        out.problems.append(
+            f"checkpoint {where}: not signed by a trusted key (key {cp.key_id}): changed by hand, or another ledger's"
+        )
+    why = audit_checkpoint.problem(conn, cp)
+    if why is not None:
+        out.problems.append(f"audit_log: {why} (checkpoint {where})")
+    else:
+        out.notes.append(f"checkpoint {where}: the chain still holds its {cp.describe()}")
 
 
 def _stream(conn: Connection) -> Iterator[dict[str, Any]]:

@@ -80,6 +80,17 @@ class PublicKey:
             return False
         return True
 
+    def verify_text(self, text: bytes, signature: str | None) -> bool:
+        """Whether ``signature`` (base64) is this key's signature of ``text`` (a checkpoint's
+        message, which starts with a domain of its own, never with DOMAIN)."""
+        if not signature or text.startswith(DOMAIN + b"|"):
+            return False
+        try:
+            Ed25519PublicKey.from_public_bytes(self.raw).verify(base64.b64decode(signature, validate=True), text)
+        except (InvalidSignature, binascii.Error, ValueError):
+            return False
+        return True
+
 
 class SigningKey:
     """A private key: signs rows. Its public half is ``public``."""
@@ -108,6 +119,12 @@ class SigningKey:
 
     def sign(self, seq: int, row_hash: str) -> str:
         return base64.b64encode(self._key.sign(message(self.key_id, seq, row_hash))).decode()
+
+    def sign_text(self, text: bytes) -> str:
+        """A signature of other text (a checkpoint): never of a row's message, so it cannot stand for one."""
+        if text.startswith(DOMAIN + b"|"):
+            raise ValueError("sign_text signs other messages than audit rows")
+        return base64.b64encode(self._key.sign(text)).decode()
 
 
 def _lines(text: str) -> list[str]:
