@@ -71,6 +71,14 @@ def setup_accounts(url: str) -> Tokens:
         )
 
 
+def enroll(url: str, host: str, projects: list[str] | None = None, user: str | None = None) -> str:
+    """The token of an enrolled node: an agent bound to ``host`` (user ``host`` unless given), the
+    only kind that registers that host's GPUs and pushes its capacity (docs/SERVER.md)."""
+    with Ledger(url) as led:
+        return accounts.issue_token(led, user or host, role="agent", projects=projects or ["A"], actor="test",
+                                    create_user=True, host=host)[1]  # fmt: skip
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 

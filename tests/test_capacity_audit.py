@@ -20,7 +20,7 @@ from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, States
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, audit
 from gpuledger.store.capacity import write_capacity
-from server_support import bearer, fresh_pg_url, setup_accounts
+from server_support import bearer, enroll, fresh_pg_url, setup_accounts
 
 DAY0 = 20_500  # 2026-02-16 (UTC days since 1970)
 HOUR_MS = 3_600_000
@@ -160,11 +160,14 @@ def test_a_local_ledger_seals_nothing(tmp_path) -> None:  # type: ignore[no-unty
 
 def test_capacity_pushed_to_the_server_is_sealed(ledger_url: str) -> None:
     with audit_key() as key:
-        tokens = setup_accounts(ledger_url)
+        setup_accounts(ledger_url)
+        node = enroll(ledger_url, "node-1")  # capacity comes from the node's own, host-bound token
         wire = [[iv.gpu_uuid, iv.host, iv.t0_ms, iv.t1_ms, *iv.states.as_tuple(), iv.unmeasured_ms, iv.energy_j]
                 for iv in _day_of("GPU-a", "node-1", DAY0)]  # fmt: skip
+        seen = {"uuid": "GPU-a", "name": "NVIDIA A100-SXM4-80GB", "host": "node-1", "first_seen": DAY0 * 86400.0,
+                "last_seen": wire[-1][3] / 1000}  # fmt: skip
         with TestClient(create_app(ledger_url)) as client:
-            got = client.post("/api/v1/capacity", json={"intervals": wire}, headers=bearer(tokens.agent_a))
+            got = client.post("/api/v1/capacity", json={"intervals": wire, "gpus": [seen]}, headers=bearer(node))
             assert got.status_code == 200, got.text
         [seal] = _capacity_rows(ledger_url)  # 2026-02-16 is long over
         assert list(json.loads(seal["payload"])["days"]) == [str(DAY0)]

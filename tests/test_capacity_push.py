@@ -19,10 +19,10 @@ from gpuledger.agent.sync import sync
 from gpuledger.core.capacity.model import CapacityInterval, Sighting, States
 from gpuledger.node.push import NodePusher
 from gpuledger.server.app import create_app
-from gpuledger.store import Ledger
+from gpuledger.store import Ledger, ownership
 from gpuledger.store.capacity import write_capacity
 from gpuledger.store.capacity_queries import day_rows, fleet, intervals
-from server_support import bearer, fresh_pg_url, setup_accounts
+from server_support import bearer, enroll, fresh_pg_url, setup_accounts
 from test_agent_loop import Node, make_trees
 from test_agent_push import claims
 from test_capacity_agent import STATES
@@ -35,8 +35,8 @@ T0_MS = (int(time.time()) - 2 * 86400) * 1000  # two days ago: the server refuse
 def server() -> Iterator[tuple[TestClient, str, str, str]]:
     with fresh_pg_url() as url:
         tokens = setup_accounts(url)
-        with TestClient(create_app(url)) as app_client:
-            yield app_client, url, tokens.agent_a, tokens.member_a
+        with TestClient(create_app(url)) as app_client:  # node-1 is enrolled: it pushes its own capacity
+            yield app_client, url, enroll(url, "node-1"), tokens.member_a
 
 
 def test_the_agents_capacity_reaches_the_server_whole(tmp_path: Path, server) -> None:  # type: ignore[no-untyped-def]
@@ -68,9 +68,9 @@ def test_the_agents_capacity_reaches_the_server_whole(tmp_path: Path, server) ->
 
 
 def _local_rows(url: str, n: int) -> None:
-    ivs = [CapacityInterval("GPU-x", "node-9", T0_MS + k * 10_000, T0_MS + (k + 1) * 10_000, States(0, 4000, 6000, 0))
+    ivs = [CapacityInterval("GPU-x", "node-1", T0_MS + k * 10_000, T0_MS + (k + 1) * 10_000, States(0, 4000, 6000, 0))
            for k in range(n)]  # fmt: skip
-    sight = Sighting("GPU-x", "NVIDIA L4", "node-9", T0_MS / 1000, (T0_MS + n * 10_000) / 1000)
+    sight = Sighting("GPU-x", "NVIDIA L4", "node-1", T0_MS / 1000, (T0_MS + n * 10_000) / 1000)
     with Ledger(url) as led:
         led.write(lambda c: write_capacity(led.database, c, ivs, [sight]))
 
@@ -95,16 +95,16 @@ def test_sync_pushes_in_batches_and_a_replay_stores_nothing_twice(tmp_path: Path
 
 def test_a_bad_batch_is_refused_whole_with_a_reason(server) -> None:  # type: ignore[no-untyped-def]
     app_client, server_url, token, member = server
-    good = ["GPU-x", "node-9", T0_MS, T0_MS + 1000, 1000, 0, 0, 0, 0, None]
-    bad = ["GPU-x", "node-9", T0_MS + 1000, T0_MS + 2000, 500, 0, 0, 0, 0, None]  # states: 500 of 1000 ms
+    good = ["GPU-x", "node-1", T0_MS, T0_MS + 1000, 1000, 0, 0, 0, 0, None]
+    bad = ["GPU-x", "node-1", T0_MS + 1000, T0_MS + 2000, 500, 0, 0, 0, 0, None]  # states: 500 of 1000 ms
     answer = app_client.post("/api/v1/capacity", json={"intervals": [good, bad]}, headers=bearer(token))
     assert answer.status_code == 422 and "intervals[1]" in answer.text and "add up" in answer.text
     # 10^20 J in one second: no GPU draws that; accepted, it would overflow the report's sums
-    absurd = ["GPU-x", "node-9", T0_MS + 1000, T0_MS + 2000, 1000, 0, 0, 0, 0, 1e20]
+    absurd = ["GPU-x", "node-1", T0_MS + 1000, T0_MS + 2000, 1000, 0, 0, 0, 0, 1e20]
     answer = app_client.post("/api/v1/capacity", json={"intervals": [good, absurd]}, headers=bearer(token))
     assert answer.status_code == 422 and "intervals[1]" in answer.text and "more than any GPU draws" in answer.text
     # a sighting ten years ahead would stay the GPU's last sighting and price future months as unobserved
-    ahead = {"uuid": "GPU-x", "name": "NVIDIA L4", "host": "node-9", "first_seen": T0_MS / 1000,
+    ahead = {"uuid": "GPU-x", "name": "NVIDIA L4", "host": "node-1", "first_seen": T0_MS / 1000,
              "last_seen": T0_MS / 1000 + 10 * 365 * 86400}  # fmt: skip
     answer = app_client.post("/api/v1/capacity", json={"intervals": [good], "gpus": [ahead]}, headers=bearer(token))
     assert answer.status_code == 422 and "gpus[0]: last_seen is in the future" in answer.text
@@ -113,8 +113,9 @@ def test_a_bad_batch_is_refused_whole_with_a_reason(server) -> None:  # type: ig
     assert app_client.post("/api/v1/capacity", json={"intervals": [good]}).status_code == 401
     with Ledger(server_url) as remote:
         assert remote.read(lambda c: intervals(c)) == []
-    ok = app_client.post("/api/v1/capacity", json={"intervals": [good]}, headers=bearer(token))
-    assert ok.status_code == 200 and ok.json() == {"received": 1, "stored": 1}
+    seen = ahead | {"last_seen": T0_MS / 1000 + 1}
+    ok = app_client.post("/api/v1/capacity", json={"intervals": [good], "gpus": [seen]}, headers=bearer(token))
+    assert ok.status_code == 200 and ok.json() == {"received": 1, "stored": 1, "quarantined": []}
 
 
 def test_a_server_without_the_capacity_route_keeps_the_rows_in_the_outbox(tmp_path: Path) -> None:
@@ -134,17 +135,23 @@ def test_a_server_without_the_capacity_route_keeps_the_rows_in_the_outbox(tmp_pa
 def test_a_gpu_moved_off_a_cloud_instance_reaches_the_server_with_each_hosts_instance_type(
     tmp_path: Path, server
 ) -> None:  # type: ignore[no-untyped-def]
-    # One ledger knows the GPU on a p4d (its agent named the instance) and then on an on-prem node (no
-    # instance type): the server must price the on-prem stay by the model, as the local ledger does.
-    app_client, server_url, token, _ = server
-    local, hour = f"sqlite:///{tmp_path}/local.db", 3_600_000
+    # The GPU on a p4d (its agent named the instance), then on an on-prem node (no instance type):
+    # the server must price the on-prem stay by the model. Each node pushes with its own enrolled
+    # token, and the move is an admin's re-home (the GPU is the p4d's until then).
+    app_client, server_url, _, _ = server
+    hour = 3_600_000
     stays = [("p4d-01", T0_MS, "p4d.24xlarge"), ("onprem-01", T0_MS + 2 * hour, None)]
-    with Ledger(local) as led:
-        for host, t0, instance in stays:
+    for host, t0, instance in stays:
+        local = f"sqlite:///{tmp_path}/{host}.db"
+        with Ledger(local) as led:
             iv = CapacityInterval("GPU-m", host, t0, t0 + hour, States(hour, 0, 0, 0))
             sight = Sighting("GPU-m", "NVIDIA A100-SXM4-40GB", host, t0 / 1000, (t0 + hour) / 1000, instance)
             led.write(lambda c, iv=iv, sight=sight: write_capacity(led.database, c, [iv], [sight]))
-        assert push_capacity(led, Client(SERVER, token, transport=app_client._transport)).rows == 2
+            token = enroll(server_url, host)
+            if host == "onprem-01":
+                with Ledger(server_url) as remote:
+                    ownership.rehome(remote, "GPU-m", host, None, actor="admin")
+            assert push_capacity(led, Client(SERVER, token, transport=app_client._transport)).rows == 1
     with Ledger(server_url) as remote:
         [gpu] = remote.read(lambda c: fleet(c))
     assert [(h.host, h.instance_type) for h in gpu.hosts] == [("p4d-01", "p4d.24xlarge"), ("onprem-01", None)]

@@ -1,9 +1,12 @@
 """``POST /api/v1/capacity``: a node agent's capacity intervals and GPU sightings (docs/CAPACITY.md).
 
-Capacity belongs to the fleet, not to a project: any writer (an admin or agent token) may push it.
-The batch is checked whole — every interval's four states must add up to its span — and stored in
-one transaction (store/capacity.py): intervals already stored are skipped, so a batch sent twice
-changes nothing. Not part of the audit trail (docs/CAPACITY.md, "Limits").
+Capacity belongs to the fleet, not to a project, and comes from the node itself: only an agent
+token bound to a host (docs/SERVER.md, "Ownership") may push it, for that host and for GPUs that
+host owns (the first sighting registers a GPU to it; store/ownership.py), else 403. The batch's
+shape is checked whole — every interval's four states must add up to its span (422) — then rows
+that would count a GPU's time twice or before its first sighting are set aside with the reason
+(store/capacity_guard.py) and the rest is stored in one transaction (store/capacity.py): intervals
+already stored are skipped, so a batch sent twice changes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuledger.core.capacity.model import CapacityInterval, Sighting, States
 from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.wire_types import FUTURE_SKEW_S, MIN_T, Bytes, Short, T
+from gpuledger.store import capacity_guard, ownership
 from gpuledger.store.capacity import write_capacity
 
 router = APIRouter(prefix="/api/v1", tags=["capacity"])
@@ -53,9 +57,38 @@ class CapacityBatch(_Strict):
     gpus: Annotated[list[CapacityGpuIn], Field(max_length=20_000)] = Field(default_factory=list)
 
 
+class SetAside(BaseModel):
+    series: str  # intervals | gpus
+    index: int  # in the batch as sent
+    item: str
+    reason: str
+
+
 class CapacityResult(BaseModel):
     received: int
     stored: int
+    quarantined: list[SetAside] = Field(default_factory=list, description="rows set aside, with the reason")
+
+
+ENROLL = "gpuledger admin token issue NODE --role agent --host NODE"
+
+
+def _check_host(principal: Principal, batch: CapacityBatch) -> str:
+    """The host the token speaks for; 403 unless every row and sighting is of that host."""
+    if principal.role != "agent" or principal.host is None:
+        raise HTTPException(
+            status_code=403,
+            detail=f"capacity comes from a node's own agent: push it with an agent token bound to the node ({ENROLL})",
+        )
+    for i, row in enumerate(batch.intervals):
+        if row[1] != principal.host:
+            raise HTTPException(status_code=403, detail=f"intervals[{i}]: host {row[1]!r} is not this token's host "
+                                f"{principal.host!r}: each node pushes its own capacity")  # fmt: skip
+    for i, g in enumerate(batch.gpus):
+        if g.host != principal.host:
+            raise HTTPException(status_code=403, detail=f"gpus[{i}]: host {g.host!r} is not this token's host "
+                                f"{principal.host!r}: each node reports its own GPUs")  # fmt: skip
+    return principal.host
 
 
 def _intervals(batch: CapacityBatch, now: float) -> list[CapacityInterval]:
@@ -77,6 +110,7 @@ def _intervals(batch: CapacityBatch, now: float) -> list[CapacityInterval]:
              response_model=CapacityResult)  # fmt: skip
 async def push_capacity(request: Request, principal: Caller, batch: CapacityBatch) -> CapacityResult:
     require_writer(principal)
+    host = _check_host(principal, batch)
     now = time.time()
     intervals = _intervals(batch, now)
     sightings = [Sighting(**g.model_dump()) for g in batch.gpus]
@@ -87,8 +121,19 @@ async def push_capacity(request: Request, principal: Caller, batch: CapacityBatc
             raise HTTPException(status_code=422, detail=f"gpus[{i}]: last_seen is in the future ({s.last_seen})")
     ledger = request.app.state.ledger
 
-    def write(conn: Any) -> int:
-        return write_capacity(ledger.database, conn, intervals, sightings)
+    writer = ownership.Writer.of(principal)
 
-    stored = await run_in_threadpool(ledger.write, write)
-    return CapacityResult(received=len(intervals), stored=stored)
+    def write(conn: Any) -> tuple[int, list[capacity_guard.Refusal]]:
+        uuids = {iv.gpu_uuid for iv in intervals} | {s.uuid for s in sightings}
+        ownership.claim_gpus(conn, uuids, writer, host, context={"capacity": True}, what=f"capacity of host {host!r}")
+        judged = capacity_guard.judge(conn, intervals, sightings)
+        stored = write_capacity(ledger.database, conn, judged.intervals, judged.sightings, actor=writer.actor)
+        capacity_guard.record(conn, judged.refused, batch.intervals, actor=writer.actor, host=host)
+        return stored, judged.refused
+
+    try:
+        stored, refused = await run_in_threadpool(ledger.write, write)
+    except ownership.PushRefused as exc:  # a GPU another enrolled host owns
+        raise HTTPException(status_code=403, detail=str(exc)) from None
+    aside = [SetAside(series=r.series, index=r.index, item=r.item, reason=r.reason) for r in refused]
+    return CapacityResult(received=len(intervals), stored=stored, quarantined=aside)

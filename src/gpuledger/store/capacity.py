@@ -28,7 +28,7 @@ from gpuledger.core.capacity.model import (
     merge_days,
     split_days,
 )
-from gpuledger.store import capacity_audit
+from gpuledger.store import capacity_audit, capacity_fleet
 from gpuledger.store.engine import Database
 from gpuledger.store.schema import audit_log, gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts
 from gpuledger.store.schema_capacity import STATE_COLUMNS
@@ -85,11 +85,13 @@ def write_capacity(
     sightings: Sequence[Sighting] = (),
     *,
     now: float | None = None,
+    actor: str = "gpuledger capacity",
 ) -> int:
     """Store new intervals (each checked: its states add up to its span) and add them to the day
-    sums; fold the sightings into the fleet; in a ledger with an audit trail, seal the days due and
-    reseal sealed days this changed (store/capacity_audit.py; ``now``: the wall clock by default).
-    Returns how many intervals were new."""
+    sums; fold the sightings into the fleet; in a ledger with an audit trail, record what changed in
+    the fleet (store/capacity_fleet.py, by ``actor``), seal the days due and reseal sealed days this
+    changed (store/capacity_audit.py; ``now``: the wall clock by default). Returns how many
+    intervals were new."""
     for iv in intervals:
         iv.check()
     cut = retention_cut_ms(conn)
@@ -109,7 +111,8 @@ def write_capacity(
     if days:
         _add_days(db, conn, days)
     if sightings:
-        _fold_sightings(db, conn, sightings)
+        fold = lambda: _fold_sightings(db, conn, sightings)  # noqa: E731
+        capacity_fleet.audited_fold(conn, (s.uuid for s in sightings), fold, actor=actor)
     capacity_audit.after_write(conn, ((d.gpu_uuid, d.day, d.host) for d in days), len(inserted), now)
     return len(inserted)
 
