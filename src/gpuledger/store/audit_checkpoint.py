@@ -30,6 +30,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import Pool
 
 from gpuledger.core.audit.signing import Keyring, SigningKey
 from gpuledger.paths import data_dir
@@ -160,25 +161,26 @@ def _hash_at(conn: Connection, seq: int) -> str | None:
 
 # -- the floor of a writing process -----------------------------------------------------------------
 
-_floors: weakref.WeakKeyDictionary[Engine, tuple[Checkpoint, Path]] = weakref.WeakKeyDictionary()
+# by the engine's pool: writes go through an option view of the engine (same pool, another object)
+_floors: weakref.WeakKeyDictionary[Pool, tuple[Checkpoint, Path]] = weakref.WeakKeyDictionary()
 
 
 def set_floor(engine: Engine, cp: Checkpoint, path: Path) -> None:
     """Appends through ``engine`` refuse a chain below ``cp`` from now on (checked by ``audit.append``)."""
-    known = _floors.get(engine)
+    known = _floors.get(engine.pool)
     if known is None or known[0].seq < cp.seq:
-        _floors[engine] = (cp, path)
+        _floors[engine.pool] = (cp, path)
 
 
 def floor(engine: Engine) -> Checkpoint | None:
-    known = _floors.get(engine)
+    known = _floors.get(engine.pool)
     return None if known is None else known[0]
 
 
 def check_floor(conn: Connection, last: audit_sign.Head | None) -> None:
     """Before appending: refuse a chain below this process's checkpoint (one primary-key read
     when the head is not the checkpoint's row)."""
-    known = _floors.get(conn.engine)
+    known = _floors.get(conn.engine.pool)
     if known is None:
         return
     cp, path = known
