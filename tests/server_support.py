@@ -196,7 +196,7 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        env = dict(os.environ, GPULEDGER_TOKEN_CACHE_S="0", **self.env)
+        env = {**os.environ, "GPULEDGER_TOKEN_CACHE_S": "0", **self.env}  # a test may set a cache
         if not env.get("GPULEDGER_AUDIT_CHECKPOINT"):  # not the user's data dir: one per server object
             path = os.path.join(tempfile.mkdtemp(prefix="gl-checkpoint-"), "audit-checkpoint.json")
             self.env = {**self.env, "GPULEDGER_AUDIT_CHECKPOINT": path}

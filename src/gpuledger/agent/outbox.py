@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuledger.agent.client import BATCH_LIMIT_B, Client, Rejected
+from gpuledger.core import push_caps
 from gpuledger.core.audit.chain import canonical_json
 from gpuledger.core.audit.run_rules import is_final
 from gpuledger.core.redaction.redact import Redactor
@@ -103,7 +104,9 @@ def build_batch(
 ) -> tuple[dict[str, Any], pushes.PushState] | None:
     """The next batch for this run and the state to save once the server acknowledged it; None
     when there is nothing left to send (the log aside). At most ``budget`` intervals (and as many
-    events and metrics) and ``max_bytes`` bytes as sent (but never less than one row)."""
+    events and metrics) and ``max_bytes`` bytes as sent (but never less than one row). The
+    budget never exceeds what the server takes in one push (core/push_caps.py)."""
+    budget = push_caps.fitting_budget(budget)
     run = ledger.get_run(state.run_id)
     run_doc = _redacted(dataclasses.asdict(run))
     devices = [dataclasses.asdict(d) for d in ledger.devices(run.id)]

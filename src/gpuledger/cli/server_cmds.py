@@ -36,11 +36,32 @@ def db_required(func):  # type: ignore[no-untyped-def]
     )(func)
 
 
+def _trusted_proxies(ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> None:
+    from gpuledger.server import proxies
+
+    try:
+        ctx.meta["gpuledger.trusted_proxies"] = proxies.parse(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _proxy_options() -> dict[str, object]:
+    """uvicorn.run's proxy settings from --trusted-proxy (server/proxies.py)."""
+    from gpuledger.server import proxies
+
+    return proxies.uvicorn_options(click.get_current_context().meta.get("gpuledger.trusted_proxies", []))
+
+
 @click.command("serve")
 @db_required
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Worker processes.")
+@click.option(
+    "--trusted-proxy", "trusted_proxies", multiple=True, metavar="CIDR", callback=_trusted_proxies, expose_value=False,
+    envvar="GPULEDGER_TRUSTED_PROXY",
+    help="A proxy whose X-Forwarded-For names the client (repeatable). Default none: the peer is the client.",
+)  # fmt: skip
 @click.option("--rates", type=click.Path(exists=True, dir_okay=False), help="Rate card for chargeback reports.")
 @click.option("--max-body-mb", type=FiniteFloat(0.001, 1024), default=8.0, show_default=True)
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info")
@@ -93,6 +114,7 @@ def serve_cmd(
         access_log=log_level == "debug",
         timeout_graceful_shutdown=10,
         http="gpuledger.server.http_protocol:TimedHttpProtocol",  # a deadline for request headers
+        **_proxy_options(),  # X-Forwarded-For only from --trusted-proxy (default: from nobody)
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from gpuledger.core import push_caps
 from gpuledger.server.models import DeviceIn, EventIn, GpuIntervalIn, HostIntervalIn, IngestBatch, MetricIn, RunIn
 from gpuledger.server.rows import GpuRow, HostRow, gpu_tuple, host_tuple, row_problems
 from gpuledger.server.wire_types import FUTURE_SKEW_S
@@ -43,6 +44,10 @@ ROW_TYPES: dict[str, Any] = {
     "metrics": MetricIn,
 }
 _ADAPTERS = {name: TypeAdapter(kind) for name, kind in ROW_TYPES.items()}
+
+
+class TooManyRows(Exception):
+    """More rows of a kind than one push may carry (core/push_caps.py): answered 413, nothing stored."""
 
 
 class BatchInvalid(Exception):
@@ -106,8 +111,15 @@ def check(body: bytes, now: float) -> CheckedBatch:
             if outside:
                 raise BatchInvalid(outside) from None
         else:
+            _check_caps(batch)
             return _cross_checked(batch, {}, [], now)
     return _row_by_row(body, now)
+
+
+def _check_caps(batch: BaseModel) -> None:
+    why = push_caps.over_caps({series: len(getattr(batch, series)) for series in ROW_TYPES})
+    if why is not None:
+        raise TooManyRows(why)
 
 
 def _row_by_row(body: bytes, now: float) -> CheckedBatch:
@@ -115,6 +127,7 @@ def _row_by_row(body: bytes, now: float) -> CheckedBatch:
         loose = _LooseBatch.model_validate_json(body)
     except ValidationError as exc:
         raise BatchInvalid(_errors(exc)) from None
+    _check_caps(loose)  # before a row is validated on its own
     for where, value in (("run", loose.run.model_dump()), ("devices", [d.model_dump() for d in loose.devices])):
         if _has_nul(value):
             raise BatchInvalid([{"loc": ["body", where], "msg": _NUL_MSG, "type": "value_error"}])

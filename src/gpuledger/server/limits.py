@@ -7,7 +7,9 @@ single byte of the body is read:
    carries a body (POST, PUT ...) without a token is 401 too, so nobody without a token can make
    the server read anything. The principal is left in the scope's state for the routes;
 4. the token's rate limit: 429 with Retry-After;
-5. a declared Content-Length over the limit: 413.
+5. a declared Content-Length over the limit: 413;
+6. a body (a Content-Length above 0, or Transfer-Encoding) sent to a route that takes none (any
+   GET, a page, an unknown path): 404 / 405 / 413 at once, the body unread, the connection closed.
 
 Then the body. Bodies are normally read here, counted as they stream, refused as soon as they pass
 the limit (413), and handed to the app in one piece, so no route starts work on a body it will not
@@ -71,13 +73,14 @@ class Guard:
         if "\x00" in path or b"%00" in scope.get("query_string", b"").lower():
             await reply(send, 400, "NUL characters are not allowed in the path or the query")
             return
+        headers = dict(scope.get("headers", []))
         if path in UNLIMITED_PATHS:
-            await self.app(scope, receive, send)
+            if not (_has_body(headers) and await _no_body_here(scope, send)):
+                await self.app(scope, receive, send)
             return
         client = scope.get("client") or ("unknown", 0)
         if await _limited(send, self.per_ip.take(f"ip:{client[0]}"), "this address"):
             return
-        headers = dict(scope.get("headers", []))
         if path.startswith("/api/") or path == "/metrics":
             header = headers.get(b"authorization", b"").decode("latin-1")
             has_body = method not in ("GET", "HEAD", "OPTIONS") or b"content-length" in headers
@@ -104,6 +107,8 @@ class Guard:
             if size > limit:
                 await reply(send, 413, f"request body of {size} bytes is over the limit of {limit} bytes")
                 return
+        if _has_body(headers) and await _no_body_here(scope, send):
+            return
         timed = _TimedBody(receive, limit, self.settings.body_idle_s, self.settings.body_timeout_s)
         if method == "PUT" and path.endswith(STREAMED_PUT_SUFFIX):
             await self.app(scope, timed.receive, send)  # the route streams it (and handles the two errors)
@@ -165,6 +170,38 @@ class _TimedBody:
                 return None
             chunks.append(message.get("body", b""))
         return b"".join(chunks)
+
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _has_body(headers: dict[bytes, bytes]) -> bool:
+    """The request announces a body (a Content-Length above 0, or Transfer-Encoding)."""
+    declared = headers.get(b"content-length", b"0").strip()
+    return b"transfer-encoding" in headers or (declared.isdigit() and int(declared) > 0) or not declared.isdigit()
+
+
+async def _no_body_here(scope: Scope, send: Send) -> bool:
+    """A body sent to a route that takes none (any GET, a page, an unknown path) is answered
+    unread: 404 (no such path), 405 (not with this method) or 413 (this route takes no body), and
+    the connection is closed, since the body was never read."""
+    from starlette.routing import Match
+
+    app = scope.get("app")
+    routes = getattr(app, "routes", None)
+    if routes is None:  # not under a Starlette app (a bare ASGI test): nothing to tell by
+        return False
+    method, path = scope.get("method", ""), scope.get("path", "")
+    matches = {route.matches(scope)[0] for route in routes}
+    if Match.FULL in matches and method in BODY_METHODS:  # a POST / PUT / PATCH route is there
+        return False
+    if Match.FULL in matches:
+        await reply(send, 413, f"{method} {path} takes no request body", close=True)
+    elif Match.PARTIAL in matches:
+        await reply(send, 405, f"{method} is not allowed on {path}", close=True)
+    else:
+        await reply(send, 404, f"nothing at {path} takes a request body", close=True)
+    return True
 
 
 def _replay(whole: bytes, receive: Receive) -> Receive:

@@ -8,6 +8,11 @@ counts the bytes: past ``Settings.max_log_b`` the upload stops with 413, and a b
 408. Only then is the file read back and stored in the ledger (the database takes the log in one
 piece), under a per-process limit of ``Settings.log_writes`` at once, so memory is bounded by that
 many logs whatever the number of uploads in flight. The temporary file is always removed.
+
+The ledger's log cap (``GPULEDGER_LOG_MAX_B``, 64 MiB by default; core/training/logcap.py) holds on
+the server too: a longer log is stored as its head and tail around the cut marker, read from the
+file without loading the rest. Whether the stored log is cut is the server's finding (it cut it,
+or it carries an agent's valid cut marker), never a client's header.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from fastapi import HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
 from gpuledger.core.redaction.redact import LineRedactor, Redactor
+from gpuledger.core.training.logcap import CappedLog, cap_parts, find_cut, windows
 from gpuledger.server.limits import BodyTimeout, BodyTooLarge
 
 T = TypeVar("T")
@@ -40,20 +46,23 @@ def _gate(limit: int) -> threading.BoundedSemaphore:
 
 @dataclass
 class Upload:
-    """A received, redacted log on disk. ``store(fn)`` hands its bytes to ``fn`` and removes it."""
+    """A received, redacted log on disk. ``store(fn, cap)`` hands the bytes to keep (at most
+    ``cap``) and whether they are cut to ``fn``, and removes the file."""
 
     path: str
     size_b: int = 0  # bytes received (before redaction)
-    sha256: str = ""  # of what is stored (after redaction)
+    sha256: str = ""  # of what is stored (after redaction and the cap)
+    truncated: bool = False  # what is stored is a cut log (the server's or the agent's cut)
     limit: int = 2
     _removed: bool = field(default=False, repr=False)
 
-    async def store(self, write: Callable[[bytes], T]) -> T:
+    async def store(self, write: Callable[[bytes, bool], T], cap_b: int) -> T:
         def locked() -> T:
             with _gate(self.limit):
-                with open(self.path, "rb") as fh:
-                    data = fh.read()
-                return write(data)
+                kept = read_capped(self.path, cap_b)
+                self.truncated = kept.truncated or find_cut(kept.data) is not None
+                self.sha256 = hashlib.sha256(kept.data).hexdigest()
+                return write(kept.data, self.truncated)
 
         try:
             return await run_in_threadpool(locked)
@@ -102,8 +111,21 @@ async def receive(request: Request) -> Upload:
         raise
     finally:
         os.close(fd)
-    upload.sha256 = digest.hexdigest()
+    upload.sha256 = digest.hexdigest()  # the whole redacted log's; store() sets what is kept
     return upload
+
+
+def read_capped(path: str, cap_b: int) -> CappedLog:
+    """The file's bytes as the ledger keeps them: whole when they fit ``cap_b``, else its head and
+    tail around the marker (only those are read)."""
+    with open(path, "rb") as fh:
+        total = os.fstat(fh.fileno()).st_size
+        head_b, tail_b = windows(total, cap_b)
+        if not head_b:
+            return CappedLog(fh.read(), total, False)
+        head = fh.read(head_b)
+        fh.seek(total - tail_b)
+        return cap_parts(head, fh.read(tail_b), total, cap_b)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -33,7 +33,7 @@ def _not_found(run_id: str) -> HTTPException:
 def visible(request: Request, principal: Principal, run_id: str) -> tuple[ScopedLedger, RunRecord]:
     view = ScopedLedger(ledger_of(request), principal.scope)
     try:
-        return view, view.get_run(run_id)
+        return view, view.get_run(run_id.lower())  # ids, prefixes and short ids are lower-case
     except Exception as exc:
         raise _not_found(run_id) from exc
 
@@ -168,14 +168,18 @@ def run_quarantine(
     "/runs/{run_id}/log",
     summary="A run's archived (redacted) output",
     response_class=PlainTextResponse,
-    responses={200: {"content": {"text/plain": {}}}},
+    responses={200: {"content": {"text/plain": {}}}, 429: {"description": "too many streams at once"}},
 )
-def run_log(request: Request, principal: Caller, run_id: str) -> Response:
-    view, run = visible(request, principal, run_id)
-    data = view.get_log(run.id)
-    if data is None:
+async def run_log(request: Request, principal: Caller, run_id: str) -> Response:
+    from gpuledger.store import log_stream
+
+    _, run = await run_in_threadpool(visible, request, principal, run_id)
+    found = await run_in_threadpool(log_stream.open_log, ledger_of(request).database, run.id)
+    if found is None:
         raise HTTPException(status_code=404, detail=f"run {run.id} has no archived log")
-    return Response(content=data, media_type="text/plain; charset=utf-8", headers={"X-Content-Type-Options": "nosniff"})
+    info, pieces = found  # read and decompressed a piece at a time, counted under max_streams
+    headers = {"X-Content-Type-Options": "nosniff", "Content-Length": str(info.size_b)}
+    return await streaming.respond(request, pieces, "text/plain; charset=utf-8", headers)
 
 
 @router.get(

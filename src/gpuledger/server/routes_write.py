@@ -10,6 +10,7 @@ write is answered 404, as if it did not exist.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Annotated, Any
 
@@ -17,6 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 
 from gpuledger.core.model import RunRecord
+from gpuledger.runs.logfile import cap_or_default
 from gpuledger.server import batch_check, log_upload
 from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.models import IngestBatch, IngestResult, QuarantinedItem
@@ -129,7 +131,10 @@ def _span_refusals(batch: IngestBatch, refused: list[store_ingest.RefusedRow]) -
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}},
         }
     },
-    responses={413: {"description": "body over the size limit"}, 422: {"description": "invalid run record"}},
+    responses={
+        413: {"description": "body over the size limit, or more rows than one push may carry"},
+        422: {"description": "invalid run record"},
+    },
 )
 async def ingest(request: Request, principal: Caller) -> IngestResult:
     require_writer(principal)
@@ -139,6 +144,8 @@ async def ingest(request: Request, principal: Caller) -> IngestResult:
     except batch_check.BatchInvalid as exc:
         raise HTTPException(status_code=422, detail=exc.detail) from None
     return await run_in_threadpool(_write, request, principal, checked)
+    except batch_check.TooManyRows as exc:  # the agent splits its batch and sends it again
+        raise HTTPException(status_code=413, detail=str(exc)) from None
 
 
 _LOG_BODY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
@@ -153,24 +160,27 @@ _LOG_BODY = {"application/octet-stream": {"schema": {"type": "string", "format":
 async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str, Any]:
     require_writer(principal)
     ledger = request.app.state.ledger
+    run_id = run_id.lower()  # the canonical form of a run id (wire_types.RunId)
     exists, project = await run_in_threadpool(ledger.read, lambda c: server_queries.run_project(c, run_id))
     if not exists or not principal.can_write(project):  # before a byte of the log is read
         raise HTTPException(status_code=404, detail=f"no run {run_id!r} in your projects")
-    upload = await log_upload.receive(request)  # streamed to disk, redacted, capped (413 / 408)
-    truncated = request.headers.get("x-gpuledger-log-truncated", "0") in ("1", "true")
+    upload = await log_upload.receive(request)  # streamed to disk, redacted, body limit (413 / 408)
+    # X-Gpuledger-Log-Truncated is not read: whether the log is cut is what the server finds (its
+    # own cut under the ledger's cap, or the agent's marker in the log).
 
     def authorize(project: str | None) -> None:
         if not principal.can_write(project):
             raise store_ingest.NotYours
 
-    def write(data: bytes) -> bool:
+    def write(data: bytes, truncated: bool) -> bool:
         writer = store_ingest.Writer.of(principal)
         return store_ingest.set_log(
             ledger.database, run_id=run_id, data=data, truncated=truncated, writer=writer, authorize=authorize
         )
 
     try:
-        found = await upload.store(write)  # a few at a time: each holds its log in memory once
+    cap_b = cap_or_default(os.environ)  # the ledger's cap (GPULEDGER_LOG_MAX_B), as the agent's
+        found = await upload.store(write, cap_b)  # a few at a time: each holds at most cap_b in memory
     except store_ingest.NotYours:
         found = False
     except store_ingest.HostRefused as exc:
@@ -179,4 +189,4 @@ async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str,
         raise HTTPException(status_code=409, detail=str(exc)) from None
     if not found:
         raise HTTPException(status_code=404, detail=f"no run {run_id!r} in your projects")
-    return {"run_id": run_id, "size_b": upload.size_b, "sha256": upload.sha256, "truncated": truncated}
+    return {"run_id": run_id, "size_b": upload.size_b, "sha256": upload.sha256, "truncated": upload.truncated}

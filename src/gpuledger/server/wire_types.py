@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from gpuledger.core.model import RUN_STATUSES
 
@@ -26,4 +26,10 @@ Short = Annotated[str, Field(max_length=256)]
 Text = Annotated[str, Field(max_length=65536)]
 Status = Literal["running", "succeeded", "failed", "killed", "lost", "imported", "discovered"]
 assert set(RUN_STATUSES) == {"running", "succeeded", "failed", "killed", "lost", "imported", "discovered"}
-RunId = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
+# A run id is a UUID in its canonical lower-case form (as gpuledger makes them): one that differs
+# only in case is the same run, never a second one.
+RunId = Annotated[
+    str,
+    Field(pattern=r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"),
+    AfterValidator(str.lower),
+]

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from gpuledger.core.audit import run_rules
 from gpuledger.core.audit.run_rules import FINAL, Span, is_final
 from gpuledger.core.model import RunRecord
-from gpuledger.store import audit, bulk, codec, ownership, rollup_stale, schema, writes
+from gpuledger.store import audit, bulk, codec, ownership, refusal_trail, rollup_stale, schema, writes
 from gpuledger.store.engine import Database
 from gpuledger.store.ownership import HostRefused, PushRefused, Writer
 
@@ -244,9 +244,8 @@ def _refusals_audited(db: Database, run_id: str, writer: Writer, attempt: Callab
     try:
         return attempt()
     except PushRefused as exc:
-        payload = {"reason": str(exc), "token": writer.token_id or None}
-        db.write(lambda c: audit.append(c, actor=writer.actor, action="push.refused", obj=f"run:{run_id}",
-                                        payload=payload))  # fmt: skip
+        # At most one push.refused row per token per minute, with the count it stands for.
+        refusal_trail.refused(db, run_id=run_id, actor=writer.actor, token_id=writer.token_id, reason=str(exc))
         raise
 
 

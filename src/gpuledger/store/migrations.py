@@ -307,6 +307,14 @@ def _add_token_hosts(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE api_tokens ADD COLUMN host TEXT"))
 
 
+def _add_refusal_folds(conn: Connection) -> None:
+    # Version 16: refusal_folds, per token the time of its last push.refused row and the refusals
+    # folded since (store/refusal_trail.py). The table as schema_refusals.py defines it at 16.
+    from gpuledger.store import schema_refusals
+
+    schema_refusals.define(sa.MetaData()).create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
@@ -346,6 +354,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         13, "store logs zlib-compressed when that is shorter (logs.data shorter than size_b)", _mark_compressed_logs
     ),
     Migration(15, "add api_tokens.host: agent tokens bound to the host they report for", _add_token_hosts),
+    Migration(16, "add refusal_folds: at most one push.refused audit row per token per minute", _add_refusal_folds),
 )
 LATEST = MIGRATIONS[-1].version
 
