@@ -143,9 +143,9 @@ async def ingest(request: Request, principal: Caller) -> IngestResult:
         checked = await run_in_threadpool(batch_check.check, body, time.time())
     except batch_check.BatchInvalid as exc:
         raise HTTPException(status_code=422, detail=exc.detail) from None
-    return await run_in_threadpool(_write, request, principal, checked)
     except batch_check.TooManyRows as exc:  # the agent splits its batch and sends it again
         raise HTTPException(status_code=413, detail=str(exc)) from None
+    return await run_in_threadpool(_write, request, principal, checked)
 
 
 _LOG_BODY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
@@ -178,8 +178,8 @@ async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str,
             ledger.database, run_id=run_id, data=data, truncated=truncated, writer=writer, authorize=authorize
         )
 
-    try:
     cap_b = cap_or_default(os.environ)  # the ledger's cap (GPULEDGER_LOG_MAX_B), as the agent's
+    try:
         found = await upload.store(write, cap_b)  # a few at a time: each holds at most cap_b in memory
     except store_ingest.NotYours:
         found = False

@@ -326,11 +326,11 @@ capacity_pushes = _capacity[schema_capacity.CAPACITY_PUSHES]
 # cloud instance and an on-prem node is priced as each host had it.
 gpu_fleet_hosts.append_column(sa.Column("instance_type", sa.Text))
 
-# Children of a run, in the order they are deleted.
-RUN_CHILDREN = (
-    run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs, gpu_rollups, rollup_marks,
 # Refused pushes folded in the audit trail, per token (migration 16; store/refusal_trail.py).
 refusal_folds = schema_refusals.define(metadata)
 
+# Children of a run, in the order they are deleted.
+RUN_CHILDREN = (
+    run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs, gpu_rollups, rollup_marks,
     quarantined_rows, run_liveness, run_owners,
 )  # fmt: skip
