@@ -62,7 +62,9 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             tokens = setup_accounts(url)
             with Ledger(url) as led:
                 a2 = accounts.issue_token(led, "agent-a2", role="agent", projects=["A"], actor="test", create_user=True)
-            with ServerProcess(url, log=tmp / "server.log") as server:
+            # Every refusal its own push.refused row: these tests count them per run (folding: test_server_bounded.py).
+            env = {"GPULEDGER_REFUSED_AUDIT_WINDOW_S": "0"}
+            with ServerProcess(url, log=tmp / "server.log", env=env) as server:
                 yield Served(url, server, tokens, a2[1], key, key_file)
     finally:
         for _ in urls:  # drops the PostgreSQL schema

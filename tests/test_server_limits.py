@@ -66,12 +66,13 @@ def test_garbage_tokens_cannot_flush_the_token_cache(pg) -> None:  # type: ignor
         token_id, token = accounts.issue_token(led, "alice", role="member", actor="test")
         auth = Authenticator(led, cache_s=600, size=64)
         assert auth.principal(token) is not None  # looked up once, cached
-        accounts.revoke_token(led, token_id, actor="test")  # the cache may serve it for cache_s more
         for i in range(1000):  # well-formed, unknown: each costs one lookup and a failed-cache entry
             assert auth.principal(f"glt_{i:012x}_{'y' * 43}") is None
         lookups = auth.lookups
         assert auth.principal(token) is not None  # still served from the cache: not pushed out
         assert auth.lookups == lookups
+        accounts.revoke_token(led, token_id, actor="test")
+        assert auth.principal(token) is None  # a cached token is checked on every use: revoked at once
         for text in ("", "x", "Bearer", "glt_nothex_zzz", "glt_0123456789ab"):  # not a token: no lookup
             assert auth.principal(text) is None
         assert auth.lookups == lookups
