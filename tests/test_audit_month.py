@@ -19,12 +19,14 @@ from gpuledger.agent.sync import sync
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.server.app import create_app
+from gpuledger.server.settings import Settings
 from gpuledger.store import Ledger, accounts, audit, ownership
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 from server_support import NOW, setup_accounts
 
 SERVER = "http://testserver"
 DAYS = 30
+OPEN_DAYS = 62  # months close this long after they end (store/closed_months.py): none within the replay
 STEP = 60.0  # one interval a minute: a two-hour run has 120 per GPU
 
 
@@ -75,7 +77,8 @@ def test_a_month_of_normal_operation_verifies_clean(ledger_url: str, tmp_path: P
         node1 = Node(tmp_path / "node-1.db", "node-1", tokens.agent_a, "A")
         node2 = Node(tmp_path / "node-2.db", "node-2", tokens.agent_b, "B")
         runs: list[str] = []
-        with TestClient(create_app(ledger_url)) as client:
+        # The month is replayed in seconds, its days all pushed now: no month may have closed meanwhile.
+        with TestClient(create_app(ledger_url, settings=Settings(close_after_days=OPEN_DAYS))) as client:
             for day in range(DAYS):
                 t = NOW - (DAYS - day) * DAY_S + 3600
                 live = node1.record(t, 90, ["GPU-n1-0"], end=None)  # pushed while it records ...
@@ -120,7 +123,7 @@ def test_a_month_of_normal_operation_verifies_clean(ledger_url: str, tmp_path: P
                 policy = Policy(raw_days=7, minute_days=20, log_days=25)
                 report = run_retention(team, policy, actor="cron", now=t + DAY_S, cost_rollups=materialise_rollups)
                 assert not report.skipped, report.skipped
-        result = audit.verify(team, keyring=keyring(key), all_signatures=True)
+        result = audit.verify(team, keyring=keyring(key), all_signatures=True, close_after_days=OPEN_DAYS)
         assert result.ok, result.problems[:10]
         assert result.notes == [] and result.assurance == "signed" and result.signed_through == result.rows
         assert result.unsealed_running == 0

@@ -71,4 +71,5 @@ def test_a_month_closes_days_after_it_ends() -> None:
     assert closed_months.boundary(_t(2026, 12, 3, 23), 3) == _t(2026, 11, 1)  # ... not yet on Dec 3
     assert closed_months.boundary(_t(2027, 1, 2), 3) == _t(2026, 12, 1)  # across a year
     assert closed_months.boundary(_t(2026, 12, 1, 0, 1), 0) == _t(2026, 12, 1)  # no grace at all
+    assert closed_months.boundary(_t(2026, 12, 4, 20), 62) == _t(2026, 10, 1)  # a window longer than a month
     assert closed_months.closes_at(_t(2026, 11, 15), 3) == _t(2026, 12, 4)

@@ -24,8 +24,8 @@ from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.models import IngestBatch, IngestResult, QuarantinedItem
 from gpuledger.server.redaction import redact_batch, redactor
 from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, gpu_tuple, host_tuple
+from gpuledger.store import closed_months, liveness_sweep, quarantine, server_queries
 from gpuledger.store import ingest as store_ingest
-from gpuledger.store import liveness_sweep, quarantine, server_queries
 
 router = APIRouter(prefix="/api/v1", tags=["ingest"])
 Caller = Annotated[Principal, Depends(current_principal)]
@@ -86,6 +86,7 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
             final=batch.final,
             writer=writer,
             authorize=_authorize_fn(principal),
+            closed_before=closed_months.boundary(time.time(), request.app.state.settings.close_after_days),
         )
     except store_ingest.NotYours:
         raise HTTPException(status_code=404, detail=f"no run {batch.run.id!r} in your projects") from None

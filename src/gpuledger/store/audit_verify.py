@@ -34,7 +34,15 @@ from gpuledger.core.audit import seal as seals
 from gpuledger.core.audit.chain import GENESIS, check_chain
 from gpuledger.core.audit.signing import Keyring
 from gpuledger.core.model import run_is_open
-from gpuledger.store import audit_checkpoint, audit_seals, audit_sign, audit_state, capacity_audit, liveness_sweep
+from gpuledger.store import (
+    audit_checkpoint,
+    audit_seals,
+    audit_sign,
+    audit_state,
+    capacity_audit,
+    closed_months,
+    liveness_sweep,
+)
 from gpuledger.store import schema as T
 
 if TYPE_CHECKING:
@@ -82,15 +90,19 @@ def verify(
     keyring: Keyring | None = None,
     all_signatures: bool = False,
     checkpoint: tuple[audit_checkpoint.Checkpoint, str] | None = None,
+    close_after_days: float = closed_months.DEFAULT_CLOSE_AFTER_DAYS,
 ) -> Verification:
     """Check the ledger against its audit trail. ``keyring``: the public keys to trust (None: the
     signatures are not checked). ``expect_head``: ``seq:hash`` of a head published earlier.
-    ``checkpoint``: a checkpoint the server wrote, and where it was read (for the messages)."""
+    ``checkpoint``: a checkpoint the server wrote, and where it was read (for the messages).
+    ``close_after_days``: when months close (the server's --close-after-days), for the runs created
+    after theirs closed."""
 
     def tx(conn: Connection) -> Verification:
         if conn.dialect.name == "postgresql":  # one snapshot while pushes go on
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         out = _verify(conn, expect_head, keyring, all_signatures)
+        out.problems += closed_months.created_late(conn, close_after_days)
         if checkpoint is not None:
             _check_checkpoint(conn, out, keyring, *checkpoint)
         return out
@@ -309,11 +321,11 @@ def _sealed_payloads(conn: Connection, seqs: list[int]) -> dict[int, dict[str, A
 def _check_runs(conn: Connection, trail: _RunTrail, out: Verification) -> None:
     r = T.runs.c
     present, silenced, recording = {}, set(), set()
-    for run_id, status, reason, ended_at in conn.execute(sa.select(r.id, r.status, r.status_reason, r.ended_at)):
+    for run_id, status, swept_at, ended_at in conn.execute(sa.select(r.id, r.status, r.swept_at, r.ended_at)):
         present[str(run_id)] = str(status)
         if run_is_open(status, ended_at):  # running, or discovered by a node agent that has not ended it
             recording.add(str(run_id))
-        if liveness_sweep.swept(status, reason):  # lost by the server's verdict: its agent may still report
+        if liveness_sweep.swept(status, swept_at):  # lost by the server's verdict: its agent may still report
             silenced.add(str(run_id))
     to_check = []
     for run_id, seq in sorted(trail.seals.items()):

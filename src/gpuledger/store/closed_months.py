@@ -32,9 +32,9 @@ ADOPTED = "adopted by an admin"  # a run.created an admin wrote for a run found 
 def boundary(now: float, close_after_days: float = DEFAULT_CLOSE_AFTER_DAYS) -> float:
     """The first instant of the earliest month still open at ``now``: everything before it is final."""
     start, _ = month_bounds(month_of(now))
-    if now >= start + close_after_days * DAY_S:
-        return start  # the previous month has closed
-    return month_bounds(month_of(start - 1.0))[0]
+    while now < start + max(0.0, close_after_days) * DAY_S:  # the month before ``start`` is still open
+        start = month_bounds(month_of(start - 1.0))[0]
+    return start
 
 
 def closes_at(t: float, close_after_days: float = DEFAULT_CLOSE_AFTER_DAYS) -> float:

@@ -8,14 +8,16 @@ from several replicas are serialised and the bulk path (store/bulk.py) can use C
 
 History is immutable (core/audit/run_rules.py): only the run's owner may push it (store/ownership.py),
 its identity and devices never change, a finished run's record is final, GPUs belong to the host
-that reported them first, and rows outside the run's span are refused one by one (``refused``).
+that reported them first, and rows outside the run's span, dated in a closed month
+(store/closed_months.py), of a GPU the run does not hold or overlapping their series
+(store/series_rules.py) are refused one by one (``refused``).
 A push that breaks a rule raises PushRefused; the attempt is audited in a transaction of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,11 +26,32 @@ from sqlalchemy.engine import Connection
 from gpuledger.core.audit import run_rules
 from gpuledger.core.audit.run_rules import FINAL, Span, is_final
 from gpuledger.core.model import RunRecord
-from gpuledger.store import audit, bulk, codec, ownership, refusal_trail, rollup_stale, schema, writes
+from gpuledger.store import (
+    audit,
+    bulk,
+    closed_months,
+    codec,
+    ownership,
+    refusal_trail,
+    rollup_stale,
+    schema,
+    series_rules,
+    writes,
+)
 from gpuledger.store.engine import Database
 from gpuledger.store.ownership import HostRefused, PushRefused, Writer
 
-__all__ = ["FINAL", "HostRefused", "IngestOutcome", "NotYours", "PushRefused", "RefusedRow", "Writer", "ingest", "set_log"]
+__all__ = [
+    "FINAL",
+    "HostRefused",
+    "IngestOutcome",
+    "NotYours",
+    "PushRefused",
+    "RefusedRow",
+    "Writer",
+    "ingest",
+    "set_log",
+]
 
 
 @dataclass(frozen=True)
@@ -92,13 +115,21 @@ def _upsert_run(
     writer: Writer,
     authorize: Callable[[str | None, str | None], None],
     new_devices: Sequence[Mapping[str, Any]],
+    pushed: Sequence[tuple[float, float]],
+    closed_before: float | None,
 ) -> tuple[bool, bool, dict[str, Any]]:
     """(created, changed, the run's row now). ``authorize(existing_project, new_project)`` raises
-    to refuse; PushRefused for a push that breaks the rules of core/audit/run_rules.py."""
+    to refuse; PushRefused for a push that breaks the rules of core/audit/run_rules.py.
+    ``pushed``: (t0, t1) of the push's intervals; ``closed_before``: no run may start before it."""
     existing = _lock_run(db, conn, run.id)
     new_row = codec.run_row(run)
     if existing is None:
         authorize(None, new_row["project"])
+        if closed_before is not None and run.started_at < closed_before:
+            raise PushRefused(
+                f"run {run.id} started {closed_months.show(run.started_at)}, in a closed month (bills before "
+                f"{closed_months.show(closed_before)} are final): a run of a closed month cannot be created"
+            )
         ownership.check_gpus(conn, run.id, ownership.gpu_uuids(new_devices), writer, run.host)
         if writes.insert_run(db, conn, run):
             ownership.record_creator(conn, run.id, writer, run.host)
@@ -112,19 +143,34 @@ def _upsert_run(
         assert existing is not None
     authorize(existing["project"], new_row["project"])
     ownership.check_pusher(conn, run.id, writer, existing["host"])
-    verdict = run_rules.judge_record(run.id, existing, new_row)
+    last = _last_row_t1(conn, existing, pushed) if existing["status"] == "lost" else None
+    verdict = run_rules.judge_record(run.id, existing, new_row, last)
     if verdict.refusal:
         raise PushRefused(verdict.refusal)
     if not verdict.changes:
         return False, False, existing
-    conn.execute(sa.update(schema.runs).where(schema.runs.c.id == run.id).values(verdict.changes))
-    if "labels" in verdict.changes:
-        writes.replace_labels(conn, run.id, verdict.changes["labels"])
-    payload = {"old": verdict.old, "new": verdict.changes}
+    changes, old = dict(verdict.changes), dict(verdict.old)
+    if existing.get("swept_at") is not None and "status" in changes:  # the owner's word replaces the sweep's
+        changes["swept_at"], old["swept_at"] = None, existing["swept_at"]
+    conn.execute(sa.update(schema.runs).where(schema.runs.c.id == run.id).values(changes))
+    if "labels" in changes:
+        writes.replace_labels(conn, run.id, changes["labels"])
+    payload = {"old": old, "new": changes}
     audit.append(conn, actor=writer.actor, action="run.changed", obj=f"run:{run.id}", payload=payload)
     if verdict.ended_now:
         _audit_end(conn, writer.actor, run.id, new_row)
-    return False, True, {**existing, **verdict.changes}
+    return False, True, {**existing, **changes}
+
+
+def _last_row_t1(conn: Connection, run: Mapping[str, Any], pushed: Sequence[tuple[float, float]]) -> float | None:
+    """The end of a lost run's last interval: stored, or in this push within its span."""
+    span = Span.of(run)
+    ends = [t1 for t0, t1 in pushed if span.refusal(t0, t1) is None]
+    for table in (schema.gpu_intervals, schema.host_intervals):
+        stored = conn.scalar(sa.select(sa.func.max(table.c.t1)).where(table.c.run_id == run["id"]))
+        if stored is not None:
+            ends.append(float(stored))
+    return max(ends) if ends else None
 
 
 def _devices(
@@ -155,21 +201,33 @@ def _devices(
     return set(stored) | {str(dv["uuid"]) for dv in new}, bool(new)
 
 
-def _keep_in_span(
-    series: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], span: Span, refused: list[RefusedRow]
-) -> list[Sequence[Any]]:
-    """The rows inside the run's span; the others are added to ``refused``."""
-    seq_at, t0_at, t1_at = (columns.index(c) for c in ("seq", "t0", "t1"))
+def _refuser(series: str, columns: Sequence[str], refused: list[RefusedRow]) -> series_rules.Refuse:
+    seq_at = columns.index("seq")
     uuid_at = columns.index("device_uuid") if "device_uuid" in columns else None
-    kept = []
-    for i, r in enumerate(rows):
+
+    def refuse(i: int, r: Sequence[Any], why: str) -> None:
         item = f"seq {r[seq_at]}" if uuid_at is None else f"{r[uuid_at]} seq {r[seq_at]}"
+        refused.append(RefusedRow(series, i, item, why, dict(zip(columns, r, strict=True))))
+
+    return refuse
+
+
+def _keep_intervals(
+    conn: Connection, run_id: str, series: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], span: Span,
+    devices: set[str] | None, refused: list[RefusedRow],
+) -> list[Sequence[Any]]:  # fmt: skip
+    """The rows inside the run's span that keep their series a timeline; the others are added to
+    ``refused``."""
+    t0_at, t1_at = columns.index("t0"), columns.index("t1")
+    refuse = _refuser(series, columns, refused)
+    items = []
+    for i, r in enumerate(rows):
         why = span.refusal(float(r[t0_at]), float(r[t1_at]))
         if why is None:
-            kept.append(r)
+            items.append((i, r))
         else:
-            refused.append(RefusedRow(series, i, item, why, dict(zip(columns, r, strict=True))))
-    return kept
+            refuse(i, r, why)
+    return [r for _, r in series_rules.keep_timeline(conn, run_id, series, items, columns, devices, refuse)]
 
 
 def _keep_timed(series: str, items: Sequence[Mapping[str, Any]], span: Span, refused: list[RefusedRow]) -> list[dict]:  # type: ignore[type-arg]
@@ -181,6 +239,10 @@ def _keep_timed(series: str, items: Sequence[Mapping[str, Any]], span: Span, ref
         else:
             refused.append(RefusedRow(series, i, f"seq {item.get('seq')}", why, dict(item)))
     return kept
+
+
+def _times(row: Sequence[Any], columns: Sequence[str]) -> tuple[float, float]:
+    return float(row[columns.index("t0")]), float(row[columns.index("t1")])
 
 
 def _late_reason(out: IngestOutcome) -> str:
@@ -203,19 +265,19 @@ def ingest(
     final: bool,
     writer: Writer,
     authorize: Callable[[str | None, str | None], None],
+    closed_before: float | None = None,
 ) -> IngestOutcome:
-    """Store one push of ``writer``. Raises PushRefused (nothing stored; the attempt audited)."""
+    """Store one push of ``writer``. Raises PushRefused (nothing stored; the attempt audited).
+    ``closed_before``: the months before it are closed (store/closed_months.py; None: none is)."""
+    times = [_times(r, c) for rows, c in ((gpu, gpu_columns), (host, host_columns)) for r in rows]
 
     def tx(conn: Connection) -> IngestOutcome:
         out = IngestOutcome(run.id)
-        out.created, changed, row = _upsert_run(db, conn, run, writer, authorize, devices)
+        out.created, changed, row = _upsert_run(db, conn, run, writer, authorize, devices, times, closed_before)
         uuids, new_devices = _devices(db, conn, row, devices, writer, out.created)
-        span = Span.of(row)
-        gpu_in = _keep_in_span("gpu", gpu, gpu_columns, span, out.refused)
-        host_in = _keep_in_span("host", host, host_columns, span, out.refused)
-        uuid_at = gpu_columns.index("device_uuid")
-        # GPUs with intervals but no device row: they belong to this host all the same.
-        ownership.check_gpus(conn, run.id, {r[uuid_at] for r in gpu_in} - uuids, writer, str(row["host"]))
+        span = replace(Span.of(row), closed=closed_before)
+        gpu_in = _keep_intervals(conn, run.id, "gpu", gpu, gpu_columns, span, uuids, out.refused)
+        host_in = _keep_intervals(conn, run.id, "host", host, host_columns, span, None, out.refused)
         events_in = _keep_timed("events", events, span, out.refused)
         metrics_in = _keep_timed("metrics", metrics, span, out.refused)
         out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns)

@@ -6,7 +6,9 @@ that cannot reach the server retries at least every minute, so a run that has no
 for ``lost_after_s`` (default an hour) is taken for lost: its agent was killed, its machine died,
 or it was cut off for good. ``sweep`` (run periodically by every server process; the row lock makes
 concurrent sweeps harmless) marks such runs ``lost``, ended at their last sign of life, with the
-reason in ``status_reason`` and a ``run.ended`` audit row by ``server (liveness sweep)``.
+reason in ``status_reason``, the verdict in ``runs.swept_at`` (a column no push can set: retention,
+``audit verify`` and ``revive`` read it, never the reason's text) and a ``run.ended`` audit row by
+``server (liveness sweep)``.
 
 The last sign of life is the latest of: the last push (``run_liveness``, noted by every push), the
 end of the last host interval, and the run's start.
@@ -14,7 +16,8 @@ end of the last host interval, and the run's start.
 ``lost`` is a verdict drawn from silence, not a fact: when the run's own agent pushes it again as
 still running (a long network cut), ``revive`` puts it back to ``running`` (audited,
 ``run.revived``) before the push is applied, unless the run was sealed meanwhile; and whatever the
-verdict, its owner may still report how the run really ended (core/audit/run_rules.py).
+verdict, its owner may still report how the run really ended, within the bounds of
+core/audit/run_rules.py (that report clears ``swept_at``: the verdict is then the owner's).
 """
 
 from __future__ import annotations
@@ -88,15 +91,16 @@ def _mark(db: Database, conn: Connection, lost: Lost, now: float, lost_after_s: 
         "its agent may still report how it ended"
     )
     values = {"status": "lost", "ended_at": still[0].last_seen, "status_reason": reason}
-    conn.execute(sa.update(schema.runs).where(r.id == lost.run_id).values(values))
-    payload = {**values, "exit_code": None, "signal": None}
+    conn.execute(sa.update(schema.runs).where(r.id == lost.run_id).values({**values, "swept_at": now}))
+    payload = {**values, "exit_code": None, "signal": None, "swept_at": now}
     audit.append(conn, actor=ACTOR, action="run.ended", obj=f"run:{lost.run_id}", payload=payload)
     return True
 
 
-def swept(status: str | None, status_reason: str | None) -> bool:
-    """Whether a run is lost by this sweep's verdict (not by its own agent's report)."""
-    return status == "lost" and (status_reason or "").startswith(REASON_PREFIX)
+def swept(status: str | None, swept_at: float | None) -> bool:
+    """Whether a run is lost by this sweep's verdict (not by its own agent's report): the column
+    the sweep set, never the reason's text (a push may write any reason)."""
+    return status == "lost" and swept_at is not None
 
 
 def revive(db: Database, run_id: str, writer: ownership.Writer) -> bool:
@@ -105,19 +109,19 @@ def revive(db: Database, run_id: str, writer: ownership.Writer) -> bool:
 
     def tx(conn: Connection) -> bool:
         r = schema.runs.c
-        q = sa.select(r.status, r.status_reason, r.ended_at).where(r.id == run_id)
+        q = sa.select(r.status, r.status_reason, r.ended_at, r.swept_at).where(r.id == run_id)
         if db.dialect == "postgresql":
             q = q.with_for_update()
         row = conn.execute(q).first()
-        if row is None or not swept(row.status, row.status_reason):
+        if row is None or not swept(row.status, row.swept_at):
             return False
         owner = ownership.owner_of(conn, run_id)
         if owner is None or owner["user_name"] != writer.user or audit.latest_seal(conn, run_id) is not None:
             return False
-        values = {"status": "running", "ended_at": None, "status_reason": None}
+        values = {"status": "running", "ended_at": None, "status_reason": None, "swept_at": None}
         conn.execute(sa.update(schema.runs).where(r.id == run_id).values(values))
         rollup_stale.drop_rollups(conn, [run_id])  # a rollup made while it looked finished
-        payload = {"old": {"status": row.status, "ended_at": row.ended_at, "status_reason": row.status_reason}}
+        payload = {"old": {k: getattr(row, k) for k in ("status", "ended_at", "status_reason", "swept_at")}}
         audit.append(conn, actor=writer.actor, action="run.revived", obj=f"run:{run_id}", payload=payload)
         return True
 

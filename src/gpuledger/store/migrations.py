@@ -315,6 +315,30 @@ def _add_refusal_folds(conn: Connection) -> None:
     schema_refusals.define(sa.MetaData()).create(conn, checkfirst=True)
 
 
+def _add_swept_at(conn: Connection) -> None:
+    # Version 14: runs.swept_at, the liveness sweep's verdict as a column only the server sets (it
+    # was read from status_reason, text any push could copy). A run gets it once here when its
+    # latest run.ended row is the sweep's own and it is not sealed (a sealed run keeps its seal).
+    # Skipped when there (a ledger rebuilt by hand).
+    if "swept_at" in {c["name"] for c in sa.inspect(conn).get_columns("runs")}:
+        return
+    conn.execute(sa.text("ALTER TABLE runs ADD COLUMN swept_at DOUBLE PRECISION"))
+    ended = (
+        "SELECT {col} FROM audit_log a WHERE a.object = 'run:' || runs.id AND a.action = 'run.ended' "
+        "ORDER BY a.seq DESC LIMIT 1"
+    )
+    conn.execute(
+        sa.text(
+            f"UPDATE runs SET swept_at = ({ended.format(col='a.t')}) "
+            "WHERE status = 'lost' AND status_reason LIKE :prefix "
+            f"AND ({ended.format(col='a.actor')}) = :actor "
+            "AND NOT EXISTS (SELECT 1 FROM audit_log s WHERE s.object = 'run:' || runs.id "
+            "AND s.action IN ('run.sealed', 'run.resealed'))"
+        ),
+        {"prefix": "the server heard nothing of this run for%", "actor": "server (liveness sweep)"},
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
@@ -353,6 +377,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         13, "store logs zlib-compressed when that is shorter (logs.data shorter than size_b)", _mark_compressed_logs
     ),
+    Migration(14, "add runs.swept_at: the liveness sweep's verdict, set by the server only", _add_swept_at),
     Migration(15, "add api_tokens.host: agent tokens bound to the host they report for", _add_token_hosts),
     Migration(16, "add refusal_folds: at most one push.refused audit row per token per minute", _add_refusal_folds),
 )

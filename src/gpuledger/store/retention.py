@@ -91,8 +91,8 @@ def _tampered(conn: Connection, run_id: str) -> list[str]:
     sealed = audit.latest_seal(conn, run_id)
     if sealed is None:
         r = schema.runs.c
-        row = conn.execute(sa.select(r.status, r.status_reason).where(r.id == run_id)).first()
-        if row is None or liveness_sweep.swept(row.status, row.status_reason):
+        row = conn.execute(sa.select(r.status, r.swept_at).where(r.id == run_id)).first()
+        if row is None or liveness_sweep.swept(row.status, row.swept_at):
             return ["lost by the server's verdict, not sealed yet (its agent may still report)"]
         return ["never sealed: approve it first with `gpuledger audit seal`"]
     found = audit.current_seal(conn, run_id)

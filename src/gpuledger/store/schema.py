@@ -113,6 +113,9 @@ runs = sa.Table(
     # True once the run's GPU use is in gpu_rollups (or it had no GPU): reports then read those rows
     # instead of its intervals. Cleared when anything the rollup depends on changes (migration 5).
     sa.Column("rolled_up", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
+    # When the liveness sweep (store/liveness_sweep.py) marked the run lost; only the server sets it,
+    # never a push. NULL for every run its own agent ended (migration 14).
+    sa.Column("swept_at", sa.Double),
     sa.Index("ix_runs_started_at", "started_at"),
     sa.Index("ix_runs_project_started_at", "project", "started_at"),
     sa.Index("ix_runs_team_started_at", "team", "started_at"),

@@ -152,10 +152,10 @@ class Span:
         return cls(start, float(run["ended_at"]) if ended else None)
 
     def refusal(self, t0: float, t1: float) -> str | None:
-        if self.closed is not None and t0 < self.closed:
-            return f"dated {t0}, in a closed month (before {self.closed}): its bill is final"
         if t0 < self.start - SPAN_SLACK_S:
             return f"starts at {t0}, before the run started ({self.start})"
+        if self.closed is not None and t0 < self.closed:
+            return f"dated {t0}, in a closed month (before {self.closed}): its bill is final"
         if self.end is not None and t1 > self.end + SPAN_SLACK_S:
             return f"ends at {t1}, after the run ended ({self.end})"
         return None

@@ -1,0 +1,100 @@
+"""One run's interval series stay a timeline: rows of a GPU the run does not hold, and rows that
+overlap the series' other rows, are refused one by one (store/ingest.py quarantines them).
+
+A series is one GPU of one run (``gpu_intervals`` by ``device_uuid``) or the run's host series.
+Its rows are numbered by the agent in the order it recorded them, so seq order is time order: a
+new row must start no earlier than the row before it (by seq) ends, and end no later than the row
+after it starts, within ``TOLERANCE_S`` (float noise; consecutive intervals share a boundary).
+Checking the neighbours keeps the whole series free of overlaps, so twenty copies of one hour
+under twenty seqs count once, not twenty times. Each check reads the stored rows at the push's
+seqs and the one on either side (primary-key ranges), never the whole series.
+
+A row already stored under its key (a resent batch), or one a rollup replaced, is passed on
+unchecked: store/bulk.py drops it without a change.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.store import bulk, schema
+
+TOLERANCE_S = 1e-3
+Item = tuple[int, Sequence[Any]]  # (index in the pushed list, the row)
+Refuse = Callable[[int, Sequence[Any], str], None]
+
+
+def keep_timeline(
+    conn: Connection,
+    run_id: str,
+    series: str,
+    items: Sequence[Item],
+    columns: Sequence[str],
+    devices: set[str] | None,
+    refuse: Refuse,
+) -> list[Item]:
+    """The ``items`` of ``series`` ("gpu" or "host") that keep each of the run's series a timeline;
+    ``refuse(index, row, reason)`` for each other one. ``devices``: the run's GPU UUIDs (gpu only)."""
+    seq_at, t0_at, t1_at = (columns.index(c) for c in ("seq", "t0", "t1"))
+    uuid_at = columns.index("device_uuid") if series == "gpu" else None
+    groups: dict[str, list[Item]] = {}
+    for i, r in items:
+        uuid = "" if uuid_at is None else str(r[uuid_at])
+        if devices is not None and uuid not in devices:
+            refuse(i, r, f"GPU {uuid} is not among the run's devices")
+            continue
+        groups.setdefault(uuid, []).append((i, r))
+    kept: list[Item] = []
+    for uuid, group in groups.items():
+        rows = [r for _, r in group]
+        fresh = {id(r) for r in bulk.unreplaced(conn, run_id, series, rows, lambda r, u=uuid: (u, r[seq_at]))}
+        stored = _stored_near(conn, run_id, uuid if uuid_at is not None else None, [int(r[seq_at]) for r in rows])
+        seqs = sorted(stored)
+        for i, r in sorted(group, key=lambda it: int(it[1][seq_at])):
+            seq, t0, t1 = int(r[seq_at]), float(r[t0_at]), float(r[t1_at])
+            if seq in stored or id(r) not in fresh:  # sent again, or rolled up: stored as it was
+                kept.append((i, r))
+                continue
+            why = _overlap(stored, seqs, seq, t0, t1)
+            if why:
+                refuse(i, r, why)
+                continue
+            stored[seq] = (t0, t1)
+            bisect.insort(seqs, seq)
+            kept.append((i, r))
+    return sorted(kept, key=lambda it: it[0])
+
+
+def _overlap(stored: dict[int, tuple[float, float]], seqs: list[int], seq: int, t0: float, t1: float) -> str | None:
+    at = bisect.bisect_left(seqs, seq)
+    if at > 0:
+        before = seqs[at - 1]
+        b0, b1 = stored[before]
+        if t0 < b1 - TOLERANCE_S:
+            return f"overlaps seq {before} of the same series ({b0}-{b1}): starts at {t0}, before it ends"
+    if at < len(seqs):
+        after = seqs[at]
+        a0, a1 = stored[after]
+        if t1 > a0 + TOLERANCE_S:
+            return f"overlaps seq {after} of the same series ({a0}-{a1}): ends at {t1}, after it starts"
+    return None
+
+
+def _stored_near(conn: Connection, run_id: str, uuid: str | None, seqs: list[int]) -> dict[int, tuple[float, float]]:
+    """Stored rows of the series at seqs in [min, max] of ``seqs``, and the nearest on either side."""
+    table = schema.gpu_intervals if uuid is not None else schema.host_intervals
+    c = table.c
+    where = [c.run_id == run_id] + ([c.device_uuid == uuid] if uuid is not None else [])
+    cols = (c.seq, c.t0, c.t1)
+    lo, hi = min(seqs), max(seqs)
+    queries = (
+        sa.select(*cols).where(*where, c.seq >= lo, c.seq <= hi),
+        sa.select(*cols).where(*where, c.seq < lo).order_by(c.seq.desc()).limit(1),
+        sa.select(*cols).where(*where, c.seq > hi).order_by(c.seq).limit(1),
+    )
+    return {int(s): (float(t0), float(t1)) for q in queries for s, t0, t1 in conn.execute(q)}
