@@ -88,11 +88,16 @@ def _assurance(result) -> str:  # type: ignore[no-untyped-def]
     help="The server's signed checkpoint: the chain must still reach it. Default: the one gpuledger serve keeps for "
     "this ledger on this machine, if any.",
 )  # fmt: skip
+@click.option(
+    "--close-after-days", type=FiniteFloat(0, 3650), default=3.0, show_default=True,
+    envvar="GPULEDGER_CLOSE_AFTER_DAYS",
+    help="When months close, as the server has it: runs created after their month closed are named.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @_account_errors
 def verify_cmd(
     db: str | None, public_keys: tuple[str, ...], expect_head: str | None, all_signatures: bool,
-    checkpoint: str | None, as_json: bool,
+    checkpoint: str | None, close_after_days: float, as_json: bool,
 ) -> None:  # fmt: skip
     """Check the signatures, the hash chain, every sealed run and the access, ownership and rollup
     tables against the audit trail, and that nothing was cut from its end since the checkpoint;
@@ -102,7 +107,7 @@ def verify_cmd(
     keyring = _keyring(public_keys)
     ledger = server_ledger(db)
     result = audit.verify(ledger, expect_head=expect_head, keyring=keyring, all_signatures=all_signatures,
-                          checkpoint=_checkpoint(db, checkpoint))  # fmt: skip
+                          checkpoint=_checkpoint(db, checkpoint), close_after_days=close_after_days)  # fmt: skip
     if as_json:
         echo_json({**result.__dict__, "ok": result.ok})
     else:

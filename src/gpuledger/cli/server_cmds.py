@@ -52,6 +52,10 @@ def _proxy_options() -> dict[str, object]:
     return proxies.uvicorn_options(click.get_current_context().meta.get("gpuledger.trusted_proxies", []))
 
 
+def _close_after_days(_ctx: click.Context, _param: click.Parameter, days: float) -> None:
+    os.environ["GPULEDGER_CLOSE_AFTER_DAYS"] = repr(days)  # the workers read it (server/settings.py)
+
+
 @click.command("serve")
 @db_required
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -65,6 +69,12 @@ def _proxy_options() -> dict[str, object]:
 @click.option("--rates", type=click.Path(exists=True, dir_okay=False), help="Rate card for chargeback reports.")
 @click.option("--max-body-mb", type=FiniteFloat(0.001, 1024), default=8.0, show_default=True)
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info")
+@click.option(
+    "--close-after-days", type=FiniteFloat(0, 3650), default=3.0, show_default=True,
+    envvar="GPULEDGER_CLOSE_AFTER_DAYS",
+    callback=_close_after_days, expose_value=False,
+    help="A month's bill is final this many days after it ends: no run or row dated in it is taken after that.",
+)  # fmt: skip
 @click.option(
     "--unsigned", is_flag=True, help="Run without an audit key: the trail is a hash chain only (docs/AUDIT.md)."
 )
