@@ -76,6 +76,10 @@ def _window(month: str | None, start: str | None, end: str | None) -> tuple[floa
 )  # fmt: skip
 @pools_option
 @click.option("--provider", metavar="NAME", help="--format focus: who provides the GPU time (docs/FOCUS.md).")
+@click.option(
+    "--include-replayed", is_flag=True,
+    help="Count the GPUs and runs of replayed GPU traces (--replay-gpus demos), marked. Default: left out.",
+)  # fmt: skip
 @click.option("-o", "--output", type=OutputPath(), help="File to write (default: stdout).")
 @db_option
 @cli_errors
@@ -91,6 +95,7 @@ def capacity_cmd(
     rates: str | None,
     pools: str | None,
     provider: str | None,
+    include_replayed: bool,
     output: str | None,
     db: str | None,
 ) -> None:
@@ -116,9 +121,14 @@ def capacity_cmd(
     if fmt == "focus":  # the FinOps FOCUS 1.0 dataset, per day, GPU, price and state (docs/FOCUS.md)
         from gpuledger.cli.focus_output import write_capacity_focus
 
-        write_capacity_focus(ledger, card, pool_set, lo, hi, provider=provider, output=output)
+        write_capacity_focus(
+            ledger, card, pool_set, lo, hi, provider=provider, output=output, include_replayed=include_replayed
+        )
         return
-    report = capacity(ledger, card=card, pools=pool_set, start=lo, end=hi, by=keys, share_rule=share_idle, basis=basis)
+    report = capacity(
+        ledger, card=card, pools=pool_set, start=lo, end=hi, by=keys, share_rule=share_idle, basis=basis,
+        include_replayed=include_replayed,
+    )  # fmt: skip
     if month:
         report.params["month"] = month
     if fmt == "json":
@@ -174,10 +184,22 @@ def check_share_idle(
     _window(month, start, end)
 
 
-def shared_idle(cb: Any, ledger: Any, card: Any, lo: float, hi: float, rule: str, pools: str | None) -> Any:
-    """The chargeback ``cb`` with the shared idle columns of ``rule`` (none: unchanged)."""
+def shared_idle(
+    cb: Any,
+    ledger: Any,
+    card: Any,
+    lo: float,
+    hi: float,
+    rule: str,
+    pools: str | None,
+    *,
+    include_replayed: bool = False,
+) -> Any:
+    """The chargeback ``cb`` with the shared idle columns of ``rule`` (none: unchanged); the fleet
+    has replayed traces' GPUs only with ``include_replayed``, as the chargeback has their runs."""
     if rule == "none":
         return cb
     from gpuledger.reports.capacity.report import add_shared_idle, fleet_cost
 
-    return add_shared_idle(cb, fleet_cost(ledger, card=card, pools=_pools(pools), start=lo, end=hi), rule)
+    units = fleet_cost(ledger, card=card, pools=_pools(pools), start=lo, end=hi, include_replayed=include_replayed)
+    return add_shared_idle(cb, units, rule)

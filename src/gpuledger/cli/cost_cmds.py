@@ -47,6 +47,16 @@ def _scope(projects: tuple[str, ...]) -> frozenset[str] | None:
     return frozenset(projects) if projects else None
 
 
+def include_replayed_option(func: F) -> F:
+    """``--include-replayed``: shared by the chargeback and the capacity report."""
+    return click.option(
+        "--include-replayed",
+        is_flag=True,
+        help="Count runs metered from a replayed GPU trace (--replay-gpus demos), marked replayed. "
+        "Default: left out, as they used no real GPU.",
+    )(func)
+
+
 @click.command("cost")
 @click.argument("runs", nargs=-1)
 @click.option(
@@ -144,6 +154,7 @@ def cost_cmd(
     metavar="NAME",
     help="--format focus: who provides the GPU time (ProviderName, ...; docs/FOCUS.md). Default: the rate card's name.",
 )
+@include_replayed_option
 @click.option("-o", "--output", type=OutputPath(), help="File to write (default: stdout).")
 @_common
 @cli_errors
@@ -160,6 +171,7 @@ def chargeback_cmd(
     share_idle: str,
     pools: str | None,
     provider: str | None,
+    include_replayed: bool,
     output: str | None,
     projects: tuple[str, ...],
     basis: str | None,
@@ -188,7 +200,7 @@ def chargeback_cmd(
 
         write_chargeback_focus(
             ledger, card, lo, hi, scope=_scope(projects), basis=basis, by=keys, share_idle=share_idle, pools=pools,
-            provider=provider, output=output,
+            provider=provider, output=output, include_replayed=include_replayed,
         )  # fmt: skip
         return
     cb = chargeback(
@@ -202,8 +214,9 @@ def chargeback_cmd(
         trend_months=trend_months,
         top_n=top_n,
         anomaly_threshold=anomaly_threshold,
+        include_replayed=include_replayed,
     )
-    cb = shared_idle(cb, ledger, card, lo, hi, share_idle, pools)
+    cb = shared_idle(cb, ledger, card, lo, hi, share_idle, pools, include_replayed=include_replayed)
     if fmt == "json":
         text = cost_render.to_json(cb.as_dict())
     elif fmt == "csv":

@@ -30,6 +30,7 @@ def write_chargeback_focus(
     pools: str | None,
     provider: str | None,
     output: str | None,
+    include_replayed: bool = False,
 ) -> None:
     from gpuledger.core.months import month_of
     from gpuledger.reports.cost.focus import add_shared_idle_rows, chargeback_focus, default_identity
@@ -41,26 +42,43 @@ def write_chargeback_focus(
             "figure for the window, and a FOCUS row belongs to one billing period (a calendar month)"
         )
     identity = default_identity(card, provider)
-    export = chargeback_focus(ledger, scope=scope, card=card, start=lo, end=hi, basis=basis, identity=identity)
+    export = chargeback_focus(
+        ledger, scope=scope, card=card, start=lo, end=hi, basis=basis, identity=identity,
+        include_replayed=include_replayed,
+    )  # fmt: skip
     if share_idle != "none":
         from gpuledger.cli.capacity_cmds import shared_idle
         from gpuledger.reports.cost.costing import chargeback
 
-        cb = chargeback(ledger, scope=scope, card=card, start=lo, end=hi, by=by, basis=basis, trend_months=0)
-        cb = shared_idle(cb, ledger, card, lo, hi, share_idle, pools)
+        cb = chargeback(
+            ledger, scope=scope, card=card, start=lo, end=hi, by=by, basis=basis, trend_months=0,
+            include_replayed=include_replayed,
+        )  # fmt: skip
+        cb = shared_idle(cb, ledger, card, lo, hi, share_idle, pools, include_replayed=include_replayed)
         export = add_shared_idle_rows(export, cb, card=card, start=lo, end=hi, identity=identity)
     _write(export, output)
 
 
 def write_capacity_focus(
-    ledger: Any, card: Any, pools: Any, lo: float, hi: float, *, provider: str | None, output: str | None
+    ledger: Any,
+    card: Any,
+    pools: Any,
+    lo: float,
+    hi: float,
+    *,
+    provider: str | None,
+    output: str | None,
+    include_replayed: bool = False,
 ) -> None:
     from gpuledger.reports.capacity.focus import capacity_focus
     from gpuledger.reports.cost.focus import default_identity
 
     _check_parquet(output)
     identity = default_identity(card, provider)
-    _write(capacity_focus(ledger, card=card, pools=pools, start=lo, end=hi, identity=identity), output)
+    export = capacity_focus(
+        ledger, card=card, pools=pools, start=lo, end=hi, identity=identity, include_replayed=include_replayed
+    )
+    _write(export, output)
 
 
 def _check_parquet(output: str | None) -> None:

@@ -98,6 +98,9 @@ def chargeback(
         str, Query(max_length=200, description=f"comma-separated, one or more of: {', '.join(SERVER_GROUP_KEYS)}")
     ] = "team",
     format: Literal["json"] = "json",
+    include_replayed: Annotated[
+        bool, Query(description="count runs metered from a replayed GPU trace (--replay-gpus), marked replayed")
+    ] = False,
 ) -> dict[str, Any]:
     from gpuledger.reports.cost import costing  # ships with the server: a failure to import is a bug, not a 501
 
@@ -115,5 +118,8 @@ def chargeback(
     except ValueError as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from None
     card = _rate_card(request, costing)
-    cb = costing.chargeback(request.app.state.ledger, scope=principal.scope, card=card, start=start, end=end, by=keys)
+    cb = costing.chargeback(
+        request.app.state.ledger, scope=principal.scope, card=card, start=start, end=end, by=keys,
+        include_replayed=include_replayed,
+    )  # fmt: skip
     return _finite(cb.as_dict())

@@ -29,6 +29,7 @@ __all__ = [
     "last_interval_ends",
     "raw_intervals",
     "readings",
+    "replayed_in_window",
     "rolled_up_on",
     "rollup_candidates",
     "rollup_days",
@@ -82,6 +83,24 @@ def _scoped(q: sa.Select[Any], scope: Scope) -> sa.Select[Any]:
     return q.where(runs.c.project.in_(sorted(scope)))
 
 
+def _real_runs(q: sa.Select[Any], replayed: bool) -> sa.Select[Any]:
+    """``q`` over the runs table, less the runs metered from a replayed GPU trace (--replay-gpus:
+    demos, not hardware anyone pays for) unless ``replayed`` asks for them too."""
+    return q if replayed else q.where(runs.c.replayed == sa.false())
+
+
+def _real_rollups(conn: Connection, q: sa.Select[Any], replayed: bool) -> sa.Select[Any]:
+    """``q`` over gpu_rollups, less the rows of replayed runs unless ``replayed``. The rows do not
+    carry the flag: the few replayed runs are looked up first and the filter is added only when
+    there are some, so a ledger with none pays one scan of the runs table and nothing per row."""
+    if replayed:
+        return q
+    if conn.scalar(sa.select(sa.exists().where(runs.c.replayed == sa.true()))):
+        demo = runs.alias("demo")  # never correlated with a runs table the query joins
+        return q.where(gpu_rollups.c.run_id.not_in(sa.select(demo.c.id).where(demo.c.replayed == sa.true())))
+    return q
+
+
 def _in_window(start: float | None, end: float | None) -> list[sa.ColumnElement[bool]]:
     out: list[sa.ColumnElement[bool]] = []
     if end is not None:
@@ -97,23 +116,30 @@ RUN_COLUMNS = ("id", "status", "user", "team", "project", "name", "started_at", 
 
 
 def _run_columns() -> list[sa.ColumnElement[Any]]:
-    # RUN_COLUMNS, then NULL for the instance type and the id again as the logical id: the row is
-    # already shaped like reports.cost.usage.RunRow.
-    return [*(runs.c[c] for c in RUN_COLUMNS), sa.null().label("instance_type"), runs.c.id.label("logical_id")]
+    # RUN_COLUMNS, then NULL for the instance type, the id again as the logical id and the replayed
+    # flag: the row is already shaped like reports.cost.usage.RunRow.
+    return [
+        *(runs.c[c] for c in RUN_COLUMNS),
+        sa.null().label("instance_type"),
+        runs.c.id.label("logical_id"),
+        runs.c.replayed,
+    ]
 
 
 def run_rows(
     conn: Connection,
     *,
     scope: Scope,
+    replayed: bool,
     start: float | None = None,
     end: float | None = None,
     ids: Sequence[str] | None = None,
 ) -> list[tuple[Any, ...]]:
     """Runs in scope that may have used a GPU in [start, end) (or the runs ``ids``), as tuples of
-    RUN_COLUMNS, NULL (instance type) and the id again (logical id). Labels and rollups are asked
-    separately: joined here they cost more than twice."""
-    base = _scoped(sa.select(*_run_columns()), scope).where(*_in_window(start, end))
+    RUN_COLUMNS, NULL (instance type), the id again (logical id) and the replayed flag; replayed
+    runs only with ``replayed``. Labels and rollups are asked separately: joined here they cost
+    more than twice."""
+    base = _real_runs(_scoped(sa.select(*_run_columns()), scope), replayed).where(*_in_window(start, end))
     if ids is None:
         return _fetch(conn, base)
     out: list[tuple[Any, ...]] = []
@@ -122,11 +148,18 @@ def run_rows(
     return out
 
 
-def unrolled_runs(conn: Connection, *, scope: Scope, start: float, end: float) -> list[tuple[Any, ...]]:
+def unrolled_runs(conn: Connection, *, scope: Scope, replayed: bool, start: float, end: float) -> list[tuple[Any, ...]]:
     """Runs in scope not rolled up (running, or finished since the last rollup) that may have used
-    a GPU in [start, end), as run_rows tuples: a range of the (rolled_up, started_at) index."""
+    a GPU in [start, end), as run_rows tuples (replayed runs only with ``replayed``): a range of
+    the (rolled_up, started_at) index."""
     q = sa.select(*_run_columns()).where(runs.c.rolled_up == sa.false(), *_in_window(start, end))
-    return _fetch(conn, _scoped(q, scope))
+    return _fetch(conn, _real_runs(_scoped(q, scope), replayed))
+
+
+def replayed_in_window(conn: Connection, *, scope: Scope, start: float, end: float) -> list[str]:
+    """The replayed runs in scope that may have used a GPU in [start, end): what a bill left out."""
+    q = sa.select(runs.c.id).where(runs.c.replayed == sa.true(), *_in_window(start, end))
+    return sorted(conn.scalars(_scoped(q, scope)))
 
 
 def label_values(conn: Connection, key: str, ids: Sequence[str]) -> dict[str, str]:
@@ -338,9 +371,10 @@ def readings(
 
 
 def rollup_days(
-    conn: Connection, *, scope: Scope, first_day: int | None, last_day: int | None
+    conn: Connection, *, scope: Scope, replayed: bool, first_day: int | None, last_day: int | None
 ) -> list[tuple[Any, ...]]:
-    """Rollup rows of runs in scope from ``first_day`` to ``last_day``, as they are: tuples
+    """Rollup rows of runs in scope (replayed runs' only with ``replayed``) from ``first_day`` to
+    ``last_day``, as they are: tuples
     (run_id, day, gpu_name, mig_profile, t0, t1, alloc_s, busy_s, energy_j, share_rule,
     instance_type), with '' for an unknown name and a whole GPU's profile. Summing them in SQL
     (GROUP BY) costs more than sending them: the caller sums in one pass."""
@@ -369,7 +403,7 @@ def rollup_days(
         q = q.where(day >= first_day)
     if last_day is not None:
         q = q.where(day <= last_day)
-    return _fetch(conn, q)
+    return _fetch(conn, _real_rollups(conn, q, replayed))
 
 
 def _most_of_the_table(conn: Connection, first_day: int | None, last_day: int | None) -> bool:
@@ -386,6 +420,7 @@ def rollup_group_sums(
     conn: Connection,
     *,
     scope: Scope,
+    replayed: bool,
     keys: Sequence[str],
     first_day: int,
     last_day: int,
@@ -400,7 +435,7 @@ def rollup_group_sums(
     ''. A row's period is the number of ``period_days`` (sorted) at or before its day. One scan of
     the table by its day index (the rows carry their run's grouping values, migration 5;
     ``status``, fixed once a run is rolled up, comes from the runs table); runs in ``exclude``
-    (read from their intervals instead) are left out.
+    (read from their intervals instead) are left out, and so are replayed runs unless ``replayed``.
 
     Rows whose GPUs measured no busy time are summed apart from those that did: a sum of busy
     time must not absorb the held hours of GPUs billed by rule. On ``exact_days`` (a price changes
@@ -444,7 +479,7 @@ def rollup_group_sums(
         q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
     if exclude:
         q = q.where(r.run_id.not_in(sorted(exclude)))
-    return _fetch(conn, q.group_by(*group))
+    return _fetch(conn, _real_rollups(conn, q, replayed).group_by(*group))
 
 
 def rollup_candidates(conn: Connection, *, rebuild: bool, limit: int | None = None) -> list[str]:

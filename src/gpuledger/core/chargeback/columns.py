@@ -48,6 +48,9 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         Column(
             "partial_runs", "count", "runs priced up to their last recorded interval (killed, lost, failed, running)"
         ),
+        Column(
+            "replayed_runs", "count", "run records metered from a replayed GPU trace (only with --include-replayed)"
+        ),
     ),
     "runs": (
         Column("rank", "count", "1 = most expensive"),
@@ -61,7 +64,9 @@ COLUMNS: dict[str, tuple[Column, ...]] = {
         Column("started_at", "time", "start of the first attempt"),
         Column("gpu_models", "text", "GPU models used, ';'-separated"),
         *_USAGE,
-        Column("flags", "text", "';'-separated: killed, lost, failed, running, shared:RULE, mig, unpriced ..."),
+        Column(
+            "flags", "text", "';'-separated: killed, lost, failed, running, replayed, shared:RULE, mig, unpriced ..."
+        ),
     ),
     "users": (
         Column("rank", "count", "1 = highest"),

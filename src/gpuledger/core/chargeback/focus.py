@@ -44,6 +44,7 @@ __all__ = [
 
 DAY_S = 86400
 GPU_TIME, ENERGY = "GPU time", "energy"
+REPLAYED = "replayed"  # x_Flags of every row of a run metered from a replayed GPU trace
 _HOUR_PLACES, _A100_PLACES, _KWH_PLACES = 6, 10, 9  # the ledger's integer units (cost.py)
 
 
@@ -222,6 +223,8 @@ class _RowMaker:
     ) -> dict[str, Any]:
         run = self.runs.get(run_id)
         tags = dict(self.labels.get(run_id, {}))
+        # A replayed GPU trace's run is in a dataset only when asked for (--include-replayed): marked.
+        replayed = bool(getattr(run, "replayed", False))
         lo, hi = max(period[0], self.start), min(period[1], self.end)
         month_start, month_end = month_bounds(month_of(lo))
         row = dict(self.fixed)
@@ -242,6 +245,7 @@ class _RowMaker:
             x_GpuModel=model,
             x_InstanceType=instance,
             x_PriceModel=price_model(line),
+            x_Flags=REPLAYED if replayed else None,
         )
         return row
 
@@ -262,6 +266,8 @@ class _RowMaker:
             f"{price} {self.card.currency} per GPU-hour ({price_model(line)}, {where}"
             f"{f': {line.derivation}' if line.derivation else ''})"
         )
+        if row["x_Flags"]:
+            flags = flags | {row["x_Flags"]}
         row.update(
             BilledCost=gpu_cost,
             ChargeDescription=description,

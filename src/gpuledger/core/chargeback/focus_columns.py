@@ -107,7 +107,7 @@ CUSTOM_COLUMNS: tuple[FocusColumn, ...] = (
     FocusColumn("x_A100EquivalentHours", "decimal", "busy GPU-hours x the model's factor", "A100-h", A100_PLACES),
     FocusColumn("x_EnergyKwh", "decimal", "facility energy (GPU energy x PUE), on GPU time rows", "kWh", KWH_PLACES),
     _money("x_IdleCost", "idle hours x rate (in BilledCost on the allocated basis, absorbed on the busy basis)"),
-    FocusColumn("x_Flags", "string", "';'-separated: shared:RULE, mig, busy_unmeasured ...", "text"),
+    FocusColumn("x_Flags", "string", "';'-separated: replayed, shared:RULE, mig, busy_unmeasured ...", "text"),
 )
 
 COLUMNS: tuple[FocusColumn, ...] = FOCUS_COLUMNS + CUSTOM_COLUMNS

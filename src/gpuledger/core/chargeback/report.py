@@ -205,15 +205,18 @@ def build_from_compact(
     resumed = dict(itertools.compress(zip(runs, logical_ids, strict=True), moved))
     partial = set(itertools.compress(runs, map(PARTIAL_STATUSES.__contains__, map(_STATUS, runs.values()))))
     partial.update(rid for rid, r in runs.items() if r.status == DISCOVERED and r.ended_at is None)  # still open
+    replayed = set(itertools.compress(runs, map(_REPLAYED, runs.values())))  # only there when asked for
     attempt_ids = set(resumed)
     for key, ids in members.items():
         g = groups[key]
         g.records = ids
         g.logical = _logical(ids, resumed, attempt_ids)
         g.partial = ids & partial
+        g.replayed = ids & replayed
         total.records |= g.records
         total.logical |= g.logical
         total.partial |= g.partial
+        total.replayed |= g.replayed
     group_rows = []
     for key, g in sorted(groups.items(), key=sort_key):
         row: dict[str, Any] = dict(zip(by, key, strict=False))
@@ -225,6 +228,8 @@ def build_from_compact(
     per_run = _per_logical(records, resumed, models_of, flags_of)
     for rid in records.keys() & partial:
         flags_of.setdefault(resumed.get(rid, rid), set()).add(_flag(runs[rid]))
+    for rid in replayed:  # every run row of a replayed run says so, wherever its figures came from
+        flags_of.setdefault(resumed.get(rid, rid), set()).add("replayed")
     if fast is not None and fast.run_ids:
         per_run = _with_fast_candidates(per_run, fast, resumed, partial, runs, models_of, flags_of, top_n)
     attempts_of = chains(runs, resumed)
@@ -253,6 +258,7 @@ def _line_key(by: tuple[str, ...], run_key: tuple[Any, ...], model: str, instanc
 
 
 _LOGICAL_ID = operator.attrgetter("logical_id")
+_REPLAYED = operator.attrgetter("replayed")
 _STATUS = operator.attrgetter("status")
 
 
@@ -322,6 +328,7 @@ def _group_row(g: Totals, total: Totals) -> dict[str, Any]:
         **usage_columns(g),
         "share": share(g.cost, total.cost),
         "partial_runs": len(g.partial),
+        "replayed_runs": len(g.replayed),
     }
 
 

@@ -30,6 +30,7 @@ class RunInfo:
     name: str | None = None
     started_at: float = 0.0
     ended_at: float | None = None
+    replayed: bool = False  # metered from a replayed GPU trace (--replay-gpus), not real hardware
 
 
 class Totals:
@@ -46,6 +47,7 @@ class Totals:
         "logical",
         "partial",
         "records",
+        "replayed",
         "unmeasured_uh",
         "unpriced_uh",
     )
@@ -56,6 +58,7 @@ class Totals:
         self.logical: set[str] = set()
         self.records: set[str] = set()
         self.partial: set[str] = set()
+        self.replayed: set[str] = set()  # the records metered from a replayed GPU trace
 
     def add_vec(self, v: Sequence[int]) -> None:
         self.alloc_uh += v[0]

@@ -19,8 +19,10 @@ from gpuledger.core.money import UH_PER_H, money_str
 from gpuledger.core.pricing.ratecard import RateCard
 from gpuledger.core.pricing.usage import day_of
 from gpuledger.reports.capacity.runs import runs_fleet, runs_gpus, team_bills, whole_days
+from gpuledger.reports.cost.replayed import replayed_warning
 from gpuledger.store import capacity_audit
 from gpuledger.store import capacity_queries as capq
+from gpuledger.store.cost_queries import replayed_in_window
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -39,15 +41,18 @@ def load_pools(path: str | os.PathLike[str] | None) -> Pools:
     return parse_pools(text, os.fspath(path))
 
 
-def _read(ledger: Ledger, card: RateCard, start: float, end: float) -> tuple[list[FleetGpu], list[Any]]:
-    """The fleet (agent-seen GPUs and those known only from runs) and its day rows in [start, end)."""
+def _read(
+    ledger: Ledger, card: RateCard, start: float, end: float, *, replayed: bool = False
+) -> tuple[list[FleetGpu], list[Any]]:
+    """The fleet (agent-seen GPUs and those known only from runs) and its day rows in [start, end).
+    The GPUs of replayed traces (--replay-gpus demos) are no hardware: read only with ``replayed``."""
     if not whole_days(start, end):
         raise ValueError("the capacity ledger is kept per UTC day: give whole days (--month, or --from/--to dates)")
 
     def tx(conn: Any) -> tuple[list[FleetGpu], list[Any]]:
         gpus = capq.fleet(conn)
         rows = capq.day_rows(conn, day_of(start), day_of(end - 1e-6))
-        derived, derived_rows = runs_fleet(conn, card, start, end)
+        derived, derived_rows = runs_fleet(conn, card, start, end, replayed=replayed)
         return gpus + derived, rows + derived_rows
 
     return ledger.read(tx)
@@ -76,13 +81,15 @@ def capacity(
     by: tuple[str, ...] = ("host",),
     share_rule: str = "none",
     basis: str | None = None,
+    include_replayed: bool = False,
 ) -> CapacityReport:
     """The capacity report of [start, end) (whole UTC days), grouped ``by``; with ``share_rule``
-    allocated or busy, the cost no run was billed for shared back to teams (docs/CAPACITY.md)."""
-    gpus, rows = _read(ledger, card, start, end)
+    allocated or busy, the cost no run was billed for shared back to teams (docs/CAPACITY.md).
+    Replayed runs (--replay-gpus) neither make capacity nor are billed unless ``include_replayed``."""
+    gpus, rows = _read(ledger, card, start, end, replayed=include_replayed)
     bills: list[TeamBill] = []
     if share_rule != "none":
-        bills = ledger.read(lambda conn: team_bills(conn, card, start, end, basis))
+        bills = ledger.read(lambda conn: team_bills(conn, card, start, end, basis, replayed=include_replayed))
     sealed_through, unsealed = _unsealed_note(ledger, start, end)
     params = {
         "basis": basis or card.basis,
@@ -92,6 +99,7 @@ def capacity(
         "sealed_through": sealed_through,
     }
     warnings = [] if unsealed is None else [unsealed]
+    params.update(_replayed_note(ledger, gpus, start, end, include_replayed, warnings))
     derived = [g for g in gpus if g.source == "runs"]
     if derived:
         warnings.append(
@@ -105,15 +113,42 @@ def capacity(
     )  # fmt: skip
 
 
-def fleet_cost(ledger: Ledger, *, card: RateCard, pools: Pools, start: float, end: float) -> int:
-    """The fleet's cost over [start, end) in money units (10^-21): asset cost and energy."""
-    gpus, rows = _read(ledger, card, start, end)
+def _replayed_note(
+    ledger: Ledger, gpus: list[FleetGpu], start: float, end: float, included: bool, warnings: list[str]
+) -> dict[str, Any]:
+    """The report's replayed marks (params ``include_replayed``, ``replayed_runs``,
+    ``replayed_gpus``) and a warning saying what was left out or, with ``included``, put in."""
+    ids = ledger.read(lambda conn: replayed_in_window(conn, scope=None, start=start, end=end))
+    gpu_ids = sorted(replayed_gpus(ledger, gpus, start, end)) if included and ids else []
+    if ids:
+        warnings.append(replayed_warning(ids, included))
+    return {"include_replayed": included, "replayed_runs": ids if included else [], "replayed_gpus": gpu_ids}
+
+
+def replayed_gpus(ledger: Ledger, gpus: list[FleetGpu], start: float, end: float) -> set[str]:
+    """The GPUs of ``gpus`` known only from replayed runs (a read with ``replayed``): no hardware."""
+
+    def tx(conn: Any) -> set[str]:
+        every = {u for _, u, _, _, _ in capq.unmetered_devices(conn, 0.0, end, replayed=True)}
+        real = {u for _, u, _, _, _ in capq.unmetered_devices(conn, 0.0, end, replayed=False)}
+        return every - real
+
+    return ledger.read(tx) & {g.uuid for g in gpus if g.source == "runs"}
+
+
+def fleet_cost(
+    ledger: Ledger, *, card: RateCard, pools: Pools, start: float, end: float, include_replayed: bool = False
+) -> int:
+    """The fleet's cost over [start, end) in money units (10^-21): asset cost and energy (of
+    replayed traces' GPUs only with ``include_replayed``)."""
+    gpus, rows = _read(ledger, card, start, end, replayed=include_replayed)
     report = build_capacity(gpus=gpus, day_rows=rows, card=card, pools=pools, start=start, end=end, by=("host",))
     return report.total_units.fleet_cost
 
 
 def fleet(ledger: Ledger, *, card: RateCard, pools: Pools, now: float | None = None) -> list[dict[str, Any]]:
-    """The fleet inventory: every GPU agents have seen and every GPU known only from runs."""
+    """The fleet inventory: every GPU agents have seen and every GPU known only from runs (not
+    those of replayed GPU traces: no hardware)."""
     now = time.time() if now is None else now
 
     def tx(conn: Any) -> list[FleetGpu]:

@@ -24,21 +24,24 @@ from gpuledger.store import cost_queries as cq
 __all__ = ["runs_fleet", "runs_gpus", "team_bills", "whole_days"]
 
 
-def runs_gpus(conn: Connection, start: float, end: float) -> tuple[list[FleetGpu], list[str]]:
+def runs_gpus(
+    conn: Connection, start: float, end: float, *, replayed: bool = False
+) -> tuple[list[FleetGpu], list[str]]:
     """(GPUs no agent has seen that are in the fleet in [start, end), the ids of the runs that used
     them then): each GPU from its first run's start to its last run's end (``end`` while one is
     open), whether or not a run used it in the window, on the host of its latest run started by
-    the window's end, priced as that run's instance type."""
-    found = capq.unmetered_devices(conn, start, end, before=True)
+    the window's end, priced as that run's instance type. A replayed trace's GPUs (--replay-gpus)
+    are no hardware: they and their runs count only with ``replayed``."""
+    found = capq.unmetered_devices(conn, start, end, before=True, replayed=replayed)
     if not found:
         return [], []
-    spans = capq.run_spans(conn, {u for _, u, _, _, _ in found})
+    spans = capq.run_spans(conn, {u for _, u, _, _, _ in found}, replayed=replayed)
     present = {u for u, (first, last) in spans.items() if first < end and (last is None or last > start)}
     latest: dict[str, tuple[float, str, str, str]] = {}  # uuid -> (started_at, run id, host, name)
     for run_id, uuid, name, host, started in found:
         if uuid in present and (uuid not in latest or started > latest[uuid][0]):
             latest[uuid] = (started, run_id, host, str(name or uuid).split(" MIG ")[0])
-    used = {r for r, _, _, _, _ in capq.unmetered_devices(conn, start, end)}  # runs in the window
+    used = {r for r, _, _, _, _ in capq.unmetered_devices(conn, start, end, replayed=replayed)}  # runs in the window
     instances = cq.label_values(conn, "instance_type", sorted({v[1] for v in latest.values()}))
     gpus = []
     for uuid, (_, run_id, host, name) in sorted(latest.items()):
@@ -50,13 +53,16 @@ def runs_gpus(conn: Connection, start: float, end: float) -> tuple[list[FleetGpu
     return gpus, sorted(used)
 
 
-def runs_fleet(conn: Connection, card: RateCard, start: float, end: float) -> tuple[list[FleetGpu], list[tuple]]:
+def runs_fleet(
+    conn: Connection, card: RateCard, start: float, end: float, *, replayed: bool = False
+) -> tuple[list[FleetGpu], list[tuple]]:
     """(GPUs known only from runs, their day rows in [start, end)): held and busy time from the runs'
-    intervals (a shared GPU split between its runs, as the chargeback splits it)."""
-    gpus, run_ids = runs_gpus(conn, start, end)
+    intervals (a shared GPU split between its runs, as the chargeback splits it); replayed runs'
+    GPUs only with ``replayed``."""
+    gpus, run_ids = runs_gpus(conn, start, end, replayed=replayed)
     if not gpus:
         return [], []
-    runs = _run_rows(cq.run_rows(conn, scope=None, ids=run_ids), {})
+    runs = _run_rows(cq.run_rows(conn, scope=None, replayed=replayed, ids=run_ids), {})
     hosts = capq.run_hosts(conn, run_ids)
     days, devices = interval_day_usage(conn, list(runs.values()), start, end)
     held: dict[str, dict[int, HeldDay]] = {}
@@ -92,25 +98,35 @@ def _slice_fraction(card: RateCard, device: dict[str, Any]) -> float:
 
 
 def team_bills(
-    conn: Connection, card: RateCard, start: float, end: float, basis: str | None, key: str = "team"
+    conn: Connection,
+    card: RateCard,
+    start: float,
+    end: float,
+    basis: str | None,
+    key: str = "team",
+    *,
+    replayed: bool = False,
 ) -> list[TeamBill]:
     """What the runs of each team were billed in [start, end) and their allocated and busy hours.
     The chargeback's path for months it shows as a trend: rollup rows summed per team, GPU kind
     and price period in SQL, then priced; runs not rolled up priced from their intervals, and so
     are rolled-up runs on a day the price changes within while their intervals are there (as the
     chargeback reads such a day). A team's figure can differ from the chargeback's own in the last
-    of its many decimal places."""
+    of its many decimal places. Replayed runs are billed nothing unless ``replayed``."""
     cut_times = sorted({start, end} | {t for t in card.change_points if start < t < end})
     period_days, periods = _periods(sorted({start, end, *month_starts(start, end), *cut_times}), cut_times)
-    live = cq.unrolled_runs(conn, scope=None, start=start, end=end)
+    live = cq.unrolled_runs(conn, scope=None, replayed=replayed, start=start, end=end)
     live_ids = {r[0] for r in live}
     cut_days = {day_of(t) for t in cut_times if t % DAY_S}
     if cut_days:  # their busy time and energy are cut at the change exactly, as in the chargeback
         exact = cq.with_intervals(conn, sorted(cq.rolled_up_on(conn, sorted(cut_days)) - live_ids))
         if exact:
-            live = [*live, *cq.run_rows(conn, scope=None, ids=sorted(exact))]
+            live = [*live, *cq.run_rows(conn, scope=None, replayed=replayed, ids=sorted(exact))]
             live_ids |= exact
-    groups = _trend_groups(conn, None, [key], day_of(start), day_of(end - 1e-6), live_ids, period_days, cut_days)
+    last_day = day_of(end - 1e-6)
+    groups = _trend_groups(
+        conn, None, [key], day_of(start), last_day, live_ids, period_days, cut_days, replayed=replayed
+    )
     pricer = Pricer(card, basis, start, end)
     out: dict[str | None, list[int]] = {}
     rows = [(str(i), g[2], g[3], g[1], *g[4:]) for i, g in enumerate(groups)]

@@ -27,8 +27,10 @@ from gpuledger.core.pricing.cost import CostLine, Pricer, compact, month_bounds,
 from gpuledger.core.pricing.ratecard import RateCard
 from gpuledger.core.pricing.ratecard_load import RateCardError, default_rate_card, parse_rate_card
 from gpuledger.core.pricing.usage import PARTIAL_STATUSES, partial_flag
+from gpuledger.reports.cost.replayed import REPLAYED_FLAG, replayed_warning
 from gpuledger.reports.cost.usage import Scope, collect_report, collect_runs, read
 from gpuledger.store.audit_approve import unsealed_among
+from gpuledger.store.cost_queries import replayed_in_window
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -128,10 +130,12 @@ def chargeback(
     top_n: int = 10,
     anomaly_threshold: float = 0.25,
     min_gpu_hours: float = 1.0,
+    include_replayed: bool = False,
 ) -> Chargeback:
     """The chargeback of [start, end) by ``by``, with ``trend_months`` earlier months for the
     trend and the anomalies (docs/CHARGEBACK.md). The report's own window is priced run by run;
-    the earlier months, shown only as a trend, from rollup sums per group."""
+    the earlier months, shown only as a trend, from rollup sums per group. Runs of a replayed GPU
+    trace are not billed unless ``include_replayed`` (then marked: ``replayed_runs``, flags)."""
     trend_start = _months_back(start, trend_months)
     months = [month_of(trend_start)] + [month_of(t) for t in month_starts(trend_start, end)]
     cut_times = sorted({start, end} | {t for t in card.change_points if trend_start < t < end})
@@ -148,9 +152,10 @@ def chargeback(
         "scope": None if scope is None else sorted(scope),
         "trend_months": months,
         "anomaly_threshold": anomaly_threshold,
+        "include_replayed": include_replayed,
     }
     pricer = Pricer(card, basis, trend_start, end, cuts=(start,))
-    window = {"scope": scope, "trend_start": trend_start, "start": start, "end": end}
+    window = {"scope": scope, "trend_start": trend_start, "start": start, "end": end, "replayed": include_replayed}
     window.update(edges=edges, cut_times=cut_times, group_keys=keys)
     report = {"by": by, "start": start, "months": months, "top_n": top_n, "params": params}
     report.update(anomaly_threshold=anomaly_threshold, min_gpu_hours=min_gpu_hours)
@@ -184,7 +189,19 @@ def _priced(ledger: Ledger, pricer: Pricer, window: dict[str, Any], report: dict
     trend = _group_items(pricer, usage.groups, usage.periods, by, window["group_keys"])
     cb = build_from_compact(items, usage.runs, fast=fast, trend_items=trend, **report)
     _note_unsealed(ledger, cb, usage.runs)
+    note_replayed(ledger, cb, scope=window["scope"], start=window["start"], end=window["end"])
     return cb
+
+
+def note_replayed(ledger: Ledger, cb: Chargeback, *, scope: Scope, start: float, end: float) -> None:
+    """Say which replayed runs of the window the chargeback ``cb`` left out, or put in (marked):
+    params ``replayed_runs`` (those billed, with --include-replayed) and a warning."""
+    included = bool(cb.params.get("include_replayed"))
+    billed = sorted(cb.total_units.replayed)
+    cb.params["replayed_runs"] = billed
+    ids = billed if included else read(ledger, lambda conn: replayed_in_window(conn, scope=scope, start=start, end=end))
+    if ids:
+        cb.warnings.append(replayed_warning(ids, included))
 
 
 def _note_unsealed(ledger: Ledger, cb: Chargeback, runs: Mapping[str, Any]) -> None:
@@ -237,15 +254,21 @@ def _rates(lines: Sequence[CostLine]) -> str:
     return ";".join(seen)
 
 
-def _flags(lines: Sequence[CostLine], status: str | None) -> str:
+def _flags(lines: Sequence[CostLine], status: str | None, replayed: bool = False) -> str:
     found = {f for ln in lines for f in ln.flags}
     if status in PARTIAL_STATUSES:
         found.add(str(status))
+    if replayed:
+        found.add(REPLAYED_FLAG)
     return ";".join(sorted(found))
 
 
 def _cost_row(
-    run_id: str, lines: Sequence[CostLine], device: dict[str, Any] | None, status: str | None
+    run_id: str,
+    lines: Sequence[CostLine],
+    device: dict[str, Any] | None,
+    status: str | None,
+    replayed: bool = False,
 ) -> dict[str, Any]:
     t = Totals()
     for ln in lines:
@@ -261,7 +284,7 @@ def _cost_row(
         "instance_type": ";".join(instances) or None,
         "rate": _rates(lines),
         **usage_columns(t),
-        "flags": _flags(lines, status),
+        "flags": _flags(lines, status, replayed),
     }
 
 
@@ -275,7 +298,9 @@ def run_costs(
     instance_type: str | None = None,
 ) -> dict[str, Any]:
     """Per run and GPU, per run and in total (COLUMNS["cost"]); a resumed run also gets the total
-    of all its attempts (``logical_run``). Runs outside ``scope`` are not found."""
+    of all its attempts (``logical_run``). Runs outside ``scope`` are not found. A run of a
+    replayed GPU trace shows its figures, flagged ``replayed`` with ``billed`` false: no bill
+    counts it (docs/CHARGEBACK.md)."""
     from gpuledger.runs.attempts import chain_runs
     from gpuledger.store.errors import RunNotFound
 
@@ -305,27 +330,31 @@ def run_costs(
         for ln in lines:
             per_gpu.setdefault(ln.device_uuid, []).append(ln)
         flag = partial_flag(run.status, run.ended_at)  # an open discovered run is flagged "running"
+        demo = bool(run.replayed)
         gpus = [
-            _cost_row(rid, ls, usage.devices.get((rid, uuid or "")), flag)
+            _cost_row(rid, ls, usage.devices.get((rid, uuid or "")), flag, demo)
             for uuid, ls in sorted(per_gpu.items(), key=lambda kv: _index_key(usage.devices.get((rid, kv[0] or ""))))
         ]
         chain = chains.get(rid, [rid])
         logical = None
         if len(chain) > 1:
             chain_lines = [ln for member in chain for ln in by_run.get(member, [])]
-            logical = {**_cost_row(chain[0], chain_lines, None, None), "attempts": chain}
+            chain_demo = any(usage.runs[m].replayed for m in chain if m in usage.runs)
+            logical = {**_cost_row(chain[0], chain_lines, None, None, chain_demo), "attempts": chain}
         out_runs.append(
             {
                 "run_id": rid,
                 "name": run.name,
                 "status": run.status,
                 "partial": flag is not None,
+                "replayed": demo,
+                "billed": not demo,
                 "gpus": gpus,
-                "total": _cost_row(rid, lines, None, flag),
+                "total": _cost_row(rid, lines, None, flag, demo),
                 "logical_run": logical,
             }
         )
-    total = _cost_row("TOTAL", all_lines, None, None)
+    total = _cost_row("TOTAL", all_lines, None, None, any(r["replayed"] for r in out_runs))
     return {
         "currency": card.currency,
         "basis": pricer.basis,

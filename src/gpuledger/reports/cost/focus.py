@@ -18,7 +18,9 @@ from gpuledger.core.chargeback.focus_shared import shared_idle_rows
 from gpuledger.core.chargeback.report import Chargeback
 from gpuledger.core.pricing.cost import Compact, Pricer, compact, month_starts
 from gpuledger.core.pricing.ratecard import RateCard
+from gpuledger.reports.cost.replayed import replayed_warning
 from gpuledger.reports.cost.usage import Scope, UsageSet, collect_report, read
+from gpuledger.store.cost_queries import replayed_in_window
 from gpuledger.store.label_queries import labels_of
 
 if TYPE_CHECKING:
@@ -41,8 +43,11 @@ def chargeback_focus(
     end: float,
     basis: str | None = None,
     identity: FocusIdentity | None = None,
+    include_replayed: bool = False,
 ) -> FocusExport:
-    """The FOCUS rows of [start, end): one per UTC day, run, GPU model, instance type and price."""
+    """The FOCUS rows of [start, end): one per UTC day, run, GPU model, instance type and price.
+    Runs of a replayed GPU trace only with ``include_replayed``, flagged ``replayed`` (x_Flags);
+    a note says which were left out or put in."""
     cut_times = sorted({start, end} | {t for t in card.change_points if start < t < end})
     edges = {start, *month_starts(start, end), *cut_times}
     pricer = Pricer(card, basis, start, end)
@@ -57,15 +62,19 @@ def chargeback_focus(
             edges=edges,
             cut_times=cut_times,
             group_keys=[],
+            replayed=include_replayed,
         )
-        return usage, labels_of(conn, list(usage.runs))
+        demo = [rid for rid, run in usage.runs.items() if run.replayed] if include_replayed else []
+        if not include_replayed:
+            demo = replayed_in_window(conn, scope=scope, start=start, end=end)
+        return usage, labels_of(conn, list(usage.runs)), demo
 
-    usage, labels = read(ledger, collect)
+    usage, labels, demo = read(ledger, collect)
     items: Iterable[Compact] = itertools.chain(
         (compact(ln) for ln in pricer.price_all(usage.usages)),
         pricer.price_rollups(usage.rollups, usage.runs, usage.period_of_day, usage.periods),
     )
-    return build_focus(
+    export = build_focus(
         items,
         usage.runs,
         labels,
@@ -75,6 +84,9 @@ def chargeback_focus(
         end=end,
         identity=identity or default_identity(card),
     )
+    if demo:
+        export.notes.append(replayed_warning(sorted(demo), include_replayed))
+    return export
 
 
 def add_shared_idle_rows(export: FocusExport, cb: Chargeback, *, card: RateCard, start: float, end: float,

@@ -100,6 +100,7 @@ _SHORT = {
     "idle_cost": "IDLE COST",
     "cost_per_a100eq_h": "PER A100-H",
     "share": "SHARE",
+    "replayed_runs": "REPLAYED",
     "shared_idle_cost": "SHARED IDLE",
     "cost_with_shared_idle": "WITH IDLE",
 }
@@ -189,10 +190,17 @@ def _period(p: dict[str, Any]) -> str:
 def _title(cb: Chargeback) -> str:
     p = cb.params
     scope = "all projects" if p.get("scope") is None else "projects " + ", ".join(p["scope"])
+    demo = "; INCLUDES REPLAYED RUNS (not real hardware)" if p.get("include_replayed") else ""
     return (
         f"Chargeback {_period(p)} by {', '.join(p.get('by', []))}  "
-        f"({scope}; basis {p.get('basis')}; {p.get('currency')}; rate card: {p.get('rate_card')})"
+        f"({scope}; basis {p.get('basis')}; {p.get('currency')}; rate card: {p.get('rate_card')}{demo})"
     )
+
+
+def _group_view(cb: Chargeback) -> list[str]:
+    """The groups' columns for people: with --include-replayed, how many replayed runs each holds."""
+    demo = ["replayed_runs"] if cb.params.get("include_replayed") else []
+    return list(cb.params.get("by", [])) + _GROUP_VIEW + demo + shared_idle_columns(cb)
 
 
 def _trend_pivot(cb: Chargeback) -> tuple[list[str], list[dict[str, Any]]]:
@@ -209,7 +217,7 @@ def _trend_pivot(cb: Chargeback) -> tuple[list[str], list[dict[str, Any]]]:
 def chargeback_text(cb: Chargeback, top: int = 5) -> str:
     """The report for a terminal: groups with TOTAL, top spenders, trend, anomalies, warnings."""
     by = list(cb.params.get("by", []))
-    parts = [_title(cb), "", _plain(_table(by + _GROUP_VIEW + shared_idle_columns(cb), [*cb.groups, cb.total]))]
+    parts = [_title(cb), "", _plain(_table(_group_view(cb), [*cb.groups, cb.total]))]
     for title, rows, view in (
         ("Top runs by cost", cb.top_runs_by_cost, _RUN_VIEW),
         ("Top runs by idle cost", cb.top_runs_by_idle_cost, _RUN_VIEW),
@@ -245,7 +253,7 @@ def _md(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
 
 def chargeback_markdown(cb: Chargeback, top: int = 10) -> str:
     by = list(cb.params.get("by", []))
-    out = [f"# {_title(cb)}", "", _md(by + _GROUP_VIEW + shared_idle_columns(cb), [*cb.groups, cb.total])]
+    out = [f"# {_title(cb)}", "", _md(_group_view(cb), [*cb.groups, cb.total])]
     for title, rows, view in (
         ("Top runs by cost", cb.top_runs_by_cost, _RUN_VIEW),
         ("Top runs by idle cost", cb.top_runs_by_idle_cost, _RUN_VIEW),
@@ -292,4 +300,11 @@ def cost_text(report: dict[str, Any]) -> str:
     if len(report["runs"]) > 1:
         rows.append({**report["total"], "gpu_index": ""})
     head = f"Cost (basis {report['basis']}; {report['currency']}; rate card: {report['rate_card']})"
-    return head + "\n" + _plain(_table(_COST_VIEW, rows, {"gpu_index": "GPU"})) + "\n"
+    notes = [
+        f"  {short_id(run['run_id'])}: REPLAYED GPU trace (--replay-gpus), not real hardware: "
+        "these figures are not billed (no chargeback counts them)"
+        for run in report["runs"]
+        if run.get("replayed")
+    ]
+    table = _plain(_table(_COST_VIEW, rows, {"gpu_index": "GPU"}))
+    return head + "\n" + table + "\n" + "".join(n + "\n" for n in notes)

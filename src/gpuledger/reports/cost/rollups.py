@@ -73,7 +73,7 @@ def materialise_rollups(ledger: Ledger, *, rebuild: bool = False, batch: int = 5
             hold = _unsettled(conn, todo)
             ready = [t for t in todo if t not in hold]
             instances = cq.label_values(conn, "instance_type", ids=ready)
-            rows = list(_run_rows(cq.run_rows(conn, scope=None, ids=ready), instances).values())
+            rows = list(_run_rows(cq.run_rows(conn, scope=None, replayed=True, ids=ready), instances).values())
             days, _ = interval_day_usage(conn, rows, None, None)
             grouping = {r.id: r._asdict() for r in rows}
             return len(rows), replace_rollups(conn, [r.id for r in rows], days, grouping), len(hold)

@@ -57,6 +57,7 @@ class RunRow(NamedTuple):
     attempt_of: str | None
     instance_type: str | None = None
     logical_id: str = ""
+    replayed: bool = False  # metered from a replayed GPU trace (--replay-gpus): a demo, not billed by default
 
 
 def _run_rows(
@@ -293,10 +294,11 @@ def collect_runs(
     instance_type: str | None = None,
     cuts: Sequence[float] = (),
 ) -> UsageSet:
-    """The runs ``ids`` (those in scope) and their Usages per GPU and day, from their intervals.
-    ``cuts``: the rate card's price changes, where a day's busy time and energy are split exactly
-    (as the chargeback splits them), not in proportion to held time."""
-    rows = cq.run_rows(conn, scope=scope, ids=ids)
+    """The runs ``ids`` (those in scope, replayed or not: they were asked for by name) and their
+    Usages per GPU and day, from their intervals. ``cuts``: the rate card's price changes, where a
+    day's busy time and energy are split exactly (as the chargeback splits them), not in
+    proportion to held time."""
+    rows = cq.run_rows(conn, scope=scope, replayed=True, ids=ids)
     runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type", ids=ids), instance_type), scope)
     days, devices = interval_day_usage(conn, list(runs.values()), None, None, cuts)
     return UsageSet(runs, _usages(days, devices, runs), devices)
@@ -312,6 +314,7 @@ def collect_report(
     edges: Iterable[float],
     cut_times: Sequence[float],
     group_keys: Sequence[str],
+    replayed: bool = False,
 ) -> UsageSet:
     """Everything a chargeback of [start, end) with a trend from ``trend_start`` prices.
     ``edges``: month starts, price changes and the window's edges; ``cut_times``: the price changes
@@ -319,16 +322,17 @@ def collect_report(
     run columns the trend groups by. Rollup rows of the window are kept as they are (``rollups``);
     those of the earlier months are summed per group and day in SQL (``groups``), so a trend costs
     one scan of the rollup table and no run rows. Runs not rolled up (``runs.rolled_up``) are read
-    from their intervals, in the window and in the trend months alike."""
+    from their intervals, in the window and in the trend months alike. Runs metered from a
+    replayed GPU trace are left out of all of it (a demo is not billed) unless ``replayed``."""
     period_days, periods = _periods(sorted(set(edges)), cut_times)
-    live_rows = cq.unrolled_runs(conn, scope=scope, start=trend_start, end=end)
+    live_rows = cq.unrolled_runs(conn, scope=scope, replayed=replayed, start=trend_start, end=end)
     live_ids = {r[0] for r in live_rows}
-    rows = cq.run_rows(conn, scope=scope, start=start, end=end)
+    rows = cq.run_rows(conn, scope=scope, replayed=replayed, start=start, end=end)
     if live_rows:  # those of the trend months too
         in_window = {r[0] for r in rows}
         rows += [r for r in live_rows if r[0] not in in_window]
     first, last = day_of(start), day_of(end - 1e-6)
-    rollups = cq.rollup_days(conn, scope=scope, first_day=first, last_day=last)
+    rollups = cq.rollup_days(conn, scope=scope, replayed=replayed, first_day=first, last_day=last)
     if live_ids:
         rollups = [r for r in rollups if r[0] not in live_ids]
     # Instance types: rolled-up rows carry their run's (and are priced by it); the runs read from
@@ -338,13 +342,13 @@ def collect_report(
     resumed = itertools.compress(runs.values(), map(_ATTEMPT_OF, runs.values()))
     roots = {r.logical_id for r in resumed} - runs.keys()
     if roots:  # first attempts of resumed runs that began before the window: named in the top runs
-        extra = _run_rows(cq.run_rows(conn, scope=scope, ids=sorted(roots)), instances)
+        extra = _run_rows(cq.run_rows(conn, scope=scope, replayed=replayed, ids=sorted(roots)), instances)
         runs.update({rid: _with_logical(run, rid) for rid, run in extra.items()})
     usage = UsageSet(runs, [], {}, rollups=rollups, periods=periods)
     usage.period_of_day = {d: bisect.bisect_right(period_days, d) for d in range(day_of(trend_start), last + 1)}
     cut_days = {day_of(t) for t in cut_times if t % DAY_S}
     usage.groups = _trend_groups(
-        conn, scope, group_keys, day_of(trend_start), first - 1, live_ids, period_days, cut_days
+        conn, scope, group_keys, day_of(trend_start), first - 1, live_ids, period_days, cut_days, replayed=replayed
     )
     live = [runs[rid] for rid in live_ids if rid in runs]
     if live:
@@ -389,10 +393,12 @@ def _trend_groups(
     live_ids: Collection[str],
     period_days: Sequence[int],
     exact_days: Collection[int] = (),
+    *,
+    replayed: bool,
 ) -> list[tuple[Any, ...]]:
     """UsageSet.groups: rollup sums per group, GPU kind and price period of the trend months.
     Measured and unmeasured GPUs stay in rows of their own, and so does each run on an
-    ``exact_days`` day (cq.rollup_group_sums says why)."""
+    ``exact_days`` day (cq.rollup_group_sums says why); replayed runs only with ``replayed``."""
     if last_day < first_day:
         return []
     n = len(group_keys)
@@ -400,6 +406,7 @@ def _trend_groups(
     rows = cq.rollup_group_sums(
         conn,
         scope=scope,
+        replayed=replayed,
         keys=group_keys,
         first_day=first_day,
         last_day=last_day,
