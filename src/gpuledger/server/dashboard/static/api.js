@@ -139,7 +139,12 @@
   GL.pill = function (status) { return GL.el("span", { class: "pill " + String(status).replace(/[^a-z]/g, "") }, status); };
   GL.runLink = function (run) {
     var label = run.name ? run.name : String(run.id).slice(0, 13);
-    return GL.el("a", { href: BASE + "/runs/" + encodeURIComponent(run.id), title: run.id }, label);
+    var link = GL.el("a", { href: BASE + "/runs/" + encodeURIComponent(run.id), title: run.id }, label);
+    if (!run.replayed) return link;
+    /* metered from a replayed GPU trace (--replay-gpus): a demo, not real hardware, not billed */
+    var mark = GL.el("span", { class: "pill replayed", title: "Replayed GPU trace — not real hardware, not billed" },
+                     "replayed");
+    return GL.el("span", {}, [link, " ", mark]);
   };
 
   /* -- header: who is logged in, log out ------------------------------------------------- */

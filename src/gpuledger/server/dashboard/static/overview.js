@@ -58,7 +58,10 @@
     ], report.top_users_by_cost || [], "No GPU use this month.");
     var runs = GL.table([
       { head: "#", num: true, get: function (r) { return r.rank; } },
-      { head: "Run", cls: "text", get: function (r) { return GL.runLink({ id: r.run_id, name: r.name }); } },
+      { head: "Run", cls: "text", get: function (r) {
+        var replayed = String(r.flags || "").split(";").indexOf("replayed") >= 0;
+        return GL.runLink({ id: r.run_id, name: r.name, replayed: replayed });
+      } },
       { head: "User", cls: "text", get: function (r) { return r.user; } },
       { head: "Project", cls: "text", get: function (r) { return r.project; } },
       { head: "Busy GPU-h", num: true, get: function (r) { return GL.num(r.busy_gpu_h, 2); } },

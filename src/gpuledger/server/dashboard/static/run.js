@@ -77,7 +77,10 @@
     document.title = "Run " + (s.name || s.id.slice(0, 13)) + " · gpuledger";
     var title = document.getElementById("run-title");
     GL.replace(title, [document.createTextNode("Run " + (s.name ? s.name + " " : "")),
-                       GL.el("span", { class: "mono muted" }, s.id), document.createTextNode(" "), GL.pill(s.status)]);
+                       GL.el("span", { class: "mono muted" }, s.id), document.createTextNode(" "), GL.pill(s.status),
+                       s.replayed ? " " : null,
+                       s.replayed ? GL.el("span", { class: "pill replayed", title: "not real hardware, not billed" },
+                                          "replayed GPU trace") : null]);
     var gpus = s.gpus || [];
     GL.replace("summary", [
       card("Status", s.status, s.status_reason || (s.exit_code !== null && s.exit_code !== undefined ? "exit " + s.exit_code : "")),
@@ -95,7 +98,7 @@
       ["Labels", labels], ["Started", GL.time(s.started_at_epoch)], ["Ended", GL.time(s.ended_at_epoch)],
       ["Attempt of", s.attempt_of],
     ];
-    if (s.replayed) rows.push(["Note", "Replayed GPU trace — not real hardware"]);
+    if (s.replayed) rows.push(["Note", "Replayed GPU trace — not real hardware; no bill counts it"]);
     var dl = [];
     rows.forEach(function (r) {
       if (r[1] === null || r[1] === undefined || r[1] === "") return;
