@@ -19,16 +19,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.store import capacity_audit, capacity_fleet, rollup_audit, schema
+from gpuledger.store import capacity_audit, capacity_fleet, quarantine_audit, rollup_audit, schema
 
 ACCOUNT_ACTIONS = frozenset({"user.added", "project.added", "member.added", "member.removed", "token.issued",
                              "token.revoked"})  # fmt: skip
 OWNER_ACTIONS = frozenset({"run.created", "run.transferred", "run.owner_claimed", "run.deleted"})
 GPU_ACTIONS = frozenset({"gpu.registered", "gpu.claimed", "gpu.rehomed"})
 ROLLUP_ACTIONS = frozenset({rollup_audit.WRITTEN, rollup_audit.DROPPED, "run.deleted"})
-REPLAYED = (
-    ACCOUNT_ACTIONS | OWNER_ACTIONS | GPU_ACTIONS | ROLLUP_ACTIONS | capacity_audit.ACTIONS | capacity_fleet.ACTIONS
-)
+TABLE_ACTIONS = capacity_audit.ACTIONS | capacity_fleet.ACTIONS | {quarantine_audit.ACTION}
+REPLAYED = ACCOUNT_ACTIONS | OWNER_ACTIONS | GPU_ACTIONS | ROLLUP_ACTIONS | TABLE_ACTIONS
 
 
 def secret_check(secret_sha256: str) -> str:
@@ -51,6 +50,7 @@ class TrailState:
     capacity_days: dict[int, list[int]] = field(default_factory=dict)
     capacity_through: int | None = None  # every day up to this one is sealed
     fleet: capacity_fleet.FleetTrail = field(default_factory=capacity_fleet.FleetTrail)  # gpu_fleet(_hosts)
+    quarantine: quarantine_audit.QuarantineTrail = field(default_factory=quarantine_audit.QuarantineTrail)
 
     def feed(self, seq: int, action: str, obj: str, payload_text: str) -> None:
         if action not in REPLAYED:
@@ -85,6 +85,8 @@ class TrailState:
         elif action == rollup_audit.DROPPED:
             for run_id in payload.get("runs") or ():
                 self.rollups[run_id] = (None, seq)
+        elif action == quarantine_audit.ACTION and kind == "run":
+            self.quarantine.feed(seq, name, payload)
         elif action in capacity_fleet.ACTIONS:
             self.fleet.feed(seq, payload)
         elif action in capacity_audit.ACTIONS:
@@ -94,6 +96,7 @@ class TrailState:
             if action == capacity_audit.SEALED and isinstance(through, int):
                 self.capacity_through = max(through, self.capacity_through or through)
         if action == "run.deleted" and kind == "run":
+            self.quarantine.deleted(name)  # its quarantine goes with it (a foreign key)
             self.owners.pop(name, None)
             self.rollups.pop(name, None)
 
@@ -190,7 +193,7 @@ def check_owners(conn: Connection, state: TrailState) -> list[str]:
                 f"gpu {uuid}: belongs to {row['host']!r} ({row['user_name']}), the audit trail says {said[0]!r} "
                 f"({said[1]}) (seq {said[2]})"
             )
-    return out + capacity_fleet.check(conn, state.fleet)
+    return out + capacity_fleet.check(conn, state.fleet) + quarantine_audit.check(conn, state.quarantine)
 
 
 def _host_used(conn: Connection, uuid: str, host: str) -> bool:

@@ -178,7 +178,6 @@ def _insert_new(conn: Connection, table: sa.Table, row: dict[str, Any]) -> bool:
 def check_gpus(conn: Connection, run_id: str, uuids: Iterable[str], writer: Writer, host: str) -> None:
     """Register the GPUs no one has reported yet to ``host`` and ``writer``; refuse a GPU that
     belongs to another host or agent (PushRefused)."""
-    writer.check_host(host)
     claim_gpus(conn, uuids, writer, host, context={"run": run_id}, what=f"run {run_id} of host {host!r}")
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.store import schema
+from gpuledger.store import quarantine_audit, schema
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -77,7 +77,11 @@ def after_push(
             ins = db.insert(schema.quarantined_rows).on_conflict_do_nothing(
                 index_elements=["run_id", "series", "payload_sha256"]
             )
-            conn.execute(ins, rows)
+            q = schema.quarantined_rows.c
+            went_in = {tuple(r) for r in conn.execute(ins.returning(q.series, q.payload_sha256), rows)}
+            # each row kept is evidence: in the audit trail, so a deleted or edited one shows
+            kept = [r for r in rows if (r["series"], r["payload_sha256"]) in went_in]
+            quarantine_audit.record(conn, run_id, kept, actor=actor)
 
     db.write(tx)
 
