@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from gpuledger.core.chargeback.report import Chargeback
 from gpuledger.reports.cost.render import (
-    _GROUP_VIEW,
     _RUN_VIEW,
     _SHORT,
     _USER_VIEW,
     _cell,
+    _group_view,
     _title,
     _trend_pivot,
-    shared_idle_columns,
 )
 from gpuledger.reports.safe_html import csp_meta, json_block
 
@@ -195,7 +194,7 @@ def chargeback_html(cb: Chargeback, top: int = 10, value: ValueTrends | None = N
         _charts(cb),
         f"<h2>By {_esc(', '.join(by))}</h2>",
         '<div class="wide">',
-        _table(by + _GROUP_VIEW + shared_idle_columns(cb), cb.groups, cb.total),
+        _table(_group_view(cb), cb.groups, cb.total),  # with --include-replayed: replayed_runs
         "</div>",
     ]
     for title, rows, view in (
