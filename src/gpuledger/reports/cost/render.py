@@ -16,6 +16,7 @@ from gpuledger.core.chargeback.columns import COLUMNS, group_columns
 from gpuledger.core.chargeback.report import Chargeback
 from gpuledger.core.ids import short_id
 from gpuledger.core.units import NA, fmt_count, fmt_money, fmt_number, fmt_pct
+from gpuledger.reports.render_md import esc
 from gpuledger.reports.safe_csv import SafeCsvWriter, numeric_columns
 
 __all__ = ["SECTIONS", "chargeback_csv", "chargeback_markdown", "chargeback_text", "cost_csv", "cost_text", "to_json"]
@@ -247,13 +248,13 @@ def chargeback_text(cb: Chargeback, top: int = 5) -> str:
 def _md(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
     table = _table(columns, rows)
     lines = ["| " + " | ".join(table[0]) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table[1:]]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in table[1:]]
     return "\n".join(lines)
 
 
 def chargeback_markdown(cb: Chargeback, top: int = 10) -> str:
     by = list(cb.params.get("by", []))
-    out = [f"# {_title(cb)}", "", _md(_group_view(cb), [*cb.groups, cb.total])]
+    out = [f"# {esc(_title(cb))}", "", _md(_group_view(cb), [*cb.groups, cb.total])]
     for title, rows, view in (
         ("Top runs by cost", cb.top_runs_by_cost, _RUN_VIEW),
         ("Top runs by idle cost", cb.top_runs_by_idle_cost, _RUN_VIEW),
@@ -263,11 +264,11 @@ def chargeback_markdown(cb: Chargeback, top: int = 10) -> str:
         if rows:
             out += ["", f"## {title}", "", _md(view, rows[:top])]
     columns, rows = _trend_pivot(cb)
-    out += ["", f"## Cost by month ({cb.params.get('currency')})", "", _md(columns, rows)]
+    out += ["", f"## Cost by month ({esc(cb.params.get('currency'))})", "", _md(columns, rows)]
     if cb.anomalies:
         out += ["", "## Anomalies", "", _md([*by, "metric", "baseline", "current", "change"], cb.anomalies)]
     if cb.warnings:
-        out += ["", "## Notes", ""] + [f"- {w}" for w in cb.warnings]
+        out += ["", "## Notes", ""] + [f"- {esc(w)}" for w in cb.warnings]
     return "\n".join(out) + "\n"
 
 
