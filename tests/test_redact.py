@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 import random
 import time
@@ -91,6 +92,60 @@ def test_keywords_occur_in_every_match() -> None:
                 assert rule.anchor is None or rule.anchor.search(found), (rule.name, m.group(0))
 
 
+def test_overlapping_finds_are_redacted_to_the_furthest_end() -> None:
+    """Two rules' finds that overlap, the one starting first ending first: the redaction runs to
+    the later end, else the rest of the longer secret would be left in the output."""
+    rules = Redactor.from_toml(
+        """
+[[rule]]
+name = "short"
+regex = '''(abcd)'''
+keywords = ["abcd"]
+[[rule]]
+name = "long"
+regex = '''(cdefghij)'''
+keywords = ["cdef"]
+"""
+    )
+    assert rules.redact_text("x abcdefghij y") == "x [REDACTED:short] y"
+    assert rules.redact_bytes(b"x abcdefghij y\n") == b"x [REDACTED:short] y\n"
+
+
+def _base64_fixed(word: bytes) -> list[str]:
+    """The base64 characters that ``word`` alone fixes, at each of the three byte alignments."""
+    out = []
+    for align in range(3):
+        enc = base64.b64encode(b"\0" * align + word + b"\0\0\0").decode()
+        out.append("".join(c for i, c in enumerate(enc) if 6 * i >= 8 * align and 6 * i + 6 <= 8 * (align + len(word))))
+    return out
+
+
+_B64_WORDS = [
+    (case + sep).encode()
+    for word in ("password", "passwd", "secret", "token")
+    for case in (word, word.upper(), word.capitalize())
+    for sep in "=:"
+]
+
+
+def test_base64_fragment_is_the_words_encoded() -> None:
+    fragment = tomllib.loads(RULES_PATH.read_text(encoding="utf-8"))["fragments"]["b64word"]
+    expected = {fixed for word in _B64_WORDS for fixed in _base64_fixed(word)}
+    assert set(fragment.removeprefix("(?:").removesuffix(")").split("|")) == expected
+    rule = next(r for r in R.rules if r.name == "base64-credential")
+    assert set(rule.keywords) == {f.lower().encode() for f in expected}
+
+
+@pytest.mark.parametrize("word", _B64_WORDS, ids=lambda w: w.decode())
+def test_base64_credential_at_every_alignment(word: bytes) -> None:
+    for prefix in (b"", b"x", b"db_", b"user=ml\n"):
+        plain = base64.b64encode(prefix + word + b"hunter2-s3cr3t").decode()
+        url = base64.urlsafe_b64encode(prefix + word + b"q?>~").decode()
+        assert R.redact_text(plain) == "[REDACTED:base64-credential]"
+        assert R.redact_text(f"conf {plain} end") == "conf [REDACTED:base64-credential] end"
+        assert R.redact_text(f"X={url};") == "X=[REDACTED:base64-credential];"
+
+
 # -- argv and mappings --------------------------------------------------------------------------
 
 
@@ -121,6 +176,21 @@ def test_argv_forms() -> None:
         "HF_TOKEN=[REDACTED:env-secret]",
         "--token",
     ]  # fmt: skip
+
+
+def test_argv_mysql_password_across_items() -> None:
+    """``-pSECRET`` and ``-p SECRET`` after a mysql-family program, each item seen alone by the
+    text rules; ``-p`` elsewhere (a port, a parallelism) and after the command ended is kept."""
+    argv = ["/usr/bin/mysqldump", "-u", "ml", "-pS3cr3t", "db", "|", "gzip", "-p", "4"]
+    assert R.redact_argv(argv) == [
+        "/usr/bin/mysqldump", "-u", "ml", "-p[REDACTED:mysql-password]", "db", "|", "gzip", "-p", "4",
+    ]  # fmt: skip
+    assert R.redact_argv(["mariadb", "-p", "hunter2", "shop"]) == ["mariadb", "-p", "[REDACTED:mysql-password]", "shop"]
+    assert R.redact_argv(["mysql", "-p", "-h", "db"]) == ["mysql", "-p", "-h", "db"]  # prompts: nothing to hide
+    assert R.redact_argv(["mysqladmin", "ping;", "ssh", "-p", "22"]) == ["mysqladmin", "ping;", "ssh", "-p", "22"]
+    assert R.redact_argv(["python", "-m", "http.server", "-p", "8080"]) == ["python", "-m", "http.server", "-p", "8080"]
+    once = R.redact_argv(["mysql", "-psecret", "-p", "x"])
+    assert R.redact_argv(once) == once
 
 
 def test_mapping_by_key_and_by_value() -> None:
@@ -257,6 +327,28 @@ def test_stream_equals_whole_for_any_chunking(data: bytes, cuts: list[int]) -> N
 @given(data=_logs)
 def test_prefilter_never_changes_the_result(data: bytes) -> None:
     assert R._redact(data, _State()) == R._redact(data, _State(), prefilter=False)
+
+
+_CUT_SECRETS = [
+    (b"password=hunter2hunter2", b"hunter2hunter2"),
+    (b"sk-" + b"proj-Ab1Cd2Ef3Gh4Ij5Kl6Mn7_Op8Qr9St0Uv-WxYz0123", b"Op8Qr9St0Uv"),
+    (b"HF_TOKEN=hf" + b"_AbCdEfGhIjKlMnOpQrStUvWxYz01234567", b"OpQrStUvWxYz"),
+    (b"aws_secret_access_key wJalrXUtnFEMI/K7MDENG/" + b"bPxRfiCYEXAMPLEKEY", b"CYEXAMPLEKEY"),
+]
+
+
+@pytest.mark.parametrize("secret,core", _CUT_SECRETS, ids=lambda s: s[:12].decode())
+def test_stream_cut_of_a_long_line_never_splits_a_secret(secret: bytes, core: bytes) -> None:
+    """A line longer than max_line_bytes with no blank to cut after: wherever the cut falls (the
+    secret before, across or after it; fed byte by byte or in chunks), the secret is redacted
+    whole and every other byte comes out once."""
+    cap = 4096
+    for size in range(cap - 1100, cap + 40, 7):
+        data = b"x" * size + b"," + secret + b"," + b"y" * 3000 + b"\n"
+        for chunk in (1, 700, 4096) if size % 5 == 0 else (700,):
+            out = _stream([data[i : i + chunk] for i in range(0, len(data), chunk)], max_line_bytes=cap)
+            assert core not in out, (size, chunk)
+            assert out == R.redact_bytes(data), (size, chunk)
 
 
 def test_stream_byte_by_byte_keeps_pem_state_across_lines() -> None:

@@ -48,6 +48,10 @@ else:  # pragma: no cover - Python 3.10
 __all__ = ["LineRedactor", "RedactionRuleError", "Redactor", "Rule", "placeholder"]
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20
+# A line longer than that is cut (LineRedactor): the bytes kept before and after a cut so that no
+# secret across it escapes the rules (a key name just before it, a token just after).
+CUT_CONTEXT_B = 4096
+CUT_LOOKAHEAD_B = 4096
 
 # CSI (colours, cursor moves), OSC (titles, links; ended by BEL or ST) and two-byte escapes.
 # No alternative can contain \r or \n, so stripping them keeps lines intact.
@@ -56,6 +60,9 @@ _BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 _PEM_HEADER = re.compile(rb"[ \t]*[A-Za-z][A-Za-z-]*:[ \t]")  # Proc-Type:, DEK-Info:, Comment:
 _PEM_MIN_TRAILING_RUN = 16  # a log prefix, then at least this much base64: still key material
 
+# argv items that end one program's arguments (also as the last character: `ping;`)
+_COMMAND_ENDS = frozenset({"|", "||", "&&", ";", "&"})
+_COMMAND_END_CHARS = (";", "|", "&")
 _Span = tuple[int, int, int, bytes]  # (start, rule order, end, replacement) of one find
 _Cut = tuple[int, int, bytes]  # (start, end, replacement): one redaction, after merging
 
@@ -108,6 +115,9 @@ class Redactor:
         argv_flag: str | None = None,
         mapping_rule: str = "secret-key-name",
         mapping_key: str | None = None,
+        program: str | None = None,
+        program_flag: str = "-p",
+        program_rule: str = "mysql-password",
     ) -> None:
         pem = [r for r in rules if r.kind == "pem"]
         if len(pem) > 1:
@@ -123,6 +133,9 @@ class Redactor:
         self._argv_flag = re.compile(argv_flag) if argv_flag else None
         self._mapping_rule = mapping_rule
         self._mapping_key = re.compile(mapping_key) if mapping_key else None
+        self._program = re.compile(program) if program else None
+        self._program_flag = program_flag
+        self._program_rule = program_rule
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -160,6 +173,9 @@ class Redactor:
             argv_flag=argv.get("flag"),
             mapping_rule=mapping.get("rule", "secret-key-name"),
             mapping_key=mapping.get("key"),
+            program=argv.get("program"),
+            program_flag=argv.get("program_flag", "-p"),
+            program_rule=argv.get("program_rule", "mysql-password"),
         )
 
     # -- public API -----------------------------------------------------------------------------
@@ -175,29 +191,47 @@ class Redactor:
         return text if out is data else out.decode("utf-8", "surrogatepass")
 
     def redact_argv(self, argv: Iterable[str]) -> list[str]:
-        """Redact a command line item by item, including the two-item form ``--password hunter2``."""
+        """Redact a command line item by item, including the two-item form ``--password hunter2``
+        and, after a mysql-family program, ``-pSECRET`` / ``-p SECRET`` (``[argv] program``)."""
         out: list[str] = []
-        value_next = False
+        value_next: str | None = None  # the rule whose value the next item is
+        in_program = False
+        flag = self._program_flag
         for item in argv:
-            if value_next and item and not item.startswith("--"):
-                out.append(placeholder(self._argv_rule))
-                value_next = False
+            # A secret-flag's value may start with one "-"; a -p value may not (mysql -p -h host).
+            not_a_value = "-" if value_next == self._program_rule else "--"
+            if value_next is not None and item and not item.startswith(not_a_value):
+                out.append(placeholder(value_next))
+                value_next = None
+                continue
+            value_next = None
+            if in_program and item.startswith(flag) and item != flag and not item.startswith(flag + "["):
+                out.append(flag + placeholder(self._program_rule))
                 continue
             out.append(self.redact_text(item))
-            value_next = bool(self._argv_flag and self._argv_flag.fullmatch(item))
+            if self._argv_flag and self._argv_flag.fullmatch(item):
+                value_next = self._argv_rule
+            elif in_program and item == flag:
+                value_next = self._program_rule
+            if item in _COMMAND_ENDS or item.endswith(_COMMAND_END_CHARS):
+                in_program = False
+            elif self._program is not None and self._program.fullmatch(item.rsplit("/", 1)[-1]):
+                in_program = True
         return out
 
     def redact_mapping(self, mapping: Mapping[str, Any]) -> dict[str, Any]:
         """Redact label / environment values: whole when the key looks secret (``*_TOKEN``),
-        else by the text rules. Non-string values are returned unchanged."""
+        else by the text rules; keys by the text rules (a token pasted as a label name). Non-string
+        values are returned unchanged."""
         out: dict[str, Any] = {}
         for key, value in mapping.items():
+            name = self.redact_text(key) if isinstance(key, str) else key
             if not isinstance(value, str) or not value:
-                out[key] = value
+                out[name] = value
             elif self._mapping_key is not None and self._mapping_key.search(key):
-                out[key] = placeholder(self._mapping_rule)
+                out[name] = placeholder(self._mapping_rule)
             else:
-                out[key] = self.redact_text(value)
+                out[name] = self.redact_text(value)
         return out
 
     def redact_tree(self, value: Any) -> Any:
@@ -502,8 +536,14 @@ class LineRedactor:
     ``feed`` returns the redacted complete lines (ended by ``\\n`` or ``\\r``: progress bars
     redraw with ``\\r``) and holds back the incomplete tail; ``flush`` returns the tail at the end.
     For lines up to ``max_line_bytes`` the concatenated output equals ``redact_bytes`` of the whole
-    input, however the stream was chunked. A tail longer than that is emitted early, cut after its
-    last blank when there is one (so a token is rarely split), to keep memory bounded.
+    input, however the stream was chunked.
+
+    A tail longer than that is emitted early, to keep memory bounded, and the cut never lets a
+    secret out: the whole tail is searched, the cut goes after its last blank (or ``CUT_LOOKAHEAD_B``
+    before its end, so a token is seen with what follows it) and moves back to the start of any
+    secret it would split; the last ``CUT_CONTEXT_B`` bytes emitted are kept and searched again
+    with what comes next (never emitted twice), so a key name just before the cut still marks the
+    value after it. Only a single secret longer than about half of ``max_line_bytes`` can be cut.
     """
 
     def __init__(self, redactor: Redactor | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES):
@@ -511,7 +551,10 @@ class LineRedactor:
             raise ValueError("max_line_bytes must be positive")
         self._redactor = redactor or Redactor.default()
         self._max = max_line_bytes
+        self._context = min(CUT_CONTEXT_B, max_line_bytes // 4)
+        self._lookahead = min(CUT_LOOKAHEAD_B, max_line_bytes // 4)
         self._tail = bytearray()
+        self._done = 0  # bytes at the start of the tail already emitted: context for the rules only
         self._state = _State()
 
     @property
@@ -532,7 +575,7 @@ class LineRedactor:
                 lines = bytes(self._tail)
             else:  # the usual case: no copy of a large chunk ending in a line end
                 lines = bytes(data) if cut + 1 == len(data) else bytes(view[: cut + 1])
-            out = self._redactor._redact(lines, self._state)
+            out = self._emit(lines)
             self._tail = bytearray(view[cut + 1 :])
         else:
             self._tail += data
@@ -542,16 +585,44 @@ class LineRedactor:
 
     def flush(self) -> bytes:
         """The redacted tail; the stream may then be reused from a fresh start."""
-        out = self._redactor._redact(bytes(self._tail), self._state) if self._tail else b""
+        out = self._emit(bytes(self._tail)) if len(self._tail) > self._done else b""
         self._tail = bytearray()
+        self._done = 0
         self._state = _State()
         return out
 
+    def _emit(self, data: bytes) -> bytes:
+        """``data`` (the tail and what completes it) redacted, less the context already emitted."""
+        skip, self._done = self._done, 0
+        if not skip:
+            return self._redactor._redact(data, self._state)
+        cuts = self._redactor._prefiltered_cuts(data, self._state)
+        return _splice_from(data, skip, len(data), cuts)
+
     def _force(self) -> bytes:
-        blank = max(self._tail.rfind(b" "), self._tail.rfind(b"\t"))
-        keep = len(self._tail) - (blank + 1) if blank >= 0 else 0
-        if keep > self._max // 2:
-            keep = 0
-        head = bytes(self._tail[: len(self._tail) - keep])
-        del self._tail[: len(self._tail) - keep]
-        return self._redactor._redact(head, self._state)
+        tail = bytes(self._tail)
+        size, done = len(tail), self._done
+        cuts = self._redactor._prefiltered_cuts(tail, self._state)
+        stop = size - self._lookahead
+        blank = max(tail.rfind(b" ", done, stop), tail.rfind(b"\t", done, stop))
+        if blank >= 0 and size - (blank + 1) <= self._max // 2:
+            stop = blank + 1
+        for start, end, _ in cuts:  # sorted and disjoint: at most one holds the cut
+            if start < stop < end:
+                # Held back whole, to be redacted with its rest; one that fills the tail is cut
+                # at its end instead (memory stays bounded).
+                stop = start if start > done else min(end, size)
+                break
+        stop = max(stop, done + 1)
+        out = _splice_from(tail, done, stop, cuts)
+        keep_from = max(stop - self._context, 0)
+        del self._tail[:keep_from]
+        self._done = stop - keep_from
+        return out
+
+
+def _splice_from(data: bytes, begin: int, stop: int, cuts: list[_Cut]) -> bytes:
+    """``data[begin:stop]`` with the redactions in it (one that starts before ``begin`` counts
+    from there: its start was emitted already)."""
+    inside = [(max(s, begin) - begin, min(e, stop) - begin, r) for s, e, r in cuts if e > begin and s < stop]
+    return _splice(data[begin:stop], inside) if inside else data[begin:stop]
