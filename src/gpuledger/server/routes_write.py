@@ -22,7 +22,7 @@ from gpuledger.runs.logfile import cap_or_default
 from gpuledger.server import batch_check, log_upload
 from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.models import IngestBatch, IngestResult, QuarantinedItem
-from gpuledger.server.redaction import redact_batch, redactor
+from gpuledger.server.redaction import redact_batch, redact_refused, redactor
 from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, gpu_tuple, host_tuple
 from gpuledger.store import closed_months, liveness_sweep, quarantine, server_queries
 from gpuledger.store import ingest as store_ingest
@@ -98,7 +98,7 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
     refused = [{"series": r.series, "item": r.item, "reason": r.reason, "raw": r.raw} for r in checked.refused]
     refused += [{"series": r.series, "item": r.item, "reason": r.reason, "raw": r.raw} for r in out_of_span]
     quarantine.after_push(
-        ledger.database, batch.run.id, refused, actor=actor, token_id=principal.token_id,
+        ledger.database, batch.run.id, redact_refused(refused), actor=actor, token_id=principal.token_id,
         redact=redactor().redact_text,
     )  # fmt: skip
     items = [
