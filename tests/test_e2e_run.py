@@ -370,10 +370,20 @@ def test_a_short_command_still_has_its_memory_measured(env: dict[str, str]) -> N
     assert 120 * 2**20 <= only_run(env)["peak_rss_bytes"] <= 200 * 2**20
 
 
-def test_a_small_command_is_not_given_the_recorders_memory(env: dict[str, str]) -> None:
-    # `sleep` holds about 2 MiB. wait4's ru_maxrss for it also counts the image it was forked from
-    # (gpuledger's own tens of MiB, before exec): the readings that saw it are its peak.
-    assert run_cli(["run", "--", "sleep", "1.5"], env).returncode == 0
+def test_a_small_command_is_not_given_the_recorders_memory(tmp_path: Path, env: dict[str, str]) -> None:
+    # A shell waiting in `sleep`s holds a few MiB. wait4's ru_maxrss for it also counts the image
+    # it was forked from (gpuledger's own tens of MiB, before exec): the readings that saw it are
+    # its peak. It runs until a flushed interval shows a reading saw it, however slow the machine.
+    go = tmp_path / "go"
+    waiter = 'while [ ! -e "$0" ]; do sleep 0.05; done'
+    proc = subprocess.Popen([*GPULEDGER, "run", "--interval", "0.5", "--", "sh", "-c", waiter, str(go)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        wait_for(lambda: bool(runs_json(env)) and only_run(env)["intervals"] >= 1, "a flushed reading of the command")
+    finally:
+        go.touch()
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
     assert 0 < only_run(env)["peak_rss_bytes"] <= 16 * 2**20
 
 
