@@ -26,11 +26,13 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuledger.collect.base import GpuCollector, HostCollector
 from gpuledger.core.metering.intervals import merge_gpu_ticks, merge_host_ticks
 from gpuledger.core.model import Event, GpuInterval, GpuTick, HostInterval, HostTick, Metric
+from gpuledger.core.redaction.records import TextCache
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.recorder.control import ControlServer
 
 MIN_INTERVAL_S = 0.5
@@ -106,6 +108,7 @@ class Recorder:
         self._wake_r = self._wake_w = -1  # a pipe while the thread runs: stop() wakes its wait
         self._lock = threading.Lock()
         self._pending = Pending()
+        self._text = TextCache(Redactor.default())  # event kinds and metric keys
         self._gpu_ticks: dict[str, list[GpuTick]] = {}
         self._host_ticks: list[HostTick] = []
         self._gpu_seq: dict[str, int] = {}
@@ -127,10 +130,19 @@ class Recorder:
 
     # -- public, thread-safe --------------------------------------------------------------
     def event(self, kind: str, message: str = "", **payload: object) -> None:
+        # Redacted before it is held: an integration's message or payload may carry a secret,
+        # and neither the ledger nor a spool file may keep it (core/redaction/records.py).
+        r = self._text.redactor
+        event = Event(
+            t=self._clock(), kind=self._text(kind), message=r.redact_text(message), payload=r.redact_tree(payload)
+        )
         with self._lock:
-            self._pending.events.append(Event(t=self._clock(), kind=kind, message=message, payload=payload))
+            self._pending.events.append(event)
 
     def add_metrics(self, metrics: list[Metric]) -> None:
+        renamed = self._text.changes({m.key for m in metrics})  # a key naming a token: almost never
+        if renamed:
+            metrics = [replace(m, key=renamed[m.key]) if m.key in renamed else m for m in metrics]
         with self._lock:
             self._pending.metrics.extend(metrics)
 

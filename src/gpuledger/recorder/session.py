@@ -8,6 +8,7 @@ flush, so a locked or unreachable ledger never delays or stops the training.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from gpuledger.collect.base import GpuCollector, HostCollector
 from gpuledger.core.ids import uuid7
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
+from gpuledger.core.redaction.records import redact_run_fields
 from gpuledger.core.redaction.redact import Redactor
 from gpuledger.recorder import metadata
 from gpuledger.recorder.alerting import LiveAlerts
@@ -65,27 +67,26 @@ def new_run_record(
     started_at: float | None = None,
     clock: Callable[[], float] = time.time,
 ) -> RunRecord:
-    """A fresh run with redacted command and labels, git state and versions filled in.
+    """A fresh run with git state and versions filled in, every text field redacted (command,
+    labels, user, host, directory, name, git, versions: core/redaction/records.py), as the server
+    redacts them again: the local ledger holds no secret either.
 
     Text the OS handed over (the command line, directory, user, environment labels, git fields)
     goes through ``os_text``, so the record is valid UTF-8 whatever bytes it held."""
-    redactor = Redactor.default()
     now = clock() if started_at is None else started_at
     all_labels = metadata.env_labels(env)
     all_labels.update(labels or {})
     all_labels = {os_text(str(k)): os_text(str(v)) for k, v in all_labels.items()}
     git = {k: os_text(v) if isinstance(v, str) else v for k, v in metadata.git_state(cwd).items()}
-    if "remote" in git:
-        git["remote"] = redactor.redact_text(str(git["remote"]))
-    return RunRecord(
+    run = RunRecord(
         id=run_id or uuid7(int(now * 1000)),
-        command=redactor.redact_argv([os_text(str(arg)) for arg in command]),
+        command=[os_text(str(arg)) for arg in command],
         user=os_text(metadata.current_user(env)),
         host=os_text(host_name()),
         cwd=os_text(cwd),
         started_at=now,
         name=None if name is None else os_text(name),
-        labels=redactor.redact_mapping(all_labels),
+        labels=all_labels,
         git=git,
         versions=metadata.versions(),
         replayed=replayed,
@@ -93,6 +94,14 @@ def new_run_record(
         recorder_pid=os.getpid(),
         log_path=log_path,
     )
+    return redacted_run(run)
+
+
+def redacted_run(run: RunRecord) -> RunRecord:
+    """``run`` with every text field redacted, but its log path: gpuledger's own file, which
+    ``gpuledger recover`` reads back (the server redacts that too)."""
+    fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
+    return dataclasses.replace(run, **redact_run_fields(Redactor.default(), fields, keep=frozenset({"log_path"})))
 
 
 class LedgerIncomplete(Exception):
@@ -136,9 +145,13 @@ class Session:
         self.devices: list[GpuIdentity] = gpu.devices() if gpu is not None else []
         if not self.devices and gpu_note is None:
             gpu_note = "no GPU is visible to this run (CUDA_VISIBLE_DEVICES hides them all)"
-        run.gpu_note = None if self.devices else gpu_note
+        redactor = Redactor.default()
+        # Device names and driver versions are text the ledger keeps: redacted as the run is
+        # (the uuid keys the GPU's readings and is the driver's own).
+        self.devices = [_redacted_device(redactor, d) for d in self.devices]
+        run.gpu_note = None if self.devices or gpu_note is None else redactor.redact_text(gpu_note)
         if self.devices:
-            run.versions.update(_driver_versions(self.devices))
+            run.versions.update(redactor.redact_tree(_driver_versions(self.devices)))
         self.control = control
         self._run_changes: dict[str, object] = {}
         self.alerts = LiveAlerts.for_session(run, self.devices, warn=warn)
@@ -207,7 +220,7 @@ class Session:
             sent = {os_text(str(k)): os_text(str(v)) for k, v in labels.items()}
             for key, value in redactor.redact_mapping(sent).items():
                 self.run.labels.setdefault(key, value)
-            self.run.meta.update(meta)
+            self.run.meta.update(redactor.redact_tree(dict(meta)))
             self._run_changes["labels"] = dict(self.run.labels)
             self._run_changes["meta"] = dict(self.run.meta)
 
@@ -266,6 +279,8 @@ class Session:
             except Exception as exc:
                 stderr_line(f"gpuledger: could not read the run's log: {exc!r}")
         run = self.run
+        if reason is not None:  # it may quote the log or the command
+            reason = Redactor.default().redact_text(reason)
         run.status, run.ended_at, run.exit_code, run.signal = status, ended, exit_code, signal
         run.status_reason = reason
         try:
@@ -309,6 +324,16 @@ class Session:
     def close(self) -> None:
         if self._ledger is not None:
             self._ledger.close()
+
+
+def _redacted_device(redactor: Redactor, device: GpuIdentity) -> GpuIdentity:
+    text = {
+        f.name: redactor.redact_text(value)
+        for f in dataclasses.fields(device)
+        if f.name != "uuid" and isinstance(value := getattr(device, f.name), str)
+    }
+    changed = {k: v for k, v in text.items() if v != getattr(device, k)}
+    return dataclasses.replace(device, **changed) if changed else device
 
 
 def _driver_versions(devices: list[GpuIdentity]) -> dict[str, str]:

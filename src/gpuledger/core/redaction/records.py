@@ -25,12 +25,12 @@ __all__ = ["RUN_IDENTIFIERS", "TextCache", "redact_run_fields"]
 RUN_IDENTIFIERS = frozenset({"id", "attempt_of", "status"})
 
 
-def redact_run_fields(r: Redactor, fields: Mapping[str, Any]) -> dict[str, Any]:
+def redact_run_fields(r: Redactor, fields: Mapping[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Every text field of a run record (``fields``: its columns by name) redacted; the fields
-    that are not text, and the identifiers, are returned as they are."""
+    that are not text, the identifiers and those in ``keep`` are returned as they are."""
     out: dict[str, Any] = {}
     for key, value in fields.items():
-        if key in RUN_IDENTIFIERS or value is None:
+        if key in RUN_IDENTIFIERS or key in keep or value is None:
             out[key] = value
         elif key == "command" and isinstance(value, list):
             out[key] = r.redact_argv(value)
@@ -47,15 +47,19 @@ class TextCache:
     """``redact_text`` remembered per distinct value: the few names that repeat in thousands of
     rows (metric keys, device ids, method names) are redacted once per batch."""
 
+    MAX_SEEN = 4096  # a sender inventing new names forever only makes it forget
+
     def __init__(self, r: Redactor) -> None:
-        self._r = r
+        self.redactor = r
         self._seen: dict[str, str] = {}
 
     def __call__(self, text: str) -> str:
         try:
             return self._seen[text]
         except KeyError:
-            out = self._seen[text] = self._r.redact_text(text)
+            if len(self._seen) >= self.MAX_SEEN:
+                self._seen.clear()
+            out = self._seen[text] = self.redactor.redact_text(text)
             return out
 
     def changes(self, values: set[Any]) -> dict[str, str]:
