@@ -73,3 +73,13 @@ def test_a_month_closes_days_after_it_ends() -> None:
     assert closed_months.boundary(_t(2026, 12, 1, 0, 1), 0) == _t(2026, 12, 1)  # no grace at all
     assert closed_months.boundary(_t(2026, 12, 4, 20), 62) == _t(2026, 10, 1)  # a window longer than a month
     assert closed_months.closes_at(_t(2026, 11, 15), 3) == _t(2026, 12, 4)
+
+
+def test_a_swept_runs_end_may_reach_past_its_last_sign_of_life() -> None:
+    # The sweep heard of it (a push without intervals) until 5,000: its end may follow that.
+    def judge(end: float) -> str | None:
+        return judge_record("r", LOST, {**LOST, "status": "failed", "ended_at": end}, LAST_ROW, 5_000.0).refusal
+
+    assert judge(4_000.0) is None and judge(5_000.0 + LOST_SLACK_S) is None
+    assert "its end may lie" in (judge(5_000.0 + LOST_SLACK_S + 1) or "")
+    assert "its end may lie" in (judge(LAST_ROW - 60) or "")  # never before its last interval

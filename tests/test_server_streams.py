@@ -97,7 +97,8 @@ def test_a_long_run_costs_no_memory_to_export(tmp_path: Path, capsys) -> None:  
         run_id = str(uuid.uuid4())
         start = NOW - 30 * 86400
         with Ledger(url) as led:
-            with TestClient(create_app(url)) as client:
+            # a month ago, pushed now: no month may have closed (store/closed_months.py)
+            with TestClient(create_app(url, settings=Settings(close_after_days=62))) as client:
                 doc = run_doc(run_id=run_id, started_at=start)
                 assert (
                     client.post("/api/v1/ingest", json={"run": doc}, headers=bearer(tokens.agent_a)).status_code == 200

@@ -144,7 +144,8 @@ def _upsert_run(
     authorize(existing["project"], new_row["project"])
     ownership.check_pusher(conn, run.id, writer, existing["host"])
     last = _last_row_t1(conn, existing, pushed) if existing["status"] == "lost" else None
-    verdict = run_rules.judge_record(run.id, existing, new_row, last)
+    seen = existing["ended_at"] if existing.get("swept_at") is not None else None  # the sweep's, not the agent's
+    verdict = run_rules.judge_record(run.id, existing, new_row, last, seen)
     if verdict.refusal:
         raise PushRefused(verdict.refusal)
     if not verdict.changes:

@@ -68,10 +68,15 @@ def _show(value: Any) -> str:
 
 
 def judge_record(
-    run_id: str, stored: Mapping[str, Any], sent: Mapping[str, Any], last_row_t1: float | None = None
+    run_id: str,
+    stored: Mapping[str, Any],
+    sent: Mapping[str, Any],
+    last_row_t1: float | None = None,
+    last_seen: float | None = None,
 ) -> RecordVerdict:
     """What of the ``sent`` run row may be applied to the ``stored`` one. ``last_row_t1``: the end of
-    the run's last interval (stored, or taken in this push), which bounds a lost run's real end."""
+    the run's last interval (stored, or taken in this push); ``last_seen``: for a run the sweep
+    marked lost, its last sign of life as the server noted it. They bound a lost run's real end."""
     frozen = [k for k in IDENTITY_FIELDS if k in sent and not same(stored.get(k), sent[k])]
     if frozen:
         shown = "; ".join(f"{k} stored {_show(stored.get(k))}, sent {_show(sent[k])}" for k in frozen)
@@ -85,7 +90,7 @@ def judge_record(
         if run_is_open(sent.get("status"), sent.get("ended_at")):
             return RecordVerdict({}, {}, stale=True)  # an older copy of the record: never reopens a run
         if diff and was == "lost":
-            refusal = lost_refusal(run_id, stored, diff, last_row_t1)
+            refusal = lost_refusal(run_id, stored, diff, last_row_t1, last_seen)
             if refusal:
                 return RecordVerdict({}, {}, refusal)
         elif diff:
@@ -99,9 +104,15 @@ def judge_record(
 
 
 def lost_refusal(
-    run_id: str, stored: Mapping[str, Any], diff: Mapping[str, Any], last_row_t1: float | None
+    run_id: str,
+    stored: Mapping[str, Any],
+    diff: Mapping[str, Any],
+    last_row_t1: float | None,
+    last_seen: float | None = None,
 ) -> str | None:
-    """Why a change to a lost run is not how it ended (None: it may be applied)."""
+    """Why a change to a lost run is not how it ended (None: it may be applied). Its end lies
+    between its last interval (its start without one) and ``LOST_SLACK_S`` after the later of that
+    and ``last_seen`` (without either: after the end the verdict gave it)."""
     other = sorted(set(diff) - LOST_MAY_CHANGE)
     if other:
         return (
@@ -116,13 +127,15 @@ def lost_refusal(
     if status == "lost":
         return f"run {run_id} is lost: its end moves only with the report of how it ended (status), not alone"
     end = diff["ended_at"]
-    anchor = last_row_t1 if last_row_t1 is not None else stored.get("ended_at") or stored.get("started_at")
-    if end is None or anchor is None:
+    if end is None:
         return f"run {run_id} is lost: its end cannot be removed"
-    if end < float(anchor) - SPAN_SLACK_S or end > float(anchor) + LOST_SLACK_S:
+    floor = float(last_row_t1 if last_row_t1 is not None else stored["started_at"])
+    known = [t for t in (last_row_t1, last_seen) if t is not None]
+    ceiling = max(known) if known else float(stored.get("ended_at") or floor)
+    if end < floor - SPAN_SLACK_S or end > ceiling + LOST_SLACK_S:
         return (
-            f"run {run_id} is lost: its end may lie between its last interval ({float(anchor):.0f}) and "
-            f"{LOST_SLACK_S:g} s after it, not at {float(end):.0f}"
+            f"run {run_id} is lost: its end may lie between its last interval ({floor:.0f}) and "
+            f"{LOST_SLACK_S:g} s after its last sign of life ({ceiling:.0f}), not at {float(end):.0f}"
         )
     return None
 
