@@ -32,6 +32,7 @@ from server_support import ServerProcess, bearer, setup_accounts
 
 REAL = "01900000-0000-7000-8000-0000000000aa"
 REAL_GPU = "GPU-real-0"
+OLD_DEMO = "01900000-0000-7000-8000-0000000000bb"
 DEMO_GPUS = {"GPU-5d3c1f4e-8a21-4b7e-9c1a-0f6b2d9e7a11", "GPU-a7e2b9c0-3f14-4d6a-8b5e-71c9d0e4f322"}  # the trace's
 
 
@@ -67,6 +68,21 @@ def _real_run(url: str, month: str) -> None:
         )  # fmt: skip
 
 
+def _last_months_demo(url: str, month: str) -> None:
+    """A replayed run of last month (written as the recorder writes one, ``replayed``): once rolled
+    up it reaches the chargeback's trend and the capacity shares through the rollup sums only."""
+    t0 = month_bounds(month)[0] - 8 * 86400  # in a complete ISO week, within the 8 weeks of the value trends
+    with Ledger(url) as led:
+        led.create_run(
+            RunRecord(
+                id=OLD_DEMO, command=["demo"], user="ana", host="node-1", cwd="/", started_at=t0, status="succeeded",
+                ended_at=t0 + 3600, labels={"team": "demo", "project": "A", "model_version": "demo-v1"}, replayed=True,
+            )
+        )  # fmt: skip
+        led.add_devices(OLD_DEMO, [GpuIdentity(0, "GPU-old-demo", "NVIDIA A100-SXM4-80GB")])
+        led.append(OLD_DEMO, gpu=[GpuInterval(device_uuid="GPU-old-demo", seq=0, t0=t0, t1=t0 + 3600, busy_s=1800.0)])
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("replayed")
@@ -84,6 +100,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     assert month_of(month_bounds(month)[0] + 1) == month
     for url in urls.values():
         _real_run(url, month)
+    _last_months_demo(urls["both"], month)
     tokens = setup_accounts(urls["both"])  # now a team server's ledger too: the server part below
     yield World(envs["both"], envs["real"], urls["both"], demo["id"], month, tokens.admin)
 
@@ -140,10 +157,12 @@ def test_chargeback_is_the_real_runs_alone(world: World) -> None:
     assert [g["team"] for g in with_demo["groups"]] == ["vision"]
     assert with_demo["replayed_runs"] == [] and with_demo["include_replayed"] is False
     assert any("replayed run" in w and "left out" in w for w in with_demo["warnings"])
-    # the exact path and the columnar one agree once the runs are rolled up
+    # rolled up, the runs are read from rollup rows (the columnar path; the trend's sums): the same
     for env in (world.both, world.real):
         _text(["report", "rollup"], env)
     assert _figures(_json(args, world.both)) == _figures(_json(args, world.real)) == _figures(without)
+    trend = _json([*args, "--include-replayed"], world.both)["trend"]
+    assert any(r["team"] == "demo" and Decimal(r["cost"]) > 0 for r in trend)  # last month's demo, when asked
 
 
 def test_chargeback_with_the_flag_bills_and_marks_the_demo(world: World) -> None:
@@ -167,6 +186,8 @@ def test_chargeback_with_the_flag_bills_and_marks_the_demo(world: World) -> None
     assert "INCLUDES REPLAYED RUNS" in md and "| REPLAYED |" in md
     html = _text([*args, "--format", "html"], world.both)
     assert "INCLUDES REPLAYED RUNS" in html and "included and marked replayed" in html and "<th>REPLAYED</th>" in html
+    assert "demo-v1" in html  # the weekly value for money has last month's demo model version, when asked
+    assert "demo-v1" not in _text(["report", "chargeback", "--month", world.month, "--format", "html"], world.both)
     groups_csv = {r["team"]: r for r in csv.DictReader(io.StringIO(_text([*args, "--format", "csv"], world.both)))}
     assert groups_csv["demo"]["replayed_runs"] == "1" and groups_csv["TOTAL"]["replayed_runs"] == "1"
     runs_csv = _text([*args, "--format", "csv", "--section", "runs"], world.both)

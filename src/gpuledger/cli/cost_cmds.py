@@ -229,8 +229,9 @@ def chargeback_cmd(
 
         # The weeks before the report's end (or now): trend, TOP lists and anomalies by model_version.
         weekly = value_trends(
-            ledger, scope=_scope(projects), card=card, basis=basis, end=min(hi, time.time()), top_n=top_n
-        )
+            ledger, scope=_scope(projects), card=card, basis=basis, end=min(hi, time.time()), top_n=top_n,
+            include_replayed=include_replayed,
+        )  # fmt: skip
         text = chargeback_html(cb, top_n, value=weekly)
     else:
         text = cost_render.chargeback_text(cb, min(top_n, 5))

@@ -38,9 +38,11 @@ def finished_model_runs(
     start: float,
     end: float,
     limit: int | None = None,
+    replayed: bool = True,
 ) -> list[dict[str, Any]]:
     """Runs in scope that ended in [start, end), are no longer recording, were metered here (not
-    imported) and carry a model or model_version label; newest end first, at most ``limit``."""
+    imported) and carry a model or model_version label; newest end first, at most ``limit``.
+    Without ``replayed``, not those metered from a replayed GPU trace (demos: not billed)."""
     r = runs.c
     labelled = sa.exists().where(run_labels.c.run_id == r.id, run_labels.c.key.in_(MODEL_LABELS))
     q = (
@@ -50,6 +52,8 @@ def finished_model_runs(
     )
     if scope is not None:
         q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
+    if not replayed:
+        q = q.where(r.replayed == sa.false())
     if limit is not None:
         q = q.limit(limit)
     return [dict(row) for row in conn.execute(q).mappings()]

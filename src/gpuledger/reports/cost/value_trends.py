@@ -164,9 +164,15 @@ def run_values(
     end: float,
     basis: str | None = None,
     limit: int | None = None,
+    include_replayed: bool = False,
 ) -> list[RunValue]:
-    """The value of every finished, labelled run in scope that ended in [start, end), newest end first."""
-    rows = ledger.read(lambda conn: vq.finished_model_runs(conn, scope=scope, start=start, end=end, limit=limit))
+    """The value of every finished, labelled run in scope that ended in [start, end), newest end
+    first; runs of a replayed GPU trace (demos, not billed) only with ``include_replayed``."""
+    rows = ledger.read(
+        lambda conn: vq.finished_model_runs(
+            conn, scope=scope, start=start, end=end, limit=limit, replayed=include_replayed
+        )
+    )
     return values_of(ledger, rows, card=card, basis=basis)
 
 
@@ -207,14 +213,19 @@ def value_trends(
     rule: AnomalyRule | None = None,
     thresholds: CauseThresholds | None = None,
     diagnose_limit: int = DIAGNOSE_LIMIT,
+    include_replayed: bool = False,
 ) -> ValueTrends:
-    """The ``weeks`` complete ISO weeks before ``end``: series, TOP lists, anomalies of the last."""
+    """The ``weeks`` complete ISO weeks before ``end``: series, TOP lists, anomalies of the last.
+    Runs of a replayed GPU trace count only with ``include_replayed``, as in the chargeback."""
     rule = rule or AnomalyRule()
     thresholds = thresholds or CauseThresholds()
     if weeks < 1:
         raise ValueError("value trends need at least one week")
     starts = weeks_before(end, weeks)
-    values = run_values(ledger, scope=scope, card=card, basis=basis, start=starts[0], end=starts[-1] + WEEK_S)
+    values = run_values(
+        ledger, scope=scope, card=card, basis=basis, start=starts[0], end=starts[-1] + WEEK_S,
+        include_replayed=include_replayed,
+    )  # fmt: skip
     cells = weekly_cells(values, starts, by)
     anomalies = find_anomalies(cells, starts, rule)
     diagnosed: dict[str, RunValue] = {}
