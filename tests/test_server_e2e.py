@@ -3,19 +3,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
 
 from gpuledger.store import Ledger, audit
 from server_support import ServerProcess, batch, bearer, fresh_pg_url, gpu_rows, host_rows, run_doc, setup_accounts
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.slow
 
@@ -95,22 +100,47 @@ def _local_url(home: Path) -> str:
     return f"sqlite:///{home}/ledger.db"
 
 
+def _wait(check: Callable[[], T], what: str, limit_s: float = 60.0) -> T:
+    """Poll until ``check`` gives something truthy (a local ledger not written yet counts as not yet)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        with contextlib.suppress(Exception):
+            if found := check():
+                return found
+        assert time.monotonic() < deadline, f"waited {limit_s:.0f} s for {what}"
+        time.sleep(0.1)
+
+
+def _first_run(url: str) -> str:
+    with Ledger(url) as led:
+        return led.list_runs()[0].id
+
+
 def test_server_stopped_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     with fresh_pg_url() as url:
         tokens = setup_accounts(url)
         server = ServerProcess(url, log=tmp_path / "server.log").start()
         env = _env(tmp_path / "home", GPULEDGER_TOKEN=tokens.agent_a)
-        code = "import time\nfor i in range(14):\n    print('step', i, flush=True); time.sleep(1)\n"
+        go = tmp_path / "go"
+        # 14 steps of a second at least, and on until the test says so: the run outlives the outage.
+        code = (
+            "import os, sys, time\ni = 0\nwhile i < 14 or not os.path.exists(sys.argv[1]):\n"
+            "    print('step', i, flush=True); i += 1; time.sleep(1)\n"
+        )
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpuledger", "run", "--server", server.url, "--project", "A", "--interval", "1",
-             "--replay-gpus", "a100x2-example", "--", sys.executable, "-c", code],
+             "--replay-gpus", "a100x2-example", "--", sys.executable, "-c", code, str(go)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
-            time.sleep(4)
+            home_url = _local_url(tmp_path / "home")
+            _wait((tmp_path / "home" / "ledger.db").exists, "the local ledger")  # not made here first
+            run_id = _wait(lambda: _first_run(home_url), "the run to start")
+            pushed = _wait(lambda: len(_rows(url, run_id)["gpu"]), "the server to hold some of the run")
             server.stop()  # the server dies while the run records
-            time.sleep(4)
+            _wait(lambda: len(_rows(home_url, run_id)["gpu"]) >= pushed + 4, "intervals recorded while it is away")
             server.start()  # ... and comes back on the same port
+            go.touch()
             _, err = proc.communicate(timeout=90)
         finally:
             if proc.poll() is None:
