@@ -52,7 +52,8 @@ def _checkpoint(db: str | None, given: str | None):  # type: ignore[no-untyped-d
 
     path = Path(given).expanduser() if given else audit_checkpoint.default_path(db or "")
     cp = audit_checkpoint.load(path)
-    if cp is None and given:
+    typed = click.get_current_context().get_parameter_source("checkpoint") == click.core.ParameterSource.COMMANDLINE
+    if cp is None and typed:  # a file named on the command line must be there; the environment's may not be yet
         raise click.ClickException(f"--checkpoint {given}: no such file")
     return None if cp is None else (cp, str(path))
 
