@@ -143,6 +143,9 @@ def test_cost_of_a_demo_run_shows_figures_and_says_it_is_not_billed(world: World
     real = _json(["cost", REAL, "--format", "json"], world.both)["runs"][0]
     assert real["replayed"] is False and real["billed"] is True and "replayed" not in real["total"]["flags"]
     assert "not billed" not in _text(["cost", REAL], world.both)
+    report_md = _text(["report", "run", world.demo, "--cost", "--format", "md"], world.both)
+    assert "| billed | no: a replayed GPU trace, not real hardware |" in report_md
+    assert "| billed | yes |" in _text(["report", "run", REAL, "--cost", "--format", "md"], world.both)
     csv_rows = list(csv.DictReader(io.StringIO(_text(["cost", world.demo, "--format", "csv"], world.both))))
     assert csv_rows and all("replayed" in r["flags"].split(";") for r in csv_rows)
 

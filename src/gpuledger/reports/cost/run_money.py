@@ -36,6 +36,7 @@ def run_cost(ledger: Ledger, run: str | RunRecord) -> dict[str, Any]:
         "basis": report["basis"],
         "rate_card": report["rate_card"],
         "partial": entry["partial"],
+        "billed": entry["billed"],  # false for a replayed GPU trace's run: no bill counts it
         "gpus": entry["gpus"],
         "logical_run": entry["logical_run"],
     }

@@ -52,6 +52,7 @@ COST_ROWS = (
     ("energy_cost", "energy cost"),
     ("idle_cost", "cost of idle time"),
     ("partial", "partial (run not finished)"),
+    ("billed", "billed"),
     ("cost_per_epoch", "cost per epoch"),
     ("cost_per_1k_images", "cost per 1,000 images"),
     ("cost_per_map_point", "cost per mAP point"),
@@ -119,6 +120,8 @@ def cost_rows(cost: dict[str, Any] | None, value: dict[str, Any] | None) -> list
             text = f"{v} {currency}".strip()
         elif key == "partial":
             text = "yes" if v else "no"
+        elif key == "billed":
+            text = "yes" if v else "no: a replayed GPU trace, not real hardware"
         else:
             text = _quantity(v)
         rows.append({"label": label, "value": text})
