@@ -159,6 +159,10 @@ def test_an_append_checks_the_chain_before_the_keeper_does(team: Team) -> None:
         assert "checkpoint" in refused.json()["detail"] and f"ends at seq {revoked - 1}" in refused.json()["detail"]
         assert _runs(server, team).status_code == 503
     assert team.head_seq() == revoked - 1  # nothing was appended to the shortened chain
+    env = {"GPULEDGER_AUDIT_KEY_FILE": str(team.key_file), "GPULEDGER_AUDIT_CHECKPOINT": str(team.checkpoint)}
+    admin = _gl("admin", "token", "revoke", team.agent_id, "--db", team.url, env=env)  # another writer, same host
+    assert admin.returncode == 1 and f"the audit trail ends at seq {revoked - 1}" in admin.stderr, admin.stderr
+    assert team.head_seq() == revoked - 1
 
 
 def _backup(team: Team) -> Callable[[], None]:

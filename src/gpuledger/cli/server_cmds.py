@@ -19,15 +19,17 @@ if TYPE_CHECKING:
 
 def server_ledger(url: str | None):
     """The ledger at --db, never migrated implicitly (schema changes: gpuledger db migrate)."""
-    from gpuledger.store import Ledger, LedgerError
+    from gpuledger.store import Ledger, LedgerError, audit_checkpoint
 
     if not url:
         raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
     check_ledger_url(url)
     try:
-        return Ledger(url, migrate=False)
+        ledger = Ledger(url, migrate=False)
     except LedgerError as exc:
         raise click.ClickException(str(exc)) from exc
+    audit_checkpoint.guard_writer(ledger.database.engine, url)  # no append to a chain cut below the checkpoint
+    return ledger
 
 
 def db_required(func):  # type: ignore[no-untyped-def]

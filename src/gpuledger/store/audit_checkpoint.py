@@ -172,6 +172,18 @@ def set_floor(engine: Engine, cp: Checkpoint, path: Path) -> None:
         _floors[engine.pool] = (cp, path)
 
 
+def guard_writer(engine: Engine, url: str) -> None:
+    """For a writer other than the server (``gpuledger admin``, ``retention`` ...) on the server's
+    host: hold appends to the checkpoint there, when there is a good one for this key."""
+    try:
+        keys = audit_sign.writer_keys()
+        cp = load(default_path(url)) if keys is not None else None
+    except LedgerError:
+        return  # the command says what is wrong with the key when it writes; a bad file is the server's to refuse
+    if keys is not None and cp is not None and cp.trusted_by(keys.trusted):
+        set_floor(engine, cp, default_path(url))
+
+
 def floor(engine: Engine) -> Checkpoint | None:
     known = _floors.get(engine.pool)
     return None if known is None else known[0]
