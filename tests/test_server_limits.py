@@ -159,7 +159,11 @@ def test_unauthenticated_uploads_cost_no_memory(tmp_path: Path, pg, capsys) -> N
         before = proc.memory_info().rss
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda _: upload(), range(4)))
-        time.sleep(0.5)  # let the server finish with the four connections
+        deadline = time.monotonic() + 60  # the server is done with the four connections (polled)
+        while any(c.laddr and c.laddr.port == server.port and c.status != psutil.CONN_LISTEN
+                  for c in proc.net_connections(kind="tcp")):  # fmt: skip
+            assert time.monotonic() < deadline, "the server kept the uploads' connections open"
+            time.sleep(0.05)
         after = proc.memory_info().rss
     with capsys.disabled():
         print(f"\n[unauthenticated 4 x 94 MB PUT] server RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MB: {answers}")
