@@ -42,6 +42,8 @@ def keep_timeline(
     ``refuse(index, row, reason)`` for each other one. ``devices``: the run's GPU UUIDs (gpu only)."""
     seq_at, t0_at, t1_at = (columns.index(c) for c in ("seq", "t0", "t1"))
     uuid_at = columns.index("device_uuid") if series == "gpu" else None
+    key = (lambda r: (str(r[uuid_at]), r[seq_at])) if uuid_at is not None else (lambda r: ("", r[seq_at]))
+    fresh = {id(r) for r in bulk.unreplaced(conn, run_id, series, [r for _, r in items], key)}
     groups: dict[str, list[Item]] = {}
     for i, r in items:
         uuid = "" if uuid_at is None else str(r[uuid_at])
@@ -51,9 +53,7 @@ def keep_timeline(
         groups.setdefault(uuid, []).append((i, r))
     kept: list[Item] = []
     for uuid, group in groups.items():
-        rows = [r for _, r in group]
-        fresh = {id(r) for r in bulk.unreplaced(conn, run_id, series, rows, lambda r, u=uuid: (u, r[seq_at]))}
-        stored = _stored_near(conn, run_id, uuid if uuid_at is not None else None, [int(r[seq_at]) for r in rows])
+        stored = _stored_near(conn, run_id, uuid if uuid_at is not None else None, [int(r[seq_at]) for _, r in group])
         seqs = sorted(stored)
         for i, r in sorted(group, key=lambda it: int(it[1][seq_at])):
             seq, t0, t1 = int(r[seq_at]), float(r[t0_at]), float(r[t1_at])
