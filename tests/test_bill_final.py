@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -225,3 +227,9 @@ def test_a_closed_month_cannot_change(kind: str, tmp_path: Path) -> None:
         late = s.verify(close_after_days=0).problems
         assert any(p.startswith(f"run {old['id']}: started ") and "after its month closed" in p for p in late), late
         assert not any(old["id"] in p for p in s.verify(close_after_days=62).problems)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_AUDIT")}
+        cli = [sys.executable, "-m", "gpuledger", "audit", "verify", "--db", s.url, "--public-key", s.key.public.text]
+        named = subprocess.run([*cli, "--close-after-days", "0"], capture_output=True, text=True, timeout=120, env=env)
+        assert named.returncode == 1 and f"TAMPERED  run {old['id']}: started " in named.stdout, named.stdout
+        fine = subprocess.run([*cli, "--close-after-days", "62"], capture_output=True, text=True, timeout=120, env=env)
+        assert fine.returncode == 0, fine.stdout + fine.stderr
