@@ -23,7 +23,7 @@ from typing import Any, TextIO
 __all__ = ["FORMULA_START", "SafeCsvWriter", "neutralise", "numeric_columns"]
 
 FORMULA_START = frozenset("=+-@\t\r")
-_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)  # ASCII digits only
 _PLAIN = (int, float, Decimal)  # classes the fast path takes as they are (str is checked)
 _NEEDS_QUOTES = re.compile(r'[,"\r\n]')  # what makes csv's QUOTE_MINIMAL quote a field
 
