@@ -91,5 +91,11 @@ def test_admin_commands_and_tokens_shown_once_stored_hashed() -> None:
             assert token not in listing and token not in dump and token.split("_", 2)[2] not in dump
         revoke = gl("admin", "token", "revoke", agent_token[4:16], "--db", url)
         assert revoke.returncode == 0 and "revoked" in gl("admin", "token", "list", "--db", url).stdout
+        node = gl("admin", "token", "issue", "bot", "--role", "agent", "--host", "node-17", "--db", url)
+        assert node.returncode == 0 and "bound to host 'node-17'" in node.stderr, node.stderr  # node-17 enrolled
+        assert f"{node.stdout.strip()[4:16]}  bot" in gl("admin", "token", "list", "--db", url).stdout
+        assert "host node-17" in gl("admin", "token", "list", "--db", url).stdout
+        wrong = gl("admin", "token", "issue", "alice", "--role", "member", "--host", "node-17", "--db", url)
+        assert wrong.returncode == 1 and "only agent tokens are bound to a host" in wrong.stderr
         verify = gl("audit", "verify", "--db", url)
         assert verify.returncode == 0 and verify.stdout.startswith("OK"), verify.stdout

@@ -162,8 +162,8 @@ def token_issue(
         create_user = not accounts.list_users(ledger) and role == "admin"  # a fresh server: its first admin
     expires = None if expires_days is None else time.time() + expires_days * 86400
     token_id, token = accounts.issue_token(
-        ledger, user, role=role, projects=wanted, note=note, expires_at=expires, actor=_actor(), create_user=create_user,
-        host=host,
+        ledger, user, role=role, projects=wanted, note=note, expires_at=expires, actor=_actor(),
+        create_user=create_user, host=host,
     )  # fmt: skip
     bound = f", bound to host {host!r}" if host else ""
     click.echo(f"token {token_id} for {user!r} ({role}{bound}); shown once, keep it secret:", err=True)

@@ -206,9 +206,9 @@ def authenticate(conn: Connection, token_text: str, *, now: float | None = None)
         return None
     token_id, secret = parsed
     t, u = schema.api_tokens.c, schema.users.c
-    q = sa.select(t.user_name, t.role, t.projects, t.secret_sha256, t.expires_at, t.revoked_at, t.host, u.disabled).join(
-        schema.users, u.name == t.user_name
-    )
+    q = sa.select(
+        t.user_name, t.role, t.projects, t.secret_sha256, t.expires_at, t.revoked_at, t.host, u.disabled
+    ).join(schema.users, u.name == t.user_name)
     row = conn.execute(q.where(t.id == token_id)).first()
     if row is None or not hmac.compare_digest(row.secret_sha256, _sha(secret)):
         return None
