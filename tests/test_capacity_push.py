@@ -155,3 +155,22 @@ def test_a_gpu_moved_off_a_cloud_instance_reaches_the_server_with_each_hosts_ins
     with Ledger(server_url) as remote:
         [gpu] = remote.read(lambda c: fleet(c))
     assert [(h.host, h.instance_type) for h in gpu.hosts] == [("p4d-01", "p4d.24xlarge"), ("onprem-01", None)]
+
+
+def test_rows_the_server_sets_aside_are_said_and_the_outbox_moves_on(tmp_path: Path, server) -> None:  # type: ignore[no-untyped-def]
+    # A local ledger does not check overlaps (two agents on one host, a clock stepped back): the
+    # server stores the first interval of each stretch of time, says why it set the other aside,
+    # and the agent acknowledges the batch rather than sending it for ever.
+    app_client, server_url, token, _ = server
+    local = f"sqlite:///{tmp_path}/local.db"
+    _local_rows(local, 3)
+    twice = CapacityInterval("GPU-x", "node-1", T0_MS + 5_000, T0_MS + 15_000, States(0, 4000, 6000, 0))
+    lines: list[str] = []
+    with Ledger(local) as led:
+        led.write(lambda c: write_capacity(led.database, c, [twice]))
+        report = sync(led, Client(SERVER, token, transport=app_client._transport), progress=lines.append)
+        assert report.capacity_rows == 4
+        assert push_capacity(led, Client(SERVER, token, transport=app_client._transport)).rows == 0
+    assert any("set aside 1 capacity row(s)" in ln and "would count twice" in ln for ln in lines), lines
+    with Ledger(server_url) as remote:
+        assert sorted(r["t0_ms"] for r in remote.read(lambda c: intervals(c))) == [T0_MS + k * 10_000 for k in range(3)]

@@ -9,8 +9,8 @@ server older than the capacity ledger answers 404: the rows stay in the local le
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from gpuledger.agent.client import Client, Rejected
 from gpuledger.store import capacity_push
@@ -28,6 +28,9 @@ class CapacityPush:
     rows: int = 0
     batches: int = 0
     unsupported: bool = False  # the server has no capacity route (an older gpuledger)
+    # rows the server set aside (an overlap, a time before the GPU's first sighting), with why:
+    # acknowledged all the same, as sending them again could not change the answer
+    set_aside: list[dict[str, Any]] = field(default_factory=list)
 
 
 def push_capacity(ledger: Ledger, client: Client, *, budget: int = BATCH_ROWS) -> CapacityPush:
@@ -39,12 +42,13 @@ def push_capacity(ledger: Ledger, client: Client, *, budget: int = BATCH_ROWS) -
         if not rows:
             return out
         try:
-            client.capacity({"intervals": rows, "gpus": gpus})
+            answer = client.capacity({"intervals": rows, "gpus": gpus})
         except Rejected as exc:
             if exc.status == 404:
                 out.unsupported = True
                 return out
             raise
+        out.set_aside += (answer.get("quarantined") if isinstance(answer, dict) else None) or []
         marks: dict[str, int] = {}
         for row in rows:
             marks[row[0]] = max(marks.get(row[0], 0), row[2] + 1)  # the next start not yet acknowledged

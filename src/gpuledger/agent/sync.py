@@ -86,6 +86,10 @@ def sync(
             pushes.save(ledger, current)
     pushed = push_capacity(ledger, client)  # the node's capacity intervals, from the same local ledger
     report.capacity_rows, report.capacity_unsupported = pushed.rows, pushed.unsupported
+    if pushed.set_aside:
+        first = pushed.set_aside[0]
+        progress(f"the server set aside {len(pushed.set_aside)} capacity row(s), e.g. {first.get('item')}: "
+                 f"{first.get('reason')}")  # fmt: skip
     return report
 
 
