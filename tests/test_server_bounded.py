@@ -159,8 +159,9 @@ def _headers_only(port: int, head: bytes) -> bytes:
         (b"GET /api/v1/runs HTTP/1.1", True, b"413"),  # a GET with a body, with a valid token
         (b"POST /api/v1/runs HTTP/1.1", True, b"405"),
         (b"POST /api/v1/ingest HTTP/1.1", False, b"401"),  # a write path without a token
+        (b"POST /api/v1/ingest HTTP/1.1", True, b"403"),  # ... with a member's token, which cannot write
     ],
-    ids=["page", "no-path", "healthz", "get-with-body", "post-to-get-route", "no-token"],
+    ids=["page", "no-path", "healthz", "get-with-body", "post-to-get-route", "no-token", "member-write"],
 )
 def test_a_body_where_none_is_taken_is_never_read(
     tmp_path: Path, request_line: bytes, auth: bool, status: bytes

@@ -97,7 +97,7 @@ def test_no_token_no_body_read(pg) -> None:  # type: ignore[no-untyped-def]
                 assert got.status_code == 401 and got.headers["www-authenticate"] == "Bearer"
                 assert pulled == [], (path, headers)  # refused before a single chunk was read
         member = client.request("POST", "/api/v1/ingest", content=body(), headers=bearer(t.member_a))
-        assert member.status_code == 403 and pulled  # a valid token: the route decides (members cannot write)
+        assert member.status_code == 403 and pulled == []  # a member's token cannot write: nothing is read
 
 
 # -- against a real server ----------------------------------------------------------------------

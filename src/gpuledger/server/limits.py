@@ -9,7 +9,8 @@ single byte of the body is read:
 4. the token's rate limit: 429 with Retry-After;
 5. a declared Content-Length over the limit: 413;
 6. a body (a Content-Length above 0, or Transfer-Encoding) sent to a route that takes none (any
-   GET, a page, an unknown path): 404 / 405 / 413 at once, the body unread, the connection closed.
+   GET, a page, an unknown path): 404 / 405 / 413 at once, the body unread, the connection closed;
+7. a write (POST, PUT, PATCH) with a token that cannot write (a member's): 403, nothing read.
 
 Then the body. Bodies are normally read here, counted as they stream, refused as soon as they pass
 the limit (413), and handed to the app in one piece, so no route starts work on a body it will not
@@ -109,6 +110,10 @@ class Guard:
                 return
         if _has_body(headers) and await _no_body_here(scope, send):
             return
+        caller = scope.get("state", {}).get(PRINCIPAL_KEY)
+        if method in BODY_METHODS and caller is not None and caller.role not in WRITER_ROLES:  # nothing to read
+            await reply(send, 403, f"role {caller.role!r} cannot write; use an agent token", close=_has_body(headers))
+            return
         timed = _TimedBody(receive, limit, self.settings.body_idle_s, self.settings.body_timeout_s)
         if method == "PUT" and path.endswith(STREAMED_PUT_SUFFIX):
             await self.app(scope, timed.receive, send)  # the route streams it (and handles the two errors)
@@ -173,6 +178,7 @@ class _TimedBody:
 
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+WRITER_ROLES = frozenset({"admin", "agent"})  # every API write is theirs (auth.require_writer)
 
 
 def _has_body(headers: dict[bytes, bytes]) -> bool:
