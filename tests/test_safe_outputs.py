@@ -250,6 +250,8 @@ def test_every_page_has_a_policy_and_no_live_markup(pages: dict[str, str], name:
 def test_the_json_blocks_carry_the_hostile_names_back(pages: dict[str, str]) -> None:
     body = re.search(r'id="chargeback-data">(.*?)</script>', pages["chargeback"], re.S)
     assert body and {r["team"] for r in json.loads(body.group(1))["groups"]} >= set(HOSTILE)
+    weekly = re.search(r'id="value-trends-data">(.*?)</script>', pages["chargeback"], re.S)  # the value trends
+    assert weekly and {r["model_version"] for r in json.loads(weekly.group(1))["series"]} >= set(HOSTILE)
 
 
 @pytest.mark.parametrize("name", ["chargeback", "capacity", "run", "compare"])
