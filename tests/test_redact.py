@@ -132,8 +132,9 @@ def test_base64_fragment_is_the_words_encoded() -> None:
     fragment = tomllib.loads(RULES_PATH.read_text(encoding="utf-8"))["fragments"]["b64word"]
     expected = {fixed for word in _B64_WORDS for fixed in _base64_fixed(word)}
     assert set(fragment.removeprefix("(?:").removesuffix(")").split("|")) == expected
+    # Every encoded word holds one of the rule's keywords, so the prefilter never hides a match.
     rule = next(r for r in R.rules if r.name == "base64-credential")
-    assert set(rule.keywords) == {f.lower().encode() for f in expected}
+    assert all(any(k in f.lower().encode() for k in rule.keywords) for f in expected)
 
 
 @pytest.mark.parametrize("word", _B64_WORDS, ids=lambda w: w.decode())

@@ -31,6 +31,7 @@ from gpuledger.core.model import (
     Metric,
     RunRecord,
 )
+from gpuledger.core.redaction.records import redact_run_fields
 from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.claims import ProcFacts
 
@@ -182,21 +183,23 @@ def discovered_record(
     versions: dict[str, str],
     replayed: bool,
 ) -> RunRecord:
-    """A new discovered run for ``owner``, first seen now in the process ``facts``."""
-    redactor = Redactor.default()
+    """A new discovered run for ``owner``, first seen now in the process ``facts``; every text
+    field redacted (a container name or a job name may hold a token), as the server does."""
     argv = list(facts.cmdline) or [f"pid {facts.pid}"]
     name = owner.display_name() or os.path.basename(argv[0])
-    return RunRecord(
+    run = RunRecord(
         id=uuid7(int(now * 1000)),
-        command=redactor.redact_argv(argv),
+        command=argv,
         user=user_name(owner.uid, owner.slurm_user),
         host=host,
         cwd="",
         started_at=started_at,
         name=name,
         status=DISCOVERED,
-        labels=redactor.redact_mapping(dict(owner.labels)),
+        labels=dict(owner.labels),
         versions=dict(versions),
         replayed=replayed,
         interval_s=interval_s,
     )
+    fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
+    return dataclasses.replace(run, **redact_run_fields(Redactor.default(), fields))
