@@ -543,7 +543,7 @@ class LineRedactor:
     before its end, so a token is seen with what follows it) and moves back to the start of any
     secret it would split; the last ``CUT_CONTEXT_B`` bytes emitted are kept and searched again
     with what comes next (never emitted twice), so a key name just before the cut still marks the
-    value after it. Only a single secret longer than about half of ``max_line_bytes`` can be cut.
+    value after it. Only a single secret longer than about ``max_line_bytes`` can still be cut.
     """
 
     def __init__(self, redactor: Redactor | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES):
