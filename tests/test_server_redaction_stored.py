@@ -8,6 +8,7 @@ from the database and searched for each secret."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -209,6 +210,13 @@ def test_no_secret_is_stored_anywhere(db_url: str) -> None:
     left = re.sub(rb"\[REDACTED:[a-z0-9-]+\]", b"", line).replace(b"password=", b"")
     assert set(left) == set(b"x,"), sorted(set(left))
     assert line.count(b"[REDACTED:") == 24_000
+    # A quarantined row's sha256 is of the redacted row: a hash of one holding a short password
+    # would let its guesses be checked.
+    with Ledger(db_url) as led:
+        q = led.database.read(
+            lambda c: c.execute(sa.text("SELECT payload, payload_sha256 FROM quarantined_rows")).all()
+        )
+    assert len(q) == 3 and all(hashlib.sha256(p.encode()).hexdigest() == digest for p, digest in q), q
     assert shown["status"] == "failed" and "[REDACTED:" in shown["user"] and "[REDACTED:" in shown["cwd"]
     stored = {(table, column) for table, column, text in _stored_texts(db_url) if "[REDACTED:" in text}
     # Where the secrets went, redacted (the test would pass vacuously if the rows were not stored).

@@ -59,11 +59,20 @@ def redact_batch(batch: IngestBatch) -> IngestBatch:
 
 
 def redact_refused(refused: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Rows refused one by one, as the quarantine keeps them: what each said it was (a device id)
-    and why it was refused (a message may quote a key) redacted; the row itself is redacted by
-    the quarantine as it is stored (``redact=``), after its sha256 is taken."""
+    """Rows refused one by one, as the quarantine keeps them: the row as sent (keys too), what it
+    said it was (a device id) and why it was refused (a message may quote a key), redacted. The row
+    is redacted before the quarantine takes its sha256: a hash of a row holding a short password
+    is a way to check guesses at it."""
     text = TextCache(redactor())
-    return [{**row, "item": text(str(row["item"])), "reason": text(str(row["reason"]))} for row in refused]
+    return [
+        {
+            **row,
+            "item": text(str(row["item"])),
+            "reason": text(str(row["reason"])),
+            "raw": text.redactor.redact_tree(row["raw"]),
+        }
+        for row in refused
+    ]
 
 
 def _text_fields(model: Any, text: TextCache) -> dict[str, str]:
