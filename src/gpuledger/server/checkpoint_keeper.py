@@ -37,7 +37,11 @@ class Keeper:
     def tick(self) -> None:
         """Take a higher checkpoint from the file (another worker's), check the chain against the
         highest known, and write the head when it moved on and is signed."""
-        there = audit_checkpoint.load(self.path)
+        try:
+            there = audit_checkpoint.load(self.path)
+        except audit_checkpoint.CheckpointError as exc:  # torn or edited while serving: written anew below
+            _log.warning("%s", exc)
+            there = None
         if there is not None and there.trusted_by(self.keys.trusted):
             audit_checkpoint.set_floor(self.engine, there, self.path)
         floor = audit_checkpoint.floor(self.engine)
