@@ -312,6 +312,13 @@ def test_run_ids_that_differ_only_in_case_are_one_run(db_url: str, tmp_path: Pat
             assert [r.id for r in led.list_runs()] == [run["id"].lower()]
 
 
+def test_a_ledger_reads_a_run_id_typed_in_capitals(db_url: str) -> None:
+    with Ledger(db_url) as led:  # SQLite's LIKE ignores case, PostgreSQL's does not
+        run_id = str(uuid.uuid4())
+        led.create_run(RunRecord(run_id, ["python", "t.py"], "u", "h", "/", NOW))
+        assert led.resolve(run_id.upper()) == run_id and led.resolve(run_id[:8].upper()) == run_id
+
+
 def test_a_cached_token_stops_working_when_it_expires_or_is_revoked(db_url: str, tmp_path: Path) -> None:
     setup_accounts(db_url)
     with Ledger(db_url) as led:

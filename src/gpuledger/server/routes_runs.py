@@ -32,10 +32,13 @@ def _not_found(run_id: str) -> HTTPException:
 
 def visible(request: Request, principal: Principal, run_id: str) -> tuple[ScopedLedger, RunRecord]:
     view = ScopedLedger(ledger_of(request), principal.scope)
-    try:
-        return view, view.get_run(run_id.lower())  # ids, prefixes and short ids are lower-case
-    except Exception as exc:
-        raise _not_found(run_id) from exc
+    missing: Exception | None = None
+    for ref in dict.fromkeys((run_id, run_id.lower())):  # run ids are lower-case: capitals name the same run
+        try:
+            return view, view.get_run(ref)
+        except Exception as exc:
+            missing = exc
+    raise _not_found(run_id) from missing
 
 
 def _finite(value: Any) -> Any:

@@ -9,6 +9,7 @@ simply resend a batch after an error.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ from gpuledger.store.url import default_url
 T = TypeVar("T")
 
 MIN_PREFIX = 4
+_HEX_REF = re.compile(r"[0-9A-Fa-f-]+")  # a run id or a prefix of one (not a short id, not another source's id)
 _MAX_CANDIDATES = 10
 
 
@@ -201,13 +203,17 @@ class Ledger:
         ids = schema.runs.c.id
         tail = tail_of_short_id(ref)
 
+        # Run ids are lower-case UUIDs: one typed in capitals (or a prefix of one) names the same run.
+        canonical = ref.lower() if _HEX_REF.fullmatch(ref) else ref
+
         def tx(conn: Connection) -> str:
-            if conn.scalar(sa.select(ids).where(ids == ref)) is not None:
-                return ref
+            for exact in dict.fromkeys((ref, canonical)):
+                if conn.scalar(sa.select(ids).where(ids == exact)) is not None:
+                    return exact
             if len(ref) < MIN_PREFIX:
                 hint = f"give the full run id, its short id or a prefix of at least {MIN_PREFIX} characters"
                 raise RunNotFound(ref, hint)
-            match = ids.startswith(ref, autoescape=True)
+            match = ids.startswith(canonical, autoescape=True)
             if tail is not None:
                 match = sa.or_(match, ids.endswith(tail))
             q = (
