@@ -105,6 +105,26 @@ def test_parallel_log_reads_are_streamed_and_counted(db_url: str, tmp_path: Path
         assert peak < len(log), f"the server grew by {peak / 2**20:.0f} MiB serving four reads"
 
 
+def test_a_stored_log_is_read_back_a_bounded_piece_at_a_time(db_url: str) -> None:
+    from gpuledger.store import log_stream
+
+    with Ledger(db_url) as led:
+        for data in (b"epoch 1 42%\r" * 400_000, os.urandom(300_000), b""):  # compressed, stored as is, empty
+            run_id = str(uuid.uuid4())
+            led.create_run(RunRecord(run_id, ["python", "t.py"], "u", "h", "/", NOW))
+            led.set_log(run_id, data)
+            found = log_stream.open_log(led.database, run_id, chunk_b=65536)
+            assert found is not None
+            info, reader = found
+            try:
+                pieces = list(reader)
+            finally:
+                reader.close()
+            assert b"".join(pieces) == data and info.size_b == len(data)
+            assert all(len(p) <= 65536 for p in pieces)
+        assert log_stream.open_log(led.database, str(uuid.uuid4())) is None
+
+
 def test_the_log_cap_holds_on_the_server_whatever_the_header_says(db_url: str, tmp_path: Path) -> None:
     tokens = setup_accounts(db_url)
     cap = 1 << 20

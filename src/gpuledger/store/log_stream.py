@@ -107,24 +107,18 @@ def _pieces(conn: sa.Connection, tx: sa.RootTransaction, run_id: str, info: LogI
     try:
         for at in range(0, info.stored_b, chunk_b):
             stored = read(at, chunk_b)
-            if inflate is None:
-                pieces = [stored]
-            else:
-                pieces = []
-                while stored:
-                    pieces.append(inflate.decompress(stored, chunk_b))
-                    stored = inflate.unconsumed_tail
-            for piece in pieces:
+            while stored:  # a MiB of progress bars inflates to tens of MiB: at most chunk_b out per step
+                piece = stored if inflate is None else inflate.decompress(stored, chunk_b)
+                stored = b"" if inflate is None else inflate.unconsumed_tail
                 if piece:
                     digest.update(piece)
                     sent += len(piece)
                     yield piece
-        if inflate is not None:
-            rest = inflate.flush()
+        rest = b"" if inflate is None else inflate.flush()
+        if rest:
             digest.update(rest)
             sent += len(rest)
-            if rest:
-                yield rest
+            yield rest
         if sent != info.size_b or digest.hexdigest() != info.sha256:
             raise LedgerError(f"the stored log of run {run_id} is damaged ({sent} bytes read, {info.size_b} expected)")
     except zlib.error as exc:
