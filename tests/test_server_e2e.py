@@ -54,7 +54,8 @@ def test_two_replicas_share_one_ledger_and_concurrent_pushes_stay_idempotent(tmp
         tokens = setup_accounts(url)
         with ServerProcess(url, log=tmp_path / "r1.log") as r1, ServerProcess(url, log=tmp_path / "r2.log") as r2:
             run = run_doc()
-            pushed = httpx.post(r1.url + "/api/v1/ingest", json=batch(run, n=10), headers=bearer(tokens.agent_a))
+            first = batch(run, n=10, devices=2)  # both GPUs the batches below have rows of
+            pushed = httpx.post(r1.url + "/api/v1/ingest", json=first, headers=bearer(tokens.agent_a))
             assert pushed.status_code == 200, pushed.text
             seen = httpx.get(f"{r2.url}/api/v1/runs/{run['id']}", headers=bearer(tokens.member_a))
             assert seen.status_code == 200 and seen.json()["id"] == run["id"]
