@@ -17,7 +17,7 @@ from gpuledger.node.push import NodePusher
 from gpuledger.server.app import create_app
 from gpuledger.store import Ledger, pushes
 from gpuledger.store.audit_verify import verify
-from server_support import fresh_pg_url, setup_accounts
+from server_support import enroll, fresh_pg_url, setup_accounts
 from test_agent_loop import CID, Node, exit_processes, make_trees
 from test_agent_outbox import Flaky
 
@@ -27,9 +27,9 @@ SERVER = "http://testserver"
 @pytest.fixture
 def server() -> Iterator[tuple[TestClient, str, str]]:
     with fresh_pg_url() as url:
-        tokens = setup_accounts(url)
-        with TestClient(create_app(url)) as app_client:
-            yield app_client, url, tokens.agent_a
+        setup_accounts(url)
+        with TestClient(create_app(url)) as app_client:  # the node is enrolled: it pushes its capacity too
+            yield app_client, url, enroll(url, "node-1")
 
 
 def claims(finished: float | None = None) -> Claims:
