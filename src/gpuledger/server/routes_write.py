@@ -160,8 +160,8 @@ _LOG_BODY = {"application/octet-stream": {"schema": {"type": "string", "format":
 )
 async def put_log(request: Request, principal: Caller, run_id: str) -> dict[str, Any]:
     require_writer(principal)
-    ledger = request.app.state.ledger
     run_id = run_id.lower()  # the canonical form of a run id (wire_types.RunId)
+    ledger = request.app.state.ledger
     exists, project = await run_in_threadpool(ledger.read, lambda c: server_queries.run_project(c, run_id))
     if not exists or not principal.can_write(project):  # before a byte of the log is read
         raise HTTPException(status_code=404, detail=f"no run {run_id!r} in your projects")
