@@ -161,3 +161,19 @@ def test_cli(tmp_path: Path) -> None:
     with Ledger(db) as ledger:
         assert {r.labels.get("project") for r in ledger.list_runs()} == {"p1", None}
     assert second.exists()
+
+
+def test_imported_run_holds_no_secret(tmp_path: Path) -> None:
+    """The folder's name and args.yaml (a dataset path with a token) are text the ledger keeps:
+    redacted as a recorded run's are."""
+    token = "hf_" + "FolderTokGhIjKlMnOpQrStUvWxYz012345"
+    run_dir = make_run_dir(tmp_path, name=f"train-{token}")
+    args = yaml.safe_load((run_dir / "args.yaml").read_text())
+    args["data"] = "/data/shapes.yaml?token=" + "DataTok4411"
+    (run_dir / "args.yaml").write_text(yaml.safe_dump(args, sort_keys=False))
+    db = tmp_path / "ledger.db"
+    with Ledger(db) as ledger:
+        run = ledger.get_run(import_run_dir(ledger, run_dir).run_id)
+    assert run is not None and "[REDACTED:" in run.name and any("[REDACTED:secret-field]" in c for c in run.command)
+    stored = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("ledger.db"))
+    assert token.encode() not in stored and b"DataTok4411" not in stored

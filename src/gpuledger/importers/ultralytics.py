@@ -12,6 +12,7 @@ further since is a new run.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import socket
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuledger.core.model import Metric, RunRecord
+from gpuledger.core.redaction.records import TextCache, redact_run_fields
+from gpuledger.core.redaction.redact import Redactor
 from gpuledger.integrations.ultralytics import describe
 
 if TYPE_CHECKING:
@@ -183,8 +186,16 @@ def read_run_dir(path: str | os.PathLike[str]) -> tuple[RunRecord, list[Metric]]
         status_reason=f"imported from {folder}",
         gpu_note="imported run: no resource data was recorded",
     )
+    # The folder, its args.yaml (data=URL) and results.csv's columns are text the ledger keeps:
+    # redacted as a recorded run's are (core/redaction/records.py).
+    redactor = Redactor.default()
+    fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
+    run = dataclasses.replace(run, **redact_run_fields(redactor, fields))
+    key_of = TextCache(redactor)
     metrics = [
-        Metric(t=started + row["time"] if "time" in row else ended, key=key, value=value, epoch=int(row["epoch"]))
+        Metric(
+            t=started + row["time"] if "time" in row else ended, key=key_of(key), value=value, epoch=int(row["epoch"])
+        )
         for row in rows
         for key, value in describe.epoch_metrics(row).items()
     ]
