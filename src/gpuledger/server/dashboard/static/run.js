@@ -78,7 +78,7 @@
     var title = document.getElementById("run-title");
     GL.replace(title, [document.createTextNode("Run " + (s.name ? s.name + " " : "")),
                        GL.el("span", { class: "mono muted" }, s.id), document.createTextNode(" "), GL.pill(s.status),
-                       s.replayed ? " " : null,
+                       s.replayed ? document.createTextNode(" ") : null,
                        s.replayed ? GL.el("span", { class: "pill replayed", title: "not real hardware, not billed" },
                                           "replayed GPU trace") : null]);
     var gpus = s.gpus || [];
