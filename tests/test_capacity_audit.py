@@ -18,6 +18,7 @@ from audit_support import audit_key, audit_rows, keyring, sql
 from gpuledger.core.audit.signing import SigningKey
 from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, States
 from gpuledger.server.app import create_app
+from gpuledger.server.settings import Settings
 from gpuledger.store import Ledger, audit
 from gpuledger.store.capacity import write_capacity
 from server_support import bearer, enroll, fresh_pg_url, setup_accounts
@@ -166,7 +167,8 @@ def test_capacity_pushed_to_the_server_is_sealed(ledger_url: str) -> None:
                 for iv in _day_of("GPU-a", "node-1", DAY0)]  # fmt: skip
         seen = {"uuid": "GPU-a", "name": "NVIDIA A100-SXM4-80GB", "host": "node-1", "first_seen": DAY0 * 86400.0,
                 "last_seen": wire[-1][3] / 1000}  # fmt: skip
-        with TestClient(create_app(ledger_url)) as client:
+        # 2026-02 is a closed month on any later date: a window that keeps it open (store/closed_months.py)
+        with TestClient(create_app(ledger_url, settings=Settings(close_after_days=36500))) as client:
             got = client.post("/api/v1/capacity", json={"intervals": wire, "gpus": [seen]}, headers=bearer(node))
             assert got.status_code == 200, got.text
         [seal] = _capacity_rows(ledger_url)  # 2026-02-16 is long over

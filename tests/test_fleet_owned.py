@@ -2,14 +2,15 @@
 on PostgreSQL and on SQLite, with the audit trail signed: an agent of project B pushing capacity and
 sightings for project A's GPU (a new model, host and price; an hour counted twice; a month of
 "unobserved" time before the GPU existed), GPU squatting ahead of the real host, and SQL edits of
-the fleet, a token's host and the quarantine. Each is refused, set aside or named by ``verify``, and
-an enrolled node's normal month verifies clean."""
+the fleet, a token's host and the quarantine, capacity pushed into a closed month. Each is refused,
+set aside or named by ``verify``, and an enrolled node's normal month verifies clean."""
 
 from __future__ import annotations
 
-import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,11 +18,21 @@ import pytest
 import sqlalchemy as sa
 
 from audit_support import audit_key, audit_rows, keyring, payload_of, sql
-from conftest import _pg_schema_url
 from gpuledger.core.audit.signing import SigningKey
-from gpuledger.store import Ledger, audit
+from gpuledger.store import Ledger, audit, closed_months
 from gpuledger.store.capacity_queries import fleet
-from server_support import NOW, ServerProcess, Tokens, batch, bearer, enroll, run_doc, setup_accounts
+from server_support import (
+    BACKENDS,
+    NOW,
+    ServerProcess,
+    Tokens,
+    backend_url,
+    batch,
+    bearer,
+    enroll,
+    run_doc,
+    setup_accounts,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -56,25 +67,17 @@ class Served:
             return {g.uuid: g for g in led.read(lambda c: fleet(c))}
 
 
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(scope="module", params=BACKENDS)
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("fleet")
-    if request.param == "sqlite":
-        urls: Iterator[str] = iter([f"sqlite:///{tmp}/team.db"])
-    else:
-        if os.environ.get("GPULEDGER_TEST_PG") == "0":
-            pytest.skip("PostgreSQL tests disabled by GPULEDGER_TEST_PG=0")
-        urls = _pg_schema_url()
-    url = next(urls)
-    try:
-        with audit_key() as key:
-            tokens = setup_accounts(url)
-            node_a, node_b = enroll(url, NODE_A, ["A"]), enroll(url, NODE_B, ["B"])
-            with ServerProcess(url, log=tmp / "server.log") as server:
-                yield Served(url, server, tokens, node_a, node_b, key)
-    finally:
-        for _ in urls:  # drops the PostgreSQL schema
-            pass
+    with backend_url(request.param, tmp) as url, audit_key() as key:
+        tokens = setup_accounts(url)
+        node_a, node_b = enroll(url, NODE_A, ["A"]), enroll(url, NODE_B, ["B"])
+        # The month of capacity below reaches into last month: months close after 62 days here
+        # (test_a_closed_months_capacity_does_not_change runs a server with the default).
+        env = {"GPULEDGER_CLOSE_AFTER_DAYS": "62"}
+        with ServerProcess(url, log=tmp / "server.log", env=env) as server:
+            yield Served(url, server, tokens, node_a, node_b, key)
 
 
 def _iv(uuid: str, host: str, t0: int, t1: int, busy: bool = True) -> list[Any]:
@@ -265,3 +268,32 @@ def test_verify_names_sql_edits_of_the_fleet_a_tokens_host_and_the_quarantine(se
     _named(served, f"quarantined_rows of run {run['id']}: gpu_intervals row 'GPU-0 seq 1' was edited")
     sql(served.url, f"DELETE FROM quarantined_rows WHERE {where}")
     _named(served, f"quarantined_rows of run {run['id']}: gpu_intervals row kept at audit seq")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_closed_months_capacity_does_not_change(backend: str, tmp_path: Path) -> None:
+    with backend_url(backend, tmp_path) as url, audit_key() as key:
+        setup_accounts(url)
+        node = enroll(url, NODE_A, ["A"])
+        with ServerProcess(url, log=tmp_path / "server.log") as server:  # the default window (3 days)
+            now = time.time()
+            boundary = closed_months.boundary(now)
+            closed_ms = int(boundary - 20 * 86400) * 1000  # an hour in a month whose bill is out
+            open_ms = int(now - 7200) * 1000  # an hour of the open month
+            new = _seen("GPU-late-0", NODE_A, closed_ms - 20 * 86_400_000, open_ms + HOUR_MS)
+            gone = _seen("GPU-gone-0", NODE_A, closed_ms, closed_ms + HOUR_MS)  # seen only back then
+            ivs = [_iv("GPU-late-0", NODE_A, closed_ms, closed_ms + HOUR_MS), _iv("GPU-late-0", NODE_A, open_ms,
+                   open_ms + HOUR_MS)]  # fmt: skip
+            got = httpx.post(server.url + "/api/v1/capacity", json={"intervals": ivs, "gpus": [new, gone]},
+                             headers=bearer(node), timeout=60)  # fmt: skip
+            assert got.status_code == 200 and got.json()["stored"] == 1, got.text
+            reasons = {(q["series"], q["index"]): q["reason"] for q in got.json()["quarantined"]}
+            assert "closed month" in reasons[("intervals", 0)]
+            assert "enters the fleet at" in reasons[("gpus", 0)] and "adds nothing" in reasons[("gpus", 1)]
+            with Ledger(url) as led:
+                held = {g.uuid: g for g in led.read(lambda c: fleet(c))}
+                assert held["GPU-late-0"].first_seen == boundary  # no unobserved time in a closed month
+                assert "GPU-gone-0" not in held
+                q = sa.text("SELECT count(*) FROM gpu_capacity WHERE gpu_uuid = 'GPU-late-0'")
+                assert led.read(lambda c: c.execute(q).scalar_one()) == 1
+                assert audit.verify(led, keyring=keyring(key)).problems == []

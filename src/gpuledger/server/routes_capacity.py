@@ -4,8 +4,8 @@ Capacity belongs to the fleet, not to a project, and comes from the node itself:
 token bound to a host (docs/SERVER.md, "Ownership") may push it, for that host and for GPUs that
 host owns (the first sighting registers a GPU to it; store/ownership.py), else 403. The batch's
 shape is checked whole — every interval's four states must add up to its span (422) — then rows
-that would count a GPU's time twice or before its first sighting are set aside with the reason
-(store/capacity_guard.py) and the rest is stored in one transaction (store/capacity.py): intervals
+that would count a GPU's time twice, before its first sighting or in a closed month are set aside
+with the reason (store/capacity_guard.py) and the rest is stored in one transaction (store/capacity.py): intervals
 already stored are skipped, so a batch sent twice changes nothing.
 """
 
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuledger.core.capacity.model import CapacityInterval, Sighting, States
 from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.wire_types import FUTURE_SKEW_S, MIN_T, Bytes, Short, T
-from gpuledger.store import capacity_guard, ownership
+from gpuledger.store import capacity_guard, closed_months, ownership
 from gpuledger.store.capacity import write_capacity
 
 router = APIRouter(prefix="/api/v1", tags=["capacity"])
@@ -122,11 +122,12 @@ async def push_capacity(request: Request, principal: Caller, batch: CapacityBatc
     ledger = request.app.state.ledger
 
     writer = ownership.Writer.of(principal)
+    closed_before = closed_months.boundary(now, request.app.state.settings.close_after_days)
 
     def write(conn: Any) -> tuple[int, list[capacity_guard.Refusal]]:
         uuids = {iv.gpu_uuid for iv in intervals} | {s.uuid for s in sightings}
         ownership.claim_gpus(conn, uuids, writer, host, context={"capacity": True}, what=f"capacity of host {host!r}")
-        judged = capacity_guard.judge(conn, intervals, sightings)
+        judged = capacity_guard.judge(conn, intervals, sightings, closed_before)
         stored = write_capacity(ledger.database, conn, judged.intervals, judged.sightings, actor=writer.actor)
         capacity_guard.record(conn, judged.refused, batch.intervals, actor=writer.actor, host=host)
         return stored, judged.refused

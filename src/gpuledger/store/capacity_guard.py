@@ -7,11 +7,17 @@ would move that first sighting back, would add time to the fleet that no agent s
 "unobserved"), and are set aside too. What is set aside is listed in the answer and written to the
 audit trail (``capacity.quarantined``), with the reason; the rest of the batch is stored, so an
 agent is never stuck behind one bad row.
+
+Closed months (store/closed_months.py) hold for capacity as for runs: an interval dated before the
+boundary is set aside, and so is a sighting seen only before it. A GPU new to the fleet whose first
+sighting lies in a closed month enters the fleet at the boundary instead (listed in the answer with
+the reason), so a closed month's capacity never gains a GPU, and the agent is not stuck.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.capacity.model import CapacityInterval, Sighting
-from gpuledger.store import audit
+from gpuledger.store import audit, closed_months
 from gpuledger.store.schema import gpu_capacity, gpu_fleet
 
 __all__ = ["QUARANTINED", "Judged", "Refusal", "judge", "record"]
@@ -50,8 +56,15 @@ def _ms(t: float) -> int:
     return math.floor(t * 1000)
 
 
-def judge(conn: Connection, intervals: Sequence[CapacityInterval], sightings: Sequence[Sighting]) -> Judged:
-    """Split a batch into what may be stored and what is set aside (with the reason)."""
+def judge(
+    conn: Connection,
+    intervals: Sequence[CapacityInterval],
+    sightings: Sequence[Sighting],
+    closed_before: float | None = None,
+) -> Judged:
+    """Split a batch into what may be stored and what is set aside (with the reason).
+
+    ``closed_before``: the months before this instant are closed (None: none is)."""
     out = Judged()
     uuids = sorted({iv.gpu_uuid for iv in intervals} | {s.uuid for s in sightings})
     f = gpu_fleet.c
@@ -66,6 +79,17 @@ def judge(conn: Connection, intervals: Sequence[CapacityInterval], sightings: Se
                       "the fleet's first sighting of a GPU never moves back")  # fmt: skip
             out.refused.append(Refusal("gpus", i, f"{s.uuid} on {s.host}", reason))
             continue
+        if closed_before is not None and s.first_seen < closed_before:
+            closed = f"bills before {closed_months.show(closed_before)} are final"
+            if s.last_seen < closed_before:
+                reason = f"last_seen {s.last_seen} is in a closed month ({closed}): the sighting adds nothing"
+                out.refused.append(Refusal("gpus", i, f"{s.uuid} on {s.host}", reason))
+                continue
+            if known is None:  # new to the fleet: it enters where the open months start
+                reason = (f"first_seen {s.first_seen} is in a closed month ({closed}): the GPU enters the "
+                          f"fleet at {closed_before}")  # fmt: skip
+                out.refused.append(Refusal("gpus", i, f"{s.uuid} on {s.host}", reason))
+                s = dataclasses.replace(s, first_seen=closed_before)
         out.sightings.append(s)
         said[s.uuid] = min(said.get(s.uuid, s.first_seen), s.first_seen)
     by_gpu: dict[str, list[tuple[int, CapacityInterval]]] = {}
@@ -78,7 +102,7 @@ def judge(conn: Connection, intervals: Sequence[CapacityInterval], sightings: Se
         last_end: int | None = None
         for i, iv in sorted(ivs, key=lambda p: (p[1].t0_ms, p[0])):
             item = f"{uuid} {iv.t0_ms}..{iv.t1_ms} ms"
-            reason = _refusal(iv, since, stored, t0s, last_end)
+            reason = _refusal(iv, since, stored, t0s, last_end, closed_before)
             if reason:
                 out.refused.append(Refusal("intervals", i, item, reason))
                 continue
@@ -100,8 +124,15 @@ def _stored(conn: Connection, uuid: str, t0_ms: int, t1_ms: int) -> list[tuple[i
 
 
 def _refusal(
-    iv: CapacityInterval, since: float | None, stored: list[tuple[int, int]], t0s: list[int], last_end: int | None
+    iv: CapacityInterval,
+    since: float | None,
+    stored: list[tuple[int, int]],
+    t0s: list[int],
+    last_end: int | None,
+    closed_before: float | None = None,
 ) -> str | None:
+    if closed_before is not None and iv.t0_ms < _ms(closed_before):
+        return f"dated in a closed month (bills before {closed_months.show(closed_before)} are final)"
     if since is None:
         return "the GPU was never sighted: send its sighting (gpus) with its first capacity"
     if iv.t0_ms < _ms(since):

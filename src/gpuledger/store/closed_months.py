@@ -7,6 +7,8 @@ From then on the server refuses, as store/ingest.py applies it:
 - a new run that started before the boundary (409: a run of a closed month cannot be created);
 - any interval, event or metric dated before the boundary (quarantined per row, like rows outside
   the run's span).
+- a node's capacity interval dated before it, and a sighting seen only before it; a GPU new to the
+  fleet whose first sighting lies before it enters the fleet at the boundary (store/capacity_guard.py).
 
 ``audit verify`` lists the runs the trail shows created after their month closed (their
 ``run.created`` row is later than the close of the month they started in): written before this
