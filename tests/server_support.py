@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from conftest import _pg_schema_url
 from gpuledger.store import Ledger, accounts
@@ -36,6 +37,23 @@ def fresh_pg_url() -> Iterator[str]:
     finally:
         with contextlib.suppress(StopIteration):
             next(gen)
+
+
+# The two ledgers a server test runs on; PostgreSQL's tests carry the postgres marker.
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@contextlib.contextmanager
+def backend_url(backend: str, folder: Path) -> Iterator[str]:
+    """A fresh, empty ledger of ``backend``: a SQLite file in ``folder``, or a PostgreSQL schema
+    dropped afterwards (the test is skipped when GPULEDGER_TEST_PG=0)."""
+    if backend == "sqlite":
+        yield f"sqlite:///{folder}/team.db"
+        return
+    if os.environ.get("GPULEDGER_TEST_PG") == "0":
+        pytest.skip("PostgreSQL tests disabled by GPULEDGER_TEST_PG=0")
+    with fresh_pg_url() as url:
+        yield url
 
 
 @dataclass

@@ -17,10 +17,20 @@ import httpx
 import pytest
 
 from audit_support import audit_key, audit_rows, forged_reseal, keyring, payload_of, sql
-from conftest import _pg_schema_url
 from gpuledger.core.audit.signing import SigningKey
 from gpuledger.store import Ledger, accounts, audit
-from server_support import NOW, ServerProcess, Tokens, batch, bearer, gpu_rows, run_doc, setup_accounts
+from server_support import (
+    BACKENDS,
+    NOW,
+    ServerProcess,
+    Tokens,
+    backend_url,
+    batch,
+    bearer,
+    gpu_rows,
+    run_doc,
+    setup_accounts,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -45,30 +55,19 @@ class Served:
             return audit.verify(led, keyring=keyring(self.key))
 
 
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(scope="module", params=BACKENDS)
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("attacks")
-    if request.param == "sqlite":
-        urls: Iterator[str] = iter([f"sqlite:///{tmp}/team.db"])
-    else:
-        if os.environ.get("GPULEDGER_TEST_PG") == "0":
-            pytest.skip("PostgreSQL tests disabled by GPULEDGER_TEST_PG=0")
-        urls = _pg_schema_url()
-    url = next(urls)
-    try:
-        with audit_key() as key:
-            key_file = tmp / "audit.key"
-            key_file.write_text(key.text + "\n")
-            tokens = setup_accounts(url)
-            with Ledger(url) as led:
-                a2 = accounts.issue_token(led, "agent-a2", role="agent", projects=["A"], actor="test", create_user=True)
-            # Every refusal its own push.refused row: these tests count them per run (folding: test_server_bounded.py).
-            env = {"GPULEDGER_REFUSED_AUDIT_WINDOW_S": "0"}
-            with ServerProcess(url, log=tmp / "server.log", env=env) as server:
-                yield Served(url, server, tokens, a2[1], key, key_file)
-    finally:
-        for _ in urls:  # drops the PostgreSQL schema
-            pass
+    with backend_url(request.param, tmp) as url, audit_key() as key:
+        key_file = tmp / "audit.key"
+        key_file.write_text(key.text + "\n")
+        tokens = setup_accounts(url)
+        with Ledger(url) as led:
+            a2 = accounts.issue_token(led, "agent-a2", role="agent", projects=["A"], actor="test", create_user=True)
+        # Every refusal its own push.refused row: these tests count them per run (folding: test_server_bounded.py).
+        env = {"GPULEDGER_REFUSED_AUDIT_WINDOW_S": "0"}
+        with ServerProcess(url, log=tmp / "server.log", env=env) as server:
+            yield Served(url, server, tokens, a2[1], key, key_file)
 
 
 def _finished(s: Served, n: int = 20) -> dict[str, Any]:

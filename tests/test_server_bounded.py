@@ -23,33 +23,21 @@ import httpx
 import pytest
 
 from audit_support import audit_key, audit_rows, keyring, payload_of, sql
-from conftest import _pg_schema_url
 from gpuledger.agent.client import Client
 from gpuledger.agent.outbox import drain_run
 from gpuledger.core import push_caps
 from gpuledger.core.model import Event, Metric, RunRecord
 from gpuledger.core.training.logcap import find_cut
 from gpuledger.store import Ledger, accounts, audit, pushes
-from server_support import NOW, ServerProcess, batch, bearer, run_doc, setup_accounts
+from server_support import BACKENDS, NOW, ServerProcess, backend_url, batch, bearer, run_doc, setup_accounts
 
 pytestmark = pytest.mark.slow
-
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @pytest.fixture(params=BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/team.db"
-        return
-    if os.environ.get("GPULEDGER_TEST_PG") == "0":
-        pytest.skip("PostgreSQL tests disabled by GPULEDGER_TEST_PG=0")
-    urls = _pg_schema_url()
-    try:
-        yield next(urls)
-    finally:
-        for _ in urls:  # drops the schema
-            pass
+    with backend_url(request.param, tmp_path) as url:
+        yield url
 
 
 def _serve(stack: ExitStack, url: str, tmp_path: Path, **env: str) -> ServerProcess:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
 import zlib
 from collections.abc import Iterator
@@ -20,9 +19,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from conftest import _pg_schema_url
 from gpuledger.store import Ledger
-from server_support import NOW, ServerProcess, bearer, host_rows, setup_accounts
+from server_support import BACKENDS, NOW, ServerProcess, backend_url, bearer, host_rows, setup_accounts
 
 pytestmark = pytest.mark.slow
 
@@ -137,19 +135,10 @@ def _stored_log(url: str, run_id: str) -> bytes:
     return data
 
 
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(scope="module", params=BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('redaction')}/team.db"
-        return
-    if os.environ.get("GPULEDGER_TEST_PG") == "0":
-        pytest.skip("PostgreSQL tests disabled by GPULEDGER_TEST_PG=0")
-    urls = _pg_schema_url()
-    try:
-        yield next(urls)
-    finally:
-        for _ in urls:  # drops the schema
-            pass
+    with backend_url(request.param, tmp_path_factory.mktemp("redaction")) as url:
+        yield url
 
 
 def _stored_texts(url: str) -> Iterator[tuple[str, str, str]]:
