@@ -51,6 +51,7 @@ class Outcome:
     reason: str | None
     summary: dict | None
     run_id: str
+    launch_error: str | None = None  # CMD could not start (the run is recorded as failed)
 
 
 def _status(wait_status: int, forwarded: int | None) -> tuple[str, int, int | None, str | None]:
@@ -101,9 +102,14 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     become_subreaper()
     try:
         launched = launch(list(argv), cmd_env, log_path, use_pty=opts.use_pty)  # CMD runs from here on
-    except LaunchError:
-        control.close()  # no run: leave no socket behind
-        raise
+    except LaunchError as exc:
+        control.close()  # CMD never ran: leave no socket behind
+        if exc.reason is None:
+            raise
+        from gpuledger.recorder.failed_launch import record_failed_launch
+
+        summary = record_failed_launch(argv, opts, env, run_id, started, exc)
+        return Outcome(exc.exit_code, "failed", None, exc.reason, summary, run_id, launch_error=str(exc))
 
     forwarded: list[int] = []
 
@@ -264,6 +270,8 @@ def run_and_exit_code(argv: Sequence[str], opts: WrapOptions) -> int:
     except LaunchError as exc:
         stderr_line(f"gpuledger: {exc}")
         return exc.exit_code
+    if outcome.launch_error is not None:
+        stderr_line(f"gpuledger: {outcome.launch_error}")
     if opts.summary and outcome.summary is not None:
         from gpuledger.core.metering.summary import format_summary
 
