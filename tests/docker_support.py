@@ -195,7 +195,9 @@ class GetOnlyProxy:
 
     _REQUEST = re.compile(rb"^([A-Z]+) (\S+) HTTP/1\.[01]\r\n")
 
-    def __init__(self, sock_path: Path, sections: tuple[str, ...] = ("containers", "events")):
+    # docker-socket-proxy allows /_ping and /version by default (PING=1, VERSION=1): the adapter
+    # negotiates its API version there.
+    def __init__(self, sock_path: Path, sections: tuple[str, ...] = ("_ping", "version", "containers", "events")):
         self._sock_path = str(sock_path)
         self._allowed = re.compile(r"^(/v[\d.]+)?/(" + "|".join(re.escape(s) for s in sections) + r")\b")
         self.deny_logs = False

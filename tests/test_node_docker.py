@@ -248,6 +248,30 @@ def test_the_adapter_works_through_a_get_only_proxy(engine: Engine, tmp_path: Pa
         proxy.close()
 
 
+# -- the API version, and log framing on the real engine ---------------------------------------------
+def test_the_daemons_own_api_version_is_spoken_on_every_path(engine: Engine, tmp_path: Path) -> None:
+    """Versioned paths at the daemon's own version (Engine 29 refuses unversioned old clients),
+    and logs with and without a TTY framed right at that version: Engine 20.10 (API 1.41) sends
+    no ``Content-Type`` with a log, so its TTY flag decides (test_node_docker_api.py: newer ones)."""
+    daemons = engine.docker("version", "-f", "{{.Server.APIVersion}}").stdout.strip()
+    proxy = GetOnlyProxy(engine.sock)
+    src = DockerSource({"DOCKER_HOST": proxy.url}, gpu_uuids=NODE, log_dir=tmp_path / "logs", max_backoff_s=0.5)
+    try:
+        assert src.wait_synced(30), src.status()
+        assert src._client is not None and src._client.api_version == tuple(int(x) for x in daemons.split("."))
+        ids = [engine.run(*flags, IMAGE, "sh", "-c", "echo one; echo two >&2") for flags in ([], ["-t"])]
+        for cid in ids:
+            log = wait_for(lambda cid=cid: (log := src.log(cid) or src.follow(cid)) and log.view().done and log)
+            assert log.view().lines == 2 and log.view().error is None
+            text = log.view().path.read_bytes()  # type: ignore[union-attr]
+            assert sorted(text.replace(b"\r", b"").splitlines()) == [b"one", b"two"]
+        asked = [p for _, p, _ in proxy.seen if p not in ("/_ping", "/version")]
+        assert asked and all(p.startswith(f"/v{daemons}/") for p in asked), asked
+    finally:
+        src.close()
+        proxy.close()
+
+
 # -- no daemon ---------------------------------------------------------------------------------------
 def test_no_daemon_is_said_not_raised(tmp_path: Path) -> None:
     src = DockerSource({"DOCKER_HOST": f"unix://{tmp_path}/docker.sock"}, max_backoff_s=0.2)
