@@ -219,7 +219,7 @@ def recover_cmd(files: tuple[str, ...], db: str | None) -> None:
         try:
             target = override or read_target(path) or db
             if target not in ledgers:
-                ledgers[target] = open_ledger(target)
+                ledgers[target] = open_ledger(target, create=True)
             done = recover(path, ledgers[target])
         except Exception as exc:  # one bad spool file must not stop the others
             failed += 1
