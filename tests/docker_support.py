@@ -98,6 +98,9 @@ class Engine:
             f"--exec-root={self.root / 'exec'}",
             f"--pidfile={self.root / 'dockerd.pid'}",
         ]
+        runc = shutil.which("runc")
+        if runc:  # a runtime named "nvidia" (plain runc here): HostConfig.Runtime as a GPU node has it
+            args.append(f"--add-runtime=nvidia={runc}")
         log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115 - lives as long as the daemon
         self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
         log.close()

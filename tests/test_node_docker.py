@@ -102,6 +102,28 @@ def test_device_requests_as_the_daemon_records_them(engine: Engine) -> None:
         client.close()
 
 
+def test_gpus_passed_as_device_mounts_or_by_an_old_cuda_image_under_the_nvidia_runtime(engine: Engine) -> None:
+    """Hardened nodes pass GPUs as /dev/null mounts under /var/run/nvidia-container-devices (the
+    toolkit then ignores the environment); an old CUDA image (CUDA_VERSION, no
+    NVIDIA_VISIBLE_DEVICES) gets every GPU from the NVIDIA runtime, and none from runc."""
+    client = DockerClient(engine.env)
+    try:
+        mounted = engine.docker(
+            "create",
+            *("-v", f"/dev/null:/var/run/nvidia-container-devices/{NODE[1]}:ro"),
+            *("-v", "/dev/null:/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/0:ro"),
+            *("-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "true"),
+        ).stdout.strip()
+        old_cuda = ["-e", "CUDA_VERSION=9.0.176", IMAGE, "true"]
+        legacy = engine.docker("create", "--runtime", "nvidia", *old_cuda).stdout.strip()
+        plain = engine.docker("create", *old_cuda).stdout.strip()
+        engine.containers.update({mounted, legacy, plain})
+        gpus = {cid: container_gpus(client.inspect(cid) or {}) for cid in (mounted, legacy, plain)}
+        assert gpus == {mounted: (NODE[1], "0"), legacy: ("all",), plain: None}
+    finally:
+        client.close()
+
+
 # -- start and die -----------------------------------------------------------------------------------
 def test_a_container_gone_between_two_ticks_keeps_its_exit_code(engine: Engine, source: DockerSource) -> None:
     name = unique("short")
