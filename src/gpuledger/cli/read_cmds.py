@@ -110,13 +110,16 @@ def show_cmd(run: str | None, fmt: str, db: str | None) -> None:
 
 @click.command("logs")
 @click.argument("run", required=False)
+@click.option("--raw", is_flag=True, help="Print the bytes as stored, escape sequences included, even to a terminal.")
 @db_option
 @cli_errors
-def logs_cmd(run: str | None, db: str | None) -> None:
+def logs_cmd(run: str | None, raw: bool, db: str | None) -> None:
     """Print a run's archived (redacted) output.
 
     RUN is a run id, its short id or a unique id prefix; default: the newest run. A log longer
-    than the cap (GPULEDGER_LOG_MAX_B, 64 MiB) keeps its head and tail: stderr then says so."""
+    than the cap (GPULEDGER_LOG_MAX_B, 64 MiB) keeps its head and tail: stderr then says so.
+    To a terminal, control characters and escape sequences other than colours are shown as text
+    (\\x1b[2J), so a log cannot clear the screen or set the title; piped, the bytes are as stored."""
     from gpuledger.core.training.logcap import find_cut
     from gpuledger.core.units import fmt_bytes
     from gpuledger.runs.liveness import fresh_log
@@ -127,7 +130,12 @@ def logs_cmd(run: str | None, db: str | None) -> None:
     data = fresh_log(ledger, record)
     if data is None:
         raise click.ClickException(f"run {record.id} has no archived log")
-    sys.stdout.buffer.write(data)
+    if not raw and sys.stdout.isatty():
+        from gpuledger.cli.log_escape import escape_for_terminal
+
+        sys.stdout.buffer.write(escape_for_terminal(data))
+    else:
+        sys.stdout.buffer.write(data)
     sys.stdout.flush()
     cut = find_cut(data)
     if cut is not None:
