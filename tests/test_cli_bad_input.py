@@ -457,3 +457,10 @@ def test_run_refuses_a_bad_label_before_the_command_starts(
     errors = [line for line in out.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and option in errors[0] and message in errors[0], out.stderr
     assert not marker.exists()  # COMMAND never started
+
+
+def test_recover_of_a_file_that_is_not_a_spooled_run_names_it_once(world: dict[str, str], unchanged: None) -> None:
+    card = world["card"]  # any file that is not a spooled run
+    result = invoke(["recover", card], world)
+    assert_one_error(result, 1, f"Error: {card}: not a readable spool file")
+    assert result.output.count(card) == 1

@@ -231,7 +231,8 @@ def recover_cmd(files: tuple[str, ...], db: str | None) -> None:
             done = recover(path, ledgers[target])
         except Exception as exc:  # one bad spool file must not stop the others
             failed += 1
-            click.echo(f"Error: {path}: {exc}", err=True)
+            said = str(exc)  # the spool's own errors name the file already
+            click.echo(f"Error: {said}" if said.startswith(str(path)) else f"Error: {path}: {said}", err=True)
             continue
         where = f" into {display_url(target)}" if target else ""
         click.echo(f"recovered run {done.run_id}{where}")
