@@ -188,6 +188,19 @@ def test_a_proxy_refusing_ping_still_learns_the_version_from_version() -> None:
         daemon.close()
 
 
+def test_a_daemon_upgraded_under_a_running_client_is_renegotiated() -> None:
+    daemon = Daemon("1.41", "1.12")
+    client = DockerClient({"DOCKER_HOST": daemon.url})
+    try:
+        assert client.containers(all=True) and client.api_version == (1, 41)
+        daemon.newest, daemon.lowest = "1.52", "1.44"  # now Engine 29: "client version 1.41 is too old"
+        assert [c["Id"] for c in client.containers(all=True)] == [CID]
+        assert client.api_version == (1, 52) and daemon.paths[-1] == "/v1.52/containers/json"
+    finally:
+        client.close()
+        daemon.close()
+
+
 # -- log framing -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("ctype", "version", "tty", "kind"),

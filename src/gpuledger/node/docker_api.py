@@ -94,6 +94,11 @@ class DockerUnavailable(DockerApiError):
     """The daemon could not be reached, or the connection broke mid-stream."""
 
 
+class VersionRefused(DockerUnavailable):
+    """The daemon refused the API version asked at ("client version 1.41 is too old"); the next
+    request renegotiates."""
+
+
 def docker_host(env: Mapping[str, str]) -> tuple[str, str | None]:
     """(base URL, unix socket path or None) from ``DOCKER_HOST``; raises DockerConfigError."""
     host = (env.get("DOCKER_HOST") or "").strip() or f"unix://{DEFAULT_SOCKET}"
@@ -199,7 +204,10 @@ class DockerClient:
 
     # -- plain requests ---------------------------------------------------------------------------
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
-        return self._request(self._path(path), params)
+        try:
+            return self._request(self._path(path), params)
+        except VersionRefused:
+            return self._request(self._path(path), params)  # asked again at a renegotiated version
 
     def _request(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
         """GET ``path`` as given (unversioned for /_ping and /version)."""
@@ -212,8 +220,19 @@ class DockerClient:
         except RuntimeError as exc:  # httpx: "the client has been closed", by close() in another thread
             raise DockerUnavailable("the client is closed") from exc
         if response.status_code >= 400:
-            raise DockerApiError(_error_text(path, response), response.status_code)
+            raise self._refusal(path, response)
         return response
+
+    def _refusal(self, path: str, response: httpx.Response) -> DockerApiError:
+        """The error for an answer >= 400. A daemon that refuses the version asked at was upgraded
+        or downgraded under us: forget the version (the next request renegotiates) and say so as
+        VersionRefused, which callers retry like a daemon restarting."""
+        text = _error_text(path, response)
+        if response.status_code == 400 and "client version" in text and self.api_version is not None:
+            with self._lock:
+                self.api_version = None
+            return VersionRefused(text, 400)
+        return DockerApiError(text, response.status_code)
 
     def _json(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
         response = self._get(path, params)
@@ -246,7 +265,7 @@ class DockerClient:
             with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise DockerApiError(_error_text(path, response), response.status_code)
+                    raise self._refusal(path, response)
                 sock = _socket_of(response)
                 self._track(sock, add=True)
                 try:
