@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -17,7 +16,7 @@ from gpuledger.cli.common import (
     parse_labels,
     resolve_run,
 )
-from gpuledger.cli.output import OutputPath, write_text, write_with
+from gpuledger.cli.output import OutputPath, write_text, write_text_with, write_with
 
 STATUSES = ["running", "succeeded", "failed", "killed", "lost", "imported", "discovered"]
 
@@ -165,36 +164,22 @@ def export_cmd(run: str | None, fmt: str, output: str | None, metrics: bool, db:
     from gpuledger.reports.run import export
     from gpuledger.runs.view import load_run
 
-    if fmt == "parquet" and output in (None, "-"):
-        raise click.UsageError("Parquet is binary: give a file with -o FILE")
+    if fmt == "parquet" and output is None:  # binary on a terminal by accident; -o - asks for it
+        raise click.UsageError("Parquet is binary: give a file with -o FILE (-o - for stdout)")
     ledger = open_ledger(db)
     record = load_run(ledger, resolve_run(ledger, run))
     if metrics:
         columns, epoch_rows = er.export_rows(record.id, er.epoch_table(ledger, record))
         if fmt == "parquet":
-            write_with(output, lambda tmp: er.write_parquet(columns, epoch_rows, tmp))  # type: ignore[arg-type]
+            write_with(str(output), lambda fh: er.write_parquet(columns, epoch_rows, fh))
             return
         text = er.to_csv(columns, epoch_rows) if fmt == "csv" else er.to_jsonl(columns, epoch_rows)
     else:  # streamed: rows go from the database cursor to the file a few thousand at a time
         if fmt == "parquet":
-            write_with(output, lambda tmp: export.write_parquet_stream(export.stream_rows(ledger, record.id), tmp))
+            write_with(str(output), lambda fh: export.write_parquet_stream(export.stream_rows(ledger, record.id), fh))
             return
         write_rows = export.write_csv if fmt == "csv" else export.write_jsonl
-        if output in (None, "-"):
-            try:
-                write_rows(export.stream_rows(ledger, record.id), sys.stdout)
-                sys.stdout.flush()
-            except BrokenPipeError:  # the reader stopped (| head): no more to say, as before streaming
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except OSError as exc:
-                raise click.ClickException(f"cannot write the export to stdout: {exc.strerror or exc}") from exc
-            return
-
-        def put(tmp: str) -> None:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                write_rows(export.stream_rows(ledger, record.id), fh)
-
-        write_with(output, put)
+        write_text_with(output, lambda fh: write_rows(export.stream_rows(ledger, record.id), fh))
         return
     write_text(output, text)
 
