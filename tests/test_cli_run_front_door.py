@@ -48,6 +48,17 @@ def test_a_command_that_cannot_start_is_a_recorded_failed_run(tmp_path: Path) ->
     assert report["runs"] == 1 and report["by_status"] == {"failed": 1}
 
 
+def test_a_failed_launch_with_a_server_waits_in_the_outbox_like_any_run(tmp_path: Path) -> None:
+    env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db", GPULEDGER_TOKEN="glt_test")
+    server = "http://127.0.0.1:9"  # nothing listens there: the push fails, the run must wait
+    out = run_cli(["run", "-q", "--server", server, "--", "no-such-command-gpuledger-test"], env)
+    assert out.returncode == 127 and out.stderr.startswith(b"gpuledger: cannot start")  # said first
+    (row,) = runs_json(env)
+    status = run_cli(["sync", "--status", "--server", server], env)
+    assert status.returncode == 0, status.stderr.decode()
+    assert row["id"] in status.stdout.decode()  # in the outbox: gpuledger sync pushes it later
+
+
 @pytest.mark.parametrize(
     ("content", "mode", "cause"),
     [

@@ -51,7 +51,7 @@ class Outcome:
     reason: str | None
     summary: dict | None
     run_id: str
-    launch_error: str | None = None  # CMD could not start (the run is recorded as failed)
+    launch_error: str | None = None  # CMD could not start (said on stderr; the run is recorded as failed)
 
 
 def _status(wait_status: int, forwarded: int | None) -> tuple[str, int, int | None, str | None]:
@@ -108,6 +108,7 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
             raise
         from gpuledger.recorder.failed_launch import record_failed_launch
 
+        stderr_line(f"gpuledger: {exc}")  # first: before what recording the failed run may say
         summary = record_failed_launch(argv, opts, env, run_id, started, exc)
         return Outcome(exc.exit_code, "failed", None, exc.reason, summary, run_id, launch_error=str(exc))
 
@@ -270,8 +271,6 @@ def run_and_exit_code(argv: Sequence[str], opts: WrapOptions) -> int:
     except LaunchError as exc:
         stderr_line(f"gpuledger: {exc}")
         return exc.exit_code
-    if outcome.launch_error is not None:
-        stderr_line(f"gpuledger: {outcome.launch_error}")
     if opts.summary and outcome.summary is not None:
         from gpuledger.core.metering.summary import format_summary
 
