@@ -59,6 +59,19 @@ def test_a_failed_launch_with_a_server_waits_in_the_outbox_like_any_run(tmp_path
     assert row["id"] in status.stdout.decode()  # in the outbox: gpuledger sync pushes it later
 
 
+def test_a_failed_launch_the_ledger_cannot_take_is_spooled_and_recovered(tmp_path: Path) -> None:
+    asked = tmp_path / "asked.db"
+    asked.mkdir()  # a folder where the ledger should be: it cannot be opened now
+    env = cli_env(tmp_path / "home", str(tmp_path / "other.db"))
+    out = run_cli(["run", "-q", "--db", str(asked), "--", "no-such-command-gpuledger-test"], env)
+    assert out.returncode == 127 and b"gpuledger recover" in out.stderr
+    asked.rmdir()
+    assert run_cli(["recover"], env).returncode == 0
+    env["GPULEDGER_DB"] = str(asked)
+    (row,) = runs_json(env)
+    assert (row["status"], show_json(row["id"], env)["exit_code"]) == ("failed", 127)
+
+
 @pytest.mark.parametrize(
     ("content", "mode", "cause"),
     [
