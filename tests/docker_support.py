@@ -98,6 +98,9 @@ class Engine:
             f"--exec-root={self.root / 'exec'}",
             f"--pidfile={self.root / 'dockerd.pid'}",
         ]
+        runc = shutil.which("runc")
+        if runc:  # a runtime named "nvidia" (plain runc here): HostConfig.Runtime as a GPU node has it
+            args.append(f"--add-runtime=nvidia={runc}")
         log = open(self.root / "dockerd.log", "ab")  # noqa: SIM115 - lives as long as the daemon
         self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
         log.close()
@@ -195,7 +198,9 @@ class GetOnlyProxy:
 
     _REQUEST = re.compile(rb"^([A-Z]+) (\S+) HTTP/1\.[01]\r\n")
 
-    def __init__(self, sock_path: Path, sections: tuple[str, ...] = ("containers", "events")):
+    # docker-socket-proxy allows /_ping and /version by default (PING=1, VERSION=1): the adapter
+    # negotiates its API version there.
+    def __init__(self, sock_path: Path, sections: tuple[str, ...] = ("_ping", "version", "containers", "events")):
         self._sock_path = str(sock_path)
         self._allowed = re.compile(r"^(/v[\d.]+)?/(" + "|".join(re.escape(s) for s in sections) + r")\b")
         self.deny_logs = False

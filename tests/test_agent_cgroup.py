@@ -24,6 +24,7 @@ def write(path: Path, text: str) -> None:
 def v2_cgroup(root: Path, *, usage_usec: int, current: int, inactive: int, peak: int, rbytes: int, wbytes: int,
               pids: int = 7, procs: tuple[int, ...] = (11, 12)) -> Path:  # fmt: skip
     d = root / V2_SCOPE.lstrip("/")
+    write(d / "cgroup.controllers", "cpu io memory pids\n")  # every v2 directory has it, no v1 one does
     write(d / "cpu.stat", f"usage_usec {usage_usec}\nuser_usec {usage_usec // 2}\nsystem_usec {usage_usec // 2}\n")
     write(d / "memory.current", f"{current}\n")
     write(d / "memory.peak", f"{peak}\n")
@@ -44,7 +45,7 @@ def collector(root: Path, lines: list[str]) -> CgroupCollector:
 def test_v2_container_counters_become_interval_figures(tmp_path: Path) -> None:
     v2_cgroup(tmp_path, usage_usec=10_000_000, current=3 * GiB, inactive=GiB, peak=3 * GiB, rbytes=100, wbytes=50)
     c = collector(tmp_path, ["0::" + V2_SCOPE])
-    assert c.files.version == 2
+    assert c.files.cpu.version == 2 and c.files.missing == ()
     assert c.read(100.0) is None  # primes the counters: the run's figures start here
     v2_cgroup(tmp_path, usage_usec=14_500_000, current=5 * GiB, inactive=GiB, peak=6 * GiB, rbytes=4196, wbytes=1074)
     tick = c.read(102.0)
@@ -77,7 +78,7 @@ def test_v1_container_counters(tmp_path: Path) -> None:
     write(tmp_path / "pids" / scope.lstrip("/") / "pids.current", "9\n")
     lines = [f"12:memory:{scope}", f"4:cpu,cpuacct:{scope}", f"7:blkio:{scope}", f"3:pids:{scope}"]
     c = collector(tmp_path, lines)
-    assert c.files.version == 1
+    assert c.files.cpu.version == 1 and c.files.memory is not None
     assert c.read(10.0) is None
     write(tmp_path / "cpu,cpuacct" / scope.lstrip("/") / "cpuacct.usage", "3500000000\n")
     write(blk / "blkio.throttle.io_service_bytes_recursive", "8:0 Read 600\n8:0 Write 30\n8:0 Total 630\n")
@@ -105,7 +106,7 @@ def test_where_a_cgroup_cannot_be_read(tmp_path: Path) -> None:
     hybrid = tmp_path / "hybrid"
     v2_cgroup(hybrid / "unified", usage_usec=1, current=1, inactive=0, peak=1, rbytes=0, wbytes=0)
     files = locate(str(hybrid), read_cgroup(["0::" + V2_SCOPE]))
-    assert files is not None and files.cpu.startswith(str(hybrid / "unified"))
+    assert files is not None and files.cpu.path.startswith(str(hybrid / "unified"))
 
 
 def test_io_stat_parsers() -> None:
@@ -142,6 +143,6 @@ def test_a_path_outside_the_agents_cgroup_namespace_is_placed_in_the_host_hierar
     v2_cgroup(tmp_path, usage_usec=5_000_000, current=GiB, inactive=0, peak=GiB, rbytes=0, wbytes=0)
     climbed = "0::/../../../.." + V2_SCOPE  # from the agent's namespace root up to the host's, then down
     files = locate(str(tmp_path), read_cgroup([climbed]))
-    assert files is not None and files.cpu == str(tmp_path) + V2_SCOPE
+    assert files is not None and files.cpu.path == str(tmp_path) + V2_SCOPE
     cgroup_stats._NS_ROOTS.clear()
     assert locate(str(tmp_path / "nowhere"), read_cgroup([climbed])) is None  # cannot be placed: /proc instead

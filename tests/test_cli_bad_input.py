@@ -387,3 +387,80 @@ def test_an_existing_output_file_survives_a_failed_write(
         assert [p.name for p in target.parent.glob(".keep.csv.*")] == []  # no temporary file left
     finally:
         target.unlink()
+
+
+# Commands that write runs (or the schema, or an outbox) and so create the ledger they are given.
+CREATING = {"agent", "db migrate", "import ultralytics", "recover", "run", "sync"}
+
+
+@pytest.mark.parametrize("form", ["path", "url"])
+@pytest.mark.parametrize("command", sorted(set(LEDGER_COMMANDS) - CREATING))
+def test_a_mistyped_ledger_path_is_refused_and_nothing_is_created(
+    command: str, form: str, world: dict[str, str], unchanged: None, tmp_path: Path
+) -> None:
+    missing = tmp_path / "ledgre.db"
+    db = str(missing) if form == "path" else f"sqlite:///{missing}"
+    args = [*command.split(), *_fill(LEDGER_COMMANDS[command], world), "--db", db]
+    assert_one_error(invoke(args, world), 1, f"Error: no ledger at {missing}")
+    assert list(tmp_path.iterdir()) == []  # no empty ledger (nor its -wal / -shm) left behind
+
+
+def test_the_creating_commands_are_commands() -> None:
+    assert CREATING.issubset(LEDGER_COMMANDS)
+
+
+def test_import_still_creates_the_ledger_it_is_given(world: dict[str, str], tmp_path: Path) -> None:
+    fresh = tmp_path / "new.db"
+    result = invoke(["import", "ultralytics", world["home"], "--db", str(fresh)], world)
+    assert_one_error(result, 1, "is not an Ultralytics run directory")  # home is none: one Error: line
+    assert fresh.exists()  # but the ledger was made, as import writes runs
+
+
+def test_import_of_a_missing_folder_is_a_usage_error(world: dict[str, str], tmp_path: Path) -> None:
+    fresh = tmp_path / "new.db"
+    result = invoke(["import", "ultralytics", str(tmp_path / "nope"), "--db", str(fresh)], world)
+    assert_one_error(result, 2, "does not exist")
+    assert not fresh.exists()
+
+
+LABEL_MISTAKES = [
+    (["--label", "a=1", "--label", "a=2"], "--label", "label 'a' is given twice"),
+    (["--label", "k="], "--label", "label 'k' has an empty value"),
+    (["--label", "k= "], "--label", "label 'k' has an empty value"),
+]
+
+
+@pytest.mark.parametrize(("options", "option", "message"), LABEL_MISTAKES, ids=lambda v: str(v))
+@pytest.mark.parametrize("command", [["runs"], ["import", "ultralytics", "{home}"]], ids=" ".join)
+def test_a_duplicate_or_empty_label_is_a_usage_error(
+    command: list[str], options: list[str], option: str, message: str, world: dict[str, str], unchanged: None
+) -> None:
+    assert_one_error(invoke([*_fill(command, world), *options], world), 2, option, message)
+
+
+@pytest.mark.parametrize(
+    ("options", "option", "message"),
+    [
+        *LABEL_MISTAKES,
+        (["--team", ""], "--team", "is empty"),
+        (["--project", "  "], "--project", "is empty"),
+        (["--label", "team=vision", "--team", "nlp"], "--team", "contradict"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_run_refuses_a_bad_label_before_the_command_starts(
+    options: list[str], option: str, message: str, world: dict[str, str], unchanged: None
+) -> None:
+    marker = Path(world["root"]) / "command-ran"
+    out = run_cli(["run", *options, "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"], world)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and option in errors[0] and message in errors[0], out.stderr
+    assert not marker.exists()  # COMMAND never started
+
+
+def test_recover_of_a_file_that_is_not_a_spooled_run_names_it_once(world: dict[str, str], unchanged: None) -> None:
+    card = world["card"]  # any file that is not a spooled run
+    result = invoke(["recover", card], world)
+    assert_one_error(result, 1, f"Error: {card}: not a readable spool file")
+    assert result.output.count(card) == 1

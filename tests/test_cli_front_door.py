@@ -178,6 +178,7 @@ def test_runs_label_filter_and_the_empty_answers(db: str, tmp_path: Path) -> Non
     assert [r["id"] for r in found] == [REPLAYED]
     assert invoke(db, "runs", "--label", "dataset=imagenet").stdout.strip() == "no run matches --label dataset=imagenet"
     assert invoke(db, "runs", "--project", "nope").stdout.strip() == "no run matches --project nope"
+    Ledger(f"sqlite:///{tmp_path}/empty.db").close()  # a ledger with no run yet
     empty = invoke(f"sqlite:///{tmp_path}/empty.db", "runs").stdout
     assert empty.startswith("no runs yet")
 

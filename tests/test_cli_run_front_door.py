@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_helpers import GPULEDGER, cli_env, py, run_cli, runs_json
+from e2e_helpers import GPULEDGER, cli_env, py, run_cli, runs_json, show_json
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +25,73 @@ def _sockets() -> set[str]:
     return {p.name for p in folder.glob("*.sock")} if folder.is_dir() else set()
 
 
-def test_a_command_that_cannot_start_leaves_no_log_socket_or_run(tmp_path: Path) -> None:
+def test_a_command_that_cannot_start_is_a_recorded_failed_run(tmp_path: Path) -> None:
     env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db")
     sockets = _sockets()
-    out = run_cli(["run", "--", "no-such-command-gpuledger-test"], env)
+    out = run_cli(["run", "--label", "k=v", "--", "no-such-command-gpuledger-test", "train"], env)
     assert out.returncode == 127 and b"cannot start 'no-such-command-gpuledger-test'" in out.stderr
     assert b"Traceback" not in out.stderr
     logs = tmp_path / "home" / "logs"
-    assert not logs.exists() or list(logs.iterdir()) == []  # no orphan log that no run points to
+    assert not logs.exists() or list(logs.iterdir()) == []  # no orphan log file: the log is in the ledger
     assert _sockets() <= sockets  # nor a control socket
-    assert runs_json(env) == []
+    (row,) = runs_json(env)
+    assert row["status"] == "failed"
+    shown = show_json(row["id"], env)
+    assert shown["exit_code"] == 127 and shown["labels"]["k"] == "v"
+    assert shown["status_reason"] == "cannot start 'no-such-command-gpuledger-test': not found"
+    assert shown["command"] == ["no-such-command-gpuledger-test", "train"]
+    logs_out = run_cli(["logs", row["id"]], env)
+    assert logs_out.returncode == 0 and logs_out.stdout == b""  # its log: empty, but there
+    failures = run_cli(["query", "failures", "--json"], env)
+    assert failures.returncode == 0, failures.stderr.decode()
+    report = json.loads(failures.stdout)
+    assert report["runs"] == 1 and report["by_status"] == {"failed": 1}
+
+
+def test_a_failed_launch_with_a_server_waits_in_the_outbox_like_any_run(tmp_path: Path) -> None:
+    env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db", GPULEDGER_TOKEN="glt_test")
+    server = "http://127.0.0.1:9"  # nothing listens there: the push fails, the run must wait
+    out = run_cli(["run", "-q", "--server", server, "--", "no-such-command-gpuledger-test"], env)
+    assert out.returncode == 127 and out.stderr.startswith(b"gpuledger: cannot start")  # said first
+    (row,) = runs_json(env)
+    status = run_cli(["sync", "--status", "--server", server], env)
+    assert status.returncode == 0, status.stderr.decode()
+    assert row["id"] in status.stdout.decode()  # in the outbox: gpuledger sync pushes it later
+
+
+def test_a_failed_launch_the_ledger_cannot_take_is_spooled_and_recovered(tmp_path: Path) -> None:
+    asked = tmp_path / "asked.db"
+    asked.mkdir()  # a folder where the ledger should be: it cannot be opened now
+    env = cli_env(tmp_path / "home", str(tmp_path / "other.db"))
+    out = run_cli(["run", "-q", "--db", str(asked), "--", "no-such-command-gpuledger-test"], env)
+    assert out.returncode == 127 and b"gpuledger recover" in out.stderr
+    asked.rmdir()
+    assert run_cli(["recover"], env).returncode == 0
+    env["GPULEDGER_DB"] = str(asked)
+    (row,) = runs_json(env)
+    assert (row["status"], show_json(row["id"], env)["exit_code"]) == ("failed", 127)
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "cause"),
+    [
+        (b"#!/bin/sh\necho hi\n", 0o644, "permission denied"),  # not marked executable
+        (b"\x7fELF not really a program", 0o755, "not executable"),  # marked, but the kernel cannot load it
+    ],
+)
+def test_a_command_that_cannot_be_run_is_a_failed_run_with_126(
+    tmp_path: Path, content: bytes, mode: int, cause: str
+) -> None:
+    env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db")
+    program = tmp_path / "train.sh"
+    program.write_bytes(content)
+    program.chmod(mode)
+    out = run_cli(["run", "--", str(program)], env)
+    assert out.returncode == 126 and b"cannot start" in out.stderr and b"Traceback" not in out.stderr
+    (row,) = runs_json(env)
+    shown = show_json(row["id"], env)
+    assert (row["status"], shown["exit_code"]) == ("failed", 126)
+    assert shown["status_reason"].startswith(f"cannot start {str(program)!r}: {cause}")
 
 
 TRAPPER = textwrap.dedent(
@@ -85,7 +142,7 @@ def test_recover_writes_a_spooled_run_into_the_ledger_it_asked_for(tmp_path: Pat
     recovered = run_cli(["recover"], env)  # GPULEDGER_DB points at another ledger: the run must not go there
     assert recovered.returncode == 0, recovered.stderr.decode()
     assert f"into sqlite:///{asked}".encode() in recovered.stdout
-    assert runs_json(env) == []  # the default ledger got nothing
+    assert not (tmp_path / "default.db").exists()  # the default ledger got nothing
     env["GPULEDGER_DB"] = str(asked)
     runs = runs_json(env)
     assert len(runs) == 1 and runs[0]["status"] == "succeeded"

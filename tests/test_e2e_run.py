@@ -320,6 +320,9 @@ def test_export_formats_share_the_documented_columns(tmp_path: Path, env: dict[s
 
 
 def test_unknown_run_is_a_clear_error(env: dict[str, str]) -> None:
+    from gpuledger.store import Ledger
+
+    Ledger(env["GPULEDGER_DB"]).close()  # a ledger with no run: the run is what is unknown
     out = run_cli(["show", "ffffffff"], env)
     assert out.returncode != 0
     assert b"ffffffff" in out.stderr

@@ -102,6 +102,28 @@ def test_device_requests_as_the_daemon_records_them(engine: Engine) -> None:
         client.close()
 
 
+def test_gpus_passed_as_device_mounts_or_by_an_old_cuda_image_under_the_nvidia_runtime(engine: Engine) -> None:
+    """Hardened nodes pass GPUs as /dev/null mounts under /var/run/nvidia-container-devices (the
+    toolkit then ignores the environment); an old CUDA image (CUDA_VERSION, no
+    NVIDIA_VISIBLE_DEVICES) gets every GPU from the NVIDIA runtime, and none from runc."""
+    client = DockerClient(engine.env)
+    try:
+        mounted = engine.docker(
+            "create",
+            *("-v", f"/dev/null:/var/run/nvidia-container-devices/{NODE[1]}:ro"),
+            *("-v", "/dev/null:/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/0:ro"),
+            *("-e", "NVIDIA_VISIBLE_DEVICES=all", IMAGE, "true"),
+        ).stdout.strip()
+        old_cuda = ["-e", "CUDA_VERSION=9.0.176", IMAGE, "true"]
+        legacy = engine.docker("create", "--runtime", "nvidia", *old_cuda).stdout.strip()
+        plain = engine.docker("create", *old_cuda).stdout.strip()
+        engine.containers.update({mounted, legacy, plain})
+        gpus = {cid: container_gpus(client.inspect(cid) or {}) for cid in (mounted, legacy, plain)}
+        assert gpus == {mounted: (NODE[1], "0"), legacy: ("all",), plain: None}
+    finally:
+        client.close()
+
+
 # -- start and die -----------------------------------------------------------------------------------
 def test_a_container_gone_between_two_ticks_keeps_its_exit_code(engine: Engine, source: DockerSource) -> None:
     name = unique("short")
@@ -243,6 +265,30 @@ def test_the_adapter_works_through_a_get_only_proxy(engine: Engine, tmp_path: Pa
         engine.run("--name", name, "-e", "NVIDIA_VISIBLE_DEVICES=0", IMAGE, "sleep", "60")
         status = wait_for(lambda: (s := src.status()) and name in s and s, what="status naming the unreadable log")
         assert "403" in status and named(src, name) is not None
+    finally:
+        src.close()
+        proxy.close()
+
+
+# -- the API version, and log framing on the real engine ---------------------------------------------
+def test_the_daemons_own_api_version_is_spoken_on_every_path(engine: Engine, tmp_path: Path) -> None:
+    """Versioned paths at the daemon's own version (Engine 29 refuses unversioned old clients),
+    and logs with and without a TTY framed right at that version: Engine 20.10 (API 1.41) sends
+    no ``Content-Type`` with a log, so its TTY flag decides (test_node_docker_api.py: newer ones)."""
+    daemons = engine.docker("version", "-f", "{{.Server.APIVersion}}").stdout.strip()
+    proxy = GetOnlyProxy(engine.sock)
+    src = DockerSource({"DOCKER_HOST": proxy.url}, gpu_uuids=NODE, log_dir=tmp_path / "logs", max_backoff_s=0.5)
+    try:
+        assert src.wait_synced(30), src.status()
+        assert src._client is not None and src._client.api_version == tuple(int(x) for x in daemons.split("."))
+        ids = [engine.run(*flags, IMAGE, "sh", "-c", "echo one; echo two >&2") for flags in ([], ["-t"])]
+        for cid in ids:
+            log = wait_for(lambda cid=cid: (log := src.log(cid) or src.follow(cid)) and log.view().done and log)
+            assert log.view().lines == 2 and log.view().error is None
+            text = log.view().path.read_bytes()  # type: ignore[union-attr]
+            assert sorted(text.replace(b"\r", b"").splitlines()) == [b"one", b"two"]
+        asked = [p for _, p, _ in proxy.seen if p not in ("/_ping", "/version")]
+        assert asked and all(p.startswith(f"/v{daemons}/") for p in asked), asked
     finally:
         src.close()
         proxy.close()

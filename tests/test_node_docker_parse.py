@@ -24,8 +24,10 @@ from gpuledger.node.docker_inspect import (
     container_gpus,
     docker_time,
     docker_time_ns,
+    gpus_from_cdi_annotations,
     gpus_from_device_requests,
     gpus_from_env,
+    gpus_from_mounts,
 )
 
 DATA = Path(__file__).parent / "data" / "docker"
@@ -140,6 +142,94 @@ def test_device_requests_win_over_the_images_environment() -> None:
 )
 def test_nvidia_visible_devices(env: list, gpus: tuple | None) -> None:
     assert gpus_from_env(env) == gpus
+
+
+# -- GPUs: CDI annotations, device mounts, old CUDA images (NVIDIA container toolkit) ----------------
+def _bind(source: str, destination: str) -> dict:
+    """A ``Mounts`` entry as the daemon reports a ``-v source:destination:ro`` bind."""
+    return {
+        "Type": "bind",
+        "Source": source,
+        "Destination": destination,
+        "Mode": "ro",
+        "RW": False,
+        "Propagation": "rprivate",
+    }
+
+
+def _doc(env: list[str] | None = None, **host: object) -> dict:
+    doc = copy.deepcopy(load("inspect_running_env.json"))
+    doc["Config"]["Env"] = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *(env or [])]
+    doc["HostConfig"].update({"DeviceRequests": None, "Runtime": "runc", **host})
+    return doc
+
+
+DEV = "/var/run/nvidia-container-devices"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "gpus"),
+    [
+        ({"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}, ("0",)),
+        (
+            {"cdi.k8s.io/b": f"nvidia.com/gpu={UUID_B}", "cdi.k8s.io/a": "nvidia.com/gpu=2,vendor.com/nic=1"},
+            ("2", UUID_B),
+        ),
+        ({"cdi.k8s.io/all": "nvidia.com/gpu=all"}, ("all",)),
+        ({"cdi.k8s.io/nic": "vendor.com/nic=1", "team": "nvidia.com/gpu=1"}, None),  # no GPU; not a CDI key
+    ],
+)
+def test_cdi_annotations(annotations: dict, gpus: tuple | None) -> None:
+    assert gpus_from_cdi_annotations(annotations) == gpus
+
+
+def test_cdi_annotations_win_over_the_environment() -> None:
+    doc = _doc(["NVIDIA_VISIBLE_DEVICES=all"], Annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"})
+    assert container_gpus(doc) == ("1",)
+
+
+@pytest.mark.parametrize(
+    ("mounts", "gpus"),
+    [
+        ([_bind("/dev/null", f"{DEV}/1")], ("1",)),
+        ([_bind("/dev/null", f"{DEV}/{UUID_B}"), _bind("/dev/null", f"{DEV}/0/")], (UUID_B, "0")),
+        ([_bind("/dev/null", f"{DEV}/all")], ("all",)),
+        (
+            [_bind("/dev/null", f"{DEV}/cdi/nvidia.com/gpu/2"), _bind("/dev/null", f"{DEV}/cdi/nvidia.com/gpu=0")],
+            ("2", "0"),
+        ),
+        ([_bind("/dev/null", f"{DEV}/imex/channel0"), _bind("/dev/null", f"{DEV}/cdi/vendor.com/nic/1")], None),
+        ([_bind("/srv/data", f"{DEV}/1"), _bind("/dev/null", "/var/run/other/1"), _bind("/dev/null", DEV)], None),
+    ],
+)
+def test_device_mounts(mounts: list, gpus: tuple | None) -> None:
+    assert gpus_from_mounts(mounts) == gpus
+
+
+def test_device_mounts_win_over_the_environment() -> None:
+    # With mounts the toolkit takes them and ignores NVIDIA_VISIBLE_DEVICES (a CUDA image's "all").
+    doc = _doc(["NVIDIA_VISIBLE_DEVICES=all"])
+    doc["Mounts"] = [_bind("/dev/null", f"{DEV}/1")]
+    assert container_gpus(doc) == ("1",)
+
+
+@pytest.mark.parametrize(
+    ("env", "runtime", "gpus"),
+    [
+        (["CUDA_VERSION=9.0.176"], "nvidia", ("all",)),  # an old CUDA image: every GPU
+        (["CUDA_VERSION=9.0.176"], "nvidia-legacy", ("all",)),
+        (["CUDA_VERSION=9.0.176"], "runc", None),  # nothing injects GPUs
+        (["CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"], "nvidia", None),  # not legacy
+        (["CUDA_VERSION=9.0.176", "NVIDIA_VISIBLE_DEVICES=void"], "nvidia", ()),  # the variable decides
+        (["CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.4", "NVIDIA_VISIBLE_DEVICES=all"], "nvidia", ("all",)),
+    ],
+)
+def test_old_cuda_images_under_the_nvidia_runtime(env: list, runtime: str, gpus: tuple | None) -> None:
+    assert container_gpus(_doc(env, Runtime=runtime)) == gpus
+
+
+def test_cdi_names_in_nvidia_visible_devices() -> None:
+    assert gpus_from_env([f"NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1,nvidia.com/gpu={UUID_B}"]) == ("1", UUID_B)
 
 
 # -- allocations -------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from gpuledger.node.slurm import (
     open_source,
 )
 from gpuledger.node.sources import load_sources
-from slurm_support import FakeSlurm, listpids
+from slurm_support import DATA, FakeSlurm, listpids
 
 UUIDS = {0: "GPU-00000000-a100", 1: "GPU-11111111-a100", 2: "GPU-22222222-a100", 3: "GPU-33333333-a100"}
 PROLOG = Path(__file__).parent.parent / "deploy" / "slurm" / "gpuledger-prolog.sh"
@@ -118,6 +118,36 @@ def test_unexpected_fields_are_ignored(slurm: FakeSlurm, tmp_path: Path, clock: 
     job = src.claims(0.0).jobs["4260"]
     assert (job.user, job.account, job.gpus, job.labels) == ("carol", "nlp", ("2",), {"team": "nlp"})
     assert src.claims(0.0).allocations == [Allocation(UUIDS[2], "job", "4260")]
+
+
+def shard_node(slurm: FakeSlurm, job_gres: str | None = None) -> None:
+    """gpu07 as tests/data/slurm's gpu09: job 4270 holds shares of GPUs 0 and 1 (Slurm 23.11.2+ form)."""
+    job = (DATA / "job-4270.out").read_text().replace("gpu09", "gpu07")
+    if job_gres is not None:
+        job = job.replace("GRES=shard:2(1/4,1/4,0/4,0/4)", f"GRES={job_gres}")
+    slurm.answer("listpids.out", listpids([(61500, "4270", "batch")]))
+    slurm.answer("job-4270.out", job)
+    slurm.answer("node-gpu07.out", (DATA / "node-gpu09-shards.out").read_text().replace("gpu09", "gpu07"))
+
+
+def test_a_shard_job_claims_the_gpus_it_holds_shares_of(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:
+    shard_node(slurm)
+    src = source(slurm, tmp_path, clock)
+    src.refresh()
+    assert src.claims(0.0).jobs["4270"].gpus == ("0", "1")
+    assert src.claims(0.0).allocations == [Allocation(UUIDS[i], "job", "4270") for i in (0, 1)]
+    # GresUsed names GPUs 0, 1 (shares) and 3 (whole): only 3 is not explained by a job seen here
+    assert "GPU indices 3 are allocated by Slurm to jobs not seen here" in (src.status() or "")
+
+
+def test_a_malformed_shard_item_loses_only_itself_and_is_said(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:
+    shard_node(slurm, job_gres="gpu:1(IDX:2),shard:2(1/4,one/4)")
+    src = source(slurm, tmp_path, clock)
+    src.refresh()
+    assert src.claims(0.0).jobs["4270"].gpus == ("2",)  # the whole GPU of the same line stays
+    status = src.status() or ""
+    assert "job 4270's GRES not read in part: 'shard:2(1/4,one/4)'" in status
+    assert "printed what it should not" not in status  # slurmctld is not backed off for it
 
 
 def test_gpus_slurm_gave_to_jobs_not_seen_here_are_said(slurm: FakeSlurm, tmp_path: Path, clock: Clock) -> None:

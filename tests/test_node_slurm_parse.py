@@ -22,6 +22,7 @@ from gpuledger.node.slurm_parse import (
     gres_items,
     hostlist_has,
     index_list,
+    parse_gres,
     parse_job,
     parse_listpids,
     parse_node,
@@ -81,7 +82,11 @@ def test_output_that_is_no_job_record_is_refused() -> None:
         ("gpu(IDX:4-7)", {4, 5, 6, 7}),  # before Slurm 18.08 (GRES_IDX=)
         ("gpu:h100:1(IDX:0),gpu:6000pro_maxq:2(IDX:1-2)", {0, 1, 2}),
         ("gpu:a100:3(IDX:0-1,3),mps:0", {0, 1, 3}),
-        ("shard:2(IDX:1)", {1}),
+        ("shard:2(IDX:1)", {1}),  # before Slurm 23.11.2
+        ("shard:2(1/4,1/4,0/4,0/4)", {0, 1}),  # per GPU: shares held / shares it has
+        ("gpu:1(IDX:0),shard:8(-/5,5/5,3/5,0/5)", {0, 1, 2}),  # a node's GresUsed; "-": no count
+        ("gpu:a100:1(IDX:3),mps:a100:50(0/100,50/100,0/100,-/100)", {1, 3}),
+        ("shard:0(0/4,0/4)", set()),
         ("gpu:a100:0(IDX:N/A)", set()),
         ("", set()),
         ("(null)", set()),
@@ -99,10 +104,39 @@ def test_a_gres_item_keeps_its_type_and_count() -> None:
     assert (item.name, item.type, item.count, item.indices) == ("gpu", "6000pro_maxq", 2, {1, 2})
 
 
-@pytest.mark.parametrize("bad", ["gpu:1(IDX:a-b)", "gpu:1(IDX:3-1)", "gpu:1(IDX:0"])
-def test_a_malformed_gres_is_an_error(bad: str) -> None:
+@pytest.mark.parametrize("bad", ["gpu:1(IDX:a-b)", "gpu:1(IDX:3-1)", "gpu:1(IDX:0", "shard:2(1/4,x/4)", "shard:1(1/)"])
+def test_a_malformed_gres_is_an_error_and_its_gpus_unknown_not_none(bad: str) -> None:
     with pytest.raises(SlurmFormatError):
-        gpu_indices(bad)
+        gres_items(bad)
+    assert gpu_indices(bad) is None  # which GPUs it names is unknown: never "no GPU"
+    value = parse_gres(bad)
+    assert value.items == () and len(value.bad) == 1 and repr(bad) in value.bad[0]
+
+
+@pytest.mark.parametrize(
+    ("gres", "indices"),
+    [
+        ("gpu:1(IDX:2),shard:2(1/4,x/4)", {2}),
+        ("shard:2(1/4,x/4),gpu:1(IDX:2)", {2}),
+        ("gpu:1(IDX:3-1),gpu:1(IDX:2),shard:1(0/4,0/4,0/4,1/4)", {2, 3}),
+        ("gpu:1(IDX:0),licence:2(what:ever:))", {0}),
+    ],
+)
+def test_a_malformed_item_loses_only_itself(gres: str, indices: set[int]) -> None:
+    value = parse_gres(gres)
+    assert value.gpu_indices() == indices and len(value.bad) == 1
+
+
+def test_a_shard_job_names_the_gpus_it_holds_shares_of() -> None:
+    job = parse_job(output("job-4270.out"), "gpu09")
+    assert (job.job_id, job.user, job.gpus_here, job.gres_problems) == ("4270", "carol", {0, 1}, ())
+
+
+def test_a_jobs_malformed_shard_item_keeps_the_gpu_of_the_same_line() -> None:
+    text = output("job-4270.out").replace("GRES=shard:2(1/4,1/4,0/4,0/4)", "GRES=gpu:1(IDX:2),shard:2(1/4,one/4)")
+    job = parse_job(text, "gpu09")
+    assert job.gpus_here == {2}
+    assert len(job.gres_problems) == 1 and "shard:2(1/4,one/4)" in job.gres_problems[0]
 
 
 @given(st.sets(st.integers(min_value=0, max_value=300)))
@@ -148,6 +182,14 @@ def test_a_node_names_the_gpus_in_use() -> None:
     node = parse_node(output("node-gpu07.out"))
     assert (node.name, node.gres, node.state) == ("gpu07", "gpu:a100:4(S:0-1)", "MIXED")
     assert node.gpus_in_use == {0, 1, 3}
+
+
+def test_a_node_with_shards_names_every_gpu_in_use() -> None:
+    node = parse_node(output("node-gpu09-shards.out"))
+    assert (node.name, node.gpus_in_use, node.gres_problems) == ("gpu09", {0, 1, 3}, ())
+    broken = output("node-gpu09-shards.out").replace("shard:a100:5(1/4,4/4,0/4,-/4)", "shard:a100:5(1/4,4/4,?)")
+    node = parse_node(broken)
+    assert node.gpus_in_use == {3} and len(node.gres_problems) == 1  # the whole GPU of the same line stays
 
 
 def test_an_idle_node_has_no_gpu_in_use() -> None:

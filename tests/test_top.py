@@ -85,5 +85,6 @@ def test_top_once_shows_live_runs_of_this_host_only(tmp_path: Path) -> None:
 
 
 def test_top_once_with_nothing_recording(tmp_path: Path) -> None:
+    Ledger(f"sqlite:///{tmp_path}/l.db").close()  # a ledger, empty: a missing one is an error
     out = CliRunner().invoke(cli, ["top", "--once", "--db", f"sqlite:///{tmp_path}/l.db"], env={"COLUMNS": "200"})
     assert out.exit_code == 0 and "no run is recording here" in out.stdout

@@ -148,12 +148,14 @@ def test_cli(tmp_path: Path) -> None:
     first, second = make_run_dir(tmp_path, "train"), make_run_dir(tmp_path / "b", "train2")
     db = str(tmp_path / "ledger.db")
     runner = CliRunner()
-    out = runner.invoke(
-        import_cmd, ["ultralytics", str(first), str(tmp_path / "nothing"), "--db", db, "--project", "p1"]
-    )
+    missing = runner.invoke(import_cmd, ["ultralytics", str(first), str(tmp_path / "nothing"), "--db", db])
+    assert missing.exit_code == 2 and "Error: Invalid value for 'PATHS...': Path" in missing.stderr
+    assert "nothing' does not exist" in missing.stderr and not Path(db).exists()  # refused before any work
+    (tmp_path / "empty").mkdir()
+    out = runner.invoke(import_cmd, ["ultralytics", str(first), str(tmp_path / "empty"), "--db", db, "--project", "p1"])
     assert out.exit_code == 1
     assert out.stdout.startswith("imported ") and "2 epochs" in out.stdout
-    assert "nothing: no such directory" in out.stderr
+    assert out.stderr.startswith("Error: ") and "empty is not an Ultralytics run directory" in out.stderr
     out = runner.invoke(import_cmd, ["ultralytics", "-r", str(tmp_path), "--db", db, "--json"])
     assert out.exit_code == 0, out.output
     rows = json.loads(out.stdout)

@@ -117,22 +117,65 @@ def check_ledger_url(url: str | None, param_hint: str = "--db") -> None:
 def parse_labels(items: Iterable[str], param_hint: str = "--label") -> dict[str, str]:
     from gpuledger.recorder.metadata import parse_label
 
-    labels = {}
+    labels: dict[str, str] = {}
     for item in items:
         try:
             key, value = parse_label(item)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint=param_hint) from exc
+        # Refused, not guessed: an empty value is a label no run has, a repeated key would keep
+        # whichever came last and drop the other without a word.
+        if not value:
+            raise click.BadParameter(f"label {key!r} has an empty value: give {key}=VALUE", param_hint=param_hint)
+        if key in labels and labels[key] != value:
+            raise click.BadParameter(
+                f"label {key!r} is given twice ({key}={labels[key]} and {key}={value}): give it once",
+                param_hint=param_hint,
+            )
         labels[key] = value
     return labels
 
 
-def open_ledger(url: str | None):  # type: ignore[no-untyped-def]
+def labels_with(items: Iterable[str], project: str | None, team: str | None) -> dict[str, str]:
+    """``--label``s with ``--project`` and ``--team`` added (run, import): an empty project or team,
+    or one that contradicts a ``--label project=...``, is refused like a bad label."""
+    labels = parse_labels(items)
+    for key, given in (("project", project), ("team", team)):
+        if given is None:
+            continue
+        if not given.strip():
+            raise click.BadParameter("is empty: give a name, or leave the option out", param_hint=f"--{key}")
+        given = given.strip()
+        if labels.get(key, given) != given:
+            raise click.BadParameter(
+                f"--label {key}={labels[key]} and --{key} {given} contradict each other: give one",
+                param_hint=f"--{key}",
+            )
+        labels[key] = given
+    return labels
+
+
+def refuse_missing_ledger(url: str) -> None:
+    """A SQLite file that is not there is a mistyped path for a command that only reads: say so
+    (exit 1) rather than create an empty ledger there and answer from it."""
+    from gpuledger.store.url import parse, sqlite_path
+
+    path = sqlite_path(parse(url))
+    if path is not None and not path.exists():
+        raise click.ClickException(
+            f"no ledger at {path}: check --db / GPULEDGER_DB (gpuledger run, import and db migrate create one)"
+        )
+
+
+def open_ledger(url: str | None, create: bool = False):  # type: ignore[no-untyped-def]
     """The ledger at ``url``: a URL that can never work is a usage error (exit 2), a ledger that
-    cannot be reached or read a failure (exit 1)."""
+    cannot be reached or read a failure (exit 1). A ledger named with --db or GPULEDGER_DB must
+    exist unless ``create`` (a command that writes runs); the default one is created on first use."""
     from gpuledger.store import Ledger, LedgerError
 
     check_ledger_url(url)
+    if url and not create:
+        refuse_missing_ledger(url)
     try:
         return Ledger(url)
     except LedgerError as exc:

@@ -97,7 +97,7 @@ def _write(export: Any, output: str | None) -> None:
     for note in export.notes:
         click.echo(f"note: {note}", err=True)
     if is_parquet_path(output):
-        write_with(str(output), lambda tmp: write_focus_parquet(export, tmp))
+        write_with(str(output), lambda fh: write_focus_parquet(export, fh))
         click.echo(f"wrote {output}", err=True)
     else:
         write_text(output, focus_csv(export), announce=True)

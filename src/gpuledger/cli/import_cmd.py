@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from gpuledger.cli.common import cli_errors, db_option, echo_json, format_option, open_ledger, parse_labels
+from gpuledger.cli.common import cli_errors, db_option, echo_json, format_option, labels_with, open_ledger
 from gpuledger.core.units import fmt_count
 
 
@@ -17,7 +17,7 @@ def import_cmd() -> None:
 
 
 @import_cmd.command("ultralytics")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("-r", "--recursive", is_flag=True, help="Import every run directory found under each PATH.")
 @click.option("--project", help="Project label for the imported runs.")
 @click.option("--team", help="Team label for the imported runs.")
@@ -45,23 +45,19 @@ def import_ultralytics(
     """
     from gpuledger.importers.ultralytics import NotARunDirectory, find_run_dirs, import_run_dir
 
-    given = parse_labels(labels)
-    if project:
-        given["project"] = project
-    if team:
-        given["team"] = team
+    given = labels_with(labels, project, team)
     targets: list[Path] = []
     for path in paths:
         found = find_run_dirs(path) if recursive and path.is_dir() else []
         targets += found or [path]
-    ledger = open_ledger(db)
+    ledger = open_ledger(db, create=True)
     results, failed = [], 0
     for path in targets:
         try:
             result = import_run_dir(ledger, path, labels=given)
         except (NotARunDirectory, RuntimeError, OSError, ValueError) as exc:
             failed += 1
-            click.echo(f"gpuledger: {exc}", err=True)
+            click.echo(f"Error: {exc}", err=True)  # the others are still imported; exit 1 at the end
             results.append({"path": str(path), "error": str(exc)})
             continue
         results.append(

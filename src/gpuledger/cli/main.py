@@ -6,7 +6,9 @@ first loading the server, report and cost code.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
 import sys
 
 import click
@@ -60,6 +62,9 @@ class LazyGroup(click.Group):
 
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # Ctrl-C: exit 130 as a shell, docker or kubectl do, not click's "Aborted!" with 1.
+            raise click.exceptions.Exit(interrupted()) from None
         except click.ClickException:
             raise
         except Exception as exc:
@@ -81,8 +86,21 @@ def cli() -> None:
     """
 
 
+INTERRUPTED = 130  # 128 + SIGINT
+
+
+def interrupted() -> int:
+    """One short line for a Ctrl-C, and a second Ctrl-C during the exit ends the process (still
+    130 to the shell) instead of printing a traceback from the clean-up."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write("\ngpuledger: interrupted\n")
+        sys.stderr.flush()
+    return INTERRUPTED
+
+
 def main() -> None:
     try:
         cli(prog_name="gpuledger")
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt:  # before or after a subcommand ran (parsing, loading it)
+        sys.exit(interrupted())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -17,7 +16,7 @@ from gpuledger.cli.common import (
     parse_labels,
     resolve_run,
 )
-from gpuledger.cli.output import OutputPath, write_text, write_with
+from gpuledger.cli.output import OutputPath, write_text, write_text_with, write_with
 
 STATUSES = ["running", "succeeded", "failed", "killed", "lost", "imported", "discovered"]
 
@@ -110,13 +109,16 @@ def show_cmd(run: str | None, fmt: str, db: str | None) -> None:
 
 @click.command("logs")
 @click.argument("run", required=False)
+@click.option("--raw", is_flag=True, help="Print the bytes as stored, escape sequences included, even to a terminal.")
 @db_option
 @cli_errors
-def logs_cmd(run: str | None, db: str | None) -> None:
+def logs_cmd(run: str | None, raw: bool, db: str | None) -> None:
     """Print a run's archived (redacted) output.
 
     RUN is a run id, its short id or a unique id prefix; default: the newest run. A log longer
-    than the cap (GPULEDGER_LOG_MAX_B, 64 MiB) keeps its head and tail: stderr then says so."""
+    than the cap (GPULEDGER_LOG_MAX_B, 64 MiB) keeps its head and tail: stderr then says so.
+    To a terminal, control characters and escape sequences other than colours are shown as text
+    (\\x1b[2J), so a log cannot clear the screen or set the title; piped, the bytes are as stored."""
     from gpuledger.core.training.logcap import find_cut
     from gpuledger.core.units import fmt_bytes
     from gpuledger.runs.liveness import fresh_log
@@ -127,7 +129,12 @@ def logs_cmd(run: str | None, db: str | None) -> None:
     data = fresh_log(ledger, record)
     if data is None:
         raise click.ClickException(f"run {record.id} has no archived log")
-    sys.stdout.buffer.write(data)
+    if not raw and sys.stdout.isatty():
+        from gpuledger.cli.log_escape import escape_for_terminal
+
+        sys.stdout.buffer.write(escape_for_terminal(data))
+    else:
+        sys.stdout.buffer.write(data)
     sys.stdout.flush()
     cut = find_cut(data)
     if cut is not None:
@@ -157,36 +164,22 @@ def export_cmd(run: str | None, fmt: str, output: str | None, metrics: bool, db:
     from gpuledger.reports.run import export
     from gpuledger.runs.view import load_run
 
-    if fmt == "parquet" and output in (None, "-"):
-        raise click.UsageError("Parquet is binary: give a file with -o FILE")
+    if fmt == "parquet" and output is None:  # binary on a terminal by accident; -o - asks for it
+        raise click.UsageError("Parquet is binary: give a file with -o FILE (-o - for stdout)")
     ledger = open_ledger(db)
     record = load_run(ledger, resolve_run(ledger, run))
     if metrics:
         columns, epoch_rows = er.export_rows(record.id, er.epoch_table(ledger, record))
         if fmt == "parquet":
-            write_with(output, lambda tmp: er.write_parquet(columns, epoch_rows, tmp))  # type: ignore[arg-type]
+            write_with(str(output), lambda fh: er.write_parquet(columns, epoch_rows, fh))
             return
         text = er.to_csv(columns, epoch_rows) if fmt == "csv" else er.to_jsonl(columns, epoch_rows)
     else:  # streamed: rows go from the database cursor to the file a few thousand at a time
         if fmt == "parquet":
-            write_with(output, lambda tmp: export.write_parquet_stream(export.stream_rows(ledger, record.id), tmp))
+            write_with(str(output), lambda fh: export.write_parquet_stream(export.stream_rows(ledger, record.id), fh))
             return
         write_rows = export.write_csv if fmt == "csv" else export.write_jsonl
-        if output in (None, "-"):
-            try:
-                write_rows(export.stream_rows(ledger, record.id), sys.stdout)
-                sys.stdout.flush()
-            except BrokenPipeError:  # the reader stopped (| head): no more to say, as before streaming
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except OSError as exc:
-                raise click.ClickException(f"cannot write the export to stdout: {exc.strerror or exc}") from exc
-            return
-
-        def put(tmp: str) -> None:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                write_rows(export.stream_rows(ledger, record.id), fh)
-
-        write_with(output, put)
+        write_text_with(output, lambda fh: write_rows(export.stream_rows(ledger, record.id), fh))
         return
     write_text(output, text)
 
@@ -219,11 +212,12 @@ def recover_cmd(files: tuple[str, ...], db: str | None) -> None:
         try:
             target = override or read_target(path) or db
             if target not in ledgers:
-                ledgers[target] = open_ledger(target)
+                ledgers[target] = open_ledger(target, create=True)
             done = recover(path, ledgers[target])
         except Exception as exc:  # one bad spool file must not stop the others
             failed += 1
-            click.echo(f"Error: {path}: {exc}", err=True)
+            said = str(exc)  # the spool's own errors name the file already
+            click.echo(f"Error: {said}" if said.startswith(str(path)) else f"Error: {path}: {said}", err=True)
             continue
         where = f" into {display_url(target)}" if target else ""
         click.echo(f"recovered run {done.run_id}{where}")

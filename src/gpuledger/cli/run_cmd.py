@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from gpuledger.cli.common import FiniteFloat, check_ledger_url, db_option, parse_labels
+from gpuledger.cli.common import FiniteFloat, check_ledger_url, db_option, labels_with
 from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 
 
@@ -78,7 +78,7 @@ def run_cmd(
     from gpuledger.cli.run_hooks import run_hooks
     from gpuledger.recorder.wrap import WrapOptions, run_and_exit_code
 
-    label_map = parse_labels(labels)
+    label_map = labels_with(labels, project, team)  # a duplicate or empty label: refused before CMD starts
     if db:  # a team server's database: refused before CMD starts, not at its first flush
         check_ledger_url(db)  # and so is a ledger that can never be written (bad URL, no driver)
         from gpuledger.store import Ledger, LedgerError, ownership
@@ -90,10 +90,6 @@ def run_cmd(
             raise click.ClickException(str(exc)) from exc
         except LedgerError:
             pass  # unreachable or locked: the recorder keeps the run locally as always
-    if project:
-        label_map["project"] = project
-    if team:
-        label_map["team"] = team
     opts = WrapOptions(
         name=name,
         labels=label_map,

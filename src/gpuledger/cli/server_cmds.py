@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gpuledger.cli.common import FiniteFloat, check_ledger_url, cli_errors, echo_json, format_option
+from gpuledger.cli.common import (
+    FiniteFloat,
+    check_ledger_url,
+    cli_errors,
+    echo_json,
+    format_option,
+    refuse_missing_ledger,
+)
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -24,6 +31,7 @@ def server_ledger(url: str | None):
     if not url:
         raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
     check_ledger_url(url)
+    refuse_missing_ledger(url)  # a mistyped SQLite path: not a new empty file (gpuledger db migrate creates one)
     try:
         ledger = Ledger(url, migrate=False)
     except LedgerError as exc:
@@ -170,6 +178,7 @@ def db_status_cmd(db: str | None, fmt: str) -> None:
     if not db:
         raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
     check_ledger_url(db)
+    refuse_missing_ledger(db)
     database = Database(db)
     try:
         version = database.read(migrations.current_version)
@@ -214,7 +223,7 @@ def sync_cmd(
     from gpuledger.recorder.spool import waiting
     from gpuledger.store import capacity_push, pushes
 
-    ledger = open_ledger(db)
+    ledger = open_ledger(db, create=True)  # it keeps the outbox state
     server = normalise_server(server)
     if forget:
         _forget_capacity(ledger, server, yes)

@@ -291,10 +291,13 @@ class NodeAgent:
 
     def _host_collector(self, owner: Owner, facts: ProcFacts) -> tuple[object | None, str | None, str | None]:
         files = locate(self.config.cgroup_root, owner.cgroup) if owner.cgroup.scope else None
-        if files is not None:
+        if files is not None and not files.missing:
             return CgroupCollector(files), "cgroup", None  # its first reading primes its counters
         why = None
-        if owner.cgroup.scope:
+        if files is not None:  # e.g. a v2 cgroup without the memory controller: n/a there, never 0
+            why = (f"the cgroup {owner.cgroup.scope} has no {' or '.join(files.missing)} counter under "
+                   f"{self.config.cgroup_root}: host figures come from the process tree in /proc")  # fmt: skip
+        elif owner.cgroup.scope:
             why = (f"the cgroup {owner.cgroup.scope} is not readable under {self.config.cgroup_root}"
                    + (" (outside this agent's cgroup namespace)" if owner.cgroup.outside_ns else "")
                    + ": host figures come from the process tree in /proc")  # fmt: skip

@@ -12,7 +12,7 @@ storage bytes     ``io.stat`` ``rbytes``/``wbytes``, all devices  ``blkio/blkio.
 memory            ``memory.current`` − ``inactive_file``          ``memory.usage_in_bytes`` −
                   (``memory.stat``), the working set              ``total_inactive_file``
 memory peak       ``memory.peak`` (Linux 5.19+)                   ``memory.max_usage_in_bytes``
-threads           ``pids.current``                                ``pids/pids.current``
+threads           ``pids.current`` (else ``cgroup.threads``)      ``pids/pids.current`` (else ``tasks``)
 processes         ``cgroup.procs`` of the cgroup and below        the same, in the cpuacct hierarchy
 ================  ==============================================  ====================================
 
@@ -20,9 +20,14 @@ Memory is the *working set* (charged memory less the inactive file cache), the f
 and ``docker stats`` show. It is sampled every tick; the peak file is the cgroup's lifetime peak
 of charged memory, so when it rose during an interval, that interval's peak was reached inside
 it: the closing reading then reports ``memory.peak − inactive_file``, never less than the samples.
-Storage bytes need the io (v2) / blkio (v1) controller on the cgroup; without it they read 0, as
-the process-tree collector does for an unreadable /proc/<pid>/io. A counter that goes backwards
-(the cgroup was re-created) counts from its new value.
+Each figure is read where its controller is. A hybrid host (v1 controllers under
+``<root>/<controller>``, an empty cgroup v2 tree at ``<root>/unified``) keeps memory, blkio, pids
+and cpuacct in v1; its unified directory has ``cpu.stat`` and ``cgroup.procs`` only, and taking
+it for the container's cgroup read memory, I/O and threads as 0 (tests/data/cgroup/hybrid-v1 is
+such a host, recorded). A figure whose controller is on the cgroup in neither hierarchy is not
+available, never 0: without memory or storage counters the cgroup is not read at all
+(``CgroupFiles.missing``), and the agent measures the run from its process tree instead. A counter
+that goes backwards (the cgroup was re-created) counts from its new value.
 
 Host-wide counters (CPU split, iowait, memory, disk, network) are read at every reading that ends
 an interval, as for a wrapped run (collect/host.py), so each interval's figures cover its span.
@@ -41,22 +46,49 @@ from gpuledger.core.metering.cgroup_path import CgroupFacts
 from gpuledger.core.model import HostTick
 
 _V1_CPU_DIRS = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
+_V1_IO_FILES = ("blkio.throttle.io_service_bytes_recursive", "blkio.throttle.io_service_bytes",
+                "blkio.io_service_bytes_recursive")  # fmt: skip
+# The file that proves a controller's counters are there: v1 directory name, v1 file, v2 file.
+_COUNTERS = {
+    "memory": ("memory", ("memory.usage_in_bytes",), "memory.current"),
+    "io": ("blkio", _V1_IO_FILES, "io.stat"),
+    "pids": ("pids", ("pids.current",), "pids.current"),
+}
+NEEDED = ("memory", "io")  # figures with no stand-in: without them the process tree is read instead
+
+
+@dataclass(frozen=True)
+class Source:
+    """One controller's directory and the cgroup version of its files."""
+
+    path: str
+    version: int
 
 
 @dataclass(frozen=True)
 class CgroupFiles:
-    """Where one cgroup's counters are: ``version`` 2 (one directory) or 1 (one per controller)."""
+    """Where one cgroup's counters are, controller by controller: a hybrid host keeps some in v1
+    hierarchies and others (or none) in the unified one."""
 
-    version: int
-    cpu: str  # directory holding cpu.stat (v2) / cpuacct.usage (v1)
-    memory: str | None
-    io: str | None
-    pids: str | None
+    cpu: Source  # cpu.stat (v2) / cpuacct.usage (v1); its directory also lists the processes
+    memory: Source | None
+    io: Source | None
+    pids: Source | None
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The figures this cgroup has no counter for, of those with no stand-in (``NEEDED``)."""
+        return tuple(name for name in NEEDED if getattr(self, name) is None)
 
 
 def locate(cgroup_root: str, facts: CgroupFacts) -> CgroupFiles | None:
     """The directories of a process's container / pod / step cgroup, or None (no such scope, a path
     outside our cgroup namespace we cannot place, or a hierarchy not mounted under ``cgroup_root``).
+
+    Each figure is taken from where its counter file is: a v1 controller's hierarchy
+    (``<root>/memory/<scope>``), else the v2 directory (``<root>/<scope>`` on a v2 host,
+    ``<root>/unified/<scope>`` on a hybrid one). A hybrid host's v2 directory has ``cpu.stat`` and
+    ``cgroup.procs`` but none of the v1 controllers' files: it is used only for what it has.
 
     A path that climbs out of the agent's cgroup namespace (``/../..``: the agent runs in a
     container, e.g. the DaemonSet, with the host's cgroup hierarchy mounted at ``cgroup_root``) is
@@ -70,16 +102,30 @@ def locate(cgroup_root: str, facts: CgroupFacts) -> CgroupFiles | None:
         if scope is None:
             return None
     root = cgroup_root.rstrip("/")
-    for base in (root, f"{root}/unified"):
-        d = f"{base}{scope}"
-        if os.path.isfile(f"{d}/cpu.stat") and os.path.isfile(f"{d}/cgroup.procs"):
-            return CgroupFiles(2, d, d, d, d)
-    cpu = next((f"{root}/{n}{scope}" for n in _V1_CPU_DIRS if os.path.isfile(f"{root}/{n}{scope}/cpuacct.usage")),
-               None)  # fmt: skip
-    if cpu is None:
+    # Only a v2 directory has cgroup.controllers; a v1 hierarchy mounted at the root does not.
+    v2 = next((d for d in (f"{root}{scope}", f"{root}/unified{scope}") if os.path.isfile(f"{d}/cgroup.controllers")),
+              None)  # fmt: skip
+    cpu1 = next((f"{root}/{n}{scope}" for n in _V1_CPU_DIRS if os.path.isfile(f"{root}/{n}{scope}/cpuacct.usage")),
+                None)  # fmt: skip
+    if cpu1 is not None:
+        cpu = Source(cpu1, 1)
+    elif v2 is not None and os.path.isfile(f"{v2}/cpu.stat"):
+        cpu = Source(v2, 2)
+    else:
         return None
-    found = {c: f"{root}/{c}{scope}" for c in ("memory", "blkio", "pids") if os.path.isdir(f"{root}/{c}{scope}")}
-    return CgroupFiles(1, cpu, found.get("memory"), found.get("blkio"), found.get("pids"))
+    found = {name: _counter(root, scope, v2, *spec) for name, spec in _COUNTERS.items()}
+    return CgroupFiles(cpu, found["memory"], found["io"], found["pids"])
+
+
+def _counter(
+    root: str, scope: str, v2: str | None, v1_dir: str, v1_files: tuple[str, ...], v2_file: str
+) -> Source | None:
+    d = f"{root}/{v1_dir}{scope}"
+    if any(os.path.isfile(f"{d}/{name}") for name in v1_files):
+        return Source(d, 1)
+    if v2 is not None and os.path.isfile(f"{v2}/{v2_file}"):
+        return Source(v2, 2)
+    return None  # the controller is on neither: the figure is not available, never 0
 
 
 # -- paths outside the agent's cgroup namespace --------------------------------------------------
@@ -210,6 +256,8 @@ class CgroupCollector:
         system: SystemReader | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if files.missing:
+            raise ValueError(f"the cgroup at {files.cpu.path} has no {' or '.join(files.missing)} counter")
         self.files = files
         self._system = SystemReader(procfs=True) if system is None else system
         self._clock = clock
@@ -236,7 +284,7 @@ class CgroupCollector:
         cpu_delta = _delta(self._cpu, cpu)
         rd, wr = _delta(self._io[0], io[0]), _delta(self._io[1], io[1])
         working, inactive = self._working_set()
-        threads = self._int("pids", "pids.current")
+        threads = self._threads()
         if closes_interval:
             peak = self._peak_b()
             working = interval_peak(working, peak, self._peak, inactive)
@@ -267,53 +315,57 @@ class CgroupCollector:
 
     # -- files ----------------------------------------------------------------------------------
     def _cpu_s(self) -> float | None:
-        f = self.files
-        if f.version == 2:
-            text = _read(f"{f.cpu}/cpu.stat")
+        cpu = self.files.cpu
+        if cpu.version == 2:
+            text = _read(f"{cpu.path}/cpu.stat")
             return None if text is None else cpu_seconds_v2(text)
-        ns = _int_file(f"{f.cpu}/cpuacct.usage")
+        ns = _int_file(f"{cpu.path}/cpuacct.usage")
         return None if ns is None else ns / 1e9
 
     def _io_b(self) -> tuple[int, int]:
-        f = self.files
-        if f.io is None:
-            return (0, 0)
-        if f.version == 2:
-            return io_bytes_v2(_read(f"{f.io}/io.stat") or "")
-        for name in ("blkio.throttle.io_service_bytes_recursive", "blkio.throttle.io_service_bytes",
-                     "blkio.io_service_bytes_recursive"):  # fmt: skip
-            text = _read(f"{f.io}/{name}")
+        io = self.files.io
+        assert io is not None  # __init__: a cgroup without an I/O counter is not read here
+        if io.version == 2:
+            return io_bytes_v2(_read(f"{io.path}/io.stat") or "")
+        for name in _V1_IO_FILES:
+            text = _read(f"{io.path}/{name}")
             if text:
                 return io_bytes_v1(text)
-        return (0, 0)
+        return (0, 0)  # every file empty: no I/O yet (the kernel prints nothing then)
 
     def _working_set(self) -> tuple[int, int]:
-        f = self.files
-        if f.memory is None:
-            return 0, 0
-        v2 = f.version == 2
-        current = _int_file(f"{f.memory}/memory.current" if v2 else f"{f.memory}/memory.usage_in_bytes")
-        inactive = stat_value(_read(f"{f.memory}/memory.stat") or "", "inactive_file" if v2 else "total_inactive_file")
+        mem = self.files.memory
+        assert mem is not None  # __init__
+        v2 = mem.version == 2
+        current = _int_file(f"{mem.path}/memory.current" if v2 else f"{mem.path}/memory.usage_in_bytes")
+        inactive = stat_value(_read(f"{mem.path}/memory.stat") or "", "inactive_file" if v2 else "total_inactive_file")
         if current is None:
-            return 0, 0
+            return 0, 0  # the cgroup went away: no further usage
         inactive = min(inactive or 0, current)
         return current - inactive, inactive
 
     def _peak_b(self) -> int | None:
-        f = self.files
-        if f.memory is None:
+        mem = self.files.memory
+        if mem is None:
             return None
-        return _int_file(f"{f.memory}/memory.peak" if f.version == 2 else f"{f.memory}/memory.max_usage_in_bytes")
+        return _int_file(f"{mem.path}/memory.peak" if mem.version == 2 else f"{mem.path}/memory.max_usage_in_bytes")
 
-    def _int(self, controller: str, name: str) -> int | None:
-        d = self.files.pids if controller == "pids" else None
-        return None if d is None else _int_file(f"{d}/{name}")
+    def _threads(self) -> int | None:
+        """``pids.current``; without the pids controller, the thread ids the cgroup lists."""
+        pids = self.files.pids
+        if pids is not None:
+            return _int_file(f"{pids.path}/pids.current")
+        name = "cgroup.threads" if self.files.cpu.version == 2 else "tasks"
+        return self._count_ids(name) or None
 
     def _count_procs(self) -> int:
+        return self._count_ids("cgroup.procs")
+
+    def _count_ids(self, name: str) -> int:
         n = 0
-        for dirpath, _dirs, files in os.walk(self.files.cpu):
-            if "cgroup.procs" in files:
-                n += len((_read(f"{dirpath}/cgroup.procs") or "").split())
+        for dirpath, _dirs, files in os.walk(self.files.cpu.path):
+            if name in files:
+                n += len((_read(f"{dirpath}/{name}") or "").split())
         return n
 
 

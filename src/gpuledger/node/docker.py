@@ -43,7 +43,7 @@ from gpuledger.node.docker_inspect import (
     event_exit_code,
     event_time,
 )
-from gpuledger.node.docker_logs import ContainerLog, FrameDecoder, RawDecoder
+from gpuledger.node.docker_logs import ContainerLog, decoder_for
 
 EVENT_FILTERS = {"type": ["container"], "event": ["start", "die", "destroy"]}
 FOLLOW_POLICIES = ("gpu", "all", "none")
@@ -219,6 +219,7 @@ class DockerSource:
         backoff = 0.5
         while not self._stop.is_set():
             try:
+                self._client.negotiate()  # at every (re)connection: the daemon may have been upgraded
                 with self._client.events(EVENT_FILTERS, since=self._event_since) as events:
                     self._resync()  # after the stream is open, so nothing between the two is missed
                     self._up()
@@ -337,9 +338,9 @@ class DockerSource:
                     clog.finish(None if clog.last_t_ns is not None else "the container was removed before it was read")
                     return
                 tty = bool((doc.get("Config") or {}).get("Tty"))
-                decoder = RawDecoder() if tty else FrameDecoder()
-                with self._client.logs(cid, since=clog.resume()) as chunks:
-                    for chunk in chunks:
+                with self._client.logs(cid, since=clog.resume()) as stream:
+                    decoder = decoder_for(stream.content_type, stream.api_version, tty)
+                    for chunk in stream.chunks:
                         clog.add(decoder.feed(chunk))
                 # The stream ended: the container stopped, or a proxy closed an idle stream.
                 doc = self._client.inspect(cid)
@@ -348,9 +349,9 @@ class DockerSource:
                         # A follow of a container that exits at once can end before the daemon
                         # has handed out its last lines: read once more, without follow, from
                         # where this one stopped (what was read already is skipped).
-                        decoder = RawDecoder() if tty else FrameDecoder()
-                        with self._client.logs(cid, since=clog.resume(), follow=False) as chunks:
-                            for chunk in chunks:
+                        with self._client.logs(cid, since=clog.resume(), follow=False) as stream:
+                            decoder = decoder_for(stream.content_type, stream.api_version, tty)
+                            for chunk in stream.chunks:
                                 clog.add(decoder.feed(chunk))
                     clog.finish()
                     return

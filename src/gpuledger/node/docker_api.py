@@ -5,6 +5,16 @@ Only ``GET`` is ever sent, so the agent works through a read-only socket proxy (
 daemon is reached over its unix socket (``DOCKER_HOST=unix:///path``, default
 ``/var/run/docker.sock``) or, for a proxy, plain HTTP (``DOCKER_HOST=tcp://host:port``).
 
+Every path is versioned (``/v1.41/containers/json``), as the official clients do it: a daemon refuses
+clients older than its minimum (Engine 29 refuses everything below API 1.44), and an unversioned
+path is answered at the daemon's newest version, whose shapes this client may not know. The
+version is negotiated like moby's ``client.NegotiateAPIVersion``: ``GET /_ping`` (unversioned)
+answers with the daemon's newest version in its ``API-Version`` header (a daemon that sends none
+is 1.24 or older), ``GET /version`` with its ``MinAPIVersion``; the client speaks the lower of its
+own newest (``CLIENT_API_VERSION``) and the daemon's, never below the daemon's minimum. A daemon
+older than ``MIN_API_VERSION`` is a clear error. ``negotiate()`` is called again at every
+reconnection, so a daemon upgraded under a running agent is asked again.
+
 Streams (events, logs) are read without a read timeout by default, since a quiet container or a
 quiet node sends nothing for hours; ``interrupt()`` shuts their sockets from another thread so a
 blocked reader returns at once (closing the httpx client alone does not wake it).
@@ -19,12 +29,53 @@ import os
 import socket
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 REQUEST_TIMEOUT_S = 10.0
+# The newest API version this client was read against (Engine 29). The fields it reads (Config,
+# State, HostConfig.DeviceRequests/Annotations/Runtime, Mounts, events, logs) did not move since 1.25.
+CLIENT_API_VERSION = (1, 52)
+# The oldest it speaks: 1.25 (Engine 1.13) is the first whose /_ping says its version; moby's
+# client takes a daemon that does not say it for 1.24.
+MIN_API_VERSION = (1, 25)
+_NO_HEADER_VERSION = (1, 24)
+ApiVersion = tuple[int, int]
+
+
+def parse_api_version(text: object) -> ApiVersion | None:
+    """``"1.41"`` -> (1, 41); None for anything else (compared as numbers: 1.9 < 1.10)."""
+    if not isinstance(text, str):
+        return None
+    major, dot, minor = text.strip().partition(".")
+    if not dot or not major.isdigit() or not minor.isdigit():
+        return None
+    return int(major), int(minor)
+
+
+def version_text(version: ApiVersion) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def negotiate_version(daemon: ApiVersion | None, daemon_min: ApiVersion | None) -> ApiVersion:
+    """The version to speak with a daemon whose newest is ``daemon`` (None: it did not say) and
+    whose oldest is ``daemon_min`` (None: unknown). Raises DockerApiError for a daemon too old."""
+    newest = daemon or _NO_HEADER_VERSION
+    version = min(CLIENT_API_VERSION, newest)
+    if daemon_min is not None and version < daemon_min:
+        # A daemon newer than this client: speak its oldest rather than be refused (the fields
+        # read here are stable; docker-java does the same).
+        version = daemon_min
+    if version < MIN_API_VERSION:
+        raise DockerApiError(
+            f"the Docker daemon speaks API {version_text(newest)}"
+            f"{'' if daemon else ' or older (its /_ping sends no API-Version)'}; gpuledger needs "
+            f"{version_text(MIN_API_VERSION)} or newer (Docker Engine 1.13+)"
+        )
+    return version
 
 
 class DockerConfigError(ValueError):
@@ -41,6 +92,11 @@ class DockerApiError(Exception):
 
 class DockerUnavailable(DockerApiError):
     """The daemon could not be reached, or the connection broke mid-stream."""
+
+
+class VersionRefused(DockerUnavailable):
+    """The daemon refused the API version asked at ("client version 1.41 is too old"); the next
+    request renegotiates."""
 
 
 def docker_host(env: Mapping[str, str]) -> tuple[str, str | None]:
@@ -86,6 +142,16 @@ def _why(exc: Exception, where: str) -> str:
     return f"{where}: {type(exc).__name__}: {exc}"
 
 
+@dataclass(frozen=True)
+class LogStream:
+    """A log's chunks, with what says how they are framed: the response's ``Content-Type`` and
+    the API version it was asked at (docker_logs.decoder_for)."""
+
+    chunks: Iterator[bytes]
+    content_type: str | None
+    api_version: ApiVersion | None
+
+
 class DockerClient:
     """GET requests to one daemon. Thread-safe: each stream uses its own connection."""
 
@@ -98,9 +164,53 @@ class DockerClient:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._closed = False
+        self.api_version: ApiVersion | None = None  # negotiated by negotiate(), on first use
+
+    # -- version negotiation ----------------------------------------------------------------------
+    def negotiate(self) -> ApiVersion:
+        """Ask the daemon which API versions it speaks and settle on one (see the module doc)."""
+        daemon: ApiVersion | None = None
+        daemon_min: ApiVersion | None = None
+        refused: DockerApiError | None = None
+        try:
+            ping = self._request("/_ping")
+            daemon = parse_api_version(ping.headers.get("API-Version"))
+        except DockerApiError as exc:
+            if isinstance(exc, DockerUnavailable):
+                raise
+            refused = exc  # a proxy that does not allow /_ping: /version says it too
+        try:
+            doc = self._request("/version").json()
+        except (DockerApiError, ValueError) as exc:
+            if isinstance(exc, DockerUnavailable):
+                raise
+            if refused is not None:
+                raise DockerApiError(
+                    f"cannot learn the daemon's API version: {refused}; allow GET /_ping or /version "
+                    "on the socket proxy (docker-socket-proxy allows both by default)"
+                ) from exc
+            doc = {}
+        if isinstance(doc, dict):
+            daemon = daemon or parse_api_version(doc.get("ApiVersion"))
+            daemon_min = parse_api_version(doc.get("MinAPIVersion"))
+        version = negotiate_version(daemon, daemon_min)
+        with self._lock:
+            self.api_version = version
+        return version
+
+    def _path(self, path: str) -> str:
+        version = self.api_version or self.negotiate()
+        return f"/v{version_text(version)}{path}"
 
     # -- plain requests ---------------------------------------------------------------------------
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
+        try:
+            return self._request(self._path(path), params)
+        except VersionRefused:
+            return self._request(self._path(path), params)  # asked again at a renegotiated version
+
+    def _request(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
+        """GET ``path`` as given (unversioned for /_ping and /version)."""
         if self._closed:
             raise DockerUnavailable("the client is closed")
         try:
@@ -110,8 +220,19 @@ class DockerClient:
         except RuntimeError as exc:  # httpx: "the client has been closed", by close() in another thread
             raise DockerUnavailable("the client is closed") from exc
         if response.status_code >= 400:
-            raise DockerApiError(_error_text(path, response), response.status_code)
+            raise self._refusal(path, response)
         return response
+
+    def _refusal(self, path: str, response: httpx.Response) -> DockerApiError:
+        """The error for an answer >= 400. A daemon that refuses the version asked at was upgraded
+        or downgraded under us: forget the version (the next request renegotiates) and say so as
+        VersionRefused, which callers retry like a daemon restarting."""
+        text = _error_text(path, response)
+        if response.status_code == 400 and "client version" in text and self.api_version is not None:
+            with self._lock:
+                self.api_version = None
+            return VersionRefused(text, 400)
+        return DockerApiError(text, response.status_code)
 
     def _json(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
         response = self._get(path, params)
@@ -139,11 +260,12 @@ class DockerClient:
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=read_timeout_s)
         if self._closed:
             raise DockerUnavailable("the client is closed")
+        path = self._path(path)
         try:
             with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise DockerApiError(_error_text(path, response), response.status_code)
+                    raise self._refusal(path, response)
                 sock = _socket_of(response)
                 self._track(sock, add=True)
                 try:
@@ -183,13 +305,13 @@ class DockerClient:
     @contextlib.contextmanager
     def logs(
         self, container_id: str, *, since: str | None = None, follow: bool = True, read_timeout_s: float | None = None
-    ) -> Iterator[Iterator[bytes]]:
+    ) -> Iterator[LogStream]:
         """``/containers/{id}/logs`` with timestamps, both streams, as raw chunks (see docker_logs.py)."""
         params = {"stdout": "1", "stderr": "1", "timestamps": "1", "follow": "1" if follow else "0"}
         if since:
             params["since"] = since
         with self._stream(f"/containers/{container_id}/logs", params, read_timeout_s) as response:
-            yield response.iter_raw()
+            yield LogStream(response.iter_raw(), response.headers.get("Content-Type"), self.api_version)
 
     def interrupt(self) -> None:
         """Wake every reader blocked on a stream (they see DockerUnavailable)."""

@@ -1,16 +1,33 @@
 """A container's claim from what the Docker Engine API says about it: pure functions, no I/O.
 
-GPUs a container was given come from, in this order:
+GPUs a container was given come from, in this order (the first that names any decides):
 
 * ``HostConfig.DeviceRequests`` (``docker run --gpus``, or CDI ``--device nvidia.com/gpu=...``).
   For the NVIDIA driver the daemon turns a request into ``NVIDIA_VISIBLE_DEVICES`` of the OCI
   spec (not of ``Config.Env``): its device ids joined, ``Count`` n > 0 the first n indices
   ``0..n-1``, ``Count`` -1 ``all``, ``Count`` 0 ``void`` (moby ``daemon/nvidia_linux.go``). A
   request with driver ``""`` is matched by capability: ``--gpus`` asks for ``[["gpu"]]``.
-* else ``NVIDIA_VISIBLE_DEVICES`` in ``Config.Env`` (the NVIDIA runtime as default runtime): a
-  comma list of indices, UUIDs or MIG ids; ``all``; ``none``, ``void`` or empty for no GPU.
-  CUDA base images set ``all`` in the image's environment, so without the NVIDIA runtime such a
-  container may claim GPUs it cannot open; a claim is "who may use", never "who does".
+* CDI annotations, ``HostConfig.Annotations`` (``docker run --annotation``, Engine 24+) whose key
+  starts ``cdi.k8s.io/``: each value a comma list of CDI names (``nvidia.com/gpu=0``). The NVIDIA
+  container runtime in CDI mode prefers them to everything below (NVIDIA container toolkit,
+  ``internal/config/image/cuda_image.go``, ``VisibleDevices``; docs: "Container Device Interface").
+* Volume mounts of ``/dev/null`` onto ``/var/run/nvidia-container-devices/<device>`` (the
+  toolkit's ``accept-nvidia-visible-devices-as-volume-mounts``, which hardened nodes and the k8s
+  device plugin's ``volume-mounts`` strategy use so an unprivileged container cannot pick GPUs by
+  environment): the file name is the device, an index, a UUID or ``all``;
+  ``cdi/<vendor>/<class>/<device>`` or ``cdi/<vendor>/<class>=<device>`` a CDI name; ``imex/...``
+  IMEX channels, not GPUs. When there are such mounts the toolkit ignores the environment.
+* else ``NVIDIA_VISIBLE_DEVICES`` in ``Config.Env`` (the image's environment merged with the
+  container's): a comma list of indices, UUIDs, MIG ids or CDI names; ``all``; ``none``, ``void``
+  or empty for no GPU. CUDA base images set ``all``, so without the NVIDIA runtime such a
+  container may claim GPUs it cannot open; a claim is "who may use", never "who does". Whether
+  the toolkit honours the variable at all (``accept-nvidia-visible-devices-envvar-when-unprivileged``
+  is false on hardened nodes) is its config, which the Engine API does not show: the claim is kept.
+* else an old ("legacy") CUDA image, one with ``CUDA_VERSION`` but neither
+  ``NVIDIA_VISIBLE_DEVICES`` nor ``NVIDIA_REQUIRE_CUDA`` in its environment, run by the NVIDIA
+  runtime (``HostConfig.Runtime`` "nvidia…", which the daemon fills in with its default runtime
+  when none is asked): the toolkit gives it every GPU. Under another runtime nothing injects the
+  GPUs (unless a prestart hook is installed by hand, which the API does not show): no claim.
 
 Indices are resolved to UUIDs against the GPU list in NVML's index order (``nvidia-smi``'s), the
 order the NVIDIA container toolkit uses.
@@ -19,6 +36,7 @@ order the NVIDIA container toolkit uses.
 from __future__ import annotations
 
 import calendar
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +46,8 @@ from gpuledger.node.claims import Allocation, ContainerClaim
 
 _TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
 _CDI_GPU = "nvidia.com/gpu="
+_CDI_ANNOTATION = "cdi.k8s.io/"  # the toolkit's default annotation prefix for CDI device requests
+_DEVICE_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 # Keys of an event's Actor.Attributes that are not labels (the daemon mixes labels in).
 _EVENT_KEYS = frozenset({"image", "name", "exitCode", "execDuration", "signal"})
 
@@ -73,8 +93,55 @@ def _device_list(value: str) -> tuple[str, ...]:
     value = value.strip()
     if value.lower() in ("", "void", "none"):
         return ()  # the toolkit's "no GPU" values
-    tokens = [t.strip() for t in value.split(",") if t.strip()]
+    tokens = [_cdi_gpu(t.strip()) or t.strip() for t in value.split(",") if t.strip()]
     return ("all",) if any(t.lower() == "all" for t in tokens) else tuple(dict.fromkeys(tokens))
+
+
+def _cdi_gpu(name: str) -> str | None:
+    """The device of a CDI name of an NVIDIA GPU (``nvidia.com/gpu=1`` -> ``1``); None otherwise."""
+    return (name[len(_CDI_GPU) :] or None) if name.startswith(_CDI_GPU) else None
+
+
+def gpus_from_cdi_annotations(annotations: Mapping[str, Any] | None) -> tuple[str, ...] | None:
+    """GPUs named by ``cdi.k8s.io/*`` annotations; None when none names an NVIDIA GPU."""
+    names: list[str] = []
+    for key in sorted(annotations or {}):  # sorted, as the toolkit reads them
+        value = (annotations or {})[key]
+        if isinstance(key, str) and key.startswith(_CDI_ANNOTATION) and isinstance(value, str):
+            names += [n.strip() for n in value.split(",")]
+    gpus = [g for g in map(_cdi_gpu, names) if g]
+    return _device_list(",".join(gpus)) if gpus else None
+
+
+def gpus_from_mounts(mounts: Sequence[Mapping[str, Any]] | None) -> tuple[str, ...] | None:
+    """GPUs passed as ``/dev/null`` mounts under ``/var/run/nvidia-container-devices``; None when
+    there are none (IMEX channels and other CDI classes are not GPUs)."""
+    devices: list[str] = []
+    for mount in mounts or ():
+        if not isinstance(mount, Mapping):
+            continue
+        source = posixpath.normpath(str(mount.get("Source") or ""))
+        target = posixpath.normpath(str(mount.get("Destination") or mount.get("Target") or ""))
+        if source != "/dev/null" or not target.startswith(_DEVICE_MOUNT_ROOT + "/"):
+            continue  # the toolkit reads only /dev/null mounted there
+        device = target[len(_DEVICE_MOUNT_ROOT) + 1 :]
+        if device.startswith("cdi/"):
+            name = device[len("cdi/") :]
+            if "=" not in name:  # cdi/<vendor>/<class>/<device>
+                parts = name.split("/", 2)
+                name = f"{parts[0]}/{parts[1]}={parts[2]}" if len(parts) == 3 else ""
+            device = _cdi_gpu(name) or ""
+        if device and not device.startswith("imex/"):
+            devices.append(device)
+    return _device_list(",".join(devices)) if devices else None
+
+
+def _legacy_cuda_all(env: Sequence[str] | None, runtime: Any) -> bool:
+    """An old CUDA image under the NVIDIA runtime: the toolkit gives it every GPU."""
+    names = {item.split("=", 1)[0] for item in env or () if isinstance(item, str) and "=" in item}
+    legacy = "CUDA_VERSION" in names and "NVIDIA_REQUIRE_CUDA" not in names
+    # "nvidia", or "nvidia-cdi"/"nvidia-legacy" as `nvidia-ctk runtime configure` registers them.
+    return legacy and "NVIDIA_VISIBLE_DEVICES" not in names and str(runtime or "").startswith("nvidia")
 
 
 def gpus_from_device_requests(requests: Sequence[Mapping[str, Any]] | None) -> tuple[str, ...] | None:
@@ -86,7 +153,7 @@ def gpus_from_device_requests(requests: Sequence[Mapping[str, Any]] | None) -> t
         driver = str(req.get("Driver") or "").lower()
         ids = [str(d) for d in req.get("DeviceIDs") or () if isinstance(d, str)]
         if driver == "cdi":
-            gpus = [d[len(_CDI_GPU) :] for d in ids if d.startswith(_CDI_GPU)]
+            gpus = [g for g in map(_cdi_gpu, ids) if g]
             if not gpus:
                 continue
             tokens = list(_device_list(",".join(gpus)))
@@ -116,11 +183,18 @@ def _asks_for_gpu(capabilities: Any) -> bool:
 
 
 def container_gpus(doc: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The GPUs an inspected container was given, in the order of the module doc; None: no claim."""
     host = doc.get("HostConfig") or {}
-    from_requests = gpus_from_device_requests(host.get("DeviceRequests"))
-    if from_requests is not None:
-        return from_requests
-    return gpus_from_env((doc.get("Config") or {}).get("Env"))
+    env = (doc.get("Config") or {}).get("Env")
+    for found in (
+        gpus_from_device_requests(host.get("DeviceRequests")),
+        gpus_from_cdi_annotations(host.get("Annotations")),
+        gpus_from_mounts(doc.get("Mounts")),
+        gpus_from_env(env),
+    ):
+        if found is not None:
+            return found
+    return ("all",) if _legacy_cuda_all(env, host.get("Runtime")) else None
 
 
 def claim_from_inspect(doc: Mapping[str, Any], redactor: Redactor) -> ContainerClaim | None:

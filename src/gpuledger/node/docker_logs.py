@@ -7,6 +7,11 @@ Wire format (Docker Engine API, "Get container logs"; observed on Engine 20.10):
   big-endian uint32 — then the payload. A frame may be split across reads, and one read may
   hold many frames. Each frame is one log message: ``<RFC 3339 nano time> <bytes>``.
 * With a TTY (``Config.Tty``) the stream is raw: the messages are simply concatenated.
+* Which of the two a response is, the daemon says in its ``Content-Type`` from API 1.42 on:
+  ``application/vnd.docker.multiplexed-stream`` or ``application/vnd.docker.raw-stream``. Asked at
+  an older version it says ``raw-stream`` for both (moby ``getContainersLogs``), and Engine 20.10
+  sends no ``Content-Type`` at all: only then is the container's TTY flag what decides
+  (``decoder_for``).
 * A message is a line the program wrote, ending in ``\\n`` — or, for a line longer than the log
   driver's buffer (16 KiB for json-file), a *partial* message without ``\\n``, each with its own
   timestamp. A tqdm bar redrawn with ``\\r`` and no ``\\n`` for a whole epoch is such a line, so
@@ -94,6 +99,23 @@ class FrameDecoder:
             t_ns, body = _split_timestamp(payload)
             out.append(Message(kind, t_ns, body))
         return out
+
+
+MULTIPLEXED_STREAM = "application/vnd.docker.multiplexed-stream"
+RAW_STREAM = "application/vnd.docker.raw-stream"
+_TRUSTED_CONTENT_TYPE = (1, 42)  # below it the daemon calls every log stream raw
+
+
+def decoder_for(content_type: str | None, api_version: tuple[int, int] | None, tty: bool) -> FrameDecoder | RawDecoder:
+    """The decoder for a log response: its ``Content-Type`` when the API version asked at makes it
+    true, else the container's ``Config.Tty`` (an old daemon, or a proxy that dropped the header)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if api_version is not None and api_version >= _TRUSTED_CONTENT_TYPE:
+        if media == MULTIPLEXED_STREAM:
+            return FrameDecoder()
+        if media == RAW_STREAM:
+            return RawDecoder()
+    return RawDecoder() if tty else FrameDecoder()
 
 
 class RawDecoder:

@@ -310,6 +310,7 @@ class SlurmSource:
         index_only: list[str] = []
         named_indices: set[int] = set()
         off_node: list[str] = []
+        gres_bad: dict[str, tuple[str, ...]] = {}
         mapped = self._mapped
         for job_id in sorted(self._active(), key=int):
             facts = self._facts.get(job_id)
@@ -317,6 +318,8 @@ class SlurmSource:
             details = known.job if known is not None else None
             if details is not None and details.nodes and self._node and not _names(details.nodes, self._node):
                 off_node.append(job_id)
+            if details is not None and details.gres_problems:
+                gres_bad[job_id] = details.gres_problems
             gpus, from_indices = self._gpus(job_id, mapped, facts, details)
             if from_indices and self._mig:
                 index_only.append(job_id)
@@ -336,7 +339,7 @@ class SlurmSource:
                 elif uuid not in seen:
                     seen.add(uuid)
                     allocations.append(Allocation(uuid, "job", job_id))
-        status = self._status_line(now, unresolved, index_only, named_indices, off_node)
+        status = self._status_line(now, unresolved, index_only, named_indices, off_node, gres_bad)
         with self._lock:
             self._claims = Claims(jobs=jobs, allocations=allocations)
             self._status = status
@@ -393,6 +396,7 @@ class SlurmSource:
         index_only: list[str],
         named: set[int],
         off_node: list[str],
+        gres_bad: Mapping[str, tuple[str, ...]],
     ) -> str | None:
         parts: list[str] = []
         if self._missing:
@@ -417,7 +421,11 @@ class SlurmSource:
         for job_id in index_only:
             parts.append(f"job {job_id}'s GPUs are known by GRES index only, which names no GPU on a MIG node "
                          "(install the prolog: it writes their UUIDs)")  # fmt: skip
+        for job_id, bad in sorted(gres_bad.items()):  # the job's other GRES items still name its GPUs
+            parts.append(f"job {job_id}'s GRES not read in part: {'; '.join(bad)}")
         node = self._node_details
+        if node is not None and node.gres_problems:
+            parts.append(f"node {node.name}'s GresUsed not read in part: {'; '.join(node.gres_problems)}")
         if node is not None and node.gpus_in_use and not self._mig:
             unseen = sorted(node.gpus_in_use - named)
             if unseen:

@@ -19,6 +19,14 @@ The formats, and where they are stated (Slurm's own documentation and source, Sc
   node's GPUs in gres.conf (``AutoDetect=nvml`` lists them in NVML's order).
 * The node's ``GresUsed=`` has the same item shape, ``gpu:a100:2(IDX:0-1),gpu:l40s:0(IDX:N/A)``
   (src/common/gres.c): every index in use on the node, whoever holds it.
+* A shared GRES (``shard``, ``mps``) is printed per device since Slurm 23.11.2: the job's detail
+  ``shard:2(1/4,1/4,0/4,0/4)`` gives, for each GPU of the node in index order, the shares this job
+  holds / the shares that GPU has (src/stepmgr/gres_stepmgr.c, ``_build_shared_gres_details``,
+  called from ``gres_stepmgr_job_build_details``: ``"%"PRIu64"/%"PRIu64","`` per bit of the
+  job's ``gres_bit_alloc``); the node's ``GresUsed=gpu:1(IDX:0),shard:8(-/5,5/5,3/5,0/5)`` gives
+  shares in use / shares per GPU, ``-`` where no count is given (there, a GPU allocated whole).
+  A GPU holding at least one share is a GPU in use. The older ``shard:2(IDX:1)`` still parses.
+  A malformed item loses only itself (``GresValue.bad``): the GPUs the other items name stay.
 * Index lists are Slurm bitmaps printed with ``bit_fmt``: ``0-1,3``. Host lists are Slurm
   hostlist expressions: ``gpu[01-04,07]``, ``rack[1-2]-n[1-3]``, comma-separated.
 * ``scontrol listpids [job[.step]]`` prints ``PID JOBID STEPID LOCALID GLOBALID`` and one row per
@@ -136,44 +144,101 @@ class GresItem:
     indices: frozenset[int] | None  # None: the item does not say which (CNT:, or no detail)
 
 
-def gres_items(text: str) -> list[GresItem]:
+@dataclass(frozen=True)
+class GresValue:
+    """A ``GRES=`` / ``GresUsed=`` value: the items read, and the ones that could not be (each
+    with why), so one malformed item never takes the others' GPUs with it."""
+
+    items: tuple[GresItem, ...]
+    bad: tuple[str, ...] = ()
+
+    def gpu_indices(self) -> frozenset[int] | None:
+        """The GPU indices the items name; None when a GPU item gives no index, or when no GPU
+        item could be read but one could not (then which GPUs is unknown, not "none")."""
+        found: set[int] = set()
+        gpu_items = [item for item in self.items if item.name in GPU_GRES]
+        if not gpu_items and any(_gpu_piece(why) for why in self.bad):
+            return None
+        for item in gpu_items:
+            if item.indices is None:
+                if item.count == 0:
+                    continue
+                return None
+            found |= item.indices
+        return frozenset(found)
+
+
+def parse_gres(text: str) -> GresValue:
     """The items of a ``GRES=`` / ``GresUsed=`` value. ``(null)`` and ``""`` are none."""
     text = text.strip()
     if text in ("", "(null)", "N/A"):
-        return []
-    items = []
+        return GresValue(())
+    items, bad = [], []
     for part in split_top(text):
-        m = _GRES_ITEM.match(part)
-        if m is None:
-            raise SlurmFormatError(f"{part!r} is not a GRES item such as gpu:a100:2(IDX:0-1)")
-        head = m.group("head").split(":")
-        name, rest = head[0], head[1:]
-        count = int(rest.pop()) if rest and rest[-1].isdigit() else None
-        gtype = ":".join(rest) or None
-        indices: frozenset[int] | None = None
-        detail = m.group("detail")
-        if detail is not None:
-            kind, _, value = detail.partition(":")
-            if kind == "IDX":
-                indices = frozenset(index_list(value))
-            elif kind == "CNT" and value.isdigit() and count is None:
-                count = int(value)
-        items.append(GresItem(name, gtype, count, indices))
-    return items
+        try:
+            items.append(_gres_item(part))
+        except SlurmFormatError as exc:
+            bad.append(str(exc))
+    return GresValue(tuple(items), tuple(bad))
+
+
+def gres_items(text: str) -> list[GresItem]:
+    """The items of a value; a malformed one is an error (``parse_gres`` keeps the others)."""
+    value = parse_gres(text)
+    if value.bad:
+        raise SlurmFormatError("; ".join(value.bad))
+    return list(value.items)
+
+
+def _gres_item(part: str) -> GresItem:
+    m = _GRES_ITEM.match(part)
+    if m is None:
+        raise SlurmFormatError(f"{part!r} is not a GRES item such as gpu:a100:2(IDX:0-1)")
+    head = m.group("head").split(":")
+    name, rest = head[0], head[1:]
+    count = int(rest.pop()) if rest and rest[-1].isdigit() else None
+    gtype = ":".join(rest) or None
+    indices: frozenset[int] | None = None
+    detail = m.group("detail")
+    if detail is not None:
+        kind, colon, value = detail.partition(":")
+        if not colon and "/" in detail:
+            indices = _shared_indices(detail, part)
+        elif kind == "IDX":
+            indices = frozenset(_index_list(value, part))
+        elif kind == "CNT" and value.isdigit() and count is None:
+            count = int(value)
+    return GresItem(name, gtype, count, indices)
+
+
+def _index_list(value: str, part: str) -> set[int]:
+    try:
+        return index_list(value)
+    except SlurmFormatError as exc:
+        raise SlurmFormatError(f"{part!r}: {exc}") from None
+
+
+def _shared_indices(detail: str, part: str) -> frozenset[int]:
+    """``1/4,0/4,-/5``: per GPU in index order, shares held (or ``-``) / shares it has."""
+    out = set()
+    for i, pair in enumerate(detail.split(",")):
+        held, slash, total = pair.strip().partition("/")
+        if not slash or not total.isdigit() or not (held.isdigit() or held == "-"):
+            raise SlurmFormatError(f"{part!r} is not a per-GPU share list such as shard:2(1/4,1/4,0/4)")
+        if held.isdigit() and int(held) > 0:
+            out.add(i)
+    return frozenset(out)
+
+
+def _gpu_piece(why: str) -> bool:
+    """Whether a bad item's message (it starts with the item, quoted) is of a GPU GRES."""
+    name = why.lstrip("'\"").split(":", 1)[0].split("(", 1)[0]
+    return name in GPU_GRES
 
 
 def gpu_indices(text: str) -> frozenset[int] | None:
     """The GPU indices a ``GRES=`` / ``GresUsed=`` value names; None when a GPU item gives no index."""
-    found: set[int] = set()
-    for item in gres_items(text):
-        if item.name not in GPU_GRES:
-            continue
-        if item.indices is None:
-            if item.count == 0:
-                continue
-            return None
-        found |= item.indices
-    return frozenset(found)
+    return parse_gres(text).gpu_indices()
 
 
 # -- host lists ---------------------------------------------------------------------------------------
@@ -236,6 +301,7 @@ class JobDetails:
     # GRES indices of GPUs on *this* node; None: the record does not say (no -d line for the node)
     gpus_here: frozenset[int] | None = None
     nodes: str | None = None  # NodeList=
+    gres_problems: tuple[str, ...] = ()  # GRES items on this node that could not be read
 
 
 def parse_job(text: str, node: str) -> JobDetails:
@@ -246,12 +312,14 @@ def parse_job(text: str, node: str) -> JobDetails:
     rec = records[0]
     user, uid = _user(rec.get("UserId"))
     gpus: frozenset[int] | None = None
+    bad: list[str] = []
     for line in detail_lines(_first_record_text(text)):
         hosts = line.get("Nodes")
         if not hosts or not hostlist_has(hosts, node):
             continue
-        gres = line.get("GRES", line.get("GRES_IDX", ""))
-        found = gpu_indices(gres)
+        value = parse_gres(line.get("GRES", line.get("GRES_IDX", "")))
+        bad += value.bad
+        found = value.gpu_indices()
         gpus = found if gpus is None or found is None else gpus | found
         if found is None:
             break  # a GPU item without indices: which ones is unknown
@@ -265,6 +333,7 @@ def parse_job(text: str, node: str) -> JobDetails:
         comment=_null(rec.get("Comment")),
         gpus_here=gpus,
         nodes=_null(rec.get("NodeList")),
+        gres_problems=tuple(bad),
     )
 
 
@@ -299,6 +368,7 @@ class NodeDetails:
     gres: str | None
     gpus_in_use: frozenset[int] | None  # None: GresUsed names no index (shown without -d)
     state: str | None = None
+    gres_problems: tuple[str, ...] = ()  # GresUsed items that could not be read
 
 
 def parse_node(text: str) -> NodeDetails:
@@ -306,12 +376,13 @@ def parse_node(text: str) -> NodeDetails:
     if not records or "NodeName" not in records[0]:
         raise SlurmFormatError("no NodeName= record in the output of scontrol show node")
     rec = records[0]
-    used = rec.get("GresUsed")
+    used = parse_gres(rec.get("GresUsed", ""))
     return NodeDetails(
         name=rec["NodeName"],
         gres=_null(rec.get("Gres")),
-        gpus_in_use=frozenset() if used is None else gpu_indices(used),
+        gpus_in_use=used.gpu_indices(),
         state=_null(rec.get("State")),
+        gres_problems=used.bad,
     )
 
 

@@ -19,11 +19,29 @@ PR_SET_CHILD_SUBREAPER = 36
 
 
 class LaunchError(Exception):
-    """CMD could not be started; ``exit_code`` follows the shell's convention (126/127)."""
+    """CMD could not be started; ``exit_code`` follows the shell's convention (126/127).
+    ``reason``: the cause in a few words, for the failed run's status reason; None when the
+    refusal came before any launch was tried (a bad setting), so there is no run to record."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, exit_code: int, reason: str | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.reason = reason
+
+
+def launch_failure(program: str, exc: OSError) -> LaunchError:
+    """The shell's verdict on an exec that failed: 127 when the program is not there, 126 when it
+    is there but cannot be run (no permission, a directory, not a program the kernel can load)."""
+    if exc.errno == errno.ENOENT:
+        code, cause = 127, "not found"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        cause = "is a directory" if "/" in program and os.path.isdir(program) else "permission denied"
+        code = 126
+    elif exc.errno == errno.ENOEXEC:
+        code, cause = 126, "not executable (not a program the system can run)"
+    else:
+        code, cause = 126, exc.strerror or str(exc)
+    return LaunchError(f"cannot start {program!r}: {exc.strerror}", code, f"cannot start {program!r}: {cause}")
 
 
 @dataclass
@@ -87,16 +105,15 @@ def launch(argv: list[str], env: Mapping[str, str], log_path: str, use_pty: bool
                 os.close(fd)
     if failure is not None:
         _discard_relay(relay_pid, master, log_path)
-        code = 127 if failure.errno == errno.ENOENT else 126
-        raise LaunchError(f"cannot start {argv[0]!r}: {failure.strerror}", code) from failure
+        raise launch_failure(argv[0], failure) from failure
     # We reap CMD ourselves with wait4 (to get its rusage); Popen must not race us for it.
     proc.returncode = 0
     return Launched(pid=proc.pid, relay_pid=relay_pid, pty_master=master)
 
 
 def _discard_relay(relay_pid: int, master: int | None, log_path: str) -> None:
-    """CMD never started: let the relay reach EOF and end, and remove the log it opened (empty: no
-    run was recorded, so a log file would be an orphan no run points to)."""
+    """CMD never started: let the relay reach EOF and end, and remove the log it opened (empty: the
+    failed run is recorded with its empty log in the ledger, so the file would be an orphan)."""
     if master is not None:
         with contextlib.suppress(OSError):
             os.close(master)

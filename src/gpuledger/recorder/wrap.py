@@ -51,6 +51,7 @@ class Outcome:
     reason: str | None
     summary: dict | None
     run_id: str
+    launch_error: str | None = None  # CMD could not start (said on stderr; the run is recorded as failed)
 
 
 def _status(wait_status: int, forwarded: int | None) -> tuple[str, int, int | None, str | None]:
@@ -101,9 +102,15 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     become_subreaper()
     try:
         launched = launch(list(argv), cmd_env, log_path, use_pty=opts.use_pty)  # CMD runs from here on
-    except LaunchError:
-        control.close()  # no run: leave no socket behind
-        raise
+    except LaunchError as exc:
+        control.close()  # CMD never ran: leave no socket behind
+        if exc.reason is None:
+            raise
+        from gpuledger.recorder.failed_launch import record_failed_launch
+
+        stderr_line(f"gpuledger: {exc}")  # first: before what recording the failed run may say
+        summary = record_failed_launch(argv, opts, env, run_id, started, exc)
+        return Outcome(exc.exit_code, "failed", None, exc.reason, summary, run_id, launch_error=str(exc))
 
     forwarded: list[int] = []
 

@@ -8,7 +8,7 @@ import datetime as dt
 import io
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, BinaryIO
 
 from gpuledger.core.chargeback.focus import FocusExport
 from gpuledger.core.chargeback.focus_columns import COLUMNS, FocusColumn
@@ -54,7 +54,7 @@ def _arrow_type(pa: Any, column: FocusColumn) -> Any:
     return pa.string()
 
 
-def write_focus_parquet(export: FocusExport, path: str, columns: Sequence[FocusColumn] = COLUMNS) -> None:
+def write_focus_parquet(export: FocusExport, path: str | BinaryIO, columns: Sequence[FocusColumn] = COLUMNS) -> None:
     """Write the rows to ``path``; decimals keep every place (pyarrow refuses to round one)."""
     from gpuledger.extras import require
 

@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from gpuledger.core.model import Metric, RunRecord
 from gpuledger.core.training import epochs as core_epochs
@@ -314,7 +314,7 @@ def to_jsonl(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> str:
     return "".join(json.dumps({c: _json_safe(r.get(c)) for c in columns}, allow_nan=False) + "\n" for r in rows)
 
 
-def write_parquet(columns: Sequence[str], rows: Iterable[dict[str, Any]], path: str) -> None:
+def write_parquet(columns: Sequence[str], rows: Iterable[dict[str, Any]], path: str | BinaryIO) -> None:
     from gpuledger.extras import require
 
     pa = require("pyarrow", extra="parquet", purpose="Parquet export")

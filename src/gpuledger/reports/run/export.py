@@ -18,7 +18,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.model import GpuIdentity, GpuInterval, HostInterval
@@ -175,7 +175,7 @@ def to_jsonl(rows: Iterable[dict[str, object]]) -> str:
     return "".join(_json_line(row) for row in rows)
 
 
-def write_parquet(rows: Iterable[dict[str, object]], path: str) -> None:
+def write_parquet(rows: Iterable[dict[str, object]], path: str | BinaryIO) -> None:
     write_parquet_stream(([row[c] for c in COLUMN_NAMES] for row in rows), path)
 
 
@@ -252,7 +252,7 @@ def write_jsonl(rows: Iterable[Sequence[Any]], out: TextIO) -> None:
         out.write("".join(_json_line(dict(zip(COLUMN_NAMES, row, strict=True))) for row in piece))
 
 
-def write_parquet_stream(rows: Iterable[Sequence[Any]], path: str) -> None:
+def write_parquet_stream(rows: Iterable[Sequence[Any]], path: str | BinaryIO) -> None:
     """Parquet to ``path`` in row groups of PARQUET_GROUP_ROWS, each built from pieces of FETCH_ROWS
     rows and written before the next is read."""
     from gpuledger.extras import require
