@@ -23,7 +23,17 @@ import sqlalchemy as sa
 from audit_support import audit_key, audit_rows, keyring, payload_of
 from gpuledger.core.audit.signing import SigningKey
 from gpuledger.store import Ledger, audit, audit_approve, closed_months, liveness_sweep
-from server_support import ServerProcess, Tokens, bearer, devices_doc, fresh_pg_url, gpu_rows, run_doc, setup_accounts
+from server_support import (
+    BACKENDS,
+    ServerProcess,
+    Tokens,
+    backend_url,
+    bearer,
+    devices_doc,
+    gpu_rows,
+    run_doc,
+    setup_accounts,
+)
 
 pytestmark = pytest.mark.slow
 HOUR = 3600.0
@@ -60,25 +70,14 @@ class Served:
 
 
 @contextlib.contextmanager
-def _ledger_url(kind: str, tmp: Path) -> Iterator[str]:
-    if kind == "sqlite":
-        yield f"sqlite:///{tmp}/team.db"
-        return
-    if os.environ.get("GPULEDGER_TEST_PG") == "0":
-        pytest.skip("PostgreSQL tests disabled by GPULEDGER_TEST_PG=0")
-    with fresh_pg_url() as url:
-        yield url
-
-
-@contextlib.contextmanager
 def _serving(kind: str, tmp: Path, **env: str) -> Iterator[Served]:
-    with _ledger_url(kind, tmp) as url, audit_key() as key:
+    with backend_url(kind, tmp) as url, audit_key() as key:
         tokens = setup_accounts(url)
         with ServerProcess(url, log=tmp / "server.log", env=env) as server:
             yield Served(url, server, tokens, key)
 
 
-KINDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+KINDS = BACKENDS
 
 
 @pytest.fixture(scope="module", params=KINDS)

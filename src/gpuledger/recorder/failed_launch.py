@@ -4,14 +4,12 @@
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpuledger.core.model import RunRecord
 from gpuledger.recorder.launch import LaunchError
-from gpuledger.recorder.session import new_run_record, run_summary, stderr_line
+from gpuledger.recorder.session import run_summary, stderr_line
 
 if TYPE_CHECKING:
     from gpuledger.recorder.wrap import WrapOptions
@@ -19,29 +17,16 @@ if TYPE_CHECKING:
 NO_METERING = "the command never started: nothing was metered"
 
 
-def record_failed_launch(
-    argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str], run_id: str, started: float, error: LaunchError
-) -> dict | None:
+def record_failed_launch(run: RunRecord, opts: WrapOptions, error: LaunchError) -> dict | None:
     """Write the failed run (or spool it when the ledger cannot take it); its summary, or None."""
-    run = new_run_record(
-        argv,
-        env=env,
-        cwd=os.getcwd(),
-        name=opts.name,
-        labels=opts.labels,
-        interval_s=opts.interval_s,
-        replayed=opts.replay_trace is not None,
-        run_id=run_id,
-        started_at=started,
-    )
     run.gpu_note = NO_METERING
-    ended = max(time.time(), started)
+    ended = max(time.time(), run.started_at)
     end = {"status": "failed", "ended_at": ended, "exit_code": error.exit_code, "status_reason": error.reason}
-    pusher = opts.hooks.start_push(run_id, stderr_line) if opts.hooks.start_push is not None else None
+    pusher = opts.hooks.start_push(run.id, stderr_line) if opts.hooks.start_push is not None else None
     try:
         return _write(opts.db_url, run, end)
     except Exception as exc:
-        stderr_line(f"gpuledger: could not write the failed run {run_id} to the ledger: {exc}")
+        stderr_line(f"gpuledger: could not write the failed run {run.id} to the ledger: {exc}")
         _spool(run, end, opts.db_url)
         return None
     finally:

@@ -22,6 +22,7 @@ from gpuledger.recorder.session import Session, new_run_record, stderr_line
 from gpuledger.runs.logfile import log_cap, read_capped, remove_file
 
 if TYPE_CHECKING:
+    from gpuledger.core.model import RunRecord
     from gpuledger.prom.serve import MetricsServer
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -109,7 +110,7 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
         from gpuledger.recorder.failed_launch import record_failed_launch
 
         stderr_line(f"gpuledger: {exc}")  # first: before what recording the failed run may say
-        summary = record_failed_launch(argv, opts, env, run_id, started, exc)
+        summary = record_failed_launch(_run_record(argv, opts, env, run_id, started), opts, exc)
         return Outcome(exc.exit_code, "failed", None, exc.reason, summary, run_id, launch_error=str(exc))
 
     forwarded: list[int] = []
@@ -193,18 +194,7 @@ def _start_session(
         gpu, note = None, "GPU metering was turned off (--no-gpu)"
     else:
         gpu, note = open_gpu_collector(env, replay_trace=opts.replay_trace)
-    run = new_run_record(
-        argv,
-        env=env,
-        cwd=os.getcwd(),
-        name=opts.name,
-        labels=opts.labels,
-        interval_s=opts.interval_s,
-        replayed=opts.replay_trace is not None,
-        log_path=log_path,
-        run_id=run_id,
-        started_at=started,
-    )
+    run = _run_record(argv, opts, env, run_id, started, log_path)
     host = ProcessTreeCollector(
         os.getpid(),
         exclude_pids={os.getpid(), relay_pid},
@@ -225,6 +215,29 @@ def _start_session(
         metrics.live.bind(session.run, session.devices)
     session.start()
     return session
+
+
+def _run_record(
+    argv: Sequence[str],
+    opts: WrapOptions,
+    env: Mapping[str, str],
+    run_id: str,
+    started: float,
+    log_path: str | None = None,
+) -> RunRecord:
+    """The run as CMD was asked to run: what the record of a metered and of a failed launch share."""
+    return new_run_record(
+        argv,
+        env=env,
+        cwd=os.getcwd(),
+        name=opts.name,
+        labels=opts.labels,
+        interval_s=opts.interval_s,
+        replayed=opts.replay_trace is not None,
+        log_path=log_path,
+        run_id=run_id,
+        started_at=started,
+    )
 
 
 def _start_metrics(opts: WrapOptions) -> MetricsServer | None:
