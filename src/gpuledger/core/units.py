@@ -100,7 +100,8 @@ def fmt_number(value: float | None, sig: int = SIGNIFICANT) -> str:
         tiny = f"{10**-MAX_DECIMALS:.{MAX_DECIMALS}f}"
         return f"<{tiny}" if v > 0 else f">-{tiny}"
     decimals = 0 if mag >= 10 ** max(sig, 3) else min(MAX_DECIMALS, max(0, sig - 1 - math.floor(math.log10(mag))))
-    if decimals and _half_up(mag, decimals) >= 10 ** (sig - decimals):  # 9.996 rounds to 10.0, not 10.00
+    # 9.996 rounds to 10.0, not 10.00; an exact power of ten (a float 10**-2 is a hair above 0.01)
+    if decimals and _half_up(mag, decimals) >= Decimal(10) ** (sig - decimals):
         decimals -= 1
     return f"{_half_up(v, decimals):,f}"
 
