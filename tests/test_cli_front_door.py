@@ -213,7 +213,11 @@ def test_top_on_a_narrow_terminal_never_cuts_the_run(db: str) -> None:
         rows = snapshot(ledger, time.time())
     screen = _terminal(80)
     screen.print(frame(rows, time.time()))
-    assert f"{short_id(LIVE)} live" in screen.file.getvalue()  # type: ignore[attr-defined]
+    lines = screen.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert all(len(line) <= 80 for line in lines)
+    run_line = next(line for line in lines if line.startswith(short_id(LIVE) + " "))
+    assert run_line.endswith("  live") and " di " in run_line  # one line per run: id, user, name
+    assert any(line.startswith("  GPU 0 ") and "80%" in line and "30/80G" in line for line in lines)
 
 
 # -- a run still recording, epoch tables, failures ---------------------------------------------------

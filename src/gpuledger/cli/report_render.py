@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from gpuledger.cli.render import console as terminal
+from gpuledger.cli.render import print_table
+from gpuledger.cli.table_fit import Column
 from gpuledger.core.units import NA, fmt_number
 
 _VERDICT = {"better": "green", "worse": "red"}
@@ -42,19 +42,22 @@ def rows_table(
     console: Console | None = None,
     whole: tuple[str, ...] = (),
 ) -> None:
-    """A plain table of dict rows: ``columns`` = [(key, header)]; numbers right-aligned. Columns in
-    ``whole`` (ids, statuses) and numbers are never cut or wrapped: text columns give way."""
-    console = console or terminal()
-    table = Table(title=title, box=box.SIMPLE_HEAD)
+    """A table of dict rows: ``columns`` = [(key, header)], most important first; numbers
+    right-aligned. Columns in ``whole`` (ids, statuses) and numbers are never cut: on a narrow
+    terminal text columns are cut, then the last ones left out (cli/table_fit.py)."""
     numeric = {k for k, _ in columns if any(isinstance(r.get(k), int | float) for r in rows)}
-    cells = [[_cell(r.get(k)) for k, _ in columns] for r in rows]
-    for i, (key, header) in enumerate(columns):
-        widest = max([len(header), *(len(c[i]) for c in cells)])
-        keep = {"no_wrap": True, "min_width": widest} if key in whole or key in numeric else {}
-        table.add_column(header, justify="right" if key in numeric else "left", **keep)  # type: ignore[arg-type]
-    for row in cells:
-        table.add_row(*(escape(c) for c in row))
-    console.print(table)
+    n = len(columns)
+    spec = [
+        Column(
+            header,
+            "key" if key in whole else "number" if key in numeric else "text",
+            priority=n - i,
+            min_width=8,
+            right=key in numeric,
+        )
+        for i, (key, header) in enumerate(columns)
+    ]
+    print_table(spec, [[_cell(r.get(k)) for k, _ in columns] for r in rows], title=title, out=console or terminal())
 
 
 def _cell(value: Any) -> str:

@@ -13,21 +13,26 @@ from typing import Any
 import click
 
 from gpuledger.cli.common import FiniteFloat, cli_errors, db_option, echo_json, format_option, open_ledger
+from gpuledger.cli.table_fit import Column, cut, table_lines
 from gpuledger.core.ids import short_id
-from gpuledger.core.units import (
-    NA,
-    fmt_bytes,
-    fmt_celsius,
-    fmt_count,
-    fmt_duration,
-    fmt_number,
-    fmt_pct,
-    fmt_watts,
-)
+from gpuledger.core.units import NA, fmt_count, fmt_duration, fmt_number, fmt_pct
 
-HEADERS = (("run", "left"), ("user", "left"), ("epoch", "right"), ("ETA", "right"), ("GPU", "left"),
-           ("util", "right"), ("VRAM (run)", "right"), ("power", "right"), ("temp", "right"), ("CPU", "right"),
-           ("data age", "right"))  # fmt: skip
+# One line per run, one per GPU under it (as nvitop and htop): on a narrow terminal the user and
+# the run or GPU name are cut first, then the least useful figures left out; ids never.
+COLUMNS = (
+    Column("RUN", "key"),
+    Column("USER", "text", priority=7, min_width=4),
+    Column("EPOCH", "number", priority=6, right=True),
+    Column("ETA", "number", priority=5, right=True),
+    Column("CPU", "number", priority=4, right=True),
+    Column("UTIL", "number", priority=9, right=True),
+    Column("VRAM", "number", priority=8, right=True),
+    Column("RUN MEM", "number", priority=3, right=True),
+    Column("POWER", "number", priority=2, right=True),
+    Column("TEMP", "number", priority=1, right=True),
+    Column("AGE", "number", priority=0, right=True),
+    Column("NAME / GPU", "text", priority=10, min_width=8),
+)
 
 
 def _title(rows: list[dict[str, Any]], now: float) -> str:
@@ -35,62 +40,77 @@ def _title(rows: list[dict[str, Any]], now: float) -> str:
     return f"gpuledger top · {time.strftime('%H:%M:%S', time.localtime(now))} · {recording} recording on this machine"
 
 
+def _gib(n: float | None) -> str:
+    """Bytes in GiB for a narrow cell: 9.0, 80, 0.5 (the unit follows the pair: 9.0/80G)."""
+    if n is None:
+        return "-"
+    gib = n / 2**30
+    return f"{gib:.1f}" if gib < 10 else f"{gib:.0f}"
+
+
+def _num(value: float | None, unit: str, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}{unit}"
+
+
 def cells(rows: list[dict[str, Any]]) -> list[list[str]]:
-    """One line of text cells per GPU of each live run (a run without GPUs gets one line)."""
+    """A line of text cells per live run, then one per GPU it uses."""
     out = []
     for r in rows:
         epoch = "-" if r["epoch"] is None else f"{r['epoch']}/{r['epochs'] or '?'}"
-        label = short_id(r["id"]) + (f" {r['name']}" if r["name"] else "") + (" (replayed)" if r["replayed"] else "")
-        for i, g in enumerate(r["gpus"] or [None]):
-            head = (
-                [label, r["user"], epoch, fmt_duration(r["eta_s"]) if r["eta_s"] is not None else "-"]
-                if i == 0
-                else ["", "", "", ""]
-            )
-            if g is None:
-                gpu = ["no GPU", "-", "-", "-", "-"]
-            else:
-                vram = f"{fmt_bytes(g['mem_used_b'])}/{fmt_bytes(g['mem_total_b'])} ({fmt_bytes(g['proc_mem_b'])})"
-                power, temp = fmt_watts(g["power_w"]), fmt_celsius(g["temp_c"])
-                gpu = [f"{g['index']}: {g['name']}", fmt_pct(g["util"]), vram, power, temp]
-            cpu = (NA if r["cpu_cores"] is None else f"{fmt_number(r['cpu_cores'])} cores") if i == 0 else ""
-            age = "" if g is None else f"{g['age_s']:.0f} s"
-            out.append([*head, *gpu, cpu, age])
+        eta = fmt_duration(r["eta_s"]) if r["eta_s"] is not None else "-"
+        cpu = NA if r["cpu_cores"] is None else fmt_number(r["cpu_cores"])
+        name = ("(replayed) " if r["replayed"] else "") + (r["name"] or "")
+        gpus = r["gpus"] or []
+        note = [] if gpus else ["no GPU", "", "", "", "", ""]
+        out.append([short_id(r["id"]), r["user"] or "", epoch, eta, cpu, *(note or [""] * 6), name])
+        for g in gpus:
+            index = "?" if g["index"] is None else g["index"]
+            out.append(
+                [
+                    f"  GPU {index}", "", "", "", "",
+                    fmt_pct(g["util"]),
+                    f"{_gib(g['mem_used_b'])}/{_gib(g['mem_total_b'])}G",
+                    _gib(g["proc_mem_b"]) + ("G" if g["proc_mem_b"] is not None else ""),
+                    _num(g["power_w"], "W"),
+                    _num(g["temp_c"], "°C"),
+                    _num(g["age_s"], "s"),
+                    str(g["name"] or ""),
+                ]
+            )  # fmt: skip
     return out
 
 
-def frame(rows: list[dict[str, Any]], now: float) -> Any:
-    """A rich renderable for the terminal: the run column (its short id) is never cut."""
-    from rich.markup import escape
-    from rich.table import Table
+class Frame:
+    """The view as rich renders it: fitted to the width it is drawn at (a resized terminal
+    redraws fitted), one line per run and per GPU, never wrapped."""
 
-    lines = cells(rows)
-    table = Table(title=_title(rows, now), expand=False)
-    for n, (header, justify) in enumerate(HEADERS):
-        whole = {"no_wrap": True, "min_width": max([len(header), *(len(c[n]) for c in lines)])} if n == 0 else {}
-        table.add_column(header, justify=justify, **whole)  # type: ignore[arg-type]
-    if not rows:
-        table.add_row("no run is recording here", *[""] * (len(HEADERS) - 1))
-    for line in lines:
-        table.add_row(*(escape(c) for c in line))
-    return table
+    def __init__(self, rows: list[dict[str, Any]], now: float) -> None:
+        self.rows, self.now = rows, now
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        width = options.max_width
+        lines = [cut(_title(self.rows, self.now), width)]
+        if self.rows:
+            lines += table_lines(COLUMNS, cells(self.rows), width)
+        else:
+            lines.append("no run is recording here")
+        text = Text("\n".join(lines), no_wrap=True, overflow="crop")
+        if self.rows:
+            start = len(lines[0]) + 1
+            text.stylize("bold", start, start + len(lines[1]))
+        yield text
+
+
+def frame(rows: list[dict[str, Any]], now: float) -> Frame:
+    return Frame(rows, now)
 
 
 def plain_frame(rows: list[dict[str, Any]], now: float) -> str:
-    """The same frame as plain text: aligned columns, nothing cut, no colours or box drawing."""
-    lines = cells(rows)
-    table = [[h for h, _ in HEADERS], *lines]
-    widths = [max(len(line[i]) for line in table) for i in range(len(HEADERS))]
+    """The same frame piped: whole values, columns two spaces apart, no colours or box drawing."""
     text = [_title(rows, now)]
-    for line in table:
-        text.append(
-            "  ".join(
-                c.rjust(w) if HEADERS[i][1] == "right" else c.ljust(w)
-                for i, (c, w) in enumerate(zip(line, widths, strict=True))
-            ).rstrip()
-        )
-    if not rows:
-        text.append("no run is recording here")
+    text += table_lines(COLUMNS, cells(rows), None) if rows else ["no run is recording here"]
     return "\n".join(text) + "\n"
 
 
