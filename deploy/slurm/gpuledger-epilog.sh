@@ -1,6 +1,7 @@
 #!/bin/bash
 # gpuledger's Slurm epilog: removes what gpuledger-prolog.sh wrote for this job — its line in
-# every GPU mapping file (the file itself when no other job holds the GPU) and its facts file.
+# every GPU mapping file (the file itself when no other job holds the GPU), in the jobstats
+# directory and, when GPULEDGER_DCGM_JOB_MAP_DIR is set, in dcgm-exporter's; and its facts file.
 # Install next to the prolog (slurm.conf: Epilog=/etc/slurm/epilog.d/*; docs/AGENT.md, "Slurm").
 # Every mapping file is looked at, not only the job's GPUs: a file the prolog wrote is removed
 # even when the epilog's environment names the GPUs differently.
@@ -11,6 +12,7 @@ PATH=/usr/sbin:/usr/bin:/sbin:/bin
 umask 022
 GPUSTAT_DIR="${GPULEDGER_GPUSTAT_DIR:-/run/gpustat}"
 JOB_DIR="${GPULEDGER_SLURM_JOB_DIR:-/run/gpuledger/slurm}"
+DCGM_DIR="${GPULEDGER_DCGM_JOB_MAP_DIR:-}"
 
 say() { printf 'gpuledger epilog: %s\n' "$*" >&2; }
 
@@ -18,7 +20,7 @@ say() { printf 'gpuledger epilog: %s\n' "$*" >&2; }
 drop_job() {
   local file=$1 job=$2 tmp
   grep -q -E "^${job}([[:space:]]|\$)" "$file" 2>/dev/null || return 0
-  tmp=$(mktemp "$GPUSTAT_DIR/.gpuledger.XXXXXX") || return 1
+  tmp=$(mktemp "${file%/*}/.gpuledger.XXXXXX") || return 1
   grep -v -E "^${job}([[:space:]]|\$)" "$file" >"$tmp" || true
   if grep -q '[^[:space:]]' "$tmp"; then
     if ! { chmod 0644 "$tmp" && mv -f "$tmp" "$file"; }; then
@@ -31,15 +33,18 @@ drop_job() {
 }
 
 main() {
-  local job="${SLURM_JOB_ID:-}" file
+  local job="${SLURM_JOB_ID:-}" file dir
   [[ $job =~ ^[0-9]+$ ]] || { say "no numeric SLURM_JOB_ID: nothing removed"; return 0; }
   rm -f "$JOB_DIR/$job.job"
   [[ -d $GPUSTAT_DIR ]] || return 0
   exec 9>"$GPUSTAT_DIR/.lock"
   flock -w 10 9 || say "no lock on $GPUSTAT_DIR/.lock after 10 s: removing anyway"
-  for file in "$GPUSTAT_DIR"/*; do
-    [[ -f $file ]] || continue
-    drop_job "$file" "$job" || say "cannot rewrite $file"
+  for dir in "$GPUSTAT_DIR" ${DCGM_DIR:+"$DCGM_DIR"}; do
+    [[ -d $dir ]] || continue
+    for file in "$dir"/*; do
+      [[ -f $file ]] || continue
+      drop_job "$file" "$job" || say "cannot rewrite $file"
+    done
   done
 }
 

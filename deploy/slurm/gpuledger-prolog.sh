@@ -9,10 +9,14 @@
 #
 # It writes:
 #   $GPUSTAT_DIR/<gpu>       "<jobid> <uid>", one line per job holding the GPU: the GPU -> job
-#                            mapping of Princeton's jobstats (and, one job id a line, of
-#                            dcgm-exporter's --hpc-job-mapping-dir); <gpu> is what Slurm put in
-#                            CUDA_VISIBLE_DEVICES for the prolog (a device index, or a MIG UUID)
+#                            mapping of Princeton's jobstats; <gpu> is what Slurm put in
+#                            CUDA_VISIBLE_DEVICES for the prolog (a device index, or a MIG UUID).
+#                            This is NOT dcgm-exporter's format: never point its
+#                            --hpc-job-mapping-dir here (it would label metrics hpc_job="<jobid> <uid>").
 #   $JOB_DIR/<jobid>.job     key=value lines: job, uid, user, account, partition, gpus, comment
+#   $DCGM_DIR/<gpu index>    only when GPULEDGER_DCGM_JOB_MAP_DIR is set: dcgm-exporter's own format
+#                            for its --hpc-job-mapping-dir, a job id a line, files named by the GPU
+#                            index only (a MIG UUID or GPU- UUID is not an index and gets no file)
 #
 # It always exits 0: a prolog that fails drains the node and requeues the job, and metering is
 # not worth that. Slurm gives prologs no PATH, hence the one below.
@@ -21,6 +25,7 @@ PATH=/usr/sbin:/usr/bin:/sbin:/bin
 umask 022
 GPUSTAT_DIR="${GPULEDGER_GPUSTAT_DIR:-/run/gpustat}"
 JOB_DIR="${GPULEDGER_SLURM_JOB_DIR:-/run/gpuledger/slurm}"
+DCGM_DIR="${GPULEDGER_DCGM_JOB_MAP_DIR:-}"  # off unless set, e.g. /run/dcgm-job-map
 
 say() { printf 'gpuledger prolog: %s\n' "$*" >&2; }
 
@@ -45,9 +50,10 @@ job_gpus() {
 }
 
 # Replace $1 atomically with its lines of other jobs, then "$2" (a reader never sees half a file).
+# The temporary file is a dot-file of the same directory: neither reader takes it for a GPU.
 put_line() {
   local file=$1 line=$2 job=${2%% *} tmp
-  tmp=$(mktemp "$GPUSTAT_DIR/.gpuledger.XXXXXX") || return 1
+  tmp=$(mktemp "${file%/*}/.gpuledger.XXXXXX") || return 1
   if [[ -f $file ]]; then
     grep -v -E "^${job}([[:space:]]|\$)" "$file" >"$tmp" || true
   fi
@@ -75,6 +81,25 @@ write_facts() {
   fi
 }
 
+# dcgm-exporter's --hpc-job-mapping-dir: a file per GPU index, the job id alone on its line.
+write_dcgm() {
+  local job=$1 gpu
+  shift
+  [[ -n $DCGM_DIR ]] || return 0
+  if [[ ${DCGM_DIR%/} == "${GPUSTAT_DIR%/}" ]]; then
+    say "GPULEDGER_DCGM_JOB_MAP_DIR is the jobstats directory $GPUSTAT_DIR: nothing written for dcgm-exporter"
+    return 0
+  fi
+  mkdir -p "$DCGM_DIR" || { say "cannot create $DCGM_DIR"; return 0; }
+  for gpu in "$@"; do
+    if [[ $gpu =~ ^[0-9]+$ ]]; then
+      put_line "$DCGM_DIR/$gpu" "$job" || say "cannot write $DCGM_DIR/$gpu"
+    else
+      say "$gpu is no GPU index: no dcgm-exporter mapping file for it"
+    fi
+  done
+}
+
 main() {
   local job="${SLURM_JOB_ID:-}" uid="${SLURM_JOB_UID:-}" gpu known_gpus=no
   local -a gpus=()
@@ -88,6 +113,7 @@ main() {
   for gpu in "${gpus[@]}"; do
     put_line "$GPUSTAT_DIR/$gpu" "$job${uid:+ $uid}" || say "cannot write $GPUSTAT_DIR/$gpu"
   done
+  write_dcgm "$job" "${gpus[@]}"
   write_facts "$job" "$uid" "$(IFS=,; printf '%s' "${gpus[*]}")" "$known_gpus" || say "cannot write $JOB_DIR/$job.job"
 }
 

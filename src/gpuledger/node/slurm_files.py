@@ -1,20 +1,23 @@
 """The files a Slurm prolog leaves on the node: which job holds which GPU, and who the job is (pure reads).
 
 **GPU → job mapping files** (read from ``GPULEDGER_GPUSTAT_DIR``, default ``/run/gpustat``): one
-file per GPU, named after the GPU, holding the job(s) on it. Two published conventions agree on
-that shape, and both are read:
+file per GPU, named after the GPU, holding the job(s) on it. Two published conventions share that
+shape, and both are read:
 
 * Princeton's jobstats (docs/setup/gpu_node_scripts.md, "GPU Job Ownership Helper", in the
   PrincetonUniversity/jobstats repository): ``/run/gpustat/<GPU index>``, or
   ``/run/gpustat/<GPU-UUID or MIG-UUID>``, containing ``<jobid> <uid>`` (space-separated), written by
-  a ``prolog.d`` script and removed by an ``epilog.d`` script;
-* NVIDIA's dcgm-exporter (README, "How to include HPC jobs in metric labels"; its
-  ``--hpc-job-mapping-dir``): files named after the GPU id (``0``, ``1``, ..., or ``<gpu>.<gpu
-  instance>`` for MIG), each line a job id running on that GPU.
+  a ``prolog.d`` script and removed by an ``epilog.d`` script. The ``deploy/slurm`` prolog writes
+  this format into this directory;
+* NVIDIA's dcgm-exporter's ``--hpc-job-mapping-dir`` (its README, "How to include HPC jobs in metric
+  labels"; ``internal/pkg/transformation/hpc.go``): files named ``<gpu index>`` or ``<gpu>.<gpu
+  instance>``, each line taken whole as a job id. The prolog writes this format only into a
+  directory of its own (``GPULEDGER_DCGM_JOB_MAP_DIR``), never into jobstats': dcgm-exporter would
+  label ``hpc_job="<jobid> <uid>"`` and skip a ``MIG-`` file name.
 
 So a file is named ``<index>``, ``GPU-<uuid>``, ``MIG-<uuid>`` or ``<gpu>.<instance>``; each
-non-empty line is ``<jobid> [<uid>]``. Several lines are several jobs sharing the GPU. The
-``deploy/slurm`` prolog writes this shape. Dot-files (a writer's lock or temporary file) are skipped.
+non-empty line is ``<jobid> [<uid>]``. Several lines are several jobs sharing the GPU. Dot-files (a
+writer's lock or temporary file) are skipped.
 
 **Job facts files** (``GPULEDGER_SLURM_JOB_DIR``, default ``/run/gpuledger/slurm``): gpuledger's
 own, written by the same prolog from the environment Slurm gives it, so the agent needs no
