@@ -128,6 +128,10 @@ _LINES = [
     "train: 45% done: 12% left",
     "Class Images",
     "classes",
+    "Class Images Instances: 40%",  # the header's words before tqdm's ": NN%"
+    "classes:  80%",
+    "step      1 | loss 2.1 | mfu 41.2% | time 90ms",  # no first word the parser looks at
+    "        \u00b2/3      0.5G      1.234      2.345      1.111         12        640",  # a digit to str.isdigit
     "all",
     "",
 ]

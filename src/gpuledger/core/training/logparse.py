@@ -40,6 +40,7 @@ _YOLOV5_VAL = {
     "mAP@.5": "mAP_0.5",
     "mAP@.5:.95": "mAP_0.5:0.95",
 }
+_FIRST_WORDS = frozenset({"Epoch", "all"})  # first words of a train header and a validation result
 _CLASSIFY_VAL = {"top1_acc": "metrics/accuracy_top1", "top5_acc": "metrics/accuracy_top5"}
 
 ULTRALYTICS = "ultralytics"
@@ -86,6 +87,9 @@ def _last_draw(raw: bytes) -> str:
     thousand. It is what decoding the whole output first would give: ``\\r`` and ``\\n`` are never
     part of a UTF-8 sequence or of a CSI or two-byte escape.
     """
+    if b"\r" not in raw and b"\x1b" not in raw:  # most lines: one draw, no escapes
+        text = raw.decode("utf-8", "replace") if raw.strip() else ""
+        return text if text.strip() else ""  # str.strip also drops NEL, NBSP ...
     end = len(raw)
     while True:
         start = raw.rfind(b"\r", 0, end) + 1
@@ -160,6 +164,15 @@ class _Parser:
         first = line.split(None, 2)
         if not first:
             return
+        word = first[0]
+        if (
+            not word[0].isdigit()  # a progress row starts with "12/100"
+            and word not in _FIRST_WORDS
+            and not word.startswith(("Class", "classes"))  # a validation header, maybe with ":"
+            and " completed in" not in line
+            and "recovering from last.pt" not in line
+        ):
+            return  # most lines (a trainer's step lines, log lines): none of the below applies
         if first[0] == "Epoch" and len(first) > 2 and first[1].lower() == "gpu_mem":
             tokens = line.split()
             self.columns = tokens
