@@ -13,6 +13,7 @@ import click
 
 from gpuledger.cli.common import cli_errors, db_option, format_option, open_ledger, rate_card
 from gpuledger.cli.output import OutputPath, write_text
+from gpuledger.cli.report_fit import terminal_text
 from gpuledger.cli.report_group import report_group
 
 __all__ = ["capacity_cmd", "check_share_idle", "fleet_cmd", "pools_option", "shared_idle"]
@@ -139,6 +140,8 @@ def capacity_cmd(
         text = render.capacity_markdown(report)
     elif fmt == "html":
         text = render.capacity_html(report)
+    elif output is None:
+        text = terminal_text(lambda table: render.capacity_text(report, table), lambda: render.capacity_text(report))
     else:
         text = render.capacity_text(report)
     write_text(output, text, announce=True)
@@ -168,6 +171,8 @@ def fleet_cmd(fmt: str, rates: str | None, pools: str | None, output: str | None
         text = render.fleet_csv(rows)
     elif fmt == "md":
         text = render.fleet_markdown(rows)
+    elif output is None:
+        text = terminal_text(lambda table: render.fleet_text(rows, table), lambda: render.fleet_text(rows))
     else:
         text = render.fleet_text(rows)
     write_text(output, text, announce=output is not None)

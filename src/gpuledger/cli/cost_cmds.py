@@ -16,6 +16,7 @@ import click
 from gpuledger.cli.capacity_cmds import SHARE_CHOICES, check_share_idle, pools_option, shared_idle
 from gpuledger.cli.common import FiniteFloat, cli_errors, db_option, format_option, open_ledger, rate_card
 from gpuledger.cli.output import OutputPath, write_text
+from gpuledger.cli.report_fit import terminal_text
 from gpuledger.cli.report_group import report_group  # shared with ``report run`` (cli/report_cmds.py)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -107,7 +108,7 @@ def cost_cmd(
     elif fmt == "csv":
         sys.stdout.write(cost_csv(report))
     else:
-        sys.stdout.write(cost_text(report))
+        sys.stdout.write(terminal_text(lambda table: cost_text(report, table), lambda: cost_text(report)))
 
 
 @report_group.command("chargeback")
@@ -227,12 +228,16 @@ def chargeback_cmd(
         from gpuledger.reports.cost.chargeback_html import chargeback_html
         from gpuledger.reports.cost.value_trends import value_trends
 
-        # The weeks before the report's end (or now): trend, TOP lists and anomalies by model_version.
+        # The weeks of the report's period to its end (or now), eight at least: trend, TOP lists and
+        # the anomalies of the last complete week, by model_version.
         weekly = value_trends(
-            ledger, scope=_scope(projects), card=card, basis=basis, end=min(hi, time.time()), top_n=top_n,
-            include_replayed=include_replayed,
+            ledger, scope=_scope(projects), card=card, basis=basis, end=min(hi, time.time()), since=lo,
+            top_n=top_n, include_replayed=include_replayed,
         )  # fmt: skip
         text = chargeback_html(cb, top_n, value=weekly)
+    elif output is None:
+        text = terminal_text(lambda table: cost_render.chargeback_text(cb, min(top_n, 5), table),
+                             lambda: cost_render.chargeback_text(cb, min(top_n, 5)))  # fmt: skip
     else:
         text = cost_render.chargeback_text(cb, min(top_n, 5))
     write_text(output, text, announce=True)

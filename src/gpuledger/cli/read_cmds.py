@@ -55,7 +55,12 @@ def runs_cmd(project, team, user, status, labels, since, limit, fmt, server, tok
 
         rows = list_remote_runs(server, token_file, project=project, team=team, user=user, status=status,
                                 since=since, limit=limit)  # fmt: skip
-        empty_ledger = not rows and not given
+        empty_ledger = False
+        if not rows and not given and fmt != "json":
+            from gpuledger.agent.remote import nothing_visible
+
+            click.echo(nothing_visible(server, token_file))
+            return
     else:
         from gpuledger.runs.view import list_rows, parse_since
 
@@ -101,10 +106,14 @@ def show_cmd(run: str | None, fmt: str, db: str | None) -> None:
         data.update(epochs_report.show_json(ledger, record))  # "epochs" and "attempts"
         echo_json(data)
         return
-    click.echo(format_summary(data))
-    extra = epochs_report.show_text(ledger, record)
+    from gpuledger.cli.report_fit import fit_prose, grid_lines, terminal_width
+
+    width = terminal_width()  # None: piped, whole values
+    text = format_summary(data, width or 0)
+    extra = epochs_report.show_text(ledger, record, grid_lines(width) if width else None)
     if extra:
-        click.echo("\n" + extra)
+        text += "\n\n" + extra
+    click.echo(fit_prose(text, width) if width else text)
 
 
 @click.command("logs")

@@ -19,6 +19,7 @@ spaces.
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -136,12 +137,13 @@ def plain_lines(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> lis
     return [_line(row, widths, right) for row in [[c.header for c in columns], *rows]]
 
 
-def hidden_note(columns: Sequence[Column], layout: Layout, width: int) -> str | None:
-    """The line under a table that left columns out, cut to the width."""
+def hidden_note(columns: Sequence[Column], layout: Layout, width: int) -> list[str]:
+    """The lines under a table that left columns out, wrapped to the width."""
     if not layout.hidden:
-        return None
+        return []
     names = ", ".join(columns[i].header for i in layout.hidden)
-    return cut(f"not shown at {width} columns: {names} (wider terminal, or --json)", width)
+    text = f"not shown at this width: {names} (a wider terminal, or --json)"
+    return textwrap.wrap(text, max(1, width), subsequent_indent="  " if width > 8 else "", break_long_words=True)
 
 
 def table_lines(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None) -> list[str]:
@@ -149,9 +151,12 @@ def table_lines(columns: Sequence[Column], rows: Sequence[Sequence[str]], width:
     rows = [[clean(c) for c in row] for row in rows]
     if width is None:
         return plain_lines(columns, rows)
+    if rows:  # on a terminal a column empty on every row only takes room (no flags, no team)
+        kept = [i for i, c in enumerate(columns) if c.kind == "key" or any(r[i] for r in rows)]
+        columns = [columns[i] for i in kept]
+        rows = [[r[i] for i in kept] for r in rows]
     layout = fit(columns, rows, width)
     if layout is None:
         return narrow_lines(columns, rows, width)
     lines = fitted_lines(columns, rows, layout)
-    note = hidden_note(columns, layout, width)
-    return lines + ([note] if note else [])
+    return lines + hidden_note(columns, layout, width)

@@ -29,12 +29,15 @@ def healthz(request: Request) -> dict[str, Any]:
 
 
 @router.get("/me", summary="The caller: user, role and the projects it may reach")
-def me(principal: Caller) -> dict[str, Any]:
+def me(request: Request, principal: Caller) -> dict[str, Any]:
     return {
         "user": principal.user,
         "role": principal.role,
         "projects": None if principal.projects is None else sorted(principal.projects),
         "token_id": principal.token_id,
+        # Whether the ledger holds any run at all, the caller's or not: one bit, so that a member
+        # who sees none is told "none visible to you", not "no runs yet" (nothing about whose).
+        "ledger_has_runs": bool(request.app.state.ledger.list_runs(limit=1)),
     }
 
 

@@ -222,15 +222,18 @@ def _json_safe(value: Any) -> Any:
 # -- text ---------------------------------------------------------------------------------------
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    """The end-of-run summary: one screen of plain text, one line per GPU."""
+def format_summary(summary: dict[str, Any], width: int | None = None) -> str:
+    """The end-of-run summary: one screen of plain text, one line per GPU. With ``width`` (a
+    terminal's), the command is cut to it and a GPU line goes on at a figure's boundary, never
+    inside one; ``width=0`` keeps the whole command (a pipe)."""
     s = summary
     lines = [_title(s)]
     if s.get("replayed"):
         lines.append(f"  *** {REPLAY_BANNER} ***")
     lines += [
-        f"  command    {_shorten(shlex.join(s.get('command') or []))}",
+        f"  command    {_shorten(shlex.join(s.get('command') or []), width)}",
         f"  started    {s.get('started_at') or NA} on {s.get('host') or NA} by {s.get('user') or NA}",
+        _who_pays(s.get("labels") or {}),
         f"  wall       {fmt_duration(s.get('wall_seconds'))}",
         *_recording_lines(s),
         f"  CPU        {fmt_seconds(s.get('cpu_seconds'))} (process tree)   "
@@ -250,7 +253,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{fmt_bytes(s.get('peak_process_memory_bytes'))} this run's processes",
         f"  energy     {fmt_kwh(s.get('energy_kwh'))}   peak power {fmt_watts(s.get('peak_power_watts'))}",
     ]
-    lines += [_gpu_line(g) for g in gpus]
+    lines += [line for g in gpus for line in _gpu_lines(g, width)]
     measured = _measured_line(gpus)
     if measured:
         lines.append(measured)
@@ -288,15 +291,33 @@ def _recording_lines(s: dict[str, Any]) -> list[str]:
     return [f"  recording  {running}; figures up to {s['measured_until']}, the latest the recorder has written"]
 
 
-def _gpu_line(g: dict[str, Any]) -> str:
+def _who_pays(labels: dict[str, Any]) -> str:
+    """Project and team (what a chargeback groups by), then the other labels."""
+    others = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("project", "team"))
+    line = f"  project    {labels.get('project') or NA}   team {labels.get('team') or NA}"
+    return line + (f"   labels {others}" if others else "")
+
+
+def _gpu_lines(g: dict[str, Any], width: int | None = None) -> list[str]:
+    """One line per GPU; on a terminal narrower than it, continued at a figure's boundary."""
     index = NA if g.get("index") is None else g["index"]
-    return (
-        f"  GPU {index}  {g.get('name') or 'unknown GPU'}  {g.get('uuid')}  "
-        f"busy {fmt_pct(g.get('mean_utilization'))} (peak {fmt_percent(g.get('peak_utilization_pct'))})  "
-        f"VRAM {fmt_bytes(g.get('peak_memory_bytes'))} (run {fmt_bytes(g.get('peak_process_memory_bytes'))})  "
-        f"{fmt_kwh(g.get('energy_kwh'))}  {fmt_watts(g.get('peak_power_watts'))}  "
-        f"{fmt_celsius(g.get('max_temperature_c'))}"
-    )
+    parts = [
+        f"GPU {index}",
+        g.get("name") or "unknown GPU",
+        str(g.get("uuid")),
+        f"busy {fmt_pct(g.get('mean_utilization'))} (peak {fmt_percent(g.get('peak_utilization_pct'))})",
+        f"VRAM {fmt_bytes(g.get('peak_memory_bytes'))} (run {fmt_bytes(g.get('peak_process_memory_bytes'))})",
+        fmt_kwh(g.get("energy_kwh")),
+        fmt_watts(g.get("peak_power_watts")),
+        fmt_celsius(g.get("max_temperature_c")),
+    ]
+    lines = ["  " + parts[0]]
+    for part in parts[1:]:
+        if width and len(lines[-1]) + 2 + len(part) > width and lines[-1].strip():
+            lines.append(" " * 13 + part)  # under the figures, as the labels above are indented
+        else:
+            lines[-1] += "  " + part
+    return lines
 
 
 def _measured_line(gpus: list[dict[str, Any]]) -> str | None:
@@ -325,5 +346,9 @@ def _throttle_line(gpus: list[dict[str, Any]]) -> str | None:
     return f"  throttled  {', '.join(shown)} (GPU time, all GPUs)" if shown else None
 
 
-def _shorten(text: str) -> str:
-    return text if len(text) <= _COMMAND_WIDTH else text[: _COMMAND_WIDTH - 3] + "..."
+def _shorten(text: str, width: int | None = None) -> str:
+    """The command cut to the terminal (``width``), whole for a pipe (0), or to 100 characters."""
+    if width == 0:
+        return text
+    room = _COMMAND_WIDTH if width is None else max(8, width - len("  command    "))
+    return text if len(text) <= room else text[: room - 1] + "…"

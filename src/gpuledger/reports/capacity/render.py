@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuledger.core.capacity.columns import COLUMNS
@@ -105,7 +105,10 @@ def _grid(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> list[list[s
     return [[_SHORT.get(c, c.upper()) for c in columns], *([_cell(c, r.get(c)) for c in columns] for r in rows)]
 
 
-def _plain(table: list[list[str]]) -> str:
+Grid = Callable[[list[list[str]]], str]  # a table (header row first) as text; the CLI's fits the terminal
+
+
+def _plain_table(table: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = []
     for n, row in enumerate(table):
@@ -160,7 +163,8 @@ def capacity_csv(report: CapacityReport, section: str = "groups") -> str:
     return _csv(by + [c.name for c in COLUMNS["groups"]], [*report.groups, report.total])
 
 
-def capacity_text(report: CapacityReport) -> str:
+def capacity_text(report: CapacityReport, table: Grid | None = None) -> str:
+    _plain = table or _plain_table
     by = list(report.params.get("by", []))
     parts = [title(report), _rule_line(report), "", _plain(_grid(by + _VIEW, [*report.groups, report.total]))]
     if report.shares_total is not None:
@@ -281,7 +285,8 @@ def fleet_csv(rows: Sequence[dict[str, Any]]) -> str:
     return _csv([c.name for c in COLUMNS["fleet"]], rows)
 
 
-def fleet_text(rows: Sequence[dict[str, Any]]) -> str:
+def fleet_text(rows: Sequence[dict[str, Any]], table: Grid | None = None) -> str:
+    _plain = table or _plain_table
     if not rows:
         return "no GPUs yet: run gpuledger agent on the GPU nodes, or record runs (docs/CAPACITY.md)\n"
     counts: dict[str, int] = {}

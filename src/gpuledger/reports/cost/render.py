@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuledger.core.chargeback.columns import COLUMNS, group_columns
@@ -132,7 +132,7 @@ def _table(
     return out
 
 
-def _plain(table: list[list[str]], indent: str = "  ") -> str:
+def _plain_table(table: list[list[str]], indent: str = "  ") -> str:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = []
     for n, row in enumerate(table):
@@ -215,8 +215,12 @@ def _trend_pivot(cb: Chargeback) -> tuple[list[str], list[dict[str, Any]]]:
     return by + months, list(pivot.values())
 
 
-def chargeback_text(cb: Chargeback, top: int = 5) -> str:
+Grid = Callable[[list[list[str]]], str]  # a table (header row first) as text; the CLI's fits the terminal
+
+
+def chargeback_text(cb: Chargeback, top: int = 5, table: Grid | None = None) -> str:
     """The report for a terminal: groups with TOTAL, top spenders, trend, anomalies, warnings."""
+    _plain = table or _plain_table
     by = list(cb.params.get("by", []))
     parts = [_title(cb), "", _plain(_table(_group_view(cb), [*cb.groups, cb.total]))]
     for title, rows, view in (
@@ -289,7 +293,8 @@ _COST_VIEW = [
 ]
 
 
-def cost_text(report: dict[str, Any]) -> str:
+def cost_text(report: dict[str, Any], table: Grid | None = None) -> str:
+    _plain = table or _plain_table
     rows: list[dict[str, Any]] = []
     for run in report["runs"]:
         for g in run["gpus"]:
@@ -307,5 +312,5 @@ def cost_text(report: dict[str, Any]) -> str:
         for run in report["runs"]
         if run.get("replayed")
     ]
-    table = _plain(_table(_COST_VIEW, rows, {"gpu_index": "GPU"}))
-    return head + "\n" + table + "\n" + "".join(n + "\n" for n in notes)
+    text = _plain(_table(_COST_VIEW, rows, {"gpu_index": "GPU"}))
+    return head + "\n" + text + "\n" + "".join(n + "\n" for n in notes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -163,8 +163,11 @@ def _label(row: dict[str, Any]) -> str:
     return str(row["epoch"]) if row["phase"] == core_epochs.EPOCH else row["phase"]
 
 
-def format_epoch_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A fixed-width table: phase/epoch, resources, then the most telling metrics; a total line."""
+def format_epoch_table(
+    rows: Sequence[dict[str, Any]], grid: Callable[[list[list[str]]], list[str]] | None = None
+) -> str:
+    """A fixed-width table: phase/epoch, resources, then the most telling metrics; a total line.
+    ``grid`` lays the cells out instead (the CLI's fits a terminal; header, rows, then notes)."""
     if not rows:
         return ""
     gpu = any(r["gpu_busy_s"] is not None for r in rows)
@@ -194,12 +197,12 @@ def format_epoch_table(rows: Sequence[dict[str, Any]]) -> str:
         shown.append(_total_row(rows))
     cells = [[c.title for c in cols]] + [[c.get(r) for c in cols] for r in shown]
     widths = [max(len(line[i]) for line in cells) for i in range(len(cols))]
-    lines = [
+    lines = grid(cells) if grid else [
         "  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
         for line in cells
-    ]
+    ]  # fmt: skip
     if measured:
-        lines.insert(len(lines) - 1, "-" * len(lines[0]))
+        lines.insert(len(shown), "-" * len(lines[0]))
     if not all(r["exact"] for r in rows if r["wall_s"] is not None):
         lines.append("(some intervals were split between epochs in proportion to time: figures approximate)")
     return "\n".join(lines)
@@ -342,14 +345,14 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def show_text(ledger: Ledger, run: RunRecord) -> str:
+def show_text(ledger: Ledger, run: RunRecord, grid: Callable[[list[list[str]]], list[str]] | None = None) -> str:
     """The sections ``gpuledger show`` adds for a run with epochs or attempts ("" when none)."""
     from gpuledger.runs.attempts import attempt_chain, format_chain
 
     parts = []
     rows = epoch_table(ledger, run)
     if rows:
-        parts.append("Epochs\n" + format_epoch_table(rows))
+        parts.append("Epochs\n" + format_epoch_table(rows, grid))
     chain = attempt_chain(ledger, run.id)
     if len(chain["attempts"]) > 1:
         parts.append(format_chain(chain))
