@@ -1,6 +1,14 @@
 """Wall-time overhead of `gpuledger run` on a CPU-bound command: paired runs, bare vs wrapped (issue 2).
 
     python benchmarks/wrapper_overhead.py [--seconds 25] [--pairs 6] [--interval SECONDS] [--quick]
+    python benchmarks/wrapper_overhead.py --fixed ROUNDS [--with-db]
+
+--fixed ROUNDS measures only gpuledger's fixed cost per run: `python -c pass` bare and under
+`gpuledger run -q -- python -c pass`, in turn (the order swapped every round), wall time and CPU
+(user + system of the whole process tree, wait4), and the split before / after the command as
+below; it prints min / median / max of the per-round differences. The wrapped form records into
+the default ledger (GPULEDGER_HOME in a temp dir), or with --with-db into `--db sqlite:///...`,
+which `gpuledger run` opens before it starts the command (the team-ledger check).
 
 The command is a pure-Python loop doing a fixed amount of work (calibrated once to take about
 --seconds bare). Runs alternate bare/wrapped, swapping the order every pair (B W, W B, ...), and
@@ -68,6 +76,33 @@ def run(argv: list[str], env: dict[str, str], stamp: str | None = None) -> dict[
     return out
 
 
+STAMP = "import sys, time; open(sys.argv[1], 'w').write(repr(time.time()) + ' ' + repr(time.time()))"
+
+
+def fixed_cost(gl: list[str], rounds: int, env: dict[str, str], stamp: str) -> None:
+    """`python -c pass`-sized command bare vs wrapped, in turn: the differences per round."""
+    bare = [sys.executable, "-c", STAMP, stamp]
+    wrapped = [*gl, "--", *bare]
+    run(wrapped, env, stamp)  # create the ledger; warm the page cache
+    diffs: dict[str, list[float]] = {k: [] for k in ("wall", "cpu", "before", "after")}
+    for i in range(rounds):
+        order = ("bare", "wrapped") if i % 2 == 0 else ("wrapped", "bare")
+        got = {kind: run(bare if kind == "bare" else wrapped, env, stamp) for kind in order}
+        for key in diffs:
+            diffs[key].append(got["wrapped"][key] - got["bare"][key])
+        b, w = got["bare"], got["wrapped"]
+        print(f"  round {i + 1:2} ({order[0][0].upper()}{order[1][0].upper()}): wall bare {b['wall']:.3f} "
+              f"wrapped {w['wall']:.3f} s; CPU bare {b['cpu']:.3f} wrapped {w['cpu']:.3f} s; "
+              f"wrapped before/after {w['before']:.3f}/{w['after']:.3f} s", flush=True)  # fmt: skip
+    print(f"\nfixed cost of `{' '.join(gl[1:])} -- python -c ...` over bare python, {rounds} rounds in turn "
+          "(min / median / max of the per-round differences):")  # fmt: skip
+    for key, what in (("wall", "wall"), ("cpu", "CPU (user+sys, tree)"), ("before", "before CMD starts"),
+                      ("after", "after CMD ends")):  # fmt: skip
+        xs = diffs[key]
+        print(f"  {what:22} {min(xs):+.3f} / {median(xs):+.3f} / {max(xs):+.3f} s")
+    print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def calibrate(seconds: float, env: dict[str, str]) -> int:
     """Loop iterations that take about ``seconds`` in a fresh interpreter."""
     n = 5_000_000
@@ -130,6 +165,10 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=6, help="bare/wrapped pairs (default 6)")
     ap.add_argument("--interval", type=float, default=None, help="pass --interval to gpuledger (default: its own)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 5 s, 2 pairs")
+    ap.add_argument("--fixed", type=int, metavar="ROUNDS", help="only the fixed cost per run (python -c pass), ROUNDS")
+    ap.add_argument(
+        "--with-db", action="store_true", help="--fixed: record with --db sqlite:///... (default ledger else)"
+    )
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.pairs = 5.0, 2
@@ -140,6 +179,9 @@ def main() -> None:
         env = {**os.environ, "GPULEDGER_HOME": tmp}
         env.pop("GPULEDGER_DB", None)
         gl = [exe, "run", "-q", "--db", f"sqlite:///{tmp}/ledger.db"]
+        if args.fixed:
+            fixed_cost(gl if args.with_db else [exe, "run", "-q"], args.fixed, env, os.path.join(tmp, "stamp"))
+            return
         if args.interval is not None:
             gl += ["--interval", str(args.interval)]
         n = calibrate(args.seconds, env)

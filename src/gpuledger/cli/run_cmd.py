@@ -74,7 +74,6 @@ def run_cmd(
     COMMAND's output is shown live and archived; gpuledger exits with COMMAND's status
     (128+N when it died of signal N).
     """
-    from gpuledger.agent.client import token_from
     from gpuledger.cli.run_hooks import run_hooks
     from gpuledger.recorder.wrap import WrapOptions, run_and_exit_code
 
@@ -90,6 +89,11 @@ def run_cmd(
             raise click.ClickException(str(exc)) from exc
         except LedgerError:
             pass  # unreachable or locked: the recorder keeps the run locally as always
+    token = None
+    if server:
+        from gpuledger.agent.client import token_from  # httpx: only for a run that pushes
+
+        token = token_from(None, token_file)
     opts = WrapOptions(
         name=name,
         labels=label_map,
@@ -100,6 +104,6 @@ def run_cmd(
         summary=not quiet,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
-        hooks=run_hooks(server or None, token_from(None, token_file) if server else None, db),
+        hooks=run_hooks(server or None, token, db),
     )
     sys.exit(run_and_exit_code(list(command), opts))

@@ -3,12 +3,23 @@ inside CMD and read its log afterwards, and the push to a team server when one i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpuledger.recorder.hooks import Push, RunHooks, Warn
+
+if TYPE_CHECKING:
+    from gpuledger.recorder.session import Session
+
+
+def explain_run(session: Session, log: bytes, status: str, exit_code: int | None, signal: int | None) -> str | None:
+    # imported when CMD has ended, not before it starts
+    from gpuledger.integrations.ultralytics.postrun import explain_run as explain
+
+    return explain(session, log, status, exit_code, signal)
 
 
 def run_hooks(server: str | None, token: str | None, db_url: str | None) -> RunHooks:
     from gpuledger.integrations.autoload import autoload_env
-    from gpuledger.integrations.ultralytics.postrun import explain_run
 
     if not server:
         return RunHooks(child_env=autoload_env, explain=explain_run)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.store import audit, schema
+from gpuledger.store import schema
 from gpuledger.store.errors import LedgerError, RunNotFound
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ def check_pusher(conn: Connection, run_id: str, writer: Writer, host: str) -> No
     """Refuse a push of ``run_id`` by anyone but its owner. A run stored before runs had owners
     (migration 7) is claimed by its first pusher, audited. A host-bound token pushes runs of its
     host only (HostRefused)."""
+    from gpuledger.store import audit  # with cryptography: not loaded for a local run
+
     writer.check_host(host)
     owner = owner_of(conn, run_id)
     if owner is None:
@@ -131,6 +133,7 @@ def check_pusher(conn: Connection, run_id: str, writer: Writer, host: str) -> No
 
 def transfer(ledger: Ledger, run_id: str, to_user: str, *, actor: str, note: str | None = None) -> str:
     """Give ``run_id`` to ``to_user`` (an admin's decision, audited); returns the previous owner."""
+    from gpuledger.store import audit  # with cryptography: not loaded for a local run
 
     def tx(conn: Connection) -> str:
         r = schema.runs.c
@@ -186,6 +189,8 @@ def claim_gpus(
 ) -> None:
     """The ownership rules of the module docstring, for GPUs a push of ``host`` names: register the
     new ones, let an enrolled host take over its provisional ones, refuse the rest (PushRefused)."""
+    from gpuledger.store import audit  # with cryptography: not loaded for a local run
+
     wanted = sorted(set(uuids))
     if not wanted:
         return
@@ -231,6 +236,7 @@ def claim_gpus(
 def rehome(ledger: Ledger, uuid: str, host: str, user: str | None, *, actor: str) -> dict[str, Any] | None:
     """Give GPU ``uuid`` to ``host`` (and agent ``user``; None: any agent of the host), audited;
     returns the previous owner row, if any."""
+    from gpuledger.store import audit  # with cryptography: not loaded for a local run
 
     def tx(conn: Connection) -> dict[str, Any] | None:
         g = schema.gpu_owners.c
