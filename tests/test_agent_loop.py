@@ -185,7 +185,7 @@ def test_wrapped_processes_on_the_same_gpu_are_left_to_their_run(trees: Path, le
     assert busy and busy[0].labels["team"] == "vision" and busy[0].labels["container"] == "yolo-train"
     dcgm = [s for s in families["DCGM_FI_DEV_FB_USED"].samples if s.labels["container"] == "yolo-train"]
     assert dcgm and dcgm[0].value == 20 * 1024 and dcgm[0].labels["UUID"] == GPU0
-    assert dcgm[0].labels["modelName"] == "NVIDIA A100-SXM4-80GB" and dcgm[0].labels["Hostname"] == "node-1"
+    assert dcgm[0].labels["modelName"] == "NVIDIA A100-SXM4-80GB" and dcgm[0].labels["hostname"] == "node-1"
 
 
 def test_restarted_agent_resumes_its_open_run_and_ends_the_ones_whose_processes_left(
@@ -338,7 +338,10 @@ class FollowedLog:
     def view(self):  # type: ignore[no-untyped-def]
         from types import SimpleNamespace
 
-        return SimpleNamespace(parsed=self.parsed, epoch_times=dict(self.times), error=self.error)
+        from gpuledger.node.yolo_console import TrainingFacts
+
+        return SimpleNamespace(parsed=self.parsed, epoch_times=dict(self.times), error=self.error,
+                               training=TrainingFacts())  # fmt: skip
 
 
 def test_a_containers_training_log_gives_its_discovered_run_epochs(trees: Path, ledger_url: str) -> None:

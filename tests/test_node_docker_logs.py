@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from docker_support import long_progress
 from gpuledger.core.redaction.redact import Redactor
+from gpuledger.core.training.logcap import MIN_MAX_B, cap_bytes
 from gpuledger.core.training.logparse import parse_log
 from gpuledger.node.docker_logs import ContainerLog, FrameDecoder, Message, RawDecoder, ScreenLines
 
@@ -206,12 +207,13 @@ def test_the_daemons_error_frame_is_reported_not_parsed() -> None:
     assert log.view().lines == 0
 
 
-def test_the_copy_stops_at_its_cap_and_parsing_goes_on(tmp_path: Path) -> None:
-    data = (YOLO / "yolov8n_detect_piped.log").read_bytes()
-    log = ContainerLog("c" * 64, path=tmp_path / "c.log", max_file_bytes=1000)
+def test_past_its_cap_the_copy_keeps_head_and_tail_and_parsing_goes_on(tmp_path: Path) -> None:
+    data = (YOLO / "yolov8n_detect_piped.log").read_bytes() * 40  # ~ 10 x the cap of 64 KiB
+    log = ContainerLog("c" * 64, path=tmp_path / "c.log", cap_b=MIN_MAX_B)
     log.add(FrameDecoder().feed(multiplexed(messages(data))))
     log.finish()
-    assert (tmp_path / "c.log").stat().st_size <= 1000 and log.view().file_cut
+    assert (tmp_path / "c.log").stat().st_size <= 3 * MIN_MAX_B and log.view().file_cut
+    assert log.capped() == cap_bytes(data, MIN_MAX_B)  # what a wrapped run of the same output stores
     assert log.view().parsed.epochs == parse_log(data).epochs
 
 

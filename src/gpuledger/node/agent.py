@@ -30,10 +30,11 @@ from gpuledger.collect.host import ProcessTreeCollector
 from gpuledger.core.capacity.meter import CapacityMeter, GpuFacts, physical_gpus
 from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.metering.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
-from gpuledger.core.model import GpuIdentity, GpuTick, Metric
+from gpuledger.core.model import GpuIdentity, GpuTick
 from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.cgroup_stats import CgroupCollector, locate
 from gpuledger.node.claims import Claims, ProcFacts
+from gpuledger.node.container_mounts import ContainerFs
 from gpuledger.node.metrics import NodeMetrics, OwnerLabels
 from gpuledger.node.procfacts import ProcReader
 from gpuledger.node.sink import LedgerSink
@@ -172,6 +173,7 @@ class NodeAgent:
         except Exception as exc:  # still release what is held
             self._warn(f"gpuledger agent: the last reading failed ({exc!r})")
         for track in self.tracks.values():
+            self._archive_log(track)  # left open: its log so far, until the next agent ends it
             track.close()
         if self._gpu is not None:
             self._gpu.close()
@@ -269,25 +271,45 @@ class NodeAgent:
             track.log = follow(cid)
 
     def _take_log(self, track: RunTrack, now: float, final: bool = False) -> None:
-        """The epochs its log has shown since the last look: metrics and ``epoch_end`` events, as
-        the log parser gives them for a wrapped run without callbacks (core/training/logparse.py)."""
+        """The epochs shown since the last look (node/discovered_epochs.py): from results.csv when
+        the run directory is on a mount, else from the log as the log parser gives them for a
+        wrapped run without callbacks; metrics, ``epoch_end`` events and the run's metadata."""
         if track.log is None:
             return
         view = track.log.view()  # type: ignore[attr-defined]
-        parsed = view.parsed
-        for ep in parsed.epochs:
-            if ep.epoch in track.logged_epochs:
-                continue
-            track.logged_epochs.add(ep.epoch)
-            t = view.epoch_times.get(ep.epoch, now)
-            track.add_metrics([Metric(t=t, key=k, value=v, epoch=ep.epoch) for k, v in ep.metrics.items()])
-            track.event(t, "epoch_end", f"epoch {ep.epoch} ended", epoch=ep.epoch, source="log")
-        if final and track.logged_epochs:
-            track.event(now, "log_parsed", f"{len(track.logged_epochs)} epochs read from the container's "
-                        f"{parsed.format} training output", format=parsed.format, epochs=len(track.logged_epochs),
-                        total_epochs=parsed.total_epochs, final=parsed.final)  # fmt: skip
+        taken = track.epochs.take(view, self._container_fs(track), now, final)
+        track.add_metrics(taken.metrics)
+        for t, kind, message, payload in taken.events:
+            track.event(t, kind, message, **payload)
+        if taken.meta:
+            track.run.meta.update(taken.meta)
+            if track.run.id in self._created:
+                self._sink.update(track.run.id, meta=dict(taken.meta))
+        parsed, ended = view.parsed, track.epochs.ended
+        if final and ended:
+            source = track.run.meta.get("epochs_source")
+            track.event(now, "log_parsed", f"{len(ended)} epochs read from the container's {parsed.format} "
+                        f"training output ({source})", format=parsed.format, epochs=len(ended),
+                        total_epochs=parsed.total_epochs, final=parsed.final, source=source)  # fmt: skip
         if view.error:
             track.event(now, "note", f"the container's log could not be read: {view.error}", once=("log", view.error))
+
+    def _container_fs(self, track: RunTrack) -> ContainerFs | None:
+        cid = track.owner.container_id
+        fs = getattr(self._sources.source("docker"), "fs", None) if cid else None
+        return fs(cid) if fs is not None else None
+
+    def _archive_log(self, track: RunTrack) -> None:
+        """Store the container's log, capped and redacted, as a wrapped run's is stored at its end
+        (a run still open gets what was logged so far; its end replaces it)."""
+        capped = getattr(track.log, "capped", None)
+        kept = capped() if capped is not None and track.run.id in self._created else None
+        if kept is not None:
+            self._sink.log(track.run.id, kept.data, kept.truncated)
+
+    def _log_settled(self, track: RunTrack) -> bool:
+        settled = getattr(track.log, "settled", None)
+        return settled is None or bool(settled())
 
     def _host_collector(self, owner: Owner, facts: ProcFacts) -> tuple[object | None, str | None, str | None]:
         files = locate(self.config.cgroup_root, owner.cgroup) if owner.cgroup.scope else None
@@ -423,15 +445,19 @@ class NodeAgent:
             if track.ending_at is None:
                 continue
             if track.ending_at == now and track.run.id in self._created:
-                self._take_log(track, now, final=True)
+                self._take_log(track, now)
                 self._sink.append(track.run.id, track.close_interval())
             container = claims.containers.get(track.owner.container_id or "")
             if container is not None and container.exit_code is not None:
                 track.exit_code = container.exit_code
             waiting = container is not None and container.finished_at is None and track.exit_code is None
-            if waiting and now - track.ending_at < self.config.exit_wait_s:
+            # The log's last lines (and results.csv's last row) come a moment after the exit.
+            if (waiting or not self._log_settled(track)) and now - track.ending_at < self.config.exit_wait_s:
                 continue
             if track.run.id in self._created:
+                self._take_log(track, now, final=True)
+                self._sink.append(track.run.id, track.close_interval())
+                self._archive_log(track)
                 self._sink.update(track.run.id, ended_at=track.ending_at, exit_code=track.exit_code,
                                   status_reason=track.end_reason)  # fmt: skip
             track.close()
@@ -479,7 +505,7 @@ class NodeAgent:
                 mem = owners.get(labels, 0)
                 owners[labels] = None if mem is None or p.mem_b is None else mem + p.mem_b
             self._metrics.observe(ident, ticks.get(uuid), list(owners.items()), unattributed.get(uuid, 0))
-        self._metrics.set_sources({s.name: s.up for s in self._sources.states()}, len(self.tracks))
+        self._metrics.set_sources({s.name: s.sees for s in self._sources.states()}, len(self.tracks))
 
     def _watch_sources(self) -> None:
         """Say when an adapter stops answering or degrades, and when it is back (the start report

@@ -16,8 +16,12 @@ line (``follow_logs="gpu"``; ``"all"`` or ``"none"``), and the agent can ask for
 * ``log(container_id) -> ContainerLog | None`` the one already followed;
 * ``ContainerLog.view() -> LogView``: the parsed YOLO epochs and metrics so far
   (``view().parsed``, a ``core.training.logparse.ParsedLog``), when each epoch was seen finished
-  (``epoch_times``), whether the log has ended (``done``) or cannot be read (``error``), and the
-  path of the redacted copy when ``log_dir`` is given (``docker-<id>.log``).
+  (``epoch_times``), where the training writes (``training``), whether the log has ended
+  (``done``) or cannot be read (``error``), and the path of the redacted copy when ``log_dir`` is
+  given (``docker-<id>.log``, kept as head and tail under ``log_cap_b``: ``capped()`` is the log to
+  archive). ``gpuledger agent`` keeps the copies in ``<data dir>/agent-logs``;
+* ``fs(container_id) -> ContainerFs | None``: its mounts and working directory, to find the files
+  a training writes on a mount (node/container_mounts.py).
 
 Everything stored — labels, log bytes, parsed figures — has been through ``core/redaction/redact.py``.
 Only GET endpoints are used (``docker_api.py``), so a read-only socket proxy suffices.
@@ -25,6 +29,7 @@ Only GET endpoints are used (``docker_api.py``), so a read-only socket proxy suf
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -34,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuledger.core.redaction.redact import Redactor
+from gpuledger.core.training.logcap import DEFAULT_MAX_B
 from gpuledger.node.claims import Allocation, Claims, ContainerClaim, SourceOptions
+from gpuledger.node.container_mounts import ContainerFs, fs_from_inspect
 from gpuledger.node.docker_api import DockerApiError, DockerClient, DockerConfigError, DockerUnavailable
 from gpuledger.node.docker_inspect import (
     allocations,
@@ -52,6 +59,7 @@ _RUNNING_STATES = frozenset({"running", "paused", "restarting"})
 # The node's GPUs: UUIDs in NVML index order, or NVML index -> UUID; or a callable giving either.
 GpuList = Sequence[str] | Mapping[int, str]
 DEFAULT_HOST = "unix:///var/run/docker.sock"
+LOG_DIR_NAME = "agent-logs"
 OPEN_WAIT_S = 5.0
 
 
@@ -65,7 +73,12 @@ def open_source(options: SourceOptions, env: Mapping[str, str] | None = None) ->
     if address != DEFAULT_HOST or not env.get("DOCKER_HOST"):
         env["DOCKER_HOST"] = address
     gpus = {i: u for i, u in options.gpus if u.upper().startswith("GPU-")}  # MIG slices are not indexed
-    source = DockerSource(env, gpu_uuids=gpus or None)
+    from gpuledger.paths import data_dir
+    from gpuledger.runs.logfile import cap_or_default
+
+    # The logs are archived with the runs as a wrapped run's are: the same cap, the same data dir.
+    source = DockerSource(env, gpu_uuids=gpus or None, log_dir=data_dir(env) / LOG_DIR_NAME,
+                          log_cap_b=cap_or_default(env))  # fmt: skip
     source.wait_synced(OPEN_WAIT_S)  # the agent's first tick sees the containers already running
     return source
 
@@ -82,6 +95,7 @@ class DockerSource:
         gpu_uuids: GpuList | Callable[[], GpuList] | None = None,
         follow_logs: str = "gpu",
         log_dir: Path | None = None,
+        log_cap_b: int = DEFAULT_MAX_B,
         keep_finished_s: float = 3600.0,
         max_backoff_s: float = 30.0,
         redactor: Redactor | None = None,
@@ -92,6 +106,8 @@ class DockerSource:
         self._gpu_uuids = gpu_uuids
         self._follow_policy = follow_logs
         self._log_dir = log_dir
+        self._log_cap_b = log_cap_b
+        self._fs: dict[str, ContainerFs] = {}  # container id -> its mounts and working directory
         self._keep_finished_s = keep_finished_s
         self._max_backoff_s = max_backoff_s
         self._redactor = redactor or Redactor.default()
@@ -116,6 +132,7 @@ class DockerSource:
         except DockerConfigError as exc:
             self._config_error = str(exc)
             return
+        self._clear_old_copies()
         self._thread = threading.Thread(target=self._run, name="gpuledger-docker-events", daemon=True)
         self._thread.start()
 
@@ -163,6 +180,11 @@ class DockerSource:
                     parts.append(f"log of {claim.name or cid[:12]} unreadable: {clog.error}")
         return "docker: " + "; ".join(parts) if parts else None
 
+    def blind(self) -> bool:
+        """True while it cannot see the containers at all (node/sources.py: the adapter is down)."""
+        with self._lock:
+            return self._config_error is not None or not self._connected
+
     def close(self) -> None:
         self._stop.set()
         if self._client is not None:
@@ -187,7 +209,7 @@ class DockerSource:
             if clog is None:
                 path = self._log_dir / f"docker-{container_id}.log" if self._log_dir else None
                 clog = self._logs[container_id] = ContainerLog(
-                    container_id, redactor=self._redactor, path=path, wall=self._wall
+                    container_id, redactor=self._redactor, path=path, cap_b=self._log_cap_b, wall=self._wall
                 )
             thread = self._followers.get(container_id)
             if thread is None or not thread.is_alive():
@@ -201,6 +223,11 @@ class DockerSource:
     def log(self, container_id: str) -> ContainerLog | None:
         with self._lock:
             return self._logs.get(container_id)
+
+    def fs(self, container_id: str) -> ContainerFs | None:
+        """The container's mounts and working directory, as last inspected."""
+        with self._lock:
+            return self._fs.get(container_id)
 
     def lookup(self, container_id: str) -> ContainerClaim | None:
         """Ask the daemon about one container now (e.g. one a resumed discovered run names that
@@ -277,6 +304,8 @@ class DockerSource:
         claim = claim_from_inspect(doc, self._redactor) if doc else None
         with self._lock:
             known = self._claims.get(cid)
+            if doc:
+                self._fs[cid] = fs_from_inspect(doc)
         if claim is not None and claim.pid is None and known is not None and known.started_at == claim.started_at:
             claim = replace(claim, pid=known.pid)  # a stopped container's State.Pid is 0: keep the one it ran as
         if event is not None and event.get("Action") == "die" and (claim is None or claim.finished_at is not None):
@@ -384,7 +413,18 @@ class DockerSource:
         for cid, claim in list(self._claims.items()):
             if claim.finished_at is not None and now - claim.finished_at > self._keep_finished_s:
                 del self._claims[cid]
+                self._fs.pop(cid, None)
                 thread = self._followers.get(cid)
                 if thread is None or not thread.is_alive():
                     self._followers.pop(cid, None)
-                    self._logs.pop(cid, None)
+                    clog = self._logs.pop(cid, None)
+                    if clog is not None:
+                        clog.discard()
+
+    def _clear_old_copies(self) -> None:
+        """Copies an earlier agent left: every log followed again is read from its first line."""
+        if self._log_dir is None:
+            return
+        for old in self._log_dir.glob("docker-*.log*"):
+            with contextlib.suppress(OSError):
+                old.unlink()

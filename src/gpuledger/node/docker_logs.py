@@ -21,29 +21,31 @@ What comes out (``ContainerLog``) is what ``gpuledger run`` keeps for a wrapped 
 program's bytes, redacted by ``core/redaction/redact.py`` before anything is stored, written to an optional
 file, and parsed line by line by ``core/training/logparse.py`` into YOLO epochs and metrics (``\\r``
 redraws reduced to the last, as a terminal shows them). Lines are capped, so binary garbage or a
-100 MB line without a newline costs bounded memory.
+100 MB line without a newline costs bounded memory. The file is kept as the ledger will store the
+log (node/log_spool.py: head and tail under ``GPULEDGER_LOG_MAX_B``), so ``capped()`` is the log to
+archive whatever its length; the lines also say where the training writes its results
+(node/yolo_console.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import os
 import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from gpuledger.core.redaction.redact import LineRedactor, Redactor
+from gpuledger.core.training.logcap import DEFAULT_MAX_B, CappedLog
 from gpuledger.core.training.logparse import LineParser, ParsedLog, screen_lines
 from gpuledger.node.docker_inspect import docker_time_ns
+from gpuledger.node.log_spool import HeadTailSpool
+from gpuledger.node.yolo_console import TrainingFacts
 
 STDOUT, STDERR, SYSTEMERR = 1, 2, 3
 MAX_LINE_BYTES = 64 * 1024  # longer screen lines are cut: no training prints such a line
-MAX_LOG_BYTES = 256 * 1024 * 1024  # the file copy stops here; parsing goes on
 
 # A message's leading timestamp. Docker writes RFC3339NanoFixed; other fractions are accepted.
 _LEADING_TS = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)) ")
@@ -224,8 +226,9 @@ class LogView:
     lines: int = 0
     bytes: int = 0
     cut_lines: int = 0  # lines longer than the cap, cut
-    path: Path | None = None  # the redacted copy, when kept
-    file_cut: bool = False  # the copy stopped at its size cap
+    path: Path | None = None  # the redacted copy, when kept (head and tail once past the cap)
+    file_cut: bool = False  # the copy holds only the log's head and tail (it passed the cap)
+    training: TrainingFacts = field(default_factory=TrainingFacts)  # run directory, training start
     done: bool = False  # the container stopped and its log was read to the end
     error: str | None = None  # why the log could not be read (a proxy refusing it, a driver without reads)
 
@@ -240,7 +243,7 @@ class ContainerLog:
         redactor: Redactor | None = None,
         path: Path | None = None,
         max_line_bytes: int = MAX_LINE_BYTES,
-        max_file_bytes: int = MAX_LOG_BYTES,
+        cap_b: int = DEFAULT_MAX_B,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.container_id = container_id
@@ -250,14 +253,14 @@ class ContainerLog:
         self._parser = LineParser()
         self._lock = threading.Lock()
         self._wall = wall
-        self._path = path
-        self._file: BinaryIO | None = None
-        self._max_file = max_file_bytes
+        self._spool = HeadTailSpool(path, cap_b) if path is not None else None
+        self._training = TrainingFacts()
         self._view = LogView(container_id, ParsedLog(), path=path)
         self.last_t_ns: int | None = None  # the newest message's time: where a new follow resumes
         self._bytes_at_last = 0  # bytes read with that time (the pieces of one long line share it)
         self._skip_t: int | None = None  # after a resume: what the daemon sends again, to skip
         self._skip_bytes = 0
+        self._copy_failed = False  # the copy could not be written: parsing goes on without it
 
     # -- fed by the follower ------------------------------------------------------------------------
     def resume(self) -> str | None:
@@ -309,25 +312,19 @@ class ContainerLog:
         when = t_ns / 1e9 if t_ns is not None else self._wall()
         for line in lines:
             self._view.lines += 1
+            self._training.feed(line, when)
             for epoch in self._parser.line(line):
                 self._view.epoch_times.setdefault(epoch, when)
 
     def _keep(self, data: bytes) -> None:
-        if not data or self._path is None or self._view.file_cut:
+        if not data or self._spool is None or self._copy_failed:
             return
         try:
-            if self._file is None:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                self._file = os.fdopen(fd, "ab")
-            if self._file.tell() + len(data) > self._max_file:
-                self._view.file_cut = True
-                return
-            self._file.write(data)
-            self._file.flush()
-        except OSError as exc:
-            self._view.file_cut = True
-            self._view.error = f"cannot write {self._path}: {exc.strerror or exc}"
+            self._spool.append(data)
+        except OSError as exc:  # the log is still parsed; its copy is not kept
+            self._copy_failed = True
+            self._view.error = f"cannot write {self._spool.path}: {exc.strerror or exc}"
+        self._view.file_cut = self._spool.total_b > self._spool.cap_b
 
     def finish(self, error: str | None = None) -> None:
         """The log ended (the container stopped) or cannot be read (``error``)."""
@@ -339,10 +336,8 @@ class ContainerLog:
             self._view.done = error is None
             if error is not None:
                 self._view.error = error
-            if self._file is not None:
-                with contextlib.suppress(OSError):
-                    self._file.close()
-                self._file = None
+            if self._spool is not None:
+                self._spool.close()
 
     # -- read by the agent ----------------------------------------------------------------------------
     @property
@@ -350,10 +345,30 @@ class ContainerLog:
         with self._lock:
             return self._view.error
 
+    def settled(self) -> bool:
+        """The log was read to its end (the container stopped), or cannot be read."""
+        with self._lock:
+            return self._view.done or self._view.error is not None
+
     def view(self) -> LogView:
         with self._lock:
             out = copy.copy(self._view)
             out.parsed = self._parser.result()
             out.epoch_times = dict(self._view.epoch_times)
             out.cut_lines = sum(screen.cut_lines for _, screen in self._streams.values())
+            out.training = copy.copy(self._training)
             return out
+
+    def capped(self) -> CappedLog | None:
+        """The redacted log so far as the ledger stores it (head and tail around the cut marker once
+        it passes the cap); None when no copy is kept, nothing was logged or it cannot be read."""
+        with self._lock:
+            if self._spool is None or self._copy_failed:
+                return None
+            return self._spool.capped()
+
+    def discard(self) -> None:
+        """Remove the copy (the container is forgotten)."""
+        with self._lock:
+            if self._spool is not None:
+                self._spool.remove()

@@ -34,7 +34,7 @@ MIB = 2**20
 PROC_MEMORY = ("gpuledger_gpu_process_memory_bytes", "GPU memory held by the owner's processes, bytes.")
 UNALLOCATED = ("gpuledger_gpu_unallocated_use", "Processes seen using a GPU their owner was not allocated.")
 UNATTRIBUTED = ("gpuledger_agent_unattributed_processes", "GPU processes the agent could not look up in /proc.")
-SOURCE_UP = ("gpuledger_agent_source_up", "1 when a platform adapter answered recently, else 0.")
+SOURCE_UP = ("gpuledger_agent_source_up", "1 when a platform adapter answers and sees its platform, else 0.")
 OPEN_RUNS = ("gpuledger_agent_discovered_runs", "Discovered runs the agent is recording now.")
 
 

@@ -50,7 +50,7 @@ class _Target:
 
 @dataclass
 class _Op:
-    kind: str  # create / devices / append / update / settle / capacity
+    kind: str  # create / devices / append / update / log / settle / capacity
     local_id: str = ""
     payload: Any = None
 
@@ -101,8 +101,12 @@ class LedgerSink:
         self._put(_Op("devices", local_id, list(devices)))
 
     def append(self, local_id: str, closed: Closed) -> None:
-        if closed.gpu or closed.host is not None or closed.events:
+        if closed.gpu or closed.host is not None or closed.events or closed.metrics:
             self._put(_Op("append", local_id, closed))
+
+    def log(self, local_id: str, data: bytes, truncated: bool) -> None:
+        """The run's log as stored (capped, redacted); it replaces what the ledger had."""
+        self._put(_Op("log", local_id, (data, truncated)))
 
     def update(self, local_id: str, **fields: Any) -> None:
         self._put(_Op("update", local_id, fields))
@@ -215,6 +219,9 @@ class LedgerSink:
             self._append(ledger, op.local_id, op.payload)
         elif op.kind == "update":
             self._update(ledger, op.local_id, dict(op.payload))
+        elif op.kind == "log":
+            data, truncated = op.payload
+            ledger.set_log(self.run_id(op.local_id), data, truncated=truncated)
         elif op.kind == "capacity":
             intervals, sightings = op.payload
             try:

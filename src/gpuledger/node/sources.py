@@ -34,6 +34,16 @@ class SourceState:
     status: str | None  # None: fully working
     up: bool  # answered within STALE_AFTER_S
     answered_at: float | None
+    # The adapter's own word (its ``blind()``): it cannot see its platform at all. None: an adapter
+    # without that method, for which any status means it cannot.
+    blind: bool | None = None
+
+    @property
+    def sees(self) -> bool:
+        """It answers and can see its platform: the start report's ``ok`` and ``source_up`` 1."""
+        if not self.up:
+            return False
+        return not self.blind if self.blind is not None else self.status is None
 
 
 class SourcePoller:
@@ -58,6 +68,7 @@ class SourcePoller:
         self._status: str | None = "no answer yet"
         self._answered: float | None = None
         self._answered_mono: float | None = None
+        self._blind: bool | None = None
         self._source: ClaimSource | None = None
         self._stop = threading.Event()
         self.version = 0  # bumped whenever the claims change
@@ -77,12 +88,12 @@ class SourcePoller:
 
     def state(self) -> SourceState:
         with self._lock:
-            status, answered, mono = self._status, self._answered, self._answered_mono
+            status, answered, mono, blind = self._status, self._answered, self._answered_mono, self._blind
         up = mono is not None and self._monotonic() - mono < max(STALE_AFTER_S, 3 * self._period_s)
         if mono is not None and not up:
             silent = self._monotonic() - mono
             status = f"no answer for {silent:.0f} s (keeping its last claims)" + (f"; {status}" if status else "")
-        return SourceState(self.name, status, up, answered)
+        return SourceState(self.name, status, up, answered, blind)
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
@@ -103,6 +114,8 @@ class SourcePoller:
                 self._source = self._opener()
             claims = self._source.claims(self._clock())
             status = self._source.status()
+            blind_of = getattr(self._source, "blind", None)
+            blind = bool(blind_of()) if callable(blind_of) else None
         except Exception as exc:  # the contract says never; a bug in one adapter must not spread
             with self._lock:
                 self._status = f"failed: {type(exc).__name__}: {exc}"
@@ -111,7 +124,7 @@ class SourcePoller:
             if claims != self._claims:
                 self._claims = claims
                 self.version += 1
-            self._status = status
+            self._status, self._blind = status, blind
             self._answered, self._answered_mono = self._clock(), self._monotonic()
 
 

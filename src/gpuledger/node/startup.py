@@ -70,7 +70,10 @@ def report(seen: Seen) -> list[str]:
                    "process tree in /proc")  # fmt: skip
     for s in seen.sources:
         status = s.status.removeprefix(f"{s.name}: ") if s.status else None  # some adapters name themselves
-        out.append(f"ok  {s.name}" if status is None else f"--  {s.name}: {status}")
+        if not s.sees:  # /metrics says the same: gpuledger_agent_source_up 0
+            out.append(f"--  {s.name}: {status or 'no answer'}")
+        else:  # it sees its platform; a status is then a partial problem (a log refused, an unknown GPU id)
+            out.append(f"ok  {s.name}" + (f" (but: {status})" if status else ""))
     for name in seen.disabled:
         out.append(f"--  {name}: switched off")
     out.append(f"ok  ledger: {seen.ledger}")

@@ -34,6 +34,7 @@ from gpuledger.core.model import (
 from gpuledger.core.redaction.records import redact_run_fields
 from gpuledger.core.redaction.redact import Redactor
 from gpuledger.node.claims import ProcFacts
+from gpuledger.node.discovered_epochs import EpochTaker
 
 META_KEY = "node"  # RunRecord.meta["node"]: the agent's own facts about a discovered run
 MAX_MEMBERS_KEPT = 16  # members written to the run's metadata (resuming a process-group run checks them)
@@ -73,7 +74,7 @@ class RunTrack:
         self._metrics: list[Metric] = []
         self._said: set[object] = set()
         self.log: object | None = None  # its container's followed log (node/docker_logs.ContainerLog)
-        self.logged_epochs: set[int] = set()  # epochs already taken from that log
+        self.epochs = EpochTaker()  # its epochs, from results.csv or that log (node/discovered_epochs.py)
 
     # -- feeding ------------------------------------------------------------------------------
     def see(self, pid: int, start_ticks: int, now: float) -> bool:
