@@ -24,7 +24,8 @@ def test_every_option_is_documented() -> None:
 def test_every_metric_the_agent_exposes_is_documented() -> None:
     metrics = NodeMetrics("node-1", dcgm_names=True)
     ident = GpuIdentity(0, "GPU-a", "NVIDIA A100-SXM4-80GB", memory_total_b=80 * 2**30)
-    tick = GpuTick("GPU-a", 0.0, 2.0, busy_s=1.0, energy_j=600.0, power_w=300.0, mem_used_b=2**30, temp_c=50.0)
+    tick = GpuTick("GPU-a", 0.0, 2.0, busy_s=1.0, energy_j=600.0, power_w=300.0, mem_used_b=2**30, temp_c=50.0,
+                   energy_total_mj=9_000_000)  # fmt: skip
     owner = OwnerLabels(run_id="r1", team="vision")
     metrics.observe(ident, tick, [(owner, 2**30)])
     metrics.unallocated_use("GPU-a", owner)

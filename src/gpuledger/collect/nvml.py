@@ -63,7 +63,7 @@ class _Device:
     """Per-device handle, cursors and the memo of what the device cannot answer."""
 
     __slots__ = (
-        "backoff", "busy_lists", "energy_mj", "energy_t", "handle", "ident", "lost", "lost_at", "minor",
+        "backoff", "busy_lists", "energy_mj", "energy_t", "gi", "handle", "ident", "lost", "lost_at", "minor",
         "mono_last", "noteworthy", "power_j", "power_t", "power_w", "proc_reads", "proc_ts", "q", "retry_at",
         "sure_mj", "t_last", "throttle", "util", "uuid", "verdict", "via_parent",
     )  # fmt: skip
@@ -92,6 +92,7 @@ class _Device:
         self.lost_at = 0.0
         self.retry_at = 0.0
         self.backoff = _BACKOFF_FIRST_S
+        self.gi: int | None = None  # a MIG slice's GPU instance id, set by the collector
 
 
 @dataclass(slots=True)
@@ -213,6 +214,9 @@ class NvmlCollector:
             boot=self._boot,
         )
         d = _Device(found, q, util)
+        if mig:  # fixed while the slice exists: asked once (dcgm-exporter's GPU_I_ID on /metrics)
+            with contextlib.suppress(self._nvml.NVMLError, AttributeError):
+                d.gi = int(self._nvml.nvmlDeviceGetGpuInstanceId(found.handle))
         holder.append(d)
         return d
 
@@ -302,10 +306,13 @@ class NvmlCollector:
         if elapsed <= 0.0:  # the monotonic clock did not move (a test's): the ticks' own span
             elapsed = now - t0
         tick = GpuTick(d.uuid, t0, now)  # positional: made for every GPU at every read
+        if d.gi is not None:
+            tick.gpu_instance_id = d.gi
         h = d.handle
         self._busy(d, tick, wall, mono, elapsed)
         if closes or d.energy_mj is None:
             mj, tick.power_w = self._power_readings(d)
+            tick.energy_total_mj = mj
             tick.energy_j, tick.energy_method = self._energy_since(
                 d, d.energy_t, now, mj, tick.power_w, d.ident.power_limit_w
             )

@@ -82,6 +82,10 @@ class GpuTick:
     proc_mem_b: int | None = None  # GPU memory held by the run's own processes
     proc_sm_util_pct: float | None = None  # the run's processes' share of SM, 0-100
     proc_method: str | None = None  # how the run's processes were found: "pid", "cgroup", "pidns"
+    # NVML's energy counter as read (mJ since the driver loaded), where it was read; for exporters
+    # that publish the device's own counter (node/metrics.py's dcgm-exporter names).
+    energy_total_mj: int | None = None
+    gpu_instance_id: int | None = None  # a MIG slice's GPU instance id (NVML), None for a whole GPU
 
 
 @dataclass

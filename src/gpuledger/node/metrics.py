@@ -9,8 +9,8 @@ device's busy seconds and joules over the ticks during which the owner was on th
 series are kept ``KEEP_ENDED_S`` after it left the GPU, then dropped (bounded cardinality).
 
 With ``dcgm_names`` the same figures are also exposed under dcgm-exporter's names and labels
-(``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``, ``container``, ``namespace``, ``pod``)
-so dashboards written for it keep working; docs/AGENT.md lists them with their sources.
+(``node/dcgm_names.py``: its 4.8 release's, ``hostname`` in lower case) so dashboards written for
+it keep working; docs/AGENT.md lists them with their sources.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuledger.core.model import GpuIdentity, GpuTick
+from gpuledger.node.dcgm_names import DcgmFamilies
 from gpuledger.prom import names as n
 
 OWNER_LABELS = ("run_id", "team", "project", "user", "container", "pod", "namespace", "slurm_job")
 GPU_LABELS = ("gpu", "uuid", *OWNER_LABELS)
-DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "container", "namespace", "pod")
 KEEP_ENDED_S = 600.0
-MIB = 2**20
 
 PROC_MEMORY = ("gpuledger_gpu_process_memory_bytes", "GPU memory held by the owner's processes, bytes.")
 UNALLOCATED = ("gpuledger_gpu_unallocated_use", "Processes seen using a GPU their owner was not allocated.")
@@ -71,7 +70,8 @@ class _Gpu:
     series: dict[OwnerLabels, _Series] = field(default_factory=dict)
     current: set[OwnerLabels] = field(default_factory=set)
     unattributed: int = 0
-    energy_j: float | None = None  # the device's, since the agent started
+    energy_total_mj: int | None = None  # the device's own counter as last read (mJ since the driver loaded)
+    gpu_instance_id: int | None = None  # a MIG slice's GPU instance id
 
 
 class NodeMetrics:
@@ -101,8 +101,10 @@ class NodeMetrics:
             g.ident = ident
             if tick is not None:
                 g.tick = tick
-                if tick.energy_j is not None:
-                    g.energy_j = (g.energy_j or 0.0) + tick.energy_j
+                if tick.energy_total_mj is not None:  # read where an interval ends: the latest stands
+                    g.energy_total_mj = tick.energy_total_mj
+                if tick.gpu_instance_id is not None:
+                    g.gpu_instance_id = tick.gpu_instance_id
             g.unattributed = unattributed
             present = [(o, m) for o, m in owners] or [(OwnerLabels(), None)]
             g.current = {o for o, _ in present}
@@ -151,7 +153,7 @@ class NodeMetrics:
                   for m in (n.GPU_POWER, n.GPU_MEMORY, n.GPU_MEMORY_TOTAL, n.GPU_TEMPERATURE)}  # fmt: skip
         proc_mem = GaugeMetricFamily(PROC_MEMORY[0], PROC_MEMORY[1], labels=GPU_LABELS)
         unattributed = GaugeMetricFamily(UNATTRIBUTED[0], UNATTRIBUTED[1], labels=("gpu", "uuid"))
-        dcgm = _DcgmFamilies() if self._dcgm else None
+        dcgm = DcgmFamilies() if self._dcgm else None
         for g in gpus:
             gpu = [str(g.ident.index), g.ident.uuid]
             unattributed.add_metric(gpu, float(g.unattributed))
@@ -174,50 +176,16 @@ class NodeMetrics:
                 if s.proc_mem_b is not None and owner.run_id:
                     proc_mem.add_metric(labels, float(s.proc_mem_b))
                 if dcgm is not None:
-                    dcgm.add(g, owner, self._hostname)
+                    dcgm.add(g.ident, g.tick, owner, self._hostname, g.energy_total_mj, g.gpu_instance_id)
         out: list[Metric] = [busy, energy, *gauges.values(), proc_mem, unalloc, unattributed]
         return out + (dcgm.families() if dcgm is not None else [])
 
 
-class _DcgmFamilies:
-    """dcgm-exporter's names, units and labels (docs/AGENT.md cites them)."""
-
-    def __init__(self) -> None:
-        g = lambda name, doc: GaugeMetricFamily(name, doc, labels=DCGM_LABELS)  # noqa: E731
-        self.util = g("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")
-        self.fb_used = g("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")
-        self.power = g("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")
-        self.temp = g("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")
-        # dcgm-exporter types it a counter; the client library would append _total to a counter's
-        # name, so it is exposed untyped under the exact name (rate() works the same).
-        self.energy = Metric("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-                             "Total energy consumption since the agent started (in mJ).", "unknown")  # fmt: skip
-
-    def add(self, g: _Gpu, owner: OwnerLabels, hostname: str) -> None:
-        ident, t = g.ident, g.tick
-        device = f"nvidia{ident.nvml_index if ident.nvml_index is not None else ident.index}"
-        where = [str(ident.index), ident.uuid, device, ident.name, hostname]
-        labels = [*where, owner.container, owner.namespace, owner.pod]
-        if t is not None and t.busy_s is not None and t.t1 > t.t0:
-            self.util.add_metric(labels, min(100.0, 100.0 * t.busy_s / (t.t1 - t.t0)))
-        if t is not None and t.mem_used_b is not None:
-            self.fb_used.add_metric(labels, t.mem_used_b / MIB)
-        if t is not None and t.power_w is not None:
-            self.power.add_metric(labels, t.power_w)
-        if t is not None and t.temp_c is not None:
-            self.temp.add_metric(labels, t.temp_c)
-        if g.energy_j is not None:
-            self.energy.add_sample("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", dict(zip(DCGM_LABELS, labels, strict=True)),
-                                   g.energy_j * 1000.0)  # fmt: skip
-
-    def families(self) -> list[Metric]:
-        return [self.util, self.fb_used, self.power, self.temp, self.energy]
-
-
 def serve(metrics: NodeMetrics, port: int, host: str) -> tuple[object, object]:
-    """Serve ``/metrics`` on host:port from its own registry (prom/serve.py's way); OSError when it cannot bind."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    """Serve ``/metrics`` on host:port from its own registry; OSError when it cannot bind.
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(metrics)  # type: ignore[arg-type]
-    return start_http_server(port, addr=host, registry=registry)
+    Always Prometheus' text format 0.0.4, as dcgm-exporter serves: its counter
+    ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` has no ``_total`` suffix, which OpenMetrics forbids."""
+    from gpuledger.node.metrics_http import start_text_server
+
+    return start_text_server(metrics, port, host)
