@@ -465,3 +465,36 @@ def test_the_jetson_doc_names_real_interval_fields() -> None:
     named = re.findall(r"^\| [^|`]*\(`(\w+)`", table, flags=re.MULTILINE)
     assert len(named) == 6
     assert set(named) <= {f.name for f in dataclasses.fields(GpuInterval)}
+
+
+class ThorTree:
+    """A Jetson AGX Thor on JetPack 7 (Jetson Linux 38): T264 in the device tree. A devfreq GPU entry
+    with a ``load`` file is added too, so the test shows NVML is chosen for the SoC, not for a missing
+    file."""
+
+    def __init__(self, root: Path) -> None:
+        dt = root / "sys/firmware/devicetree/base"
+        write(dt / "compatible", b"nvidia,p3971-0080+p3834-0008\0nvidia,p3834-0008\0nvidia,tegra264\0")
+        write(dt / "model", b"NVIDIA Jetson AGX Thor Developer Kit\0")
+        link(root / "proc/device-tree", "../sys/firmware/devicetree/base")
+        gpu = root / "sys/devices/platform/gpu"
+        write(gpu / "load", "500\n")
+        write(gpu / "devfreq/gpu/cur_freq", "1575000000\n")
+        link(gpu / "devfreq/gpu/device", "../../../gpu")
+        link(root / "sys/class/devfreq/gpu", "../../devices/platform/gpu/devfreq/gpu")
+
+
+def test_jetson_thor_is_read_through_nvml(tmp_path: Path) -> None:
+    ThorTree(tmp_path)
+    thor = FakeNvml([FakeGpu("GPU-7a3c1d2e-0000-1111-2222-333344445555", name="NVIDIA Thor")], clock=Clock())
+    col, why = open_gpu_collector({}, nvml=thor, sysfs_root=str(tmp_path))
+    assert why is None and col.devices()[0].source == "nvml" and col.devices()[0].name == "NVIDIA Thor"
+    with pytest.raises(CollectorUnavailable, match="through NVML"):
+        JetsonCollector(sysfs_root=str(tmp_path))
+
+
+def test_jetson_thor_without_nvml_says_nvml_is_needed(tmp_path: Path) -> None:
+    ThorTree(tmp_path)
+    col, why = open_gpu_collector({}, nvml=nvml_missing(), which=lambda _: None, sysfs_root=str(tmp_path))
+    assert col is None
+    assert "NVIDIA Jetson (NVIDIA Jetson AGX Thor Developer Kit) reports its GPU through NVML only" in why

@@ -15,6 +15,11 @@ What each figure is (docs/JETSON.md says the same for users; jetson_sysfs says w
 
 The board has one integrated GPU. Its identity: the device-tree ``model`` as the name and a uuid
 derived from the module's serial number (else /etc/machine-id), ``source="jetson"``.
+
+Jetson Thor (``nvidia,tegra264``, JetPack 7) is not read here: its GPU runs on NVIDIA's own driver,
+which NVML reports (``nvidia-smi`` works there), so the NVML collector is the one for it. This
+collector refuses a Thor board even when a GPU ``load`` file is found, and the reason it gives says
+NVML is what is needed.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class JetsonCollector:
 
     def __init__(self, visible: str | None = None, sysfs_root: str | os.PathLike[str] = "/") -> None:
         soc = fs.tegra_soc(sysfs_root)
+        if fs.gpu_via_nvml(soc):
+            raise CollectorUnavailable(no_jetson_gpu_reason(sysfs_root) or "Jetson Thor: its GPU is read through NVML")
         gpu = fs.find_gpu(sysfs_root) if soc else None
         if gpu is None:
             raise CollectorUnavailable(no_jetson_gpu_reason(sysfs_root) or "not an NVIDIA Jetson")
@@ -149,9 +156,13 @@ class JetsonCollector:
 def no_jetson_gpu_reason(sysfs_root: str | os.PathLike[str] = "/") -> str | None:
     """Why a Jetson board has no usable GPU here, or None when this is no Jetson (or all is well)."""
     soc = fs.tegra_soc(sysfs_root)
-    if soc is None or fs.find_gpu(sysfs_root) is not None:
+    if soc is None:
         return None
     model = fs.board_property(sysfs_root, "model") or soc
+    if fs.gpu_via_nvml(soc):
+        return f"NVIDIA Jetson ({model}) reports its GPU through NVML only (JetPack 7): NVML is needed"
+    if fs.find_gpu(sysfs_root) is not None:
+        return None
     where = fs.under(sysfs_root, "sys/class/devfreq")
     return f"NVIDIA Jetson ({model}) without a GPU load file under {where} (GPU driver not loaded?)"
 

@@ -89,6 +89,15 @@ def tegra_soc(root: str | os.PathLike[str]) -> str | None:
     return None
 
 
+# SoCs whose GPU the NVIDIA driver (not nvgpu) runs and NVML reports: Jetson Thor (T264, JetPack 7).
+NVML_SOCS = ("nvidia,tegra264",)
+
+
+def gpu_via_nvml(soc: str | None) -> bool:
+    """Whether the board's GPU is read through NVML rather than sysfs (Jetson Thor)."""
+    return soc in NVML_SOCS
+
+
 def board_property(root: str | os.PathLike[str], name: str) -> str | None:
     """A device-tree root property such as ``model`` or ``serial-number``."""
     for rel in (f"proc/device-tree/{name}", f"sys/firmware/devicetree/base/{name}"):
