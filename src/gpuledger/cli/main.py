@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "compare": "gpuledger.cli.report_cmds:compare_cmd",
     "query": "gpuledger.cli.report_cmds:query_group",
     "top": "gpuledger.cli.report_cmds:top_cmd",
+    "completion": "gpuledger.cli.completion_cmd:completion_cmd",  # bash, zsh, fish
     # team server (docs/SERVER.md)
     "serve": "gpuledger.cli.server_cmds:serve_cmd",
     "db": "gpuledger.cli.server_cmds:db_group",

@@ -31,7 +31,7 @@ COLUMNS = (
     Column("POWER", "number", priority=2, right=True),
     Column("TEMP", "number", priority=1, right=True),
     Column("AGE", "number", priority=0, right=True),
-    Column("NAME / GPU", "text", priority=10, min_width=8),
+    Column("NAME / GPU", "text", priority=10, min_width=16),
 )
 
 
@@ -59,7 +59,7 @@ def cells(rows: list[dict[str, Any]]) -> list[list[str]]:
         epoch = "-" if r["epoch"] is None else f"{r['epoch']}/{r['epochs'] or '?'}"
         eta = fmt_duration(r["eta_s"]) if r["eta_s"] is not None else "-"
         cpu = NA if r["cpu_cores"] is None else fmt_number(r["cpu_cores"])
-        name = ("(replayed) " if r["replayed"] else "") + (r["name"] or "")
+        name = ("[replayed] " if r["replayed"] else "") + (r["name"] or "")
         gpus = r["gpus"] or []
         note = [] if gpus else ["no GPU", "", "", "", "", ""]
         out.append([short_id(r["id"]), r["user"] or "", epoch, eta, cpu, *(note or [""] * 6), name])
