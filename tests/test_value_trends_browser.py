@@ -36,7 +36,9 @@ def test_the_page_carries_the_value_sections_and_their_json_twin(page_file: Path
     page = page_file.read_text()
     assert not re.search(r"""(src|href)=["']?https?:""", page)
     twin = json.loads(re.search(r'id="value-trends-data">(.*?)</script>', page, re.S).group(1))
-    assert twin["weeks"][-1] == "2026-W13" and twin["by"] == "model_version"
+    # The weeks reach the end of March: 2026-W14 holds March 30th and 31st, counted to April 1st.
+    assert twin["weeks"][-2:] == ["2026-W13", "2026-W14"] and twin["by"] == "model_version"
+    assert twin["last_week_to"] == "2026-04-01T00:00:00.000Z"
     first = twin["anomalies"][0]
     assert (first["model_version"], first["metric"]) == ("yolov5m", "cost_per_map_point")
     assert "batch changed 64 → 16" in first["message"] and first["causes"][0]["kind"] == "setting_changed"

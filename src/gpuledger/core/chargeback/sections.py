@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuledger.core.chargeback.totals import A100_SCALE, Totals, as_set, hours, sort_key, totals_of, usage_columns
 from gpuledger.core.money import UH_PER_H, money_str
-from gpuledger.core.units import iso_utc
+from gpuledger.core.units import fmt_count, iso_utc
 
 if TYPE_CHECKING:
     from gpuledger.core.chargeback.totals import RunInfo
@@ -176,7 +176,7 @@ def warnings(models: dict[str, int], flags: dict[str, set[str]], total: Totals) 
             out.append(text.format(", ".join(sorted(str(x) for x in flags[flag]))))
     if total.partial:
         out.append(
-            f"{len(total.partial)} runs killed, lost, failed or still running: "
+            f"{fmt_count(len(total.partial), 'run')} killed, lost, failed or still running: "
             "priced up to their last recorded interval"
         )
     return out

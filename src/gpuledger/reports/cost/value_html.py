@@ -8,12 +8,13 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
 from gpuledger.core.chargeback.anomaly_causes import METRIC_NAMES
 from gpuledger.core.chargeback.value_trends import week_label
-from gpuledger.core.units import NA, fmt_number, fmt_pct
+from gpuledger.core.units import NA, fmt_count, fmt_money, fmt_number, fmt_pct
 from gpuledger.reports.cost.value_trends import ValueTrends
 from gpuledger.reports.safe_html import json_block
 
@@ -57,17 +58,20 @@ def _esc(value: Any) -> str:
 
 
 def _money(value: Any) -> str:
-    """Money for people: cents from 1 up, four places below (a cost per mAP point of 0.1715)."""
+    """A cost per unit for people: cents from 1 up, three significant digits below (a cost per mAP
+    point of 0.172, never a 0.00 that is not zero)."""
     if value is None:
         return NA
     d = Decimal(value)
-    return f"{d:,.2f}" if abs(d) >= 1 else f"{d:.4f}"
+    return fmt_money(d) if abs(d) >= 1 else fmt_number(float(d))
 
 
 def _cell(column: str, value: Any) -> str:
     if value is None:
         return NA
-    if column in ("cost", "idle_cost") or column.startswith("cost_per_") or _WEEK.fullmatch(column):
+    if column in ("cost", "idle_cost"):
+        return fmt_money(value)
+    if column.startswith("cost_per_") or _WEEK.fullmatch(column):  # pivots hold a cost per unit
         return _money(value)
     if column == "busy_share":
         return fmt_pct(float(value))
@@ -122,7 +126,7 @@ def _anomalies(vt: ValueTrends) -> list[str]:
     rule = vt.rule
     how = (
         f"A {vt.by} is flagged when its cost per mAP point, per epoch or per 1,000 images in the last week "
-        f"({week_label(vt.weeks[-1])}) is at least {rule.min_change * 100:.0f} % above the median of the "
+        f"({week_label(vt.last_complete)}) is at least {rule.min_change * 100:.0f} % above the median of the "
         f"{rule.baseline_weeks} weeks before (weeks with at least {rule.min_runs} runs count, at least "
         f"{rule.min_baseline_weeks} needed; the last week needs {rule.min_runs} runs too). Causes compare the "
         "week's runs with those weeks': settings, GPU utilisation, failures, mAP and the diagnosis."
@@ -163,12 +167,14 @@ def _anomalies(vt: ValueTrends) -> list[str]:
 def value_sections(vt: ValueTrends) -> str:
     """The sections, in page order, then the JSON twin."""
     first, last = week_label(vt.weeks[0]), week_label(vt.weeks[-1])
+    if vt.partial_to is not None:  # the report's period ends inside its last week
+        last += f" to {datetime.fromtimestamp(vt.partial_to, tz=timezone.utc):%Y-%m-%d %H:%M} UTC"
     parts = [
         f'<h2 id="value-trend">Value for money by week and {_esc(vt.by)} ({first} to {last})</h2>',
         '<p class="note">Finished runs labelled with a model or model_version, each in the ISO week (UTC) it '
         "ended in, with its whole cost. Cost per mAP point = the week's cost / the mAP50-95 points its runs "
         "gained (a resumed training counts each point once); failed runs add their cost, not their points. "
-        f"{vt.runs} runs.</p>",
+        f"{fmt_count(vt.runs, 'run')}.</p>",
     ]
     if not vt.series:
         parts.append('<p class="none">No finished run with a model or model_version label in these weeks.</p>')

@@ -31,6 +31,7 @@ from gpuledger.core.chargeback.value_trends import (
     weeks_before,
 )
 from gpuledger.core.pricing.cost import Pricer
+from gpuledger.core.units import iso_utc
 from gpuledger.reports.cost.usage import collect_runs
 from gpuledger.store import value_queries as vq
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from gpuledger.core.pricing.ratecard import RateCard
     from gpuledger.store import Ledger
 
-__all__ = ["ValueTrends", "run_values", "value_trends", "values_of"]
+__all__ = ["ValueTrends", "report_weeks", "run_values", "value_trends", "values_of"]
 
 DIAGNOSE_LIMIT = 40  # runs diagnosed per flagged group and week (the newest)
 _SETTINGS = ("batch", "imgsz", "workers")
@@ -60,12 +61,19 @@ class ValueTrends:
     anomalies: list[Anomaly]
     runs: int  # run records counted
     notes: list[str] = field(default_factory=list)
+    partial_to: float | None = None  # the last week is counted up to here only (a report's period to date)
+
+    @property
+    def last_complete(self) -> float:
+        """The week the anomalies are about: the last one, or the one before a week cut short."""
+        return self.weeks[-2] if self.partial_to is not None and len(self.weeks) > 1 else self.weeks[-1]
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "by": self.by,
             "currency": self.currency,
             "weeks": [week_label(w) for w in self.weeks],
+            "last_week_to": None if self.partial_to is None else iso_utc(self.partial_to),
             "runs": self.runs,
             "anomaly_rule": self.rule.as_dict(),
             "cause_thresholds": dataclasses.asdict(self.thresholds),
@@ -200,6 +208,19 @@ def _diagnosed(ledger: Ledger, runs: Sequence[RunValue], limit: int) -> list[Run
     return out
 
 
+def report_weeks(since: float, end: float, weeks: int = 8) -> tuple[list[float], bool]:
+    """The week starts a report of [since, end) shows, oldest first: every week that holds part of
+    the period, and at least ``weeks`` of them (a baseline for the anomalies); and whether the last
+    is cut short by ``end`` (a December report made on December 4th ends with December's first
+    days, not with a week of November)."""
+    if weeks < 1:
+        raise ValueError("value trends need at least one week")
+    last = week_start(max(since, end - 1e-6))
+    first = min(week_start(since), last - (weeks - 1) * WEEK_S)
+    n = round((last - first) / WEEK_S) + 1
+    return [last - (n - 1 - i) * WEEK_S for i in range(n)], last + WEEK_S > end
+
+
 def value_trends(
     ledger: Ledger,
     *,
@@ -207,6 +228,7 @@ def value_trends(
     card: RateCard,
     end: float,
     weeks: int = 8,
+    since: float | None = None,
     by: str = "model_version",
     basis: str | None = None,
     top_n: int = 10,
@@ -216,18 +238,25 @@ def value_trends(
     include_replayed: bool = False,
 ) -> ValueTrends:
     """The ``weeks`` complete ISO weeks before ``end``: series, TOP lists, anomalies of the last.
+    With ``since`` (a report's period [since, end)): the weeks of ``report_weeks``, the last one
+    counted up to ``end`` only; the anomalies are still those of the last complete week.
     Runs of a replayed GPU trace count only with ``include_replayed``, as in the chargeback."""
     rule = rule or AnomalyRule()
     thresholds = thresholds or CauseThresholds()
     if weeks < 1:
         raise ValueError("value trends need at least one week")
-    starts = weeks_before(end, weeks)
+    partial = False
+    if since is None:
+        starts = weeks_before(end, weeks)
+    else:
+        starts, partial = report_weeks(since, end, weeks)
+    complete = starts[:-1] if partial else starts
     values = run_values(
-        ledger, scope=scope, card=card, basis=basis, start=starts[0], end=starts[-1] + WEEK_S,
+        ledger, scope=scope, card=card, basis=basis, start=starts[0], end=end if partial else starts[-1] + WEEK_S,
         include_replayed=include_replayed,
     )  # fmt: skip
     cells = weekly_cells(values, starts, by)
-    anomalies = find_anomalies(cells, starts, rule)
+    anomalies = find_anomalies({k: c for k, c in cells.items() if k[1] in set(complete)}, complete, rule)
     diagnosed: dict[str, RunValue] = {}
     for a in anomalies:
         now, before = _split(values, a, by)
@@ -242,7 +271,9 @@ def value_trends(
             th=thresholds,
         )
     notes = []
-    if len(starts) <= rule.baseline_weeks:
+    if partial:
+        notes.append(f"{week_label(starts[-1])} is counted up to {iso_utc(end)}; anomalies compare complete weeks")
+    if len(complete) <= rule.baseline_weeks:
         notes.append(f"anomalies need {rule.baseline_weeks + 1} weeks or more (the week and those it is compared with)")
     return ValueTrends(
         by=by,
@@ -255,6 +286,7 @@ def value_trends(
         anomalies=anomalies,
         runs=sum(c.runs for c in cells.values()),
         notes=notes,
+        partial_to=end if partial else None,
     )
 
 
