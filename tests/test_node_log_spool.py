@@ -13,6 +13,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from e2e_helpers import cli_env, run_cli
 from gpuledger.core.training.logcap import MIN_MAX_B, cap_bytes, find_cut
 from gpuledger.node.docker_logs import ContainerLog, Message
 from gpuledger.node.log_spool import HeadTailSpool
@@ -71,3 +72,11 @@ def test_binary_garbage_and_a_huge_line_are_archived_bounded_and_redacted(tmp_pa
     assert b"0123456789abcdef0123456789abcdef" not in stored.data and b"WANDB_API_KEY=" in stored.data
     assert stored.data.endswith(b"Traceback: the end\n")
     assert (tmp_path / "c.log").stat().st_size <= 3 * CAP
+
+
+def test_a_log_cap_that_is_not_a_size_is_refused_before_the_agent_starts(tmp_path: Path) -> None:
+    env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db", GPULEDGER_LOG_MAX_B="lots")
+    out = run_cli(["agent", "--no-slurm", "--kubelet-socket", "none", "--docker-socket", "none"], env, timeout=60)
+    err = out.stderr.decode()
+    assert out.returncode == 2 and "GPULEDGER_LOG_MAX_B='lots'" in err and "is not a size" in err, err
+    assert "Traceback" not in err and not (tmp_path / "ledger.db").exists()

@@ -113,6 +113,12 @@ def agent_cmd(
         raise click.BadParameter(str(exc), param_hint="--copy-labels") from exc
     if not os.path.isdir(proc_root):
         raise click.BadParameter(f"{proc_root} is not a directory", param_hint="--proc-root")
+    from gpuledger.runs.logfile import log_cap
+
+    try:
+        log_cap(os.environ)  # the cap of the containers' archived logs, checked as `gpuledger run` does
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     ledger_url = _check_ledger(db)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
