@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from gpuledger.cli.common import cli_errors, db_option, format_option, open_ledger, rate_card
+from gpuledger.cli.focus_output import focus_version_option
 from gpuledger.cli.output import OutputPath, write_text
 from gpuledger.cli.report_fit import terminal_text
 from gpuledger.cli.report_group import report_group
@@ -77,6 +78,7 @@ def _window(month: str | None, start: str | None, end: str | None) -> tuple[floa
 )  # fmt: skip
 @pools_option
 @click.option("--provider", metavar="NAME", help="--format focus: who provides the GPU time (docs/FOCUS.md).")
+@focus_version_option
 @click.option(
     "--include-replayed", is_flag=True,
     help="Count the GPUs and runs of replayed GPU traces (--replay-gpus demos), marked. Default: left out.",
@@ -96,6 +98,7 @@ def capacity_cmd(
     rates: str | None,
     pools: str | None,
     provider: str | None,
+    focus_version: str,
     include_replayed: bool,
     output: str | None,
     db: str | None,
@@ -119,12 +122,13 @@ def capacity_cmd(
         )
     card, pool_set = rate_card(rates), _pools(pools)
     ledger = open_ledger(db)
-    if fmt == "focus":  # the FinOps FOCUS 1.0 dataset, per day, GPU, price and state (docs/FOCUS.md)
+    if fmt == "focus":  # the FinOps FOCUS 1.0 (or 1.3) dataset, per day, GPU, price and state (docs/FOCUS.md)
         from gpuledger.cli.focus_output import write_capacity_focus
 
         write_capacity_focus(
-            ledger, card, pool_set, lo, hi, provider=provider, output=output, include_replayed=include_replayed
-        )
+            ledger, card, pool_set, lo, hi, provider=provider, output=output, include_replayed=include_replayed,
+            version=focus_version,
+        )  # fmt: skip
         return
     report = capacity(
         ledger, card=card, pools=pool_set, start=lo, end=hi, by=keys, share_rule=share_idle, basis=basis,

@@ -15,6 +15,7 @@ import click
 
 from gpuledger.cli.capacity_cmds import SHARE_CHOICES, check_share_idle, pools_option, shared_idle
 from gpuledger.cli.common import FiniteFloat, cli_errors, db_option, format_option, open_ledger, rate_card
+from gpuledger.cli.focus_output import focus_version_option
 from gpuledger.cli.output import OutputPath, write_text
 from gpuledger.cli.report_fit import terminal_text
 from gpuledger.cli.report_group import report_group  # shared with ``report run`` (cli/report_cmds.py)
@@ -155,6 +156,7 @@ def cost_cmd(
     metavar="NAME",
     help="--format focus: who provides the GPU time (ProviderName, ...; docs/FOCUS.md). Default: the rate card's name.",
 )
+@focus_version_option
 @include_replayed_option
 @click.option("-o", "--output", type=OutputPath(), help="File to write (default: stdout).")
 @_common
@@ -172,6 +174,7 @@ def chargeback_cmd(
     share_idle: str,
     pools: str | None,
     provider: str | None,
+    focus_version: str,
     include_replayed: bool,
     output: str | None,
     projects: tuple[str, ...],
@@ -180,7 +183,7 @@ def chargeback_cmd(
     db: str | None,
 ) -> None:
     """GPU cost by team, project, user or GPU model for a month (columns: docs/CHARGEBACK.md;
-    --format focus: the FinOps FOCUS 1.0 dataset, CSV or -o FILE.parquet, docs/FOCUS.md)."""
+    --format focus: the FinOps FOCUS 1.0 or 1.3 dataset, CSV or -o FILE.parquet, docs/FOCUS.md)."""
     from gpuledger.core.chargeback.columns import GROUP_KEYS
     from gpuledger.reports.cost import render as cost_render
     from gpuledger.reports.cost.costing import chargeback, window_from_args
@@ -201,7 +204,7 @@ def chargeback_cmd(
 
         write_chargeback_focus(
             ledger, card, lo, hi, scope=_scope(projects), basis=basis, by=keys, share_idle=share_idle, pools=pools,
-            provider=provider, output=output, include_replayed=include_replayed,
+            provider=provider, output=output, include_replayed=include_replayed, version=focus_version,
         )  # fmt: skip
         return
     cb = chargeback(

@@ -1,5 +1,5 @@
 """``gpuledger report chargeback|capacity --format focus``: the chargeback, or the fleet's capacity, as
-a FOCUS 1.0 dataset (docs/FOCUS.md).
+a FOCUS 1.0 dataset, or 1.3 with ``--focus-version 1.3`` (docs/FOCUS.md).
 
 CSV to stdout or ``-o FILE``; Parquet when ``-o`` names a ``.parquet`` file. Notes (hours no rate
 prices) go to stderr, so stdout stays a clean CSV.
@@ -14,7 +14,17 @@ import click
 
 from gpuledger.cli.output import write_text, write_with
 
-__all__ = ["write_capacity_focus", "write_chargeback_focus"]
+__all__ = ["focus_version_option", "write_capacity_focus", "write_chargeback_focus"]
+
+FOCUS_VERSIONS = ("1.0", "1.3")  # core/chargeback/focus_v13.FOCUS_VERSIONS, without importing it at start-up
+
+focus_version_option = click.option(
+    "--focus-version",
+    type=click.Choice(FOCUS_VERSIONS),
+    default="1.0",
+    show_default=True,
+    help="--format focus: the FOCUS version of the dataset (1.0: what the FinOps validator checks; docs/FOCUS.md).",
+)
 
 
 def write_chargeback_focus(
@@ -31,6 +41,7 @@ def write_chargeback_focus(
     provider: str | None,
     output: str | None,
     include_replayed: bool = False,
+    version: str = "1.0",
 ) -> None:
     from gpuledger.core.months import month_of
     from gpuledger.reports.cost.focus import add_shared_idle_rows, chargeback_focus, default_identity
@@ -56,7 +67,15 @@ def write_chargeback_focus(
         )  # fmt: skip
         cb = shared_idle(cb, ledger, card, lo, hi, share_idle, pools, include_replayed=include_replayed)
         export = add_shared_idle_rows(export, cb, card=card, start=lo, end=hi, identity=identity)
-    _write(export, output)
+        if version == "1.3":
+            from gpuledger.core.chargeback.focus_v13 import allocation_cells, to_v13
+
+            export = to_v13(export, allocation_cells(cb.groups, cb.params["by"], share_idle))
+    if version == "1.3" and share_idle == "none":
+        from gpuledger.core.chargeback.focus_v13 import to_v13
+
+        export = to_v13(export)
+    _write(export, output, version)
 
 
 def write_capacity_focus(
@@ -69,6 +88,7 @@ def write_capacity_focus(
     provider: str | None,
     output: str | None,
     include_replayed: bool = False,
+    version: str = "1.0",
 ) -> None:
     from gpuledger.reports.capacity.focus import capacity_focus
     from gpuledger.reports.cost.focus import default_identity
@@ -78,7 +98,11 @@ def write_capacity_focus(
     export = capacity_focus(
         ledger, card=card, pools=pools, start=lo, end=hi, identity=identity, include_replayed=include_replayed
     )
-    _write(export, output)
+    if version == "1.3":
+        from gpuledger.core.chargeback.focus_v13 import to_v13
+
+        export = to_v13(export)
+    _write(export, output, version)
 
 
 def _check_parquet(output: str | None) -> None:
@@ -91,13 +115,15 @@ def _check_parquet(output: str | None) -> None:
         require("pyarrow.parquet", extra="parquet", purpose="FOCUS Parquet output")
 
 
-def _write(export: Any, output: str | None) -> None:
+def _write(export: Any, output: str | None, version: str = "1.0") -> None:
+    from gpuledger.core.chargeback.focus_v13 import columns_for
     from gpuledger.reports.cost.focus_render import focus_csv, is_parquet_path, write_focus_parquet
 
+    columns = columns_for(version)
     for note in export.notes:
         click.echo(f"note: {note}", err=True)
     if is_parquet_path(output):
-        write_with(str(output), lambda fh: write_focus_parquet(export, fh))
+        write_with(str(output), lambda fh: write_focus_parquet(export, fh, columns))
         click.echo(f"wrote {output}", err=True)
     else:
-        write_text(output, focus_csv(export), announce=True)
+        write_text(output, focus_csv(export, columns), announce=True)

@@ -1,6 +1,7 @@
 """FOCUS rows as files: CSV (decimal strings, ISO 8601 UTC times) and Parquet (decimal128, UTC
-timestamps). Both carry exactly ``focus_columns.COLUMNS``, in that order; a null is an empty CSV
-cell and a Parquet null."""
+timestamps). Both carry exactly the columns given (default ``focus_columns.COLUMNS``, FOCUS 1.0;
+``focus_v13.columns_for("1.3")`` for 1.3), in that order; a null is an empty CSV cell and a Parquet
+null."""
 
 from __future__ import annotations
 
@@ -33,15 +34,12 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-_DECIMALS = frozenset(c.name for c in COLUMNS if c.kind == "decimal")
-
-
-def focus_csv(export: FocusExport) -> str:
+def focus_csv(export: FocusExport, columns: Sequence[FocusColumn] = COLUMNS) -> str:
     """A string cell (a team, user or run name in a tag or a name) that a spreadsheet would take as a
     formula is neutralised (reports/safe_csv.py); decimal columns keep their numbers, negative ones too."""
     out = io.StringIO()
-    names = [c.name for c in COLUMNS]
-    writer = SafeCsvWriter(out, names, _DECIMALS)
+    names = [c.name for c in columns]
+    writer = SafeCsvWriter(out, names, frozenset(c.name for c in columns if c.kind == "decimal"))
     writer.writerows([_cell(row[n]) for n in names] for row in export.rows)
     return out.getvalue()
 

@@ -1,0 +1,137 @@
+"""``--focus-version 1.3``: the chargeback and the fleet as FOCUS 1.3 datasets, checked against the
+specification's column definitions (focus13_spec_rules.py, written from the spec) and FOCUS 1.0's
+rules for the columns 1.3 keeps (focus_spec_rules.py). The shared idle split (``--share-idle``) is a
+split cost allocation: its rows carry the Allocated* columns, their ratios add up to 1 exactly."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cost_sim import CARD_TEXT
+from focus13_spec_rules import ALLOCATION, NEW_COLUMNS, ratios, split_rows, violations13
+from focus_spec_rules import violations
+from focus_support import month_ledger, read_csv, read_parquet
+from gpuledger.cli.capacity_cmds import capacity_cmd
+from gpuledger.cli.cost_cmds import report_group
+from gpuledger.core.chargeback.focus_columns import COLUMNS as COLUMNS_10
+from gpuledger.core.chargeback.focus_v13 import allocation_cells
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("focus13")
+    month_ledger(root / "month.db").close()
+    rates = root / "rates.toml"
+    rates.write_text(f'[card]\nname = "Vision cluster, 2026"\ncurrency = "USD"\nbasis = "busy"\n{CARD_TEXT}')
+    return {"db": str(root / "month.db"), "rates": str(rates), "root": str(root)}
+
+
+def _chargeback(env: dict[str, str], *args: str) -> Any:
+    base = ["chargeback", "--month", "2026-03", "--db", env["db"], "--rates", env["rates"]]
+    return CliRunner().invoke(report_group, [*base, *args], catch_exceptions=False)
+
+
+def _as_10(columns: list[str], rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns FOCUS 1.0 knows and the x_ ones, in the file's order: what 1.0's rules apply to."""
+    keep = [c for c in columns if c not in NEW_COLUMNS]
+    return keep, [{c: r[c] for c in keep} for r in rows]
+
+
+@pytest.mark.parametrize("rule", ["allocated", "busy"])
+def test_the_shared_idle_split_is_a_focus_13_split_cost_allocation(env: dict[str, str], rule: str) -> None:
+    report = json.loads(_chargeback(env, "--format", "json", "--share-idle", rule).stdout)
+    result = _chargeback(env, "--format", "focus", "--focus-version", "1.3", "--share-idle", rule)
+    assert result.exit_code == 0, result.output
+    columns, rows = read_csv(result.stdout)
+    assert violations13(columns, rows, split=True) == []
+    assert violations(*_as_10(columns, rows), from_csv=True) == []
+    assert "x_ShareRule" not in columns  # its standard home now: AllocatedMethodId
+    split = split_rows(rows)
+    assert split == [r for r in rows if r["x_CostKind"] == "shared idle"] and len(split) >= 4
+    pool = sum((Decimal(r["BilledCost"]) for r in split), Decimal(0))
+    groups = {g["team"]: g for g in report["groups"]}
+    hours_key = "allocated_gpu_h" if rule == "allocated" else "busy_gpu_h"
+    for r in split:
+        [ratio] = ratios(r)
+        assert abs(ratio - Decimal(r["BilledCost"]) / pool) < Decimal("1e-11")  # its share of the origin charge
+        assert r["AllocatedMethodId"] == f"gpuledger-shared-idle-{rule}-gpu-hours"
+        team = r["x_Team"]
+        assert r["AllocatedResourceId"] == f"team={team}" and r["AllocatedResourceName"] == f"team {team}"
+        assert json.loads(r["AllocatedTags"]) == {"team": team}
+        [element] = json.loads(r["AllocatedMethodDetails"], parse_float=Decimal)["Elements"]
+        group = groups[team]
+        hours = Decimal(str(group[hours_key])) + (Decimal(str(group["unmeasured_gpu_h"] or 0)) if rule == "busy" else 0)
+        assert (element["UsageUnit"], element["UsageQuantity"]) == ("GPU-Hours", hours)
+    assert sum((ratios(r)[0] for r in split), Decimal(0)) == 1  # exactly, not to float precision
+    # the money is the 1.0 export's: only columns were added
+    _, rows_10 = read_csv(_chargeback(env, "--format", "focus", "--share-idle", rule).stdout)
+    assert [r["BilledCost"] for r in rows] == [r["BilledCost"] for r in rows_10]
+
+
+def test_a_charge_with_no_split_has_null_allocation_columns(env: dict[str, str]) -> None:
+    result = _chargeback(env, "--format", "focus", "--focus-version", "1.3")
+    columns, rows = read_csv(result.stdout)
+    assert violations13(columns, rows, split=False) == []
+    assert rows and all(r[c] == "" for r in rows for c in ALLOCATION)
+    assert {(r["ServiceProviderName"], r["HostProviderName"], r["ProviderName"]) for r in rows} == {
+        ("Vision cluster, 2026",) * 3
+    }
+
+
+def test_focus_13_parquet_types_follow_the_spec(env: dict[str, str]) -> None:
+    target = Path(env["root"]) / "march13.parquet"
+    result = _chargeback(env, "--format", "focus", "--focus-version", "1.3", "--share-idle", "busy", "-o", str(target))
+    assert result.exit_code == 0, result.output
+    columns, rows, schema = read_parquet(target)
+    assert violations13(columns, rows, split=True) == []
+    assert violations(*_as_10(columns, rows), from_csv=False) == []
+    for name in NEW_COLUMNS:  # String, and JSON serialized as a string
+        assert str(schema.field(name).type) == "string", name
+
+
+def test_focus_10_stays_the_default_and_unchanged(env: dict[str, str]) -> None:
+    columns, _ = read_csv(_chargeback(env, "--format", "focus", "--share-idle", "allocated").stdout)
+    assert columns == [c.name for c in COLUMNS_10]
+    explicit, _ = read_csv(_chargeback(env, "--format", "focus", "--focus-version", "1.0").stdout)
+    assert explicit == columns
+
+
+def test_an_unknown_focus_version_is_a_usage_error(env: dict[str, str]) -> None:
+    base = ["chargeback", "--month", "2026-03", "--db", env["db"], "--rates", env["rates"]]
+    result = CliRunner().invoke(report_group, [*base, "--format", "focus", "--focus-version", "1.2"])
+    assert result.exit_code == 2 and "'1.2' is not one of '1.0', '1.3'" in result.output
+
+
+def test_capacity_focus_13(env: dict[str, str]) -> None:
+    args = ["--month", "2026-03", "--db", env["db"], "--rates", env["rates"], "--format", "focus"]
+    result = CliRunner().invoke(capacity_cmd, [*args, "--focus-version", "1.3"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    columns, rows = read_csv(result.stdout)
+    assert rows and violations13(columns, rows, split=False) == []
+    assert violations(*_as_10(columns, rows), from_csv=True) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=-(10**9), max_value=10**12), min_size=1, max_size=12))
+def test_allocated_ratios_add_up_to_one_exactly(parts_units: list[int]) -> None:
+    # shared idle parts in exact money units (add_shared_idle's strings); zero parts get no row
+    groups = [{"team": f"t{i}", "shared_idle_cost": str(Decimal(p).scaleb(-6)), "allocated_gpu_h": 1.0}
+              for i, p in enumerate(parts_units)]  # fmt: skip
+    cells = allocation_cells(groups, ["team"], "allocated")
+    shared = [p for p in parts_units if p]
+    assert len(cells) == len(shared)
+    if not shared or not sum(shared):
+        return
+    got = [ratios({"AllocatedMethodDetails": c["AllocatedMethodDetails"]})[0] for c in cells]
+    assert sum(got, Decimal(0)) == 1
+    for ratio, part in zip(got, shared, strict=True):  # each its part of the origin charge, to 12 places
+        exact = Decimal(part) / Decimal(sum(shared))
+        assert abs(ratio - exact) <= Decimal(len(shared)) * Decimal("1e-12") * max(1, abs(exact))
