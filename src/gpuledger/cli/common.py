@@ -30,7 +30,8 @@ def friendly(exc: BaseException) -> click.ClickException | None:
     if isinstance(exc, LedgerError | MissingExtra):
         return click.ClickException(str(exc))
     if isinstance(exc, RateCardError):
-        return click.ClickException("the rate card has problems:\n" + str(exc))
+        problems = str(exc)  # one problem on the Error: line itself, several listed below it
+        return click.ClickException("the rate card has problems:" + ("\n" if "\n" in problems else " ") + problems)
     return None
 
 

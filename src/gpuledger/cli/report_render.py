@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuledger.cli.render import console as terminal
-from gpuledger.cli.render import print_table
+from gpuledger.cli.render import plain, print_table
 from gpuledger.cli.table_fit import Column
 from gpuledger.core.units import NA, fmt_number
 
@@ -45,6 +45,9 @@ def rows_table(
     """A table of dict rows: ``columns`` = [(key, header)], most important first; numbers
     right-aligned. Columns in ``whole`` (ids, statuses) and numbers are never cut: on a narrow
     terminal text columns are cut, then the last ones left out (cli/table_fit.py)."""
+    if not rows:  # a header with nothing under it reads like a broken table
+        (console or terminal()).print(plain(f"{title}: none"), soft_wrap=True)
+        return
     numeric = {k for k, _ in columns if any(isinstance(r.get(k), int | float) for r in rows)}
     n = len(columns)
     spec = [
