@@ -5,6 +5,7 @@ Same contract as diagnose_rules.py: ``rule(trace, thresholds, found_so_far) -> [
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import replace
 
@@ -25,6 +26,8 @@ from gpuledger.core.diagnosis.diagnose import (
     span_of,
     used_gpus,
 )
+from gpuledger.core.metering.busy import unmeasured_seconds
+from gpuledger.core.metering.summary import held_busy_share
 
 # -- throttling -----------------------------------------------------------------------------------
 
@@ -98,9 +101,18 @@ def underused(trace: Trace, th: Thresholds, found: list[Finding]) -> list[Findin
         proc = [iv.proc_mem_max_b for iv in ivs if iv.proc_mem_max_b]
         mem = [iv.mem_used_max_b for iv in ivs if iv.mem_used_max_b is not None]
         peak = max(proc) if proc else (max(mem) if mem else None)
-        busy, covered = device_busy(ivs)
-        if total and peak is not None and peak < th.underused_mem * total and busy / covered < th.underused_busy:
-            rows.append((uuid, peak, total, busy / covered))
+        # The share the run's summary and the report's GPU table show (one source of truth).
+        busy, _covered = device_busy(ivs)
+        unmeasured = math.fsum(unmeasured_seconds(iv) for iv in ivs)
+        share = held_busy_share(busy, trace.wall_s, unmeasured)
+        if (
+            total
+            and peak is not None
+            and share is not None
+            and peak < th.underused_mem * total
+            and share < th.underused_busy
+        ):
+            rows.append((uuid, peak, total, share))
     if not rows:
         return []
     text = "; ".join(

@@ -124,6 +124,14 @@ def _per_device(
     return out
 
 
+def held_busy_share(busy_s: float | None, wall_s: float | None, unmeasured_s: float | None) -> float | None:
+    """A GPU's mean utilisation as every screen shows it (summary, show, the run report's table and
+    its findings): busy time over the time the run held it (its wall time) less the time nobody
+    measured. Not over the recorded intervals alone: start-up before the first sample is held too."""
+    measured = None if wall_s is None or unmeasured_s is None else max(0.0, wall_s - unmeasured_s)
+    return None if busy_s is None or not measured else min(1.0, busy_s / measured)
+
+
 def _gpu_summary(
     dev: GpuIdentity | None, uuid: str, intervals: list[GpuInterval], wall: float | None
 ) -> dict[str, Any]:
@@ -145,7 +153,7 @@ def _gpu_summary(
         # measured is not idle (it is unmeasured_seconds).
         "idle_seconds": None if busy is None or measured is None else max(0.0, measured - busy),
         "unmeasured_seconds": unmeasured,
-        "mean_utilization": None if busy is None or not measured else min(1.0, busy / measured),
+        "mean_utilization": held_busy_share(busy, wall, unmeasured),
         "energy_joules": energy,
         "energy_kwh": None if energy is None else energy / J_PER_KWH,
         "peak_memory_bytes": merged.mem_used_max_b if merged else None,
