@@ -392,3 +392,26 @@ def test_a_process_slurm_places_later_stays_in_its_run(tmp_path: Path, ledger_ur
         gpu = led.gpu_intervals(run.id)
         assert [iv.seq for iv in gpu] == list(range(len(gpu)))  # one run, its intervals continuous
         assert any("regrouped" in e.message for e in led.events(run.id, kind="note"))
+
+
+def test_a_resumed_run_does_not_take_the_epochs_of_its_reread_log_twice(trees: Path, ledger_url: str) -> None:
+    # The new agent reads the container's log again from its first line: the same epochs, dated
+    # by the log's own timestamps, are the ones the ledger holds already.
+    first = Node(trees, ledger_url, labelled())
+    log = FollowedLog()
+    first.source.follow = lambda cid: log  # type: ignore[attr-defined]
+    first.tick(2)
+    log.shows(1, T0 + 3, **{"train/box_loss": 1.9})
+    first.tick(5)
+    first.stop()  # the run stays open
+    second = Node(trees, ledger_url, labelled(), t0=first.clock.t + 30, exit_at=80.0)
+    again = FollowedLog()
+    second.source.follow = lambda cid: again  # type: ignore[attr-defined]
+    again.shows(1, T0 + 3, **{"train/box_loss": 1.9})
+    again.shows(2, T0 + 40, **{"train/box_loss": 1.4})
+    second.tick(8)
+    second.stop()
+    with Ledger(ledger_url) as led:
+        [run] = led.list_runs()
+        assert sorted(e.payload["epoch"] for e in led.events(run.id, kind="epoch_end")) == [1, 2]  # each once
+        assert sorted((m.epoch, m.value) for m in led.metrics(run.id)) == [(1, 1.9), (2, 1.4)]

@@ -14,6 +14,8 @@ container log's view (node/docker_logs.py) and the container's mounts. In order 
 Epoch 1 starts when the console said ``Starting training for``: an ``epoch_start`` there keeps
 the setup before it (imports, dataset scan, model build) out of epoch 1. Rows of results.csv
 before the first epoch this container trained (a resumed training's earlier epochs) are not taken.
+An agent restarted reads the container's log again from its first line and takes its epochs
+again, at the same times: the ledger keeps an event or metric identical to one it holds once.
 """
 
 from __future__ import annotations
