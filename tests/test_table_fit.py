@@ -94,3 +94,19 @@ def test_a_text_column_empty_on_every_row_takes_no_room_on_a_terminal() -> None:
     rows = [["aaaaaaaa", "failed", "1.00", "2", "ana", "train", ""]]
     assert "TEAM" not in table_lines(COLUMNS, rows, 200)[0]
     assert "TEAM" in table_lines(COLUMNS, rows, None)[0]  # piped: the columns a script expects
+
+
+def test_report_tables_keep_run_ids_whole_even_when_they_start_with_digits() -> None:
+    from gpuledger.cli.report_fit import columns_of, grid_fitter
+
+    table = [
+        ["RANK", "RUN_ID", "USER", "TEAM", "STATUS", "GPU_MODELS", "ALLOC GPU-H", "COST", "FLAGS"],
+        ["1", "03cgynfv", "root", "platform-infrastructure", "succeeded", "A100-80GB-SXM", "0.0223", "0.05", "mig"],
+        ["2", "3q2861m5", "ana", "vision", "failed", "A100-80GB-SXM", "0.000882", "<0.01", ""],
+    ]
+    kinds = {c.header: c.kind for c in columns_of(table)}
+    assert kinds["RUN_ID"] == "key" and kinds["COST"] == "number" and kinds["USER"] == "text"
+    lines = grid_fitter(50)(table).splitlines()
+    assert all(len(line) <= 50 for line in lines)
+    assert lines[1].startswith("  1     03cgynfv  ") and lines[1].rstrip().endswith("0.05")
+    assert "FLAGS" in lines[-1] or "FLAGS" in lines[-2]  # the row's note gives way first

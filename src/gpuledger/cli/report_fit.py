@@ -16,12 +16,14 @@ from collections.abc import Callable
 
 from gpuledger.cli.table_fit import Column, table_lines
 
-KEY_HEADERS = frozenset({"RUN ID", "RUN", "ID", "GPU", "STATUS", "RANK"})
+KEY_HEADERS = frozenset({"RUN_ID", "RUN ID", "RUN", "ID", "GPU", "STATUS", "RANK"})
 # Figures a reader looks for first, most important first; the others keep their order.
 FIRST = ("COST", "FLEET COST", "TOTAL", "WITH IDLE", "IDLE COST", "BILLED", "SHARED IDLE", "GPUS", "BUSY",
          "UTIL", "BUSY GPU-H", "ALLOC GPU-H", "FLEET GPU-H", "IDLE GPU-H", "RUNS", "SHARE")  # fmt: skip
 LAST = frozenset({"FLAGS"})  # a note on the row, given way first
-_FIGURE = re.compile(r"^(?:[-+<>—]|n/a$|\d)")
+# A figure as core/units.py writes them: 0.0123, 1,234.56, <0.01, -3.5, 62%, +12%, n/a; a short id
+# that starts with a digit (3q2861m5) is not one.
+_FIGURE = re.compile(r"^(?:[<>]?[-+]?[\d,]*\.?\d+%?|n/a|-|—)$")
 INDENT = "  "
 
 
