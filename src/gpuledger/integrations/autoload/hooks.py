@@ -20,9 +20,16 @@ def _ultralytics(module: ModuleType) -> None:
     install(module.default_callbacks)  # every trainer created from now on gets gpuledger's callbacks
 
 
+def _ultralytics_benchmarks(module: ModuleType) -> None:
+    from gpuledger.integrations.ultralytics.evaluation import wrap_benchmark
+
+    module.benchmark = wrap_benchmark(module.benchmark)  # type: ignore[attr-defined]  # yolo benchmark, model.benchmark()
+
+
 # module name -> set-up run right after that module is executed
 TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "ultralytics.utils.callbacks.base": _ultralytics,
+    "ultralytics.utils.benchmarks": _ultralytics_benchmarks,
 }
 
 

@@ -18,14 +18,13 @@ Set ``GPULEDGER_DEBUG=1`` to see them on stderr.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from gpuledger.integrations.ultralytics import describe
+from gpuledger.integrations.ultralytics import describe, evaluation, guard
 from gpuledger.integrations.ultralytics.sink import Sink, resolve
 
 STATE_ATTR = "_gpuledger_state"
@@ -50,26 +49,8 @@ class _State:
 _current: _State | None = None
 
 
-def _rank() -> int:
-    try:
-        return int(os.environ.get("RANK", "-1"))
-    except ValueError:
-        return -1
-
-
-def _safe(fn: Callable[[Any], None]) -> Callable[[Any], None]:
-    @functools.wraps(fn)
-    def callback(obj: Any) -> None:
-        try:
-            if _rank() in (-1, 0):
-                fn(obj)
-        except Exception:
-            if os.environ.get("GPULEDGER_DEBUG"):
-                import traceback
-
-                traceback.print_exc()
-
-    return callback
+_rank = guard.rank
+_safe = guard.safe
 
 
 def _state(trainer: Any, create: bool = True) -> _State | None:
@@ -81,6 +62,7 @@ def _state(trainer: Any, create: bool = True) -> _State | None:
             return None
         state = _State(sink)
         setattr(trainer, STATE_ATTR, state)
+        evaluation.note_training()
     if state is not None:
         _current = state
     return state
@@ -223,7 +205,10 @@ def on_fit_epoch_end(trainer: Any) -> None:
 @_safe
 def on_val_start(validator: Any) -> None:
     state = _current
-    if state is not None and state.sent and not state.final_phase_sent and not getattr(validator, "training", True):
+    if state is None:  # no training in progress: model.val() / yolo val, an evaluation
+        evaluation.on_val_start(validator)
+        return
+    if state.sent and not state.final_phase_sent and not getattr(validator, "training", True):
         state.final_phase_sent = True
         state.sink.send("phase", name=FINAL_VALIDATION)
 
@@ -274,6 +259,9 @@ CALLBACKS: dict[str, Callable[[Any], None]] = {
     "on_train_epoch_end": on_train_epoch_end,
     "on_fit_epoch_end": on_fit_epoch_end,
     "on_val_start": on_val_start,
+    "on_val_end": evaluation.on_val_end,
+    "on_predict_start": evaluation.on_predict_start,
+    "on_predict_end": evaluation.on_predict_end,
     "on_train_end": on_train_end,
     "teardown": teardown,
 }

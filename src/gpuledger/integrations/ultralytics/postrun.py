@@ -7,7 +7,9 @@ the run's end state is written (Session.finish's ``explain`` hook). It:
    core/training/logcap.py; failures are at the end, which is kept),
 2. records failures found there (CUDA OOM, NaN loss, dataset not found, OOM killer: core/training/failures.py)
    as run events with the epoch they happened in, and returns the one-line reason for the status,
-3. when no ``epoch_end`` came from the callbacks (YOLOv5 scripts, a Python the hook could not load
+3. completes an evaluation run's ``meta.evaluation`` (energy over its window, the split's
+   fingerprint; read from the output when no callback reported it): eval_postrun.py,
+4. when no ``epoch_end`` came from the callbacks (YOLOv5 scripts, a Python the hook could not load
    into), parses the training output into per-epoch metrics (core/training/logparse.py).
 """
 
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING
 
 from gpuledger.core.model import Metric
 from gpuledger.core.training import failures
+from gpuledger.integrations.ultralytics.eval_postrun import complete_evaluation
+from gpuledger.integrations.ultralytics.guard import debug_traceback
 
 if TYPE_CHECKING:
     from gpuledger.recorder.session import Session
@@ -71,4 +75,8 @@ def explain_run(session: Session, log: bytes, status: str, exit_code: int | None
                 total_epochs=parsed.total_epochs,
                 final=parsed.final,
             )
+    try:
+        complete_evaluation(session, log)
+    except Exception:  # the run's end must be written whatever this finds
+        debug_traceback()
     return diagnosis.reason
