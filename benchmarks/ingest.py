@@ -3,6 +3,16 @@ tracking server ingesting the same number of values with log_batch, in the same 
 
     python benchmarks/ingest.py [--agents 4] [--batches 25] [--batch-intervals 5000] [--workers 2]
                                 [--mlflow-values-per-interval 1] [--skip-mlflow] [--unsigned] [--final]
+                                [--rounds 1] [--burners 0]
+
+MLflow's side needs mlflow-skinny, flask-cors and alembic, best in a virtualenv of their own that
+sees this one's packages (so they cannot change the versions gpuledger is tested with), e.g.
+``python -m venv /tmp/mlvenv``, a ``.pth`` file there holding ``import site;
+site.addsitedir('<this venv's site-packages>')``, ``/tmp/mlvenv/bin/pip install mlflow-skinny
+flask-cors alembic``, then run this script with ``/tmp/mlvenv/bin/python``.
+``--rounds R`` runs both systems R times, the order swapped every round, and prints min / median /
+max of each figure and of the same-round ratio; ``--burners N`` keeps N extra processes spinning
+on the CPU for the whole call (a loaded machine), and the load average is printed per round.
 
 gpuledger: ``gpuledger serve --workers W`` on a fresh schema; each agent (a process: one machine)
 posts ``--batches`` batches of ``--batch-intervals`` GPU intervals (8 GPUs, 5 s intervals, every
@@ -326,6 +336,57 @@ def bench_mlflow(args: argparse.Namespace, values: int) -> dict[str, Any]:
             _drop(schema)
 
 
+def burn() -> None:
+    """A CPU burner (--burners): one core's worth of pure-Python work until it is killed."""
+    while True:
+        pass
+
+
+def one_round(args: argparse.Namespace, order: tuple[str, ...]) -> dict[str, float]:
+    """gpuledger and (unless --skip-mlflow) MLflow, in ``order``; this round's figures."""
+    out: dict[str, float] = {}
+    for system in order:
+        if system == "gpuledger":
+            g = bench_gpuledger(args)
+            g_rate = g["rows"] / g["wall"]
+            print(
+                f"gpuledger: {g['rows']:,} intervals ({g['rows'] * VALUES_PER_INTERVAL:,} values) from {args.agents} "
+                f"agents in {g['wall']:.2f} s = {g_rate:,.0f} intervals/s = {g_rate * VALUES_PER_INTERVAL:,.0f} "
+                f"values/s; {g['bytes'] / g['rows']:.0f} bytes stored per interval "
+                f"({g['bytes'] / g['rows'] / VALUES_PER_INTERVAL:.0f} per value); "
+                f"wire {g['wire_b'] / g['rows']:.0f} B/interval; push latency p50 {median(g['lat']) * 1000:.0f} ms, "
+                f"p95 {p95(g['lat']) * 1000:.0f} ms ({args.batch_intervals} intervals per push)",
+                flush=True,
+            )
+            cpu = g["cpu"]
+            per = (cpu["server"] + cpu["postgres"]) / g["rows"] * 1e6
+            print(
+                f"gpuledger CPU: server {cpu['server']:.1f} s + its PostgreSQL backends {cpu['postgres']:.1f} s = "
+                f"{per:.1f} CPU-us per interval (two idle cores would take {2e6 / per:,.0f} intervals/s)",
+                flush=True,
+            )
+            out.update(gl_rate=g_rate, gl_cpu_us=per, gl_rows=g["rows"])
+        else:
+            m = bench_mlflow(args, int(out.get("gl_rows", args.agents * args.batches * args.batch_intervals))
+                             * args.mlflow_values_per_interval)  # fmt: skip
+            m_rate = m["rows"] / m["wall"]
+            print(
+                f"MLflow:    {m['rows']:,} values from {args.agents} agents in {m['wall']:.2f} s = {m_rate:,.0f} "
+                f"values/s; {m['bytes'] / m['rows']:.0f} bytes stored per value; push latency p50 "
+                f"{median(m['lat']) * 1000:.0f} ms, p95 {p95(m['lat']) * 1000:.0f} ms (1,000 values per push)",
+                flush=True,
+            )
+            out.update(ml_rate=m_rate)
+    if "ml_rate" in out:
+        out["ratio"] = out["gl_rate"] / out["ml_rate"]
+        print(
+            f"ratio: {out['ratio']:.1f}x records/s (an interval vs a value), "
+            f"{out['ratio'] * VALUES_PER_INTERVAL:.0f}x values/s",
+            flush=True,
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--agents", type=int, default=4)
@@ -337,6 +398,8 @@ def main() -> None:
     ap.add_argument("--unsigned", action="store_true", help="No audit key (the trail hash-chained only).")
     ap.add_argument("--final", action="store_true", help="Each agent's last batch ends and seals its run.")
     ap.add_argument("--keep", action="store_true", help="Keep the benchmark schemas.")
+    ap.add_argument("--rounds", type=int, default=1, help="Rounds of both systems, the order swapped every round.")
+    ap.add_argument("--burners", type=int, default=0, help="Processes that each keep a core busy throughout.")
     ap.add_argument(
         "--experiment-no-interval-fk", action="store_true",
         help="Drop the gpu_intervals -> runs foreign key first, to measure what its per-row check costs.",
@@ -352,36 +415,34 @@ def main() -> None:
         key = SigningKey.generate()
         os.environ["GPULEDGER_AUDIT_KEY"] = key.text
         print(f"audit trail signed with Ed25519 key {key.key_id}" + ("; runs end and are sealed" if args.final else ""))
-    g = bench_gpuledger(args)
-    g_rate = g["rows"] / g["wall"]
-    print(
-        f"gpuledger: {g['rows']:,} intervals ({g['rows'] * VALUES_PER_INTERVAL:,} values) from {args.agents} agents in "
-        f"{g['wall']:.2f} s = {g_rate:,.0f} intervals/s = {g_rate * VALUES_PER_INTERVAL:,.0f} values/s; "
-        f"{g['bytes'] / g['rows']:.0f} bytes stored per interval "
-        f"({g['bytes'] / g['rows'] / VALUES_PER_INTERVAL:.0f} per value); "
-        f"wire {g['wire_b'] / g['rows']:.0f} B/interval; push latency p50 {median(g['lat']) * 1000:.0f} ms, "
-        f"p95 {p95(g['lat']) * 1000:.0f} ms ({args.batch_intervals} intervals per push)"
-    )
-    cpu = g["cpu"]
-    per = (cpu["server"] + cpu["postgres"]) / g["rows"] * 1e6
-    print(
-        f"gpuledger CPU: server {cpu['server']:.1f} s + its PostgreSQL backends {cpu['postgres']:.1f} s = {per:.1f} "
-        f"CPU-us per interval (two idle cores would take {2e6 / per:,.0f} intervals/s)"
-    )
-    if args.skip_mlflow:
-        return
-    values = g["rows"] * args.mlflow_values_per_interval
-    m = bench_mlflow(args, values)
-    m_rate = m["rows"] / m["wall"]
-    print(
-        f"MLflow:    {m['rows']:,} values from {args.agents} agents in {m['wall']:.2f} s = {m_rate:,.0f} values/s; "
-        f"{m['bytes'] / m['rows']:.0f} bytes stored per value; push latency p50 "
-        f"{median(m['lat']) * 1000:.0f} ms, p95 {p95(m['lat']) * 1000:.0f} ms (1,000 values per push)"
-    )
-    print(
-        f"ratio: {g_rate / m_rate:.1f}x records/s (an interval vs a value), "
-        f"{g_rate * VALUES_PER_INTERVAL / m_rate:.0f}x values/s"
-    )
+    burners = [mp.Process(target=burn, daemon=True) for _ in range(args.burners)]
+    for b in burners:
+        b.start()
+    if burners:
+        print(f"{len(burners)} CPU burners running (pids {', '.join(str(b.pid) for b in burners)})")
+    rounds = []
+    try:
+        for r in range(args.rounds):
+            order = ("gpuledger",) if args.skip_mlflow else (("gpuledger", "mlflow"), ("mlflow", "gpuledger"))[r % 2]
+            print(f"-- round {r + 1} ({' then '.join(order)}); load average {_load()}", flush=True)
+            rounds.append(one_round(args, order))
+    finally:
+        for b in burners:
+            b.kill()
+            b.join()
+    print(f"load average at the end: {_load()}")
+    if len(rounds) > 1:
+        print(f"{len(rounds)} rounds, min / median / max:")
+        for key, what, fmt in (("gl_rate", "gpuledger intervals/s", ",.0f"), ("gl_cpu_us", "gpuledger CPU-us per "
+                               "interval", ".1f"), ("ml_rate", "MLflow values/s", ",.0f"), ("ratio", "ratio, records",
+                               ".1f")):  # fmt: skip
+            xs = [r[key] for r in rounds if key in r]
+            if xs:
+                print(f"  {what:30} {min(xs):{fmt}} / {median(xs):{fmt}} / {max(xs):{fmt}}")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
