@@ -5,34 +5,65 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from gpuledger.cli.render import console as terminal
-from gpuledger.cli.render import plain, print_table
-from gpuledger.cli.table_fit import Column
+from gpuledger.cli.render import plain, print_lines, print_table
+from gpuledger.cli.table_fit import GAP, Column, Layout, clean, cut, fit, fitted_lines, hidden_note
 from gpuledger.core.units import NA, fmt_number
 
 _VERDICT = {"better": "green", "worse": "red"}
 
 
 def compare_table(model: dict[str, Any], console: Console | None = None) -> None:
-    console = console or terminal()
-    table = Table(title="gpuledger compare (differences against the first run)", show_lines=False)
-    table.add_column("figure", style="bold")
-    for run in model["runs"]:
-        table.add_column(run["label"], justify="right")
-    for row in model["rows"]:
-        cells: list[Any] = [row["label"]]
-        for cell in row["cells"]:
-            text = Text(cell["text"])
-            if cell.get("diff"):
-                text.append(f" ({cell['diff']})", style=_VERDICT.get(cell.get("verdict") or "", "dim"))
-            cells.append(text)
-        table.add_row(*cells)
-    console.print(table)
+    """Figures down, runs across, each cell with its difference against the first run (green when
+    better, red when worse); the same fitting rule as every table: runs on the right give way."""
+    out = console or terminal()
+    n = len(model["runs"])
+    columns = [Column("figure", "key")] + [
+        Column(_run_header(run), "number", priority=n - i, right=True) for i, run in enumerate(model["runs"])
+    ]
+    rows = [
+        [row["label"]] + [c["text"] + (f" ({c['diff']})" if c.get("diff") else "") for c in row["cells"]]
+        for row in model["rows"]
+    ]
+    title = "gpuledger compare (differences against the first run)"
+    width = out.width if out.is_terminal else None
+    layout = None if width is None else fit(columns, [[clean(c) for c in r] for r in rows], width)
+    if layout is None:  # piped, or narrower than the figure names: plain lines
+        print_table(columns, rows, title=title, out=out)
+    else:
+        print_lines(out, [cut(title, width or 0)])
+        lines = fitted_lines(columns, [[clean(c) for c in r] for r in rows], layout)
+        print_lines(out, lines[:1], bold_first=True)
+        for row, line in zip(model["rows"], lines[1:], strict=True):
+            out.print(_coloured(line, row["cells"], layout), soft_wrap=True)
+        print_lines(out, hidden_note(columns, layout, width or 0))
     for note in model.get("notes") or []:
-        console.print(f"[dim]{note}[/dim]")
+        out.print(f"[dim]{plain(note)}[/dim]")  # prose: wrapped at words on a terminal
+
+
+def _run_header(run: dict[str, Any]) -> str:
+    """A run's column: its short id first (whole), then its name, cut (a 10 kB name is not a header)."""
+    from gpuledger.core.ids import short_id
+
+    sid = short_id(str(run["id"]))
+    return sid if not run.get("name") else f"{sid} {cut(clean(run['name']), 24)}"
+
+
+def _coloured(line: str, cells: list[dict[str, Any]], layout: Layout) -> Text:
+    """A fitted row with each shown difference in its verdict's colour (figures are right-aligned
+    and never cut, so a difference ends where its column ends)."""
+    text = Text(line)
+    start = 0
+    for i, w in zip(layout.shown, layout.widths, strict=True):
+        end = start + w
+        cell = cells[i - 1] if i else {}
+        if cell.get("diff"):
+            diff = f"({cell['diff']})"
+            text.stylize(_VERDICT.get(cell.get("verdict") or "", "dim"), end - len(diff), end)
+        start = end + GAP
+    return text
 
 
 def rows_table(
