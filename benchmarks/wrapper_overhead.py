@@ -1,14 +1,16 @@
 """Wall-time overhead of `gpuledger run` on a CPU-bound command: paired runs, bare vs wrapped (issue 2).
 
     python benchmarks/wrapper_overhead.py [--seconds 25] [--pairs 6] [--interval SECONDS] [--quick]
-    python benchmarks/wrapper_overhead.py --fixed ROUNDS [--with-db]
+    python benchmarks/wrapper_overhead.py --fixed ROUNDS [--with-db] [--baseline DIR]
 
 --fixed ROUNDS measures only gpuledger's fixed cost per run: `python -c pass` bare and under
 `gpuledger run -q -- python -c pass`, in turn (the order swapped every round), wall time and CPU
 (user + system of the whole process tree, wait4), and the split before / after the command as
 below; it prints min / median / max of the per-round differences. The wrapped form records into
 the default ledger (GPULEDGER_HOME in a temp dir), or with --with-db into `--db sqlite:///...`,
-which `gpuledger run` opens before it starts the command (the team-ledger check).
+which `gpuledger run` opens before it starts the command (the team-ledger check). --baseline DIR
+adds a third form, `python -m gpuledger run ...` from the source tree DIR (e.g. a `git worktree`
+of an older commit), in the same rotation, and prints this tree's CPU cost over the baseline's.
 
 The command is a pure-Python loop doing a fixed amount of work (calibrated once to take about
 --seconds bare). Runs alternate bare/wrapped, swapping the order every pair (B W, W B, ...), and
@@ -79,27 +81,39 @@ def run(argv: list[str], env: dict[str, str], stamp: str | None = None) -> dict[
 STAMP = "import sys, time; open(sys.argv[1], 'w').write(repr(time.time()) + ' ' + repr(time.time()))"
 
 
-def fixed_cost(gl: list[str], rounds: int, env: dict[str, str], stamp: str) -> None:
-    """`python -c pass`-sized command bare vs wrapped, in turn: the differences per round."""
+def fixed_cost(gl: list[str], rounds: int, env: dict[str, str], stamp: str, baseline: str | None = None) -> None:
+    """`python -c pass`-sized command bare and wrapped (and wrapped by a baseline tree), in turn,
+    the order rotated every round: the differences to bare, per round."""
     bare = [sys.executable, "-c", STAMP, stamp]
-    wrapped = [*gl, "--", *bare]
-    run(wrapped, env, stamp)  # create the ledger; warm the page cache
-    diffs: dict[str, list[float]] = {k: [] for k in ("wall", "cpu", "before", "after")}
+    forms: dict[str, tuple[list[str], dict[str, str]]] = {"bare": (bare, env), "wrapped": ([*gl, "--", *bare], env)}
+    if baseline:  # the same options, `python -m gpuledger` from the baseline's src/
+        base_env = {**env, "PYTHONPATH": os.path.join(os.path.abspath(baseline), "src")}
+        forms["baseline"] = ([sys.executable, "-m", "gpuledger", *gl[1:], "--", *bare], base_env)
+    for argv, form_env in forms.values():
+        run(argv, form_env, stamp)  # create the ledger; warm the page cache
+    names = list(forms)
+    diffs: dict[str, dict[str, list[float]]] = {n: {k: [] for k in ("wall", "cpu", "before", "after")} for n in names}
     for i in range(rounds):
-        order = ("bare", "wrapped") if i % 2 == 0 else ("wrapped", "bare")
-        got = {kind: run(bare if kind == "bare" else wrapped, env, stamp) for kind in order}
-        for key in diffs:
-            diffs[key].append(got["wrapped"][key] - got["bare"][key])
-        b, w = got["bare"], got["wrapped"]
-        print(f"  round {i + 1:2} ({order[0][0].upper()}{order[1][0].upper()}): wall bare {b['wall']:.3f} "
-              f"wrapped {w['wall']:.3f} s; CPU bare {b['cpu']:.3f} wrapped {w['cpu']:.3f} s; "
-              f"wrapped before/after {w['before']:.3f}/{w['after']:.3f} s", flush=True)  # fmt: skip
+        order = names[i % len(names) :] + names[: i % len(names)]
+        got = {name: run(*forms[name], stamp) for name in order}
+        for name in names[1:]:
+            for key in diffs[name]:
+                diffs[name][key].append(got[name][key] - got["bare"][key])
+        print(f"  round {i + 1:2} ({' '.join(order)}): " + "; ".join(
+            f"{n} wall {got[n]['wall']:.3f} CPU {got[n]['cpu']:.3f} before/after {got[n]['before']:.3f}/"
+            f"{got[n]['after']:.3f} s" for n in names), flush=True)  # fmt: skip
     print(f"\nfixed cost of `{' '.join(gl[1:])} -- python -c ...` over bare python, {rounds} rounds in turn "
           "(min / median / max of the per-round differences):")  # fmt: skip
-    for key, what in (("wall", "wall"), ("cpu", "CPU (user+sys, tree)"), ("before", "before CMD starts"),
-                      ("after", "after CMD ends")):  # fmt: skip
-        xs = diffs[key]
-        print(f"  {what:22} {min(xs):+.3f} / {median(xs):+.3f} / {max(xs):+.3f} s")
+    for name in names[1:]:
+        print(f"  {name}{' (' + baseline + ')' if name == 'baseline' else ''}")
+        for key, what in (("wall", "wall"), ("cpu", "CPU (user+sys, tree)"), ("before", "before CMD starts"),
+                          ("after", "after CMD ends")):  # fmt: skip
+            xs = diffs[name][key]
+            print(f"    {what:22} {min(xs):+.3f} / {median(xs):+.3f} / {max(xs):+.3f} s")
+    if baseline:
+        ratios = [w / b for w, b in zip(diffs["wrapped"]["cpu"], diffs["baseline"]["cpu"], strict=True)]
+        print(f"  CPU cost this tree / baseline, per round: min / median / max {min(ratios):.2f} / "
+              f"{median(ratios):.2f} / {max(ratios):.2f}")  # fmt: skip
     print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
@@ -166,6 +180,7 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=None, help="pass --interval to gpuledger (default: its own)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 5 s, 2 pairs")
     ap.add_argument("--fixed", type=int, metavar="ROUNDS", help="only the fixed cost per run (python -c pass), ROUNDS")
+    ap.add_argument("--baseline", metavar="DIR", help="--fixed: also wrap with the source tree DIR (its src/)")
     ap.add_argument(
         "--with-db", action="store_true", help="--fixed: record with --db sqlite:///... (default ledger else)"
     )
@@ -180,7 +195,8 @@ def main() -> None:
         env.pop("GPULEDGER_DB", None)
         gl = [exe, "run", "-q", "--db", f"sqlite:///{tmp}/ledger.db"]
         if args.fixed:
-            fixed_cost(gl if args.with_db else [exe, "run", "-q"], args.fixed, env, os.path.join(tmp, "stamp"))
+            gl = gl if args.with_db else [exe, "run", "-q"]
+            fixed_cost(gl, args.fixed, env, os.path.join(tmp, "stamp"), args.baseline)
             return
         if args.interval is not None:
             gl += ["--interval", str(args.interval)]
