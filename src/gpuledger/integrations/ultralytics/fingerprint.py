@@ -148,6 +148,7 @@ def fingerprint_files(files: Sequence[str], root: Path, hashes: FileHashes) -> t
     """(fingerprint, number of files, bytes) of ``files`` named relative to ``root``."""
     lines = []
     total = 0
+    hashes.preload(root)
     for file in files:
         size, sha = hashes.digest(file)
         total += size
