@@ -9,7 +9,7 @@ from cost_support import H, card, ts
 from gpuledger.core.chargeback.value import value_for_money, yolo_inputs
 from gpuledger.core.model import GpuIdentity, GpuInterval, Metric, RunRecord
 from gpuledger.reports.cost.costing import run_value
-from gpuledger.reports.cost.run_money import run_cost
+from gpuledger.reports.cost.run_money import run_cost, run_cost_and_value
 from gpuledger.reports.cost.run_money import value_for_money as value_of_run
 from gpuledger.store import Ledger
 
@@ -74,3 +74,5 @@ def test_a_resumed_yolo_run_is_valued_over_all_its_attempts(tmp_path: Path, monk
         assert seam["cost"] == "4.00" and seam["cost_per_1k_images"] == "1.000000"
         priced = run_cost(led, "a2")
         assert priced["total"] == "2.00" and priced["currency"] == "USD" and priced["logical_run"]["cost"] == "4.00"
+        # The run report prices once for both (reports/run/cost_hook.run_cost_and_value).
+        assert run_cost_and_value(led, "a2") == {"cost": priced, "value": seam}

@@ -237,14 +237,19 @@ def interval_days(
     """GPU intervals of ``run_ids`` summed per (run_id, device_uuid, day) inside [start, end):
     t0, t1, busy_s, busy_n, energy_j, energy_n, intervals. An interval crossing one midnight is
     split in proportion to time; longer ones are left to ``raw_intervals``, and so are those touching
-    ``skip_days`` (days a price changes within) to ``raw_intervals``."""
+    ``skip_days`` (days a price changes within) to ``raw_intervals``.
+
+    Speed (a 72-hour run of 8 GPUs has 2 million intervals): one scan, one GROUP BY per run, GPU,
+    day and whether the interval crosses the next midnight. A GPU's intervals follow each other,
+    so a night has one crossing interval per GPU: its group's MIN/MAX/SUM are that interval's own
+    figures, and it is split here. (A UNION of both halves of every row, grouped, read each row
+    twice and sorted twice as many.) Overlapping intervals that cross the same midnight are read
+    one by one.
+    """
     g = gpu_intervals.c
     d0 = _floor(conn, g.t0 / DAY_S)
     d1 = _floor(conn, g.t1 / DAY_S)
-    length = g.t1 - g.t0
-    midnight = (d0 + 1) * DAY_S
-    crosses = sa.and_(d1 > d0, g.t1 > midnight)
-    first = sa.case((crosses, (midnight - g.t0) / sa.func.nullif(length, 0)), else_=1.0)
+    crosses = sa.and_(d1 > d0, g.t1 > (d0 + 1) * DAY_S)
     conds = [d1 <= d0 + 1]
     if skip_days:
         conds += [d0.not_in(list(skip_days)), d1.not_in(list(skip_days))]
@@ -252,44 +257,120 @@ def interval_days(
         conds.append(g.t1 > start)
     if end is not None:
         conds.append(g.t0 < end)
-    out: list[dict[str, Any]] = []
+    sums: dict[tuple[str, str, int], dict[str, Any]] = {}
     for chunk in _chunks(list(run_ids)):
         where = [g.run_id.in_(chunk), *conds]
-        part_a = sa.select(
-            g.run_id,
-            g.device_uuid,
-            d0.label("day"),
-            g.t0.label("a"),
-            sa.case((crosses, midnight), else_=g.t1).label("b"),
-            (g.busy_s * first).label("busy"),
-            (g.energy_j * first).label("energy"),
-            sa.case((crosses, 0), else_=1).label("ends"),
-        ).where(*where)
-        part_b = sa.select(
-            g.run_id,
-            g.device_uuid,
-            (d0 + 1).label("day"),
-            midnight.label("a"),
-            g.t1.label("b"),
-            (g.busy_s * (1.0 - first)).label("busy"),
-            (g.energy_j * (1.0 - first)).label("energy"),
-            sa.literal(1).label("ends"),
-        ).where(*where, crosses)
-        parts = sa.union_all(part_a, part_b).subquery()
-        q = sa.select(
-            parts.c.run_id,
-            parts.c.device_uuid,
-            parts.c.day,
-            sa.func.min(parts.c.a).label("t0"),
-            sa.func.max(parts.c.b).label("t1"),
-            sa.func.sum(parts.c.busy).label("busy_s"),
-            sa.func.count(parts.c.busy).label("busy_n"),
-            sa.func.sum(parts.c.energy).label("energy_j"),
-            sa.func.count(parts.c.energy).label("energy_n"),
-            sa.func.sum(parts.c.ends).label("intervals"),
-        ).group_by(parts.c.run_id, parts.c.device_uuid, parts.c.day)
-        out.extend(dict(r) for r in conn.execute(q).mappings())
-    return out
+        day = d0.label("day")
+        across = sa.case((crosses, 1), else_=0).label("across")
+        q = (
+            sa.select(
+                g.run_id,
+                g.device_uuid,
+                day,
+                across,
+                sa.func.min(g.t0),
+                sa.func.max(g.t1),
+                sa.func.sum(g.busy_s),
+                sa.func.count(g.busy_s),
+                sa.func.sum(g.energy_j),
+                sa.func.count(g.energy_j),
+                sa.func.count(),
+            )
+            .where(*where)
+            .group_by(g.run_id, g.device_uuid, day, across)
+        )
+        crossing: list[tuple[Any, ...]] = []
+        for run_id, uuid, d, cross, t0, t1, busy, busy_n, energy, energy_n, n in _fetch(conn, q):
+            if not cross:
+                _add_sums(sums, run_id, uuid, int(d), t0, t1, busy, busy_n, energy, energy_n, n)
+            elif n == 1:  # the group is one interval: its figures are the aggregates
+                crossing.append((run_id, uuid, d, t0, t1, busy, energy))
+            else:
+                rows = sa.select(g.run_id, g.device_uuid, d0, g.t0, g.t1, g.busy_s, g.energy_j).where(
+                    *where, g.device_uuid == uuid, g.run_id == run_id, d0 == d, crosses
+                )
+                crossing += _fetch(conn, rows)
+        for run_id, uuid, d, t0, t1, busy, energy in crossing:
+            night = (int(d) + 1) * DAY_S
+            first = (night - t0) / (t1 - t0)  # t1 > night > t0 here: the part before midnight
+            _add_part(sums, run_id, uuid, int(d), t0, night, busy, energy, first, 0)
+            _add_part(sums, run_id, uuid, int(d) + 1, night, t1, busy, energy, 1.0 - first, 1)
+    return list(sums.values())
+
+
+def _add_sums(
+    sums: dict[tuple[str, str, int], dict[str, Any]],
+    run_id: str,
+    uuid: str,
+    day: int,
+    t0: float,
+    t1: float,
+    busy: float | None,
+    busy_n: int,
+    energy: float | None,
+    energy_n: int,
+    n: int,
+) -> None:
+    row = sums.get((run_id, uuid, day))
+    if row is None:
+        sums[(run_id, uuid, day)] = {
+            "run_id": run_id,
+            "device_uuid": uuid,
+            "day": day,
+            "t0": t0,
+            "t1": t1,
+            "busy_s": busy,
+            "busy_n": busy_n,
+            "energy_j": energy,
+            "energy_n": energy_n,
+            "intervals": n,
+        }
+        return
+    row["t0"], row["t1"] = min(row["t0"], t0), max(row["t1"], t1)
+    if busy is not None:
+        row["busy_s"] = (row["busy_s"] or 0.0) + busy
+    if energy is not None:
+        row["energy_j"] = (row["energy_j"] or 0.0) + energy
+    row["busy_n"] += busy_n
+    row["energy_n"] += energy_n
+    row["intervals"] += n
+
+
+def _add_part(
+    sums: dict[tuple[str, str, int], dict[str, Any]],
+    run_id: str,
+    uuid: str,
+    day: int,
+    a: float,
+    b: float,
+    busy: float | None,
+    energy: float | None,
+    share: float,
+    ends: int,
+) -> None:
+    """One day's part of an interval crossing midnight, added as SQL's SUM/COUNT/MIN/MAX would."""
+    row = sums.get((run_id, uuid, day))
+    if row is None:
+        row = sums[(run_id, uuid, day)] = {
+            "run_id": run_id,
+            "device_uuid": uuid,
+            "day": day,
+            "t0": a,
+            "t1": b,
+            "busy_s": None,
+            "busy_n": 0,
+            "energy_j": None,
+            "energy_n": 0,
+            "intervals": 0,
+        }
+    row["t0"], row["t1"] = min(row["t0"], a), max(row["t1"], b)
+    if busy is not None:
+        row["busy_s"] = (row["busy_s"] or 0.0) + busy * share
+        row["busy_n"] += 1
+    if energy is not None:
+        row["energy_j"] = (row["energy_j"] or 0.0) + energy * share
+        row["energy_n"] += 1
+    row["intervals"] += ends
 
 
 def raw_intervals(

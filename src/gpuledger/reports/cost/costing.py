@@ -371,9 +371,19 @@ def _index_key(device: dict[str, Any] | None) -> tuple[int, str]:
     return (index if isinstance(index, int) else 1 << 30, str(device.get("uuid") or ""))
 
 
-def run_value(ledger: Ledger, run_id: str, *, scope: Scope, card: RateCard, basis: str | None = None) -> ValueForMoney:
-    """Value for money of a (YOLO) run, over all attempts of a resumed training."""
-    costs = run_costs(ledger, [run_id], scope=scope, card=card, basis=basis)
+def run_value(
+    ledger: Ledger,
+    run_id: str,
+    *,
+    scope: Scope,
+    card: RateCard,
+    basis: str | None = None,
+    costs: dict[str, Any] | None = None,
+) -> ValueForMoney:
+    """Value for money of a (YOLO) run, over all attempts of a resumed training. ``costs``: what
+    ``run_costs`` gave for this run with the same card, scope and basis (not priced again)."""
+    if costs is None:
+        costs = run_costs(ledger, [run_id], scope=scope, card=card, basis=basis)
     entry = costs["runs"][0]
     chain = (entry["logical_run"] or {}).get("attempts") or [run_id]
     total = Decimal(entry["logical_run"]["cost"] if entry["logical_run"] else entry["total"]["cost"])

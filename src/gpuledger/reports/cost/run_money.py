@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from gpuledger.core.model import RunRecord
     from gpuledger.store import Ledger
 
-__all__ = ["run_cost", "value_for_money"]
+__all__ = ["run_cost", "run_cost_and_value", "value_for_money"]
 
 
 def _id(run: str | RunRecord) -> str:
@@ -27,7 +27,23 @@ def run_cost(ledger: Ledger, run: str | RunRecord) -> dict[str, Any]:
     """The run's cost row (docs/CHARGEBACK.md, cost columns) plus ``total`` (the cost, a decimal
     string), ``currency``, ``basis``, ``rate_card``, ``gpus`` (per GPU rows), ``logical_run``."""
     card = load_rate_card(os.environ.get("GPULEDGER_RATES"))
+    return _cost_entry(run_costs(ledger, [_id(run)], scope=None, card=card))
+
+
+def run_cost_and_value(ledger: Ledger, run: str | RunRecord) -> dict[str, Any]:
+    """``{"cost": run_cost(...), "value": value_for_money(...)}`` from one pricing of the run (a
+    72-hour, 8-GPU run's intervals are read once, not once for each). ``value`` is None when it
+    cannot be computed; the cost's errors are raised."""
+    card = load_rate_card(os.environ.get("GPULEDGER_RATES"))
     report = run_costs(ledger, [_id(run)], scope=None, card=card)
+    try:
+        value: dict[str, Any] | None = run_value(ledger, _id(run), scope=None, card=card, costs=report).as_dict()
+    except Exception:  # the cost block still renders, as with value_for_money failing alone
+        value = None
+    return {"cost": _cost_entry(report), "value": value}
+
+
+def _cost_entry(report: dict[str, Any]) -> dict[str, Any]:
     entry = report["runs"][0]
     return {
         **entry["total"],

@@ -8,6 +8,7 @@ raises, a report still renders: errors here become "no cost block". It provides:
 - ``run_cost(ledger, run_id)``: the priced run; its ``total`` and ``currency`` are used.
 - ``value_for_money(ledger, run_id)``: cost per mAP point and the like; without it, compare
   divides the run cost by the best mAP itself.
+- ``run_cost_and_value(ledger, run_id)``: both from one pricing (the run report asks for both).
 """
 
 from __future__ import annotations
@@ -83,9 +84,25 @@ def cost_value(cost: Mapping[str, Any] | None) -> tuple[float, str | None] | Non
 
 
 def value_for_money(ledger: Ledger, run: RunRecord) -> dict[str, Any] | None:
-    result = jsonable(_call("value_for_money", ledger, run))
+    return _value(jsonable(_call("value_for_money", ledger, run)))
+
+
+def _value(result: Any) -> dict[str, Any] | None:
     if isinstance(result, dict):
         return result
     if isinstance(result, int | float | str):
         return {"value": result}
     return None
+
+
+def run_cost_and_value(ledger: Ledger, run: RunRecord) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """``(run_cost, value_for_money)`` from one pricing of the run when the engine offers it
+    (``run_cost_and_value``: a big run's intervals are read once), else from both calls; the value
+    is None whenever the cost is."""
+    both = jsonable(_call("run_cost_and_value", ledger, run))
+    if not isinstance(both, dict):
+        cost = run_cost(ledger, run)
+        return cost, value_for_money(ledger, run) if cost else None
+    cost = both.get("cost")
+    cost = cost if isinstance(cost, dict) and cost else None
+    return cost, _value(both.get("value")) if cost else None

@@ -65,9 +65,9 @@ def build(
     now = time.time() if now is None else now
     # The cost engine reads the ledger on its own: let it run beside the series queries.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(costhook.run_cost, ledger, run) if with_cost else None
+        pending = pool.submit(costhook.run_cost_and_value, ledger, run) if with_cost else None
         data = rundata.load(ledger, run, now)
-        cost = pending.result() if pending is not None else None
+        cost, value = pending.result() if pending is not None else (None, None)
     trace = rundata.trace_of(ledger, data, with_history, cost=cost if with_cost else False)
     findings = diagnose(trace)
     epochs = rundata.epoch_rows(data)
@@ -84,7 +84,7 @@ def build(
         "epochs": epochs,
         "findings": [finding_dict(i, f) for i, f in enumerate(findings, 1)],
         "cost": cost,
-        "cost_rows": cost_rows(cost, costhook.value_for_money(ledger, run) if cost else None),
+        "cost_rows": cost_rows(cost, value),
         "events": notable_events(data.events),
         "marks": marks(data.events),
         "charts": chart_list,
