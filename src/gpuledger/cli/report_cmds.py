@@ -98,16 +98,35 @@ def report_run_cmd(
     default=None,
     help="Compare money too. Default: only when a rate card is configured ($GPULEDGER_RATES).",
 )
+@click.option(
+    "--claim",
+    metavar="PCT",
+    help="Two evaluation runs A B: answer a claimed inference speed-up of B over A (e.g. 30%) in one line.",
+)
 @db_option
 @cli_errors
-def compare_cmd(runs: tuple[str, ...], fmt: str, output: str | None, cost: bool | None, db: str | None) -> None:
+def compare_cmd(
+    runs: tuple[str, ...], fmt: str, output: str | None, cost: bool | None, claim: str | None, db: str | None
+) -> None:
     """Runs side by side: resource figures, cost when priced, aligned per-epoch curves.
 
     Differences in % are against the first run. RUNS are run ids, short ids or unique id prefixes.
+    Evaluation runs (yolo val/predict/benchmark) add inference ms and FPS, energy per image, power
+    and mAP, with a verdict on whether each run is comparable with the first (same split, GPU,
+    settings, software; each difference named).
     """
     if len(runs) < 2:
         raise click.UsageError("give at least two runs to compare")
     from gpuledger.reports.run import compare
+    from gpuledger.reports.run.comparability import ClaimError, parse_claim
+
+    if claim is not None:
+        if len(runs) != 2:
+            raise click.UsageError("--claim compares exactly two runs: the baseline A, then B")
+        try:
+            parse_claim(claim)
+        except ClaimError as exc:
+            raise click.UsageError(str(exc)) from exc
     from gpuledger.reports.run.cost_hook import rate_card_configured
     from gpuledger.runs.view import load_run
 
@@ -115,7 +134,10 @@ def compare_cmd(runs: tuple[str, ...], fmt: str, output: str | None, cost: bool 
     check_report_rate_card(with_cost)
     ledger = open_ledger(db)
     records = [load_run(ledger, ledger.resolve(ref)) for ref in runs]
-    model = compare.build(ledger, records, with_cost=with_cost)
+    try:
+        model = compare.build(ledger, records, with_cost=with_cost, claimed=claim)
+    except ClaimError as exc:  # --claim on runs without inference figures
+        raise click.ClickException(str(exc)) from exc
     if fmt == "json":
         from gpuledger.reports.render_html import script_json
 
@@ -128,6 +150,8 @@ def compare_cmd(runs: tuple[str, ...], fmt: str, output: str | None, cost: bool 
         from gpuledger.reports.render_html import render_compare
 
         write_output(render_compare(model), output, "gpuledger-compare.html")
+    elif claim is not None:  # the dispute answered in one line
+        write_output(model["claim"] + "\n", output)
     elif output in (None, STDOUT):
         from gpuledger.cli.report_render import compare_table
 

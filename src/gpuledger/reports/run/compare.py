@@ -7,6 +7,7 @@ resource figures only, including busy GPU-hours per mAP point.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,8 @@ from gpuledger import __version__
 from gpuledger.core.diagnosis import compare as core_compare
 from gpuledger.core.diagnosis.diagnose import diagnose
 from gpuledger.core.ids import short_id
-from gpuledger.core.units import iso_utc
+from gpuledger.core.units import fmt_number, fmt_pct, iso_utc
+from gpuledger.reports.run import comparability
 from gpuledger.reports.run import cost_hook as costhook
 from gpuledger.reports.run import data as rundata
 
@@ -36,6 +38,62 @@ CURVES = (
         lambda r: None if r.get("gpu_mem_peak_b") is None else r["gpu_mem_peak_b"] / 2**30,
     ),
 )
+
+
+def _num(significant: int) -> Any:
+    return lambda v: fmt_number(v, significant)
+
+
+def _unit(unit: str, significant: int = 3) -> Any:
+    return lambda v: "n/a" if v is None else f"{fmt_number(v, significant)} {unit}"
+
+
+# An evaluation run's figures (meta.evaluation, issue 37): shown first, their % marked "not
+# comparable" against a run whose comparability verdict fails.
+EVAL_FIGURES: tuple[core_compare.Figure, ...] = (
+    core_compare.Figure("eval_settings", "evaluation (mode · imgsz · batch · precision · device)", str, diff=False),
+    core_compare.Figure("eval_images", "images evaluated", _num(6)),
+    core_compare.Figure("inference_ms", "inference ms / image", _unit("ms"), "lower"),
+    core_compare.Figure("total_ms", "pre + inference + post ms / image", _unit("ms"), "lower"),
+    core_compare.Figure("fps_inference", "FPS (inference only)", _num(4), "higher"),
+    core_compare.Figure("fps_end_to_end", "FPS (end to end)", _num(4), "higher"),
+    core_compare.Figure("j_per_image", "energy per image", _unit("J"), "lower"),
+    core_compare.Figure("power_mean_w", "mean GPU power", _unit("W"), "lower"),
+    core_compare.Figure("power_peak_w", "peak GPU power", _unit("W")),
+    core_compare.Figure("busy_share", "GPU busy share", fmt_pct),
+    core_compare.Figure("map50", "mAP50", _num(4), "higher"),
+    core_compare.Figure("map50_95", "mAP50-95", _num(4), "higher"),
+)
+EVAL_KEYS = frozenset(f.key for f in EVAL_FIGURES)
+
+
+def evaluation_of(run: RunRecord) -> dict[str, Any] | None:
+    record = run.meta.get("evaluation") if run.meta.get("kind") == "evaluation" else None
+    return record if isinstance(record, dict) else None
+
+
+def gpus_of(ledger: Ledger, run: RunRecord) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(g) for g in ledger.devices(run.id)]
+
+
+def eval_figures(evaluation: dict[str, Any]) -> dict[str, Any]:
+    ms = evaluation.get("ms_per_image") or {}
+    parts = [ms.get(k) for k in ("preprocess", "inference", "postprocess")]
+    settings = [evaluation.get(k) for k in ("mode", "imgsz", "batch", "precision", "device")]
+    return {
+        "eval_settings": " · ".join("–" if v is None else str(v) for v in settings),
+        "eval_images": evaluation.get("images"),
+        "inference_ms": ms.get("inference"),
+        "total_ms": sum(parts) if all(isinstance(p, int | float) for p in parts) else None,
+        "fps_inference": comparability.inference_fps(evaluation),
+        "fps_end_to_end": evaluation.get("fps_end_to_end"),
+        "j_per_image": evaluation.get("j_per_image"),
+        "power_mean_w": evaluation.get("power_mean_w"),
+        "power_peak_w": evaluation.get("power_peak_w"),
+        "busy_share": evaluation.get("busy_share"),
+        "map50": evaluation.get("map50"),
+        "map50_95": evaluation.get("map50_95"),
+    }
 
 
 def _metric(row: dict[str, Any], keys: tuple[str, ...]) -> float | None:
@@ -85,6 +143,9 @@ def side(
         "busy_h_per_map_point": (s["busy_gpu_hours"] / (best * 100)) if best and s["busy_gpu_hours"] else None,
         "findings": " / ".join(str(c) for c in counts),
     }
+    evaluation = evaluation_of(run)
+    if evaluation is not None:
+        fig.update(eval_figures(evaluation))
     cost = costhook.run_cost(ledger, run) if with_cost else None
     if cost:
         total = costhook.cost_value(cost)
@@ -99,8 +160,60 @@ def side(
     return fig, epochs
 
 
-def build(ledger: Ledger, runs: list[RunRecord], now: float | None = None, with_cost: bool = True) -> dict[str, Any]:
+def verdicts(ledger: Ledger, runs: list[RunRecord]) -> list[dict[str, Any] | None]:
+    """Each run's comparability verdict against the first run (None for the first, and for a run
+    that is not an evaluation when the first is one, or the reverse: nothing to judge)."""
+    evals = [evaluation_of(r) for r in runs]
+    if evals[0] is None:
+        return [None] * len(runs)
+    base = comparability.facts(evals[0], gpus_of(ledger, runs[0]))
+    out: list[dict[str, Any] | None] = [None]
+    for run, ev in zip(runs[1:], evals[1:], strict=True):
+        if ev is None:
+            out.append(None)
+            continue
+        v = comparability.verdict(base, comparability.facts(ev, gpus_of(ledger, run)))
+        out.append(v.as_dict())
+    return out
+
+
+def _mark_not_comparable(rows: list[dict[str, Any]], judged: list[dict[str, Any] | None]) -> None:
+    """An evaluation figure's % against a run that is not comparable says so, and is no verdict."""
+    for row in rows:
+        if row["key"] not in EVAL_KEYS:
+            continue
+        for cell, v in zip(row["cells"], judged, strict=True):
+            if v is not None and not v["comparable"] and cell.get("diff"):
+                cell["diff"] = f"{cell['diff']} not comparable"
+                cell["verdict"] = "not-comparable"
+                cell["comparable"] = False
+
+
+def claim(ledger: Ledger, runs: list[RunRecord], claimed: str) -> str:
+    """``--claim``: run B's inference speed-up over run A, against the claimed one, in one line."""
+    if len(runs) != 2:
+        raise comparability.ClaimError("--claim compares exactly two runs: the baseline A, then B")
+    pct = comparability.parse_claim(claimed)
+    evals = [evaluation_of(r) for r in runs]
+    for run, ev in zip(runs, evals, strict=True):
+        if ev is None:
+            raise comparability.ClaimError(f"--claim needs two evaluation runs; {short_id(run.id)} is not one")
+    a, b = evals[0] or {}, evals[1] or {}
+    v = comparability.verdict(
+        comparability.facts(a, gpus_of(ledger, runs[0])), comparability.facts(b, gpus_of(ledger, runs[1]))
+    )
+    return comparability.claim_line(pct, a, b, v)
+
+
+def build(
+    ledger: Ledger,
+    runs: list[RunRecord],
+    now: float | None = None,
+    with_cost: bool = True,
+    claimed: str | None = None,
+) -> dict[str, Any]:
     now = time.time() if now is None else now
+    claim_text = None if claimed is None else claim(ledger, runs, claimed)
     sides = [side(ledger, run, now, with_cost) for run in runs]
     figures = [f for f, _ in sides]
     charts = []
@@ -125,7 +238,17 @@ def build(ledger: Ledger, runs: list[RunRecord], now: float | None = None, with_
                 ],
             }
         )
-    notes = []
+    judged = verdicts(ledger, runs)
+    rows = core_compare.rows(figures, EVAL_FIGURES) + core_compare.rows(figures)
+    _mark_not_comparable(rows, judged)
+    verdict_notes = [
+        f"{label_of(run)} against {label_of(runs[0])}: {v['summary']}."
+        for run, v in zip(runs, judged, strict=True)
+        if v is not None
+    ]
+    if claim_text:
+        verdict_notes.insert(0, f"Claim: {claim_text}.")
+    notes = list(verdict_notes)
     keys = {rundata.config_key(r) for r in runs}
     if len(keys) > 1:
         notes.append("The runs differ in configuration (model, dataset, imgsz, batch or workers).")
@@ -148,9 +271,12 @@ def build(ledger: Ledger, runs: list[RunRecord], now: float | None = None, with_
             }
             for r in runs
         ],
-        "rows": core_compare.rows(figures),
+        "rows": rows,
         "charts": charts,
         "notes": notes,
+        "comparability": judged,
+        "verdict_notes": verdict_notes,  # also in notes (every format shows notes; the HTML shows them apart)
+        "claim": claim_text,
     }
 
 
