@@ -110,3 +110,12 @@ def test_report_tables_keep_run_ids_whole_even_when_they_start_with_digits() -> 
     assert all(len(line) <= 50 for line in lines)
     assert lines[1].startswith("  1     03cgynfv  ") and lines[1].rstrip().endswith("0.05")
     assert "FLAGS" in lines[-1] or "FLAGS" in lines[-2]  # the row's note gives way first
+
+
+def test_a_piped_chargeback_is_not_padded_to_a_10kb_team_name() -> None:
+    from gpuledger.reports.cost.render import _plain_table
+
+    table = [["TEAM", "RUNS", "COST"], ["t" * 10_000, "1", "5.00"], ["vision", "2", "7.50"]]
+    lines = _plain_table(table).splitlines()
+    assert "t" * 10_000 in lines[2] and lines[2].endswith("5.00")
+    assert max(len(lines[0]), len(lines[1]), len(lines[3])) < 80 and lines[3].endswith("7.50")

@@ -132,8 +132,11 @@ def _table(
     return out
 
 
+ALIGN_MAX = 40  # piped or in a file: a longer cell (a 10 kB team name) pushes its own line, not every line
+
+
 def _plain_table(table: list[list[str]], indent: str = "  ") -> str:
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    widths = [min(ALIGN_MAX, max(len(row[i]) for row in table)) for i in range(len(table[0]))]
     lines = []
     for n, row in enumerate(table):
         pairs = enumerate(zip(row, widths, strict=True))
