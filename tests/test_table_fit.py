@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.cells import cell_len
 
 from gpuledger.cli.table_fit import ELLIPSIS, PIPE_ALIGN_MAX, Column, fit, plain_lines, table_lines
 
@@ -21,7 +22,11 @@ COLUMNS = (
 ids = st.text("0123456789abcdefghjkmnpqrstvwxyz", min_size=8, max_size=8)
 statuses = st.sampled_from(["running", "succeeded", "failed", "discovered"])
 figures = st.floats(0, 1e7, allow_nan=False).map(lambda x: f"{x:.2f}")
-texts = st.text(st.characters(codec="ascii", categories=("L", "N", "P", "Zs")), max_size=300)
+# names as people write them: ASCII, accents, CJK and emoji (two terminal columns each)
+texts = st.text(
+    st.one_of(st.characters(codec="ascii", categories=("L", "N", "P", "Zs")), st.sampled_from("éß漢字テスト🚀")),
+    max_size=300,
+)
 rows_st = st.lists(st.tuples(ids, statuses, figures, figures, texts, texts, texts).map(list), min_size=1, max_size=6)
 
 
@@ -34,7 +39,7 @@ def _is_table(lines: list[str]) -> bool:
 def test_any_width_fits_with_ids_statuses_and_figures_whole(rows: list[list[str]], width: int) -> None:
     lines = table_lines(COLUMNS, rows, width)
     if _is_table(lines):
-        assert all(len(line) <= width for line in lines)
+        assert all(cell_len(line) <= width for line in lines)
         body = lines[1 : 1 + len(rows)]
         for row, line in zip(rows, body, strict=True):  # one line per row, in order
             assert line.startswith(row[0] + "  ") and f"  {row[1]}" in line
@@ -53,7 +58,7 @@ def test_any_width_fits_with_ids_statuses_and_figures_whole(rows: list[list[str]
         for line in lines:
             label = line.split(": ", 1)[0] + ": "
             if label in ("USER: ", "NAME: ", "TEAM: "):
-                assert len(line) <= max(width, len(label) + 1)
+                assert cell_len(line) <= max(width, len(label) + 2)
 
 
 @settings(max_examples=200, deadline=None)

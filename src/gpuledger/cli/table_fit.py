@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from rich.cells import cell_len, set_cell_size
+
 GAP = 2  # spaces between columns
 ELLIPSIS = "…"
 PIPE_ALIGN_MAX = 40  # piped: columns are aligned up to this width, longer cells just push the line
@@ -53,15 +55,28 @@ def clean(text: object) -> str:
     return _CONTROL.sub("?", "" if text is None else str(text))
 
 
+def cells(text: str) -> int:
+    """Terminal columns ``text`` takes: a CJK character or an emoji takes two."""
+    return cell_len(text)
+
+
 def cut(text: str, width: int) -> str:
-    """``text`` in at most ``width`` characters, a cut one ending in ``…``."""
-    if len(text) <= width:
+    """``text`` in at most ``width`` terminal columns, a cut one ending in ``…``."""
+    if cells(text) <= width:
         return text
-    return text[: max(0, width - 1)] + ELLIPSIS if width > 0 else ""
+    if width <= 0:
+        return ""
+    # set_cell_size pads with a space where a wide character would straddle the end: drop it
+    return set_cell_size(text, width - 1).rstrip(" ") + ELLIPSIS
+
+
+def _pad(text: str, width: int, right: bool) -> str:
+    fill = " " * max(0, width - cells(text))
+    return fill + text if right else text + fill
 
 
 def natural_widths(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> list[int]:
-    return [max([len(c.header), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    return [max([cells(c.header), *(cells(r[i]) for r in rows)]) for i, c in enumerate(columns)]
 
 
 def _floor(column: Column, natural: int) -> int:
@@ -100,8 +115,8 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) ->
     return Layout(tuple(shown), tuple(widths[i] for i in shown), hidden)
 
 
-def _line(cells: Sequence[str], widths: Sequence[int], right: Sequence[bool]) -> str:
-    parts = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)]
+def _line(row: Sequence[str], widths: Sequence[int], right: Sequence[bool]) -> str:
+    parts = [_pad(c, w, r) for c, w, r in zip(row, widths, right, strict=True)]
     return (" " * GAP).join(parts).rstrip()
 
 
@@ -125,7 +140,7 @@ def narrow_lines(columns: Sequence[Column], rows: Sequence[Sequence[str]], width
         for column, cell in zip(columns, row, strict=True):
             label = f"{column.header}: "
             if column.kind == "text":
-                cell = cut(cell, max(1, width - len(label)))
+                cell = cut(cell, max(1, width - cells(label)))
             out.append((label + cell).rstrip())
     return out
 
@@ -143,7 +158,8 @@ def hidden_note(columns: Sequence[Column], layout: Layout, width: int) -> list[s
         return []
     names = ", ".join(columns[i].header for i in layout.hidden)
     text = f"not shown at this width: {names} (a wider terminal, or --json)"
-    return textwrap.wrap(text, max(1, width), subsequent_indent="  " if width > 8 else "", break_long_words=True)
+    lines = textwrap.wrap(text, max(1, width), subsequent_indent="  " if width > 8 else "", break_long_words=True)
+    return [cut(line, width) for line in lines]  # textwrap counts characters, a terminal columns
 
 
 def table_lines(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int | None) -> list[str]:
