@@ -244,6 +244,15 @@ def test_show_lists_metrics_logged_with_track_in_the_epoch_table(db: str) -> Non
     assert "0.3100" in table and "0.6200" in table
 
 
+def test_show_on_a_narrow_terminal_fits_its_epoch_table(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gpuledger.cli.render.console", lambda: _terminal(40))
+    lines = invoke(db, "show", short_id(CUSTOM)).stdout.splitlines()
+    assert all(len(line) <= 40 for line in lines)
+    table = lines[lines.index("Epochs") + 1 :]
+    assert table[0].startswith("epoch") and any(line.startswith("not shown at this width:") for line in table)
+    assert any(line.startswith("1 ") for line in table) and any(line.startswith("total") for line in table)
+
+
 def test_query_failures_does_not_count_short_successes_as_waste(db: str) -> None:
     data = json.loads(invoke(db, "query", "failures", "--json").stdout)
     assert data["runs"] == 0 and data["wasted_gpu_hours"] == 0 and data["causes"] == []
