@@ -212,7 +212,7 @@ def test_predict_is_recorded_with_its_source_folder(evaluated: Evaluated) -> Non
     assert (ev["mode"], ev["source"], ev["images"]) == ("predict", "wrapped", VAL_IMAGES)
     assert ev["split"]["name"] == "source"
     assert ev["split"]["fingerprint"] == _expected_fingerprint(evaluated.data.parent, images_only=True)
-    assert (ev["imgsz"], ev["map50"]) == ([64, 64], None)
+    assert (ev["imgsz"], ev["batch"], ev["precision"], ev["map50"]) == (64, 4, "fp32", None)  # imgsz as val writes it
     assert math.isclose(ev["fps_inference"], 1000 / ev["ms_per_image"]["inference"])
 
 

@@ -98,10 +98,18 @@ def _map(results: dict[str, Any]) -> tuple[float | None, float | None]:
     return first("metrics/mAP50("), first("metrics/mAP50-95(")
 
 
+def square(imgsz: Any) -> Any:
+    """``[640, 640]`` (the predictor's form) as ``640`` (the validator's), so the two compare equal."""
+    if isinstance(imgsz, (list, tuple)) and imgsz and all(v == imgsz[0] for v in imgsz):
+        return imgsz[0]
+    return imgsz
+
+
 def _finish(record: dict[str, Any], images: int | None, t0: float, t1: float) -> dict[str, Any]:
     speed = record.get("ms_per_image") or {}
     inference = speed.get("inference")
     record.update(
+        imgsz=square(describe.jsonable(record.get("imgsz"))),
         images=images,
         window=[t0, t1],
         fps_end_to_end=images / (t1 - t0) if images and t1 > t0 else None,
@@ -226,7 +234,8 @@ class _Predictions:
             "split": _predict_source(predictor),
             "imgsz": describe.jsonable(getattr(predictor, "imgsz", None) or getattr(args, "imgsz", None)),
             "batch": batch,
-            "precision": precision(args),
+            # AutoBackend knows whether it runs in half precision (the args may only have asked)
+            "precision": "half" if getattr(getattr(predictor, "model", None), "fp16", False) else precision(args),
             "device": str(getattr(predictor, "device", None) or getattr(args, "device", "")),
             "gpu_model": _gpu_model(getattr(predictor, "device", None)),
             "task": getattr(args, "task", None),
