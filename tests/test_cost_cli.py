@@ -116,7 +116,7 @@ def test_chargeback_html_is_one_offline_file_with_charts(env: dict[str, str]) ->
     )
     assert result.exit_code == 0
     page = out.read_text()
-    assert page.count("<svg") == 3 and "<circle" in page  # bars by group, busy/idle hours, cost per month
+    assert page.count("<svg") == 3 and 'aria-label="Cost per month' in page  # by group, busy/idle hours, per month
     assert not re.search(r"""(src|href)=["']?https?:""", page)  # nothing fetched from the network
     embedded = re.search(r'<script type="application/json" id="chargeback-data">(.*?)</script>', page, re.S)
     assert embedded and json.loads(embedded.group(1))["total"]["team"] == "TOTAL"

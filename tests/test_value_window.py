@@ -46,6 +46,6 @@ def test_the_page_says_the_last_week_is_to_date_and_flags_the_last_complete_week
     ]
     assert march.anomalies and week_label(march.last_complete) == "2026-W13"
     page = value_sections(march)
-    assert "2026-W14 to 2026-04-01 00:00 UTC" in page
+    assert "2026-W14, counted to 2026-04-01 00:00 UTC" in page
     assert "in the last week (2026-W13)" in page
     assert not re.search(r"\b1 runs", page) and f"{march.runs} runs." in page

@@ -51,7 +51,15 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
 
     ``app.state``: ``ledger`` (Ledger), ``settings``, ``auth`` (token -> Principal, cached).
     """
-    from gpuledger.server import api_docs, checkpoint_keeper, routes_capacity, routes_misc, routes_runs, routes_write
+    from gpuledger.server import (
+        api_docs,
+        checkpoint_keeper,
+        routes_capacity,
+        routes_misc,
+        routes_runs,
+        routes_value,
+        routes_write,
+    )
 
     settings = settings or Settings()
     ledger = Ledger(db_url, migrate=migrate)  # SchemaOutdated unless migrated (gpuledger db migrate)
@@ -86,6 +94,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     app.include_router(routes_runs.router)
     app.include_router(routes_write.router)
     app.include_router(routes_capacity.router)  # a node's capacity intervals (docs/CAPACITY.md)
+    app.include_router(routes_value.router)  # value for money by week, for the dashboard
     app.include_router(api_docs.router)
     _optional_routers(app)
 

@@ -20,6 +20,7 @@ from gpuledger.core.units import NA, fmt_money, fmt_number, fmt_pct
 from gpuledger.reports.render_md import esc
 from gpuledger.reports.safe_csv import SafeCsvWriter, numeric_columns
 from gpuledger.reports.safe_html import csp_meta, json_block
+from gpuledger.reports.svg import CHAR_W, legend
 
 __all__ = [
     "capacity_csv",
@@ -197,57 +198,83 @@ _STATE_BARS = (  # (column, label, colour)
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;
 color:#1d1d1f;padding:0 16px}h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums}
-th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
-th{background:#f6f6f8;font-weight:600}td:first-child,th:first-child{text-align:left}
+table{border-collapse:collapse;margin:8px 0;font-variant-numeric:tabular-nums;font-size:13px}
+th,td{padding:3px 6px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+th{background:#f6f6f8;font-weight:600;white-space:normal;vertical-align:bottom}
+td:first-child,th:first-child{text-align:left}td.name{text-align:left;white-space:normal;word-break:keep-all}
 tr.total td{font-weight:700;border-top:2px solid #999}.rule{font-weight:600}.note{color:#666}.wide{overflow-x:auto}
-svg text{font:11px system-ui,sans-serif;fill:#333}svg text.title{font-weight:600}
+svg{max-width:100%;height:auto}svg text{font:11px system-ui,sans-serif;fill:#333}svg text.title{font-weight:600}
 """
+# The groups' columns in two tables that each fit a laptop's width: GPU-hours by state, then money.
+_HOURS_VIEW = _VIEW[: _VIEW.index("asset_cost")]
+_MONEY_VIEW = _VIEW[_VIEW.index("asset_cost") :]
 
 
 def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _html_table(columns: Sequence[str], rows: Sequence[dict[str, Any]], total: dict[str, Any] | None) -> str:
+def _html_table(
+    columns: Sequence[str],
+    rows: Sequence[dict[str, Any]],
+    total: dict[str, Any] | None,
+    names: int = 0,
+    table_id: str = "",
+) -> str:
+    """``names``: the leading name columns (pool, host ...): they wrap between words only; the
+    TOTAL row reads TOTAL there, then blanks."""
     head = "".join(f"<th>{_esc(_SHORT.get(c, c.replace('_', ' ')))}</th>" for c in columns)
-    body = ["<tr>" + "".join(f"<td>{_esc(_cell(c, r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows]
+
+    def cells(r: dict[str, Any], is_total: bool) -> str:
+        out = []
+        for i, c in enumerate(columns):
+            if i < names:
+                text = ("TOTAL" if i == 0 else "") if is_total else "(none)" if r.get(c) is None else str(r[c])
+                out.append(f'<td class="name">{_esc(text)}</td>')
+            else:
+                out.append(f"<td>{_esc(_cell(c, r.get(c)))}</td>")
+        return "".join(out)
+
+    body = [f"<tr>{cells(r, False)}</tr>" for r in rows]
     if total is not None:
-        body.append(
-            '<tr class="total">' + "".join(f"<td>{_esc(_cell(c, total.get(c)))}</td>" for c in columns) + "</tr>"
-        )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        body.append(f'<tr class="total">{cells(total, True)}</tr>')
+    ident = f' id="{table_id}"' if table_id else ""
+    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def _stacked(report: CapacityReport) -> str:
-    """One horizontal bar per group: its GPU-hours in each state, stacked."""
+    """One horizontal bar per group: its GPU-hours in each state, stacked, its fleet GPU-hours at
+    its end (three significant digits: a small fleet's 0.42 GPU-h is not "0"); the legend below."""
     by = list(report.params.get("by", []))
     rows = sorted(report.groups, key=lambda r: -float(r["fleet_gpu_h"]))[:20]
     if not rows:
         return ""
     width, label_w, row_h = 760, 190, 22
+    ends = [fmt_number(float(r["fleet_gpu_h"])) for r in rows]
     top = max(float(r["fleet_gpu_h"]) for r in rows) or 1.0
-    scale = (width - label_w - 90) / top
-    height = 30 + row_h * len(rows) + 28
+    scale = (width - label_w - CHAR_W * max(map(len, ends)) - 10) / top
+    keys, keys_h = legend(
+        [(label, colour, "") for _, label, colour in _STATE_BARS], label_w, 30 + row_h * len(rows) + 6, width
+    )
+    height = 30 + row_h * len(rows) + 6 + keys_h
     out = [
-        f'<svg role="img" aria-label="GPU-hours by state" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}"><text x="0" y="14" class="title">GPU-hours by state</text>'
+        f'<svg role="img" aria-label="GPU-hours by state" width="{width}" height="{height:.0f}" '
+        f'viewBox="0 0 {width} {height:.0f}"><text x="0" y="14" class="title">GPU-hours by state</text>'
     ]
-    for i, r in enumerate(rows):
+    for i, (r, end) in enumerate(zip(rows, ends, strict=True)):
         y, x = 26 + i * row_h, float(label_w)
         name = " / ".join("(none)" if r.get(k) is None else str(r[k]) for k in by)
-        out.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{_esc(name[:30])}</text>')
+        short = name if len(name) <= 30 else name[:29] + "…"
+        out.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{_esc(short)}</text>')
         for column, label, colour in _STATE_BARS:
             w = float(r[column]) * scale
+            if w <= 0:
+                continue
             out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" fill="{colour}">'
-                       f"<title>{_esc(name)}: {label} {float(r[column]):,.1f} GPU-h</title></rect>")  # fmt: skip
+                       f"<title>{_esc(name)}: {label} {fmt_number(float(r[column]))} GPU-h</title></rect>")  # fmt: skip
             x += w
-        out.append(f'<text x="{x + 4:.1f}" y="{y + 13}">{float(r["fleet_gpu_h"]):,.0f}</text>')
-    x = float(label_w)
-    for _, label, colour in _STATE_BARS:
-        out.append(f'<rect x="{x:.0f}" y="{height - 19}" width="10" height="10" fill="{colour}"/>'
-                   f'<text x="{x + 14:.0f}" y="{height - 10}">{_esc(label)}</text>')  # fmt: skip
-        x += 24 + 7 * len(label)
+        out.append(f'<text x="{x + 4:.1f}" y="{y + 13}" class="value">{_esc(end)}</text>')
+    out.append(keys)
     out.append("</svg>")
     return "".join(out)
 
@@ -265,13 +292,22 @@ def capacity_html(report: CapacityReport) -> str:
         "allocated-idle (held, not busy), busy with its owner found, busy with no owner, or unobserved (no agent "
         "watched). Asset cost = GPU-hours x the rate card's rate, used or not. Money is exact; shown in cents.</p>",
         _stacked(report),
-        f"<h2>By {_esc(', '.join(by))}</h2>",
+        f"<h2>By {_esc(', '.join(by))}: GPU-hours</h2>",
         '<div class="wide">',
-        _html_table(by + _VIEW, report.groups, report.total),
+        _html_table(by + _HOURS_VIEW, report.groups, report.total, len(by), "hours"),
+        "</div>",
+        f"<h2>By {_esc(', '.join(by))}: cost ({_esc(report.params.get('currency'))})</h2>",
+        '<div class="wide">',
+        _html_table(by + _MONEY_VIEW, report.groups, report.total, len(by), "money"),
         "</div>",
     ]
     if report.shares_total is not None:
-        parts += ["<h2>Shared back to teams</h2>", _html_table(_SHARE_VIEW, report.shares, report.shares_total)]
+        parts += [
+            "<h2>Shared back to teams</h2>",
+            '<div class="wide">',
+            _html_table(_SHARE_VIEW, report.shares, report.shares_total, 1),
+            "</div>",
+        ]
     if report.warnings:
         parts += ["<h2>Notes</h2><ul>", *(f"<li>{_esc(w)}</li>" for w in report.warnings), "</ul>"]
     parts.append(json_block("capacity-data", report.as_dict()) + "</body></html>\n")

@@ -157,7 +157,7 @@ def _anomalies(vt: ValueTrends) -> list[str]:
     body = "".join(
         f"<tr><td>{_esc(r[vt.by])}</td><td>{_esc(r['metric'])}</td><td>{r['week']}</td>"
         f"<td>{_money(r['baseline'])}</td><td>{_money(r['current'])}</td><td>+{fmt_pct(r['change'])}</td>"
-        f"<td>{_esc(r['causes'])}</td></tr>"
+        f'<td class="text">{_esc(r["causes"])}</td></tr>'
         for r in rows
     )
     parts.append(f'<table class="anomaly-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
@@ -168,7 +168,7 @@ def value_sections(vt: ValueTrends) -> str:
     """The sections, in page order, then the JSON twin."""
     first, last = week_label(vt.weeks[0]), week_label(vt.weeks[-1])
     if vt.partial_to is not None:  # the report's period ends inside its last week
-        last += f" to {datetime.fromtimestamp(vt.partial_to, tz=timezone.utc):%Y-%m-%d %H:%M} UTC"
+        last += f", counted to {datetime.fromtimestamp(vt.partial_to, tz=timezone.utc):%Y-%m-%d %H:%M} UTC"
     parts = [
         f'<h2 id="value-trend">Value for money by week and {_esc(vt.by)} ({first} to {last})</h2>',
         '<p class="note">Finished runs labelled with a model or model_version, each in the ISO week (UTC) it '

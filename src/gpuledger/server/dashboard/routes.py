@@ -17,7 +17,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from gpuledger import __version__
+from gpuledger.core.ids import short_id
 from gpuledger.core.model import RUN_STATUSES
+from gpuledger.core.units import fmt_money, fmt_number, fmt_pct
 
 PREFIX = "/dashboard"
 API_PREFIX = "/api/v1"
@@ -33,12 +35,10 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
 }
+_SCRIPTS = ("fmt.js", "api.js", "login.js", "overview.js", "overcharts.js", "runs.js", "run.js", "runcharts.js")
 # name -> (package, file, media type); nothing else is served.
 STATIC: dict[str, tuple[str, str, str]] = {
-    **{
-        name: ("gpuledger.server.dashboard", f"static/{name}", "text/javascript; charset=utf-8")
-        for name in ("api.js", "login.js", "overview.js", "runs.js", "run.js", "runcharts.js")
-    },
+    **{name: ("gpuledger.server.dashboard", f"static/{name}", "text/javascript; charset=utf-8") for name in _SCRIPTS},
     "dashboard.css": ("gpuledger.server.dashboard", "static/dashboard.css", "text/css; charset=utf-8"),
     "uPlot.iife.min.js": ("gpuledger.reports", "assets/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
     "uPlot.min.css": ("gpuledger.reports", "assets/uPlot.min.css", "text/css; charset=utf-8"),
@@ -51,12 +51,16 @@ router = APIRouter(prefix=PREFIX, include_in_schema=False)
 @lru_cache(maxsize=1)
 def _templates() -> Environment:
     folder = resources.files("gpuledger.server.dashboard").joinpath("templates")
-    return Environment(
+    env = Environment(
         loader=FileSystemLoader(str(folder)),
         autoescape=select_autoescape(default=True, default_for_string=True),
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    # What a page shell shows is formatted as the CLI does; the data the browser reads from the
+    # API goes through static/fmt.js, the same policy (tests/test_dashboard_numbers.py).
+    env.filters.update(short_id=short_id, num=fmt_number, money=fmt_money, pct=fmt_pct)
+    return env
 
 
 @lru_cache(maxsize=len(STATIC))

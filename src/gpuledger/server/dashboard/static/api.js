@@ -92,7 +92,7 @@
     var trs = rows.map(function (r) {
       return GL.el("tr", {}, columns.map(function (c) {
         var v = c.get(r);
-        return GL.el("td", { class: c.num ? "num" : c.cls || null }, v === null || v === undefined ? "–" : v);
+        return GL.el("td", { class: c.num ? "num" : c.cls || null }, v === null || v === undefined ? "n/a" : v);
       }));
     });
     return GL.el("table", {}, [GL.el("thead", {}, head), GL.el("tbody", {}, trs)]);
@@ -118,27 +118,18 @@
     return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " + pad(d.getHours()) + ":" +
       pad(d.getMinutes()) + ":" + pad(d.getSeconds());
   };
-  GL.duration = function (s) {
-    if (s === null || s === undefined || !isFinite(s)) return "–";
-    s = Math.max(0, Math.round(s));
-    var h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
-    return h + ":" + pad(m) + ":" + pad(sec);
-  };
-  GL.num = function (v, digits) {
-    if (v === null || v === undefined || !isFinite(v)) return "–";
-    if (digits === undefined) digits = Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2;
-    return Number(v).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
-  };
-  GL.pct = function (v) { return v === null || v === undefined ? "–" : GL.num(v * 100, 0) + " %"; };
-  GL.bytes = function (b) {
-    if (b === null || b === undefined) return "–";
-    var units = ["B", "KiB", "MiB", "GiB", "TiB"], i = 0;
-    while (Math.abs(b) >= 1024 && i < units.length - 1) { b /= 1024; i++; }
-    return GL.num(b, i ? 1 : 0) + " " + units[i];
-  };
+  /* Numbers follow the CLI's policy (static/fmt.js = core/units.py): three significant digits,
+   * money in cents ("<0.01 USD" below a cent), "n/a" for what was not measured, never a fake 0. */
+  var F = (GL.fmt = window.GLFmt);
+  GL.duration = F.duration;
+  GL.num = F.number;
+  GL.pct = F.pct;
+  GL.bytes = F.bytes;
+  GL.money = function (v, currency) { return v === null || v === undefined ? null : F.money(v, currency); };
+  GL.shortId = F.shortId;
   GL.pill = function (status) { return GL.el("span", { class: "pill " + String(status).replace(/[^a-z]/g, "") }, status); };
   GL.runLink = function (run) {
-    var label = run.name ? run.name : String(run.id).slice(0, 13);
+    var label = run.name ? run.name : GL.shortId(run.id);  // the id `gpuledger runs` prints
     var link = GL.el("a", { href: BASE + "/runs/" + encodeURIComponent(run.id), title: run.id }, label);
     if (!run.replayed) return link;
     /* metered from a replayed GPU trace (--replay-gpus): a demo, not real hardware, not billed */

@@ -74,27 +74,31 @@
   function renderSummary(s) {
     summary = s;
     (s.gpus || []).forEach(function (g) { devices[g.uuid] = g.index; });
-    document.title = "Run " + (s.name || s.id.slice(0, 13)) + " · gpuledger";
+    document.title = "Run " + (s.name || GL.shortId(s.id)) + " · gpuledger";
     var title = document.getElementById("run-title");
     GL.replace(title, [document.createTextNode("Run " + (s.name ? s.name + " " : "")),
-                       GL.el("span", { class: "mono muted" }, s.id), document.createTextNode(" "), GL.pill(s.status),
+                       GL.el("span", { class: "mono muted", title: s.id }, GL.shortId(s.id)), document.createTextNode(" "),
+                       GL.pill(s.status),
                        s.replayed ? document.createTextNode(" ") : null,
                        s.replayed ? GL.el("span", { class: "pill replayed", title: "not real hardware, not billed" },
                                           "replayed GPU trace") : null]);
+    if (s.started_at_epoch) board.span = [s.started_at_epoch, s.ended_at_epoch || Date.now() / 1000];
     var gpus = s.gpus || [];
     GL.replace("summary", [
       card("Status", s.status, s.status_reason || (s.exit_code !== null && s.exit_code !== undefined ? "exit " + s.exit_code : "")),
       card("Wall time", GL.duration(s.wall_seconds), GL.time(s.started_at_epoch) + (s.ended_at_epoch ? " → " + GL.time(s.ended_at_epoch) : "")),
       card("GPUs", String(gpus.length), gpus.length ? gpus[0].name : (s.gpu_note || "")),
-      card("Busy GPU-hours", GL.num(s.busy_gpu_hours, 3), "of " + GL.num(s.allocated_gpu_hours, 3) + " allocated"),
-      card("Mean GPU busy", GL.pct(s.mean_utilization), s.peak_utilization_pct != null ? "peak " + GL.num(s.peak_utilization_pct, 0) + " %" : ""),
+      card("Busy GPU-hours", GL.num(s.busy_gpu_hours), "of " + GL.num(s.allocated_gpu_hours) + " allocated"),
+      card("Mean GPU busy", GL.pct(s.mean_utilization), s.peak_utilization_pct != null ? "peak " + GL.fmt.percent(s.peak_utilization_pct) : ""),
       card("GPU memory peak", GL.bytes(s.peak_memory_bytes), "this run's processes " + GL.bytes(s.peak_process_memory_bytes)),
-      card("Energy", s.energy_kwh != null ? GL.num(s.energy_kwh, 3) + " kWh" : "–", ""),
-      card("CPU", s.cpu_seconds != null ? GL.num(s.cpu_seconds, 1) + " s" : "–", "peak RSS " + GL.bytes(s.peak_rss_bytes)),
+      card("Energy", GL.fmt.kwh(s.energy_kwh), ""),
+      card("CPU", GL.fmt.seconds(s.cpu_seconds), "peak RSS " + GL.bytes(s.peak_rss_bytes)),
     ]);
     var labels = Object.keys(s.labels || {}).sort().map(function (k) { return k + "=" + s.labels[k]; }).join("  ");
     var rows = [
-      ["Command", (s.command || []).join(" ")], ["User", s.user], ["Host", s.host], ["Directory", s.cwd],
+      ["Id", s.id], ["Command", (s.command || []).join(" ")], ["User", s.user],
+      ["Project", s.project || (s.labels || {}).project], ["Team", s.team || (s.labels || {}).team],
+      ["Host", s.host], ["Directory", s.cwd],
       ["Labels", labels], ["Started", GL.time(s.started_at_epoch)], ["Ended", GL.time(s.ended_at_epoch)],
       ["Attempt of", s.attempt_of],
     ];

@@ -207,16 +207,42 @@
   function fmtValue(unit) {
     return function (u, v) {
       if (v === null || v === undefined) return "–";
-      var d = Math.abs(v) >= 100 ? 0 : Math.abs(v) >= 10 ? 1 : 2;
-      return v.toFixed(d) + (unit ? " " + unit : "");
+      return GLFmt.number(v) + (unit ? " " + unit : "");
     };
   }
+
+  /* The time axis: whole seconds at least (never millisecond ticks), 24-hour clock, the date under
+   * the first tick and wherever the day changes. */
+  var TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+                    172800, 604800];
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+  function timeAxis(shown) {  // shown(texts): told the labels drawn (the tests read them)
+    return {
+      incrs: TIME_INCRS, space: 80,
+      values: function (u, ticks, axisIdx, space, incr) {
+        var lastDay = null;
+        var texts = ticks.map(function (t) {
+          var d = new Date(t * 1000), day = d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate());
+          var clock = pad(d.getHours()) + ":" + pad(d.getMinutes()) + (incr < 60 ? ":" + pad(d.getSeconds()) : "");
+          var text = incr >= 86400 ? day : day !== lastDay ? clock + "\n" + day : clock;
+          lastDay = day;
+          return text;
+        });
+        shown(texts);
+        return texts;
+      },
+    };
+  }
+  function chartWidth(box) { return Math.max(300, (box.clientWidth || 560) - 10); }  // inside the padding
 
   function Board(container) {
     this.container = container;
     this.plots = {};  // chart id -> {u, signature, box}
     this.syncing = false;
-    this.registry = (window.gpuledgerCharts = { ready: false, charts: [], errors: [], updates: 0 });
+    this.span = null;  // [start, end] of the run, epoch seconds
+    this.registry = (window.gpuledgerCharts = { ready: false, charts: [], errors: [], updates: 0, xticks: {} });
+    var self = this;
+    if (window.ResizeObserver) new ResizeObserver(function () { self.resize(); }).observe(container);
   }
 
   Board.prototype.options = function (chart, widthPx) {
@@ -230,9 +256,10 @@
                dash: s.dash ? [5, 4] : undefined, scale: scaleOf[s.unit], spanGaps: chart.group === "metrics",
                points: { show: chart.x.length < 60 }, value: fmtValue(s.unit) };
     }));
-    var axes = [{}].concat(units.map(function (unit, i) {
+    var registry = this.registry;
+    var axes = [timeAxis(function (texts) { registry.xticks[chart.id] = texts; })].concat(units.map(function (unit, i) {
       return { scale: scaleOf[unit], label: unit, side: i === 0 ? 3 : 1, grid: { show: i === 0 }, size: 56,
-               values: function (u, vals) { return vals.map(function (v) { return v === null ? "" : +v.toPrecision(3); }); } };
+               values: function (u, vals) { return vals.map(function (v) { return v === null ? "" : GLFmt.tick(v); }); } };
     }));
     return {
       width: widthPx, height: 230, series: series, axes: axes, scales: { x: { time: true } },
@@ -265,13 +292,23 @@
     return box;
   };
 
+  /* The chart's data with the run's start and end (or now) as empty points at its edges, so the
+   * time axis spans the whole run: a run of one interval still gets a readable axis. */
+  Board.prototype.spanned = function (chart) {
+    var x = chart.x.slice(), cols = chart.series.map(function (s) { return s.values.slice(); });
+    var s = chart.group === "metrics" ? null : this.span;
+    if (s && x.length && s[0] < x[0]) { x.unshift(s[0]); cols.forEach(function (c) { c.unshift(null); }); }
+    if (s && x.length && s[1] > x[x.length - 1]) { x.push(s[1]); cols.forEach(function (c) { c.push(null); }); }
+    return [x].concat(cols);
+  };
+
   /* Draw new charts, update the data of existing ones (same series), rebuild those whose series changed. */
   Board.prototype.render = function (charts) {
     var self = this;
     charts.forEach(function (chart) {
       try {
         var signature = chart.series.map(function (s) { return s.label + "|" + s.unit; }).join(";");
-        var data = [chart.x].concat(chart.series.map(function (s) { return s.values; }));
+        var data = self.spanned(chart);
         var have = self.plots[chart.id];
         if (have && have.signature === signature) {
           have.u.setData(data, !have.u.gpuledgerZoomed);
@@ -283,7 +320,7 @@
           box = GL.el("div", { class: "chart", id: "chart-" + chart.id });
           self.section(chart.group).appendChild(GL.el("div", {}, [GL.el("h4", {}, chart.title), box]));
         }
-        var u = new uPlot(self.options(chart, Math.max(320, box.clientWidth || 560)), data, box);
+        var u = new uPlot(self.options(chart, chartWidth(box)), data, box);
         u.over.addEventListener("mousedown", function () { u.gpuledgerZoomed = true; });
         u.over.addEventListener("dblclick", function () {
           Object.keys(self.plots).forEach(function (id) { self.plots[id].u.gpuledgerZoomed = false; });
@@ -308,11 +345,13 @@
     this.registry.ready = true;
   };
 
+  /* Each chart follows its box: a grid that gains a column after the first charts were drawn
+   * must not leave them wider than their cell, over their neighbours. */
   Board.prototype.resize = function () {
     var plots = this.plots;
     Object.keys(plots).forEach(function (id) {
-      var p = plots[id];
-      p.u.setSize({ width: Math.max(320, p.box.clientWidth), height: 230 });
+      var p = plots[id], w = chartWidth(p.box);
+      if (Math.abs(p.u.width - w) > 1) p.u.setSize({ width: w, height: 230 });
     });
   };
 

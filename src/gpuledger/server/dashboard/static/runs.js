@@ -19,9 +19,10 @@
   }
 
   var columns = [
-    { head: "Started", get: function (r) { return GL.time(Date.parse(r.started_at) / 1000); } },
+    { head: "Started", cls: "nowrap", get: function (r) { return GL.time(Date.parse(r.started_at) / 1000); } },
+    { head: "ID", cls: "mono nowrap", get: function (r) { return GL.shortId(r.id); } },
     { head: "Run", cls: "text", get: function (r) { return GL.runLink(r); } },
-    { head: "Status", get: function (r) { return GL.pill(r.status); } },
+    { head: "Status", cls: "nowrap", get: function (r) { return GL.pill(r.status); } },
     { head: "User", cls: "text", get: function (r) { return r.user; } },
     { head: "Project", cls: "text", get: function (r) { return r.project; } },
     { head: "Team", cls: "text", get: function (r) { return r.team; } },
@@ -29,10 +30,10 @@
     { head: "GPUs", num: true, get: function (r) { return r.gpus; } },
     { head: "Wall", num: true, get: function (r) { return GL.duration(r.wall_seconds); } },
     { head: "Busy GPU-h", num: true, get: function (r) {
-      return r.busy_gpu_hours === null ? null : GL.num(r.busy_gpu_hours, 3);
+      return GL.num(r.busy_gpu_hours);
     } },
     { head: "Mean busy", num: true, get: function (r) {
-      if (r.busy_gpu_hours === null || !r.gpus || !r.wall_seconds) return null;
+      if (r.busy_gpu_hours === null || !r.gpus || !r.wall_seconds) return "n/a";
       return GL.pct(Math.min(1, (r.busy_gpu_hours * 3600) / (r.gpus * r.wall_seconds)));
     } },
   ];
@@ -43,7 +44,7 @@
       state.rows = rows;
       state.loads += 1;
       GL.status("");
-      document.getElementById("count").textContent = rows.length + (rows.length === 1 ? " run" : " runs") +
+      document.getElementById("count").textContent = GL.fmt.count(rows.length, "run") +
         (rows.length >= Number(params.limit || 50) ? " (the newest; raise “Show” for more)" : "");
       GL.replace("runs", GL.table(columns, rows, "No run matches these filters."));
     }).catch(GL.fail);
