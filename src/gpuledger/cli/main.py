@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "cost": "gpuledger.cli.cost_cmds:cost_cmd",
     "report": "gpuledger.cli.report_cmds:report_group",  # run; chargeback and rollup attach to it
     "compare": "gpuledger.cli.report_cmds:compare_cmd",
+    "lineage": "gpuledger.cli.lineage_cmd:lineage_cmd",  # a model's line from one id
     "query": "gpuledger.cli.report_cmds:query_group",
     "top": "gpuledger.cli.report_cmds:top_cmd",
     "completion": "gpuledger.cli.completion_cmd:completion_cmd",  # bash, zsh, fish

@@ -31,6 +31,7 @@ from gpuledger.store import (
     bulk,
     closed_months,
     codec,
+    lineage,
     ownership,
     refusal_trail,
     rollup_stale,
@@ -156,6 +157,8 @@ def _upsert_run(
     conn.execute(sa.update(schema.runs).where(schema.runs.c.id == run.id).values(changes))
     if "labels" in changes:
         writes.replace_labels(conn, run.id, changes["labels"])
+    if "meta" in changes:
+        lineage.sync(conn, run.id, changes["meta"])
     payload = {"old": old, "new": changes}
     audit.append(conn, actor=writer.actor, action="run.changed", obj=f"run:{run.id}", payload=payload)
     if verdict.ended_now:

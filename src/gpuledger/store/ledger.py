@@ -20,6 +20,7 @@ from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, 
 from gpuledger.store import (
     codec,
     flush,
+    lineage,
     log_codec,
     migrations,
     ownership,
@@ -177,6 +178,8 @@ class Ledger:
                 raise RunNotFound(run_id)
             if "labels" in values:
                 writes.replace_labels(conn, run_id, values["labels"])
+            if "meta" in values:
+                lineage.sync(conn, run_id, values["meta"])
             if fields.keys() & rollup_stale.ROLLUP_FIELDS:
                 rollup_stale.drop_rollups(conn, [run_id])
 

@@ -315,6 +315,16 @@ def _add_refusal_folds(conn: Connection) -> None:
     schema_refusals.define(sa.MetaData()).create(conn, checkfirst=True)
 
 
+def _add_run_lineage(conn: Connection) -> None:
+    # Version 17: run_lineage (store/lineage.py), as schema_lineage.py defines it at 17, filled from
+    # the runs that already carry meta.lineage or an evaluation's weights.
+    from gpuledger.store import lineage, schema_lineage
+
+    table = schema_lineage.define(sa.MetaData())
+    table.create(conn, checkfirst=True)
+    lineage.backfill(conn, table)
+
+
 def _add_swept_at(conn: Connection) -> None:
     # Version 14: runs.swept_at, the liveness sweep's verdict as a column only the server sets (it
     # was read from status_reason, text any push could copy). A run gets it once here when its
@@ -380,6 +390,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "add runs.swept_at: the liveness sweep's verdict, set by the server only", _add_swept_at),
     Migration(15, "add api_tokens.host: agent tokens bound to the host they report for", _add_token_hosts),
     Migration(16, "add refusal_folds: at most one push.refused audit row per token per minute", _add_refusal_folds),
+    Migration(17, "add run_lineage: model line, weights and parent run per run, indexed", _add_run_lineage),
 )
 LATEST = MIGRATIONS[-1].version
 

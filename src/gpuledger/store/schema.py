@@ -14,7 +14,14 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
-from gpuledger.store import schema_audit, schema_capacity, schema_ingest, schema_refusals, schema_team
+from gpuledger.store import (
+    schema_audit,
+    schema_capacity,
+    schema_ingest,
+    schema_lineage,
+    schema_refusals,
+    schema_team,
+)
 
 metadata = sa.MetaData()
 
@@ -332,8 +339,11 @@ gpu_fleet_hosts.append_column(sa.Column("instance_type", sa.Text))
 # Refused pushes folded in the audit trail, per token (migration 16; store/refusal_trail.py).
 refusal_folds = schema_refusals.define(metadata)
 
+# A run's model line, weights and parent, for lookup (migration 17; store/lineage.py).
+run_lineage = schema_lineage.define(metadata)
+
 # Children of a run, in the order they are deleted.
 RUN_CHILDREN = (
     run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs, gpu_rollups, rollup_marks,
-    quarantined_rows, run_liveness, run_owners,
+    quarantined_rows, run_liveness, run_owners, run_lineage,
 )  # fmt: skip

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import bulk, log_codec, rollup_stale, schema
+from gpuledger.store import bulk, lineage, log_codec, rollup_stale, schema
 from gpuledger.store.codec import device_from_row, label_rows, run_row, to_row
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import RunNotFound
@@ -41,6 +41,7 @@ def insert_run(db: Database, conn: Connection, run: RunRecord) -> bool:
     if conn.execute(ins.returning(schema.runs.c.id)).first() is None:
         return False  # already there: a replay; later changes go through update_run
     replace_labels(conn, run.id, row["labels"])
+    lineage.sync(conn, run.id, row["meta"], run.started_at)
     return True
 
 

@@ -10,7 +10,8 @@ the run's end state is written (Session.finish's ``explain`` hook). It:
 3. completes an evaluation run's ``meta.evaluation`` (energy over its window, the split's
    fingerprint; read from the output when no callback reported it): eval_postrun.py,
 4. when no ``epoch_end`` came from the callbacks (YOLOv5 scripts, a Python the hook could not load
-   into), parses the training output into per-epoch metrics (core/training/logparse.py).
+   into), parses the training output into per-epoch metrics (core/training/logparse.py),
+5. records a training's place in its model's line (``meta.lineage``: lineage.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gpuledger.core.model import Metric
 from gpuledger.core.training import failures
 from gpuledger.integrations.ultralytics.eval_postrun import complete_evaluation
 from gpuledger.integrations.ultralytics.guard import debug_traceback
+from gpuledger.integrations.ultralytics.lineage import record_lineage
 
 if TYPE_CHECKING:
     from gpuledger.recorder.session import Session
@@ -78,5 +80,9 @@ def explain_run(session: Session, log: bytes, status: str, exit_code: int | None
     try:
         complete_evaluation(session, log)
     except Exception:  # the run's end must be written whatever this finds
+        debug_traceback()
+    try:
+        record_lineage(session)  # a training's parent and model line: lineage.py
+    except Exception:
         debug_traceback()
     return diagnosis.reason
