@@ -54,6 +54,7 @@ LEDGER_COMMANDS: dict[str, list[str]] = {
     "db status": [],
     "export": ["{a}"],
     "import ultralytics": ["{home}"],
+    "lineage": ["{a}"],
     "logs": ["{a}"],
     "query configs": [],
     "query failures": [],
