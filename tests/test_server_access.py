@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from gpuledger.core.ids import short_id
 from gpuledger.server.app import create_app
 from gpuledger.server.settings import Settings
 from server_support import NOW, Tokens, batch, bearer, fresh_pg_url, run_doc, setup_accounts
@@ -97,6 +98,7 @@ def test_every_run_route_answers_404_for_a_run_outside_the_scope(world, hidden, 
             same = theirs.text
             for n in (36, 13, 8):  # the id, and the short forms pages show
                 same = same.replace(runs[hidden][:n], unknown[:n])
+            same = same.replace(short_id(runs[hidden]), short_id(unknown))  # the CLI's short id of the asked id
             assert same == nobody.text, (path, outsider)  # no existence leak
             assert not _leaks(same, runs, (hidden,)), (path, outsider)  # the id it asked for aside
             if api:

@@ -46,7 +46,7 @@
     if (report.total && table.tagName === "TABLE") table.querySelector("tbody tr:last-child").className = "total";
     var nodes = [table];
     nodes.push(GL.note("Basis: " + report.basis + " GPU-hours; rate card: " + report.rate_card + ". " +
-                       (report.warnings && report.warnings.length ? report.warnings.join(" ") : "")));
+                       (report.warnings && report.warnings.length ? report.warnings.join(". ") + "." : "")));
     return nodes;
   }
 
@@ -145,7 +145,7 @@
       var to = a.metric === "idle_share" ? GL.pct(a.current) : F.money(a.current, cb.currency);
       items.push(GL.el("li", { class: "anomaly" }, [
         GL.el("strong", {}, name(a[key]) + ": "),
-        m[0] + " rose " + F.change(a.change * 100) + " (" + from + " → " + to + ") this month against the months before",
+        m[0] + " rose " + F.percent(a.change * 100) + " (" + from + " → " + to + ") this month against the months before",
         m[1] ? "; likely cause: " + m[1] : "",
       ]));
     });
