@@ -116,7 +116,7 @@ def sqlite_ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ledger]:
         yield led
 
 
-def _store(led: Ledger, devices: list[list[Interval]], end_at: float) -> None:
+def _store(led: Ledger, devices: list[list[Interval]], end_at: float | None, status: str = "succeeded") -> None:
     led.database.write(lambda conn: cq_delete(conn))
     start = min(iv[0] for ivs in devices for iv in ivs)
     sim = SimRun(
@@ -124,7 +124,7 @@ def _store(led: Ledger, devices: list[list[Interval]], end_at: float) -> None:
         team="t",
         project="p",
         user="u",
-        status="succeeded",
+        status=status,
         start=start,
         ended_at=end_at,
         instance=None,
@@ -167,8 +167,8 @@ def test_day_sums_equal_the_interval_by_interval_definition(
     assert _got(got) == expected_days(_flat(devices), start, end, skip)
 
 
-def _reference_interval_days(conn: Any, run_ids: Any, start: Any, end: Any, skip_days: Any = ()) -> list[dict]:
-    """interval_days computed from every interval read into Python (the straightforward way)."""
+def _reference_interval_sums(conn: Any, run_ids: Any, start: Any, end: Any, skip_days: Any = ()) -> tuple[list, list]:
+    """interval_sums computed from every interval read into Python (the straightforward way)."""
     import sqlalchemy as sa
 
     from gpuledger.store.schema import gpu_intervals
@@ -177,7 +177,8 @@ def _reference_interval_days(conn: Any, run_ids: Any, start: Any, end: Any, skip
     rows = conn.execute(sa.select(g.run_id, g.device_uuid, g.t0, g.t1, g.busy_s, g.energy_j)).all()
     flat = [(uuid, (t0, t1, busy, energy)) for rid, uuid, t0, t1, busy, energy in rows if rid in run_ids]
     days = expected_days(flat, start, end, set(skip_days))
-    return [{"run_id": RUN, "device_uuid": uuid, "day": day, **sums} for (uuid, day), sums in days.items()]
+    sums = [{"run_id": RUN, "device_uuid": uuid, "day": day, **row} for (uuid, day), row in days.items()]
+    return sums, cq.raw_intervals(conn, run_ids, start, end, skip_days)
 
 
 CHANGE_CARD = card(
@@ -190,15 +191,24 @@ CHANGE_CARD = card(
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
-@given(devices=st.lists(device_intervals(), min_size=1, max_size=2), extra=st.integers(0, 40))
+@given(
+    devices=st.lists(device_intervals(), min_size=1, max_size=2),
+    extra=st.integers(0, 40),
+    status=st.sampled_from(["succeeded", "killed"]),
+)
 def test_the_run_is_priced_to_the_same_money_as_from_every_interval(
-    sqlite_ledger: Ledger, devices: list[list[Interval]], extra: int, monkeypatch: pytest.MonkeyPatch
+    sqlite_ledger: Ledger, devices: list[list[Interval]], extra: int, status: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _store(sqlite_ledger, devices, max(iv[1] for ivs in devices for iv in ivs) + extra / 4)
+    last_end = max(iv[1] for ivs in devices for iv in ivs)
+    _store(sqlite_ledger, devices, last_end + extra / 4, status)
     for basis in ("busy", "allocated"):
         fast = run_costs(sqlite_ledger, [RUN], scope=None, card=CHANGE_CARD, basis=basis)
         with monkeypatch.context() as m:
-            m.setattr(cq, "interval_days", _reference_interval_days)
+            m.setattr(cq, "interval_sums", _reference_interval_sums)
             plain = run_costs(sqlite_ledger, [RUN], scope=None, card=CHANGE_CARD, basis=basis)
         assert fast == plain
         assert Decimal(fast["total"]["cost"]) >= 0
+    if status == "killed":  # held until its last interval's end, on each GPU
+        start = min(iv[0] for ivs in devices for iv in ivs)
+        held_h = (last_end - start) * len(devices) / 3600
+        assert fast["total"]["allocated_gpu_h"] == pytest.approx(held_h, abs=2e-6 * len(devices))

@@ -25,6 +25,7 @@ __all__ = [
     "chain_links",
     "device_rows",
     "interval_days",
+    "interval_sums",
     "label_values",
     "last_interval_ends",
     "raw_intervals",
@@ -211,10 +212,11 @@ def device_rows(conn: Connection, run_ids: Sequence[str]) -> list[dict[str, Any]
     return out
 
 
-def last_interval_ends(conn: Connection, run_ids: Sequence[str]) -> dict[str, float]:
-    """The end of each run's last GPU interval (or rollup row): how far a killed run is known to have run."""
+def last_interval_ends(conn: Connection, run_ids: Sequence[str], *, intervals: bool = True) -> dict[str, float]:
+    """The end of each run's last GPU interval (or rollup row): how far a killed run is known to have run.
+    ``intervals=False``: the rollup rows only (the caller has the intervals' ends already)."""
     out: dict[str, float] = {}
-    for table in (gpu_intervals, gpu_rollups):
+    for table in (gpu_intervals, gpu_rollups) if intervals else (gpu_rollups,):
         for chunk in _chunks(list(run_ids)):
             q = (
                 sa.select(table.c.run_id, sa.func.max(table.c.t1))
@@ -237,37 +239,52 @@ def interval_days(
     """GPU intervals of ``run_ids`` summed per (run_id, device_uuid, day) inside [start, end):
     t0, t1, busy_s, busy_n, energy_j, energy_n, intervals. An interval crossing one midnight is
     split in proportion to time; longer ones are left to ``raw_intervals``, and so are those touching
-    ``skip_days`` (days a price changes within) to ``raw_intervals``.
+    ``skip_days`` (days a price changes within) to ``raw_intervals``."""
+    return interval_sums(conn, run_ids, start, end, skip_days)[0]
 
-    Speed (a 72-hour run of 8 GPUs has 2 million intervals): one scan, one GROUP BY per run, GPU,
-    day and whether the interval crosses the next midnight. A GPU's intervals follow each other,
-    so a night has one crossing interval per GPU: its group's MIN/MAX/SUM are that interval's own
-    figures, and it is split here. (A UNION of both halves of every row, grouped, read each row
-    twice and sorted twice as many.) Overlapping intervals that cross the same midnight are read
-    one by one.
+
+def interval_sums(
+    conn: Connection,
+    run_ids: Sequence[str],
+    start: float | None,
+    end: float | None,
+    skip_days: Sequence[int] = (),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(``interval_days``, ``raw_intervals``) of the same arguments, from one scan of the intervals
+    when no interval needs reading raw (and one more when some do).
+
+    Speed (a 72-hour run of 8 GPUs has 2 million intervals): one GROUP BY per run, GPU, day and
+    kind of interval (inside the day, crossing the next midnight, to be read raw). A GPU's
+    intervals follow each other, so a night has one crossing interval per GPU: its group's
+    MIN/MAX/SUM are that interval's own figures, and it is split here. (A UNION of both halves of
+    every row, grouped, read each row twice and sorted twice as many; the raw ones were looked
+    for with a scan of their own.) Overlapping intervals that cross the same midnight are read one
+    by one.
     """
     g = gpu_intervals.c
     d0 = _floor(conn, g.t0 / DAY_S)
     d1 = _floor(conn, g.t1 / DAY_S)
     crosses = sa.and_(d1 > d0, g.t1 > (d0 + 1) * DAY_S)
-    conds = [d1 <= d0 + 1]
+    raw = [d1 > d0 + 1]
     if skip_days:
-        conds += [d0.not_in(list(skip_days)), d1.not_in(list(skip_days))]
+        raw += [d0.in_(list(skip_days)), d1.in_(list(skip_days))]
+    kind = sa.case((sa.or_(*raw), 2), (crosses, 1), else_=0).label("kind")
+    conds = []
     if start is not None:
         conds.append(g.t1 > start)
     if end is not None:
         conds.append(g.t0 < end)
     sums: dict[tuple[str, str, int], dict[str, Any]] = {}
+    raw_rows: list[dict[str, Any]] = []
     for chunk in _chunks(list(run_ids)):
         where = [g.run_id.in_(chunk), *conds]
         day = d0.label("day")
-        across = sa.case((crosses, 1), else_=0).label("across")
         q = (
             sa.select(
                 g.run_id,
                 g.device_uuid,
                 day,
-                across,
+                kind,
                 sa.func.min(g.t0),
                 sa.func.max(g.t1),
                 sa.func.sum(g.busy_s),
@@ -277,17 +294,20 @@ def interval_days(
                 sa.func.count(),
             )
             .where(*where)
-            .group_by(g.run_id, g.device_uuid, day, across)
+            .group_by(g.run_id, g.device_uuid, day, kind)
         )
         crossing: list[tuple[Any, ...]] = []
-        for run_id, uuid, d, cross, t0, t1, busy, busy_n, energy, energy_n, n in _fetch(conn, q):
-            if not cross:
+        any_raw = False
+        for run_id, uuid, d, k, t0, t1, busy, busy_n, energy, energy_n, n in _fetch(conn, q):
+            if k == 0:
                 _add_sums(sums, run_id, uuid, int(d), t0, t1, busy, busy_n, energy, energy_n, n)
+            elif k == 2:
+                any_raw = True
             elif n == 1:  # the group is one interval: its figures are the aggregates
                 crossing.append((run_id, uuid, d, t0, t1, busy, energy))
             else:
                 rows = sa.select(g.run_id, g.device_uuid, d0, g.t0, g.t1, g.busy_s, g.energy_j).where(
-                    *where, g.device_uuid == uuid, g.run_id == run_id, d0 == d, crosses
+                    *where, g.device_uuid == uuid, g.run_id == run_id, d0 == d, crosses, sa.not_(sa.or_(*raw))
                 )
                 crossing += _fetch(conn, rows)
         for run_id, uuid, d, t0, t1, busy, energy in crossing:
@@ -295,7 +315,9 @@ def interval_days(
             first = (night - t0) / (t1 - t0)  # t1 > night > t0 here: the part before midnight
             _add_part(sums, run_id, uuid, int(d), t0, night, busy, energy, first, 0)
             _add_part(sums, run_id, uuid, int(d) + 1, night, t1, busy, energy, 1.0 - first, 1)
-    return list(sums.values())
+        if any_raw:
+            raw_rows += raw_intervals(conn, chunk, start, end, skip_days)
+    return list(sums.values()), raw_rows
 
 
 def _add_sums(

@@ -115,13 +115,19 @@ def interval_day_usage(
     cut_days = sorted({day_of(c) for c in cut_list})
     ids = [r.id for r in rows]
     devices = {(d["run_id"], d["uuid"]): d for d in cq.device_rows(conn, ids)}
-    last = cq.last_interval_ends(conn, ids)
+    day_rows, raw_rows = cq.interval_sums(conn, ids, start, end, cut_days)
+    if start is None and end is None:  # every interval was read: their last end is among them
+        last = cq.last_interval_ends(conn, ids, intervals=False)
+        for row in itertools.chain(day_rows, raw_rows):
+            last[row["run_id"]] = max(last.get(row["run_id"], row["t1"]), row["t1"])
+    else:
+        last = cq.last_interval_ends(conn, ids)
     spans = {r.id: _clip(held_span(r.status, r.started_at, r.ended_at, last.get(r.id)), start, end) for r in rows}
     sums: dict[tuple[str, str], dict[tuple[int, int], dict[str, Any]]] = {}
-    for s in cq.interval_days(conn, ids, start, end, cut_days):
+    for s in day_rows:
         key = (s["day"], bisect.bisect_right(cut_list, (s["day"] + 0.5) * DAY_S))
         sums.setdefault((s["run_id"], s["device_uuid"]), {})[key] = s
-    for iv in cq.raw_intervals(conn, ids, start, end, cut_days):
+    for iv in raw_rows:
         _add_raw(sums.setdefault((iv["run_id"], iv["device_uuid"]), {}), iv, cut_list)
     for key in sums:  # intervals of a GPU missing from the devices table still count
         devices.setdefault(key, {"run_id": key[0], "uuid": key[1], "index": None, "name": None, "mig_profile": None})
