@@ -87,9 +87,11 @@ def screens(tmp_path_factory: pytest.TempPathFactory):
     for name, args in (
         ("chargeback", ["report", "chargeback", "--by", "team", "--rates", str(rates)]),
         ("capacity", ["report", "capacity", "--rates", str(rates), "--pools", str(pools)]),
+        ("run", ["report", "run", ss.TINY_RUN]),
     ):
         out = root / f"{name}.html"
-        cmd = [*args, "--month", ss.MONTH, "--format", "html", "--db", db, "-o", str(out)]
+        month = [] if name == "run" else ["--month", ss.MONTH, "--format", "html"]
+        cmd = [*args, *month, "--db", db, "-o", str(out)]
         result = CliRunner().invoke(cli, cmd)
         assert result.exit_code == 0, result.output
         pages[name] = out
@@ -322,5 +324,23 @@ def test_capacity_html_fits_and_its_figures_are_its_jsons(screens, tmp_path: Pat
     hours = page.evaluate(ROWS_JS, "#hours")
     assert [r[2] for r in hours] == [fmt_number(float(g["fleet_gpu_h"])) for g in [*twin["groups"], twin["total"]]]
     assert hours[-1][0] == "TOTAL"
+    assert problems == []
+    page.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_run_report_of_ten_seconds_has_a_time_axis_in_seconds(screens, tmp_path: Path, width: int) -> None:
+    problems: list[str] = []
+    page = _page(screens, width, problems)
+    page.goto(screens["pages"]["run"].as_uri())
+    page.wait_for_function("window.gpuledgerCharts && window.gpuledgerCharts.ready", timeout=15000)
+    _the_same_on_screen(page, tmp_path, f"report-run-{width}.png", "td.name")
+    charts = page.evaluate("window.gpuledgerCharts.charts")
+    timed = [c for c in charts if c["id"] in ("gpu_util", "vram", "power", "cpu")]
+    assert timed
+    for chart in timed:
+        labels = chart["ticks"].get("x")
+        assert labels and len(set(labels)) == len(labels), chart
+        assert all(re.fullmatch(r"\d\d:\d\d:\d\d(\n\d{4}-\d\d-\d\d)?", t) for t in labels), labels
     assert problems == []
     page.close()

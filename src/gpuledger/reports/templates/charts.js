@@ -135,6 +135,28 @@
     syncing = false;
   }
 
+  /* The time axis: whole seconds at least (never millisecond ticks), 24-hour clock in the browser's
+   * time zone, the date under the first tick of each day; entry.ticks.x: the labels drawn. */
+  var TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+                    172800, 604800];
+  function pad2(n) { return (n < 10 ? "0" : "") + n; }
+  function timeAxis(entry) {
+    return {
+      incrs: TIME_INCRS, space: 80,
+      values: function (u, ticks, axisIdx, space, incr) {
+        var lastDay = null;
+        entry.ticks.x = ticks.map(function (t) {
+          var d = new Date(t * 1000), day = d.getFullYear() + "-" + pad2(d.getMonth() + 1) + "-" + pad2(d.getDate());
+          var clock = pad2(d.getHours()) + ":" + pad2(d.getMinutes()) + (incr < 60 ? ":" + pad2(d.getSeconds()) : "");
+          var text = incr >= 86400 ? day : day !== lastDay ? clock + "\n" + day : clock;
+          lastDay = day;
+          return text;
+        });
+        return entry.ticks.x;
+      },
+    };
+  }
+
   function build(chart, container, opts) {
     var entry = { id: chart.id, title: chart.title, ticks: {} };  // what was drawn, for tests (registry)
     var units = [];
@@ -155,7 +177,7 @@
         value: fmtValue(s.unit),
       });
     });
-    var axes = [{ label: isTime ? undefined : chart.xlabel }];
+    var axes = [isTime ? timeAxis(entry) : { label: chart.xlabel }];
     units.forEach(function (unit, i) {
       axes.push({ scale: scaleOf[unit], label: unit, side: i === 0 ? 3 : 1, grid: { show: i === 0 },
                   size: 56, values: axisValues(entry, unit) });
