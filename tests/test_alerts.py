@@ -203,7 +203,7 @@ class _Gpu:
     def devices(self):
         return [device(0, memory_gib=80)]
 
-    def read(self, pids, now, closes_interval=True):
+    def read(self, pids, now, closes_interval=True, final=False):
         from gpuledger.collect.base import GpuRead
 
         tick = GpuTick(uuid="GPU-test-0", t0=now - 60, t1=now, busy_s=0.6, mem_used_b=79 * GIB, temp_c=50.0)

@@ -119,7 +119,7 @@ def test_a_collector_that_raises_becomes_an_event_and_sampling_goes_on() -> None
         def devices(self) -> list:
             return []
 
-        def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
+        def read(self, pids: set[int], now: float, closes_interval: bool = True, final: bool = False) -> GpuRead:
             raise RuntimeError("NVML exploded")
 
         def close(self) -> None:

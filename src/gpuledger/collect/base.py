@@ -43,7 +43,7 @@ class GpuCollector(Protocol):
     def devices(self) -> list[GpuIdentity]:
         """The GPUs the wrapped command can see, in the order it sees them."""
 
-    def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
+    def read(self, pids: set[int], now: float, closes_interval: bool = True, final: bool = False) -> GpuRead:
         """Usage since the previous read (the first read primes cursors and may return no ticks).
 
         ``pids`` are the run's processes, used for per-process memory and SM utilisation.
@@ -51,6 +51,8 @@ class GpuCollector(Protocol):
         only where intervals end (NVML's cumulative throttle and energy counters) are read then, so each
         interval gets its own span's; a tick of a read that does not close one has them None
         (``GpuTick``). Callers without intervals leave it True: every read stands alone.
+        ``final``: no read follows (the run ends at ``now``), so time a later read would have
+        classified (after the newest utilisation sample) is classified in this one.
         Must not raise: errors become events.
         """
 

@@ -83,7 +83,7 @@ class JetsonCollector:
     def devices(self) -> list[GpuIdentity]:
         return list(self._idents)
 
-    def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
+    def read(self, pids: set[int], now: float, closes_interval: bool = True, final: bool = False) -> GpuRead:
         out = GpuRead()
         if not self._idents:
             return out

@@ -127,7 +127,7 @@ class NvidiaSmiCollector:
     def devices(self) -> list[GpuIdentity]:
         return list(self._idents)
 
-    def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
+    def read(self, pids: set[int], now: float, closes_interval: bool = True, final: bool = False) -> GpuRead:
         out = GpuRead()
         try:
             rows = {r["uuid"]: r for r in self._query(self._fields)}

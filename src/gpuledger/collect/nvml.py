@@ -52,7 +52,7 @@ from gpuledger.core.metering.integrate import (
     surely_plausible_mj,
     trapezoid_energy_j,
 )
-from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, Event, GpuIdentity, GpuTick
+from gpuledger.core.model import ENERGY_COUNTER, ENERGY_POWER, UTIL_INSTANT, UTIL_SAMPLES, Event, GpuIdentity, GpuTick
 
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 1.0, 60.0
 _RARE_LIST_TICKS = 10  # the MPS and graphics process lists, while empty, are asked this seldom
@@ -229,7 +229,7 @@ class NvmlCollector:
     def devices(self) -> list[GpuIdentity]:
         return list(self._identities)
 
-    def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
+    def read(self, pids: set[int], now: float, closes_interval: bool = True, final: bool = False) -> GpuRead:
         out = GpuRead()
         if self._closed:
             return out
@@ -242,7 +242,7 @@ class NvmlCollector:
                 q = d.q
                 q.start_read()
                 said = len(out.events)
-                tick = self._read_device(d, pids, now, out, closes_interval)
+                tick = self._read_device(d, pids, now, out, closes_interval, final)
                 if q.failed and not q.answered:  # all_failed, inline: nothing answered, the GPU is gone
                     del out.events[said:]
                     self._q.forget_read(q)
@@ -292,7 +292,9 @@ class NvmlCollector:
         self._events.append(event)
 
     # -- one device, one tick ------------------------------------------------------------------
-    def _read_device(self, d: _Device, pids: set[int], now: float, out: GpuRead, closes: bool) -> GpuTick | None:
+    def _read_device(
+        self, d: _Device, pids: set[int], now: float, out: GpuRead, closes: bool, final: bool = False
+    ) -> GpuTick | None:
         mono = self._clock()
         wall = now if self._wall is None else self._wall()
         t0 = d.t_last
@@ -310,6 +312,8 @@ class NvmlCollector:
             tick.gpu_instance_id = d.gi
         h = d.handle
         self._busy(d, tick, wall, mono, elapsed)
+        if final:
+            self._settle(d, tick, wall, elapsed)
         if closes or d.energy_mj is None:
             mj, tick.power_w = self._power_readings(d)
             tick.energy_total_mj = mj
@@ -370,6 +374,21 @@ class NvmlCollector:
         pct = self._instant(d)
         if pct is not None:
             tick.busy_s, tick.util_max_pct, tick.util_method = pct / 100 * elapsed, pct, UTIL_INSTANT
+
+    @staticmethod
+    def _settle(d: _Device, tick: GpuTick, wall: float, elapsed: float) -> None:
+        """The run's last read: the time after the newest sample joins this tick (nvml_util.settle)."""
+        if tick.util_method is None or "samples" in d.q.unsupported:
+            return  # busy time from the instant reading (to now) or not measured at all
+        r = d.util.settle(wall, elapsed)
+        if r is None:
+            return
+        tick.busy_s = (tick.busy_s or 0.0) + r.busy_s
+        tick.util_unknown_s = (tick.util_unknown_s or 0.0) + r.unknown_s
+        if tick.util_method == UTIL_SAMPLES:  # "instant,samples" when the instant reading measured the rest
+            tick.util_method = r.method
+        if r.max_pct is not None and (tick.util_max_pct is None or r.max_pct > tick.util_max_pct):
+            tick.util_max_pct = r.max_pct
 
     def _instant(self, d: _Device) -> float | None:
         rates = self._q.call(d.q, "util", self._f_util, d.handle)

@@ -27,6 +27,9 @@ module keeps the per-device state that decides which case a read is in:
   Backward: new samples are older than the cursor and NVML answers NotFound until the clock has
   caught up; that time is unknown.
 
+* **the run's end** — the time after the newest sample is left to the next read's samples; the
+  run's last read (``settle``) has none to wait for, so that time is unknown.
+
 Unknown time is measured by the instantaneous reading (``nvmlDeviceGetUtilizationRates``) × its
 length, capped at the time that really elapsed, and the tick's method then includes "instant";
 without that reading it is recorded as unmeasured (``util_unknown_s``) and never charged as busy.
@@ -218,6 +221,20 @@ class UtilReader:
         self.cursor_us = max(self.cursor_us, int(now_us))
         self._accounted_us = max(self._accounted_us, now_us)
         self._last = None  # the next sample does not follow the last one seen: no spacing to learn
+        return self._fill_unknown(UtilRead(0.0, UTIL_SAMPLES, None, 0.0, unknown))
+
+    def settle(self, now: float, elapsed_s: float) -> UtilRead | None:
+        """The run ends at ``now`` and no read follows: the time after the last classified instant
+        (after the newest sample, which ``read`` leaves to the next read's samples: at most a period
+        and the driver's delay) is classified now, as unknown: measured by the instant reading, else
+        unmeasured. None when nothing is left, or where NVML's clock is not known (no "now" on it)."""
+        if self.cursor_us is None or self._accounted_us is None or self._blind_until_us is not None:
+            return None  # not opened, or after a backward step: the reads already covered up to now
+        now_us = self._now_us(now)
+        if now_us is None or now_us <= self._accounted_us:
+            return None
+        unknown = min((now_us - self._accounted_us) / _US, elapsed_s + self.period.seconds)
+        self._accounted_us = now_us
         return self._fill_unknown(UtilRead(0.0, UTIL_SAMPLES, None, 0.0, unknown))
 
     # -- cases ---------------------------------------------------------------------------------

@@ -296,9 +296,9 @@ class ReplayCollector:
     def devices(self) -> list[GpuIdentity]:
         return self._inner.devices()
 
-    def read(self, pids: set[int], now: float, closes_interval: bool = True) -> GpuRead:
+    def read(self, pids: set[int], now: float, closes_interval: bool = True, final: bool = False) -> GpuRead:
         self.fake.run_pids = pids
-        return self._inner.read(pids, now, closes_interval)
+        return self._inner.read(pids, now, closes_interval, final)
 
     def close(self) -> None:
         self._inner.close()

@@ -44,6 +44,8 @@ _HISTORY = 32  # spacings remembered across reads
 # A longer spacing between two busy samples is no sample period: the driver stopped sampling in
 # between (a burst's last sample and the next burst's first are both above zero).
 _SPACING_MAX_US = PERIOD_MAX_S * _JITTER * _US
+# The most a tick's figures reach back before its start: one (learned, widened) sample period.
+CARRY_MAX_S = PERIOD_MAX_S * _JITTER
 
 
 class SampleBusy(NamedTuple):  # a NamedTuple: made for every GPU at every tick, so cheap to build
@@ -188,11 +190,14 @@ def unmeasured_seconds(part: _Covered) -> float:
 
     An interval carries the exact sum of its ticks' (``util_unmeasured_s``): once ticks that did
     and did not use the instant reading are merged, its method and unknown time can no longer
-    tell. A tick, or an interval stored before that column, is judged by its own method."""
+    tell. A tick, or an interval stored before that column, is judged by its own method. Like its
+    busy time, a tick's unknown time may hold up to one sample period from before its start (time
+    the previous read left to the next one's samples: the run's last reading classifies it), so it
+    is bounded by its span plus the longest period, not by its span alone."""
     exact = getattr(part, "util_unmeasured_s", None)
     if exact is not None:
         return exact
     unknown = part.util_unknown_s
     if not unknown or not math.isfinite(unknown) or UTIL_INSTANT in (part.util_method or "").split(","):
         return 0.0
-    return min(max(0.0, part.t1 - part.t0), max(0.0, unknown))
+    return min(max(0.0, part.t1 - part.t0) + CARRY_MAX_S, max(0.0, unknown))
