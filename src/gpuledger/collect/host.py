@@ -156,6 +156,7 @@ class ProcessTreeCollector:
         self._gone: dict[int, _Tracked] = {}  # ended, reaped outside the tree: figure kept
         self._credited = Usage()  # exact figures handed over by credit_reaped, less bases
         self._reaped_peak = 0  # the largest ru_maxrss credited since the last read
+        self._own_peak = 0  # of those, the largest known to be the process's own (credit_reaped)
         self._tree_seen = False  # a reading found a process of the tree with memory
         self._folded = Usage()  # kept figures too old to be credited any more
         self._reported = Usage()  # the running maximum: cumulative since the first read
@@ -200,11 +201,11 @@ class ProcessTreeCollector:
             self._tree_seen = self._tree_seen or rss_b > 0
             tick = HostTick(
                 t0=self._prev_t, t1=now, cpu_s=delta.cpu_s, read_b=delta.read_b, write_b=delta.write_b,
-                rss_b=rss_b if self._tree_seen else max(rss_b, self._reaped_peak),
+                rss_b=max(rss_b if self._tree_seen else max(rss_b, self._reaped_peak), self._own_peak),
                 threads=sum(r.threads for r in self._live.values()), procs=len(self._live),
                 **(self._system_since(system, now) if system is not None else {}),
             )  # fmt: skip
-            self._prev_t, self._reaped_peak = now, 0
+            self._prev_t, self._reaped_peak, self._own_peak = now, 0, 0
             self._reads_since_io = 0 if io else self._reads_since_io + 1
             return tick
 
@@ -222,6 +223,13 @@ class ProcessTreeCollector:
         self._prev_sys, self._prev_sys_t, self._reads_since_sys = system, now, 0
         return fields
 
+    def exclude(self, pid: int) -> None:
+        """Leave ``pid`` (and what it starts) out of the tree from the next read on: a helper started
+        after the collector's first read (``gpuledger run`` reads it before launching CMD and its relay)."""
+        with self._lock:
+            if pid != self.root_pid:
+                self._exclude.add(pid)
+
     def pids(self) -> set[int]:
         """The live processes of the run's tree as of the last read."""
         with self._lock:
@@ -232,7 +240,9 @@ class ProcessTreeCollector:
         with self._lock:
             return self._reported
 
-    def credit_reaped(self, pid: int, cpu_s: float, read_b: int = 0, write_b: int = 0, max_rss_b: int = 0) -> None:
+    def credit_reaped(
+        self, pid: int, cpu_s: float, read_b: int = 0, write_b: int = 0, max_rss_b: int = 0, own_rss: bool = False
+    ) -> None:
         """Account the exact final usage of a child the caller reaped itself (``os.wait4``).
 
         wait4's rusage covers ``pid`` and every descendant reaped inside its subtree. So this
@@ -244,9 +254,14 @@ class ProcessTreeCollector:
         before any reading saw it still has a measured peak, never a made-up 0. Once a reading saw
         it, the readings are its peak: Linux's ru_maxrss also counts the image the process was
         forked from before its exec (gpuledger's own memory, for CMD), which is not the run's.
+        ``own_rss``: the caller knows ``max_rss_b`` is above that image (larger than the reaper's
+        own peak), so it is the process's own peak: it counts even after readings saw the tree
+        (a reading that caught the command starting up is not its peak).
         """
         with self._lock:
             self._reaped_peak = max(self._reaped_peak, max_rss_b)
+            if own_rss:
+                self._own_peak = max(self._own_peak, max_rss_b)
             if pid in self._exclude or pid in self._excluded or pid == self.root_pid:
                 return
             rec = self._live.pop(pid, None) or self._gone.pop(pid, None)

@@ -17,6 +17,11 @@ latest interval edge (the ``epoch_start`` handled right after an ``epoch_end``, 
 a regular close) closes nothing: the boundary is taken to be that edge, so no interval of a
 millisecond appears, whose rates would mean nothing. Only the last interval, closed at ``stop``, may
 be that short: the final reading (with the exact figures of the reaped command) is always kept.
+
+The first interval starts at the collectors' first reading: ``start``'s own, or one taken before
+the recorder exists (``primed_at``: ``gpuledger run`` reads them just before it launches CMD,
+edge.py). The final reading reads the GPUs first, as that one does, and tells the collectors that
+no reading follows, so they classify every second up to it (docs/METERING.md, "A run's edges").
 """
 
 from __future__ import annotations
@@ -89,6 +94,7 @@ class Recorder:
         on_interval: Callable[[list[GpuInterval], HostInterval | None], None] | None = None,
         control: ControlServer | None = None,
         on_message: Callable[[Recorder, dict], None] | None = None,
+        primed_at: float | None = None,
     ) -> None:
         if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:
             raise ValueError(f"interval must be between {MIN_INTERVAL_S} and {MAX_INTERVAL_S} seconds")
@@ -113,9 +119,12 @@ class Recorder:
         self._host_ticks: list[HostTick] = []
         self._gpu_seq: dict[str, int] = {}
         self._host_seq = 0
-        self._interval_start: float | None = None
-        self._last_edge: float | None = None  # the latest interval end, GPU or host (see cut)
-        self._last_read_t = 0.0
+        # primed_at: the collectors were read then (recorder/edge.py: just before CMD was launched), so
+        # the first interval starts there and start() takes no reading of its own.
+        self._primed = primed_at is not None
+        self._interval_start: float | None = primed_at
+        self._last_edge: float | None = primed_at  # the latest interval end, GPU or host (see cut)
+        self._last_read_t = primed_at or 0.0
         self._closes = False  # the reading just taken ends the interval
         self._close_requested = False  # the next reading ends it (cut, stop)
         self._host_close_pending = False  # a closing host reading failed: the host interval goes on
@@ -167,7 +176,8 @@ class Recorder:
             self._warn(f"gpuledger: {message} (training continues; recorded as a run event)")
 
     def start(self) -> None:
-        self.tick()  # prime collector cursors at t0 so the first interval starts with CMD
+        if not self._primed:
+            self.tick()  # prime collector cursors at t0 so the first interval starts with CMD
         self._last_flush = self._clock()
         self._wake_r, self._wake_w = os.pipe()
         self._writer = threading.Thread(target=self._write_loop, name="gpuledger-writer", daemon=True)
@@ -185,7 +195,7 @@ class Recorder:
         if self._control is not None:
             self._handle_messages()  # whatever CMD said just before it ended
         self._close_requested = True
-        self.tick()
+        self.tick(final=True)
         self._close_interval(final=True)
         for (kind, message), (_, repeats) in self._repeats.items():
             if repeats:
@@ -285,8 +295,9 @@ class Recorder:
         self.tick()
         self._close_interval()
 
-    def tick(self) -> None:
-        """Read every collector once; the reading ends the interval when one is due or was asked for."""
+    def tick(self, final: bool = False) -> None:
+        """Read every collector once; the reading ends the interval when one is due or was asked for.
+        ``final``: the last reading (``stop``): the collectors classify every second up to it."""
         now = self._clock()
         if self._interval_start is None:
             self._interval_start = self._last_edge = now
@@ -295,11 +306,18 @@ class Recorder:
         self._closes = self._close_requested or now - self._interval_start >= due
         self._close_requested = False
         self._last_read_t = now
-        self._read_host(now)
+        if final:  # the GPUs first, as at the first reading (edge.py): their counters are read at `now`
+            self._read_gpu(now, final)
+            self._read_host(now)
+        else:  # the host first: the GPU reading matches the processes it has just found
+            self._read_host(now)
+            self._read_gpu(now, final)
+
+    def _read_gpu(self, now: float, final: bool) -> None:
         if self._gpu is None:
             return
         try:
-            read = self._gpu.read(self._host.pids(), now, closes_interval=self._closes)
+            read = self._gpu.read(self._host.pids(), now, closes_interval=self._closes, final=final)
         except Exception as exc:
             self.problem("sampler_error", f"GPU sampling failed: {exc!r}")
             return

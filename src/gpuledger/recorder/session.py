@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import resource
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from gpuledger.recorder import metadata
 from gpuledger.recorder.alerting import LiveAlerts
 from gpuledger.recorder.clock import SteadyClock
 from gpuledger.recorder.control import ControlServer
+from gpuledger.recorder.edge import Primed
 from gpuledger.recorder.hooks import Explain
 from gpuledger.recorder.messages import handle as handle_message
 from gpuledger.recorder.recorder import Pending, Recorder
@@ -129,8 +131,12 @@ class Session:
         control: ControlServer | None = None,
         on_interval: Callable[[list[GpuInterval], HostInterval | None], None] | None = None,
         after_flush: Callable[[], None] | None = None,
+        primed: Primed | None = None,
     ) -> None:
+        """``primed``: the collectors were read already, on ``clock`` (recorder/edge.py: just before
+        ``gpuledger run`` launched CMD); the first interval starts at that reading."""
         self.run = run
+        self._stopped = False
         self._after_flush = after_flush  # e.g. wakes the pusher of ``gpuledger run --server``
         self._url = ledger_url
         self._ledger = None
@@ -165,8 +171,14 @@ class Session:
             on_interval=self.alerts.hook(on_interval),  # alerts first, then e.g. the /metrics exporter
             control=control,
             on_message=self._handle_message,
+            primed_at=None if primed is None else primed.t,
         )
         self.alerts.bind(self.recorder)
+        if primed is not None:  # what that first reading reported, recorded as the recorder's own would be
+            for ev in primed.events:
+                self.recorder.problem(ev.kind, ev.message or ev.kind, **ev.payload)
+            for message in primed.problems:
+                self.recorder.problem("sampler_error", message)
 
     def _handle_message(self, recorder: Recorder, msg: dict) -> None:
         handle_message(self, recorder, msg)
@@ -235,12 +247,16 @@ class Session:
         if credit is None:
             return
         try:
+            peak = usage.ru_maxrss  # type: ignore[attr-defined]  # KiB on Linux
             credit(
                 pid,
                 usage.ru_utime + usage.ru_stime,  # type: ignore[attr-defined]
                 usage.ru_inblock * 512,  # type: ignore[attr-defined]  # 512-byte blocks
                 usage.ru_oublock * 512,  # type: ignore[attr-defined]
-                usage.ru_maxrss * 1024,  # type: ignore[attr-defined]  # KiB on Linux
+                peak * 1024,
+                # ru_maxrss also counts the image the child was forked from, at most our own peak:
+                # above that, it is the child's own (a peak the readings may have missed).
+                own_rss=peak > resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             )
         except Exception as exc:
             self.recorder.problem("sampler_error", f"could not account a reaped process: {exc!r}")
@@ -248,6 +264,13 @@ class Session:
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
         self.recorder.start()
+
+    def stop(self) -> None:
+        """Take the final reading now (the run's end) and flush; ``finish`` then writes the end state.
+        ``gpuledger run`` calls it as soon as CMD is reaped, before waiting for its last output."""
+        if not self._stopped:
+            self._stopped = True
+            self.recorder.stop()
 
     def finish(
         self,
@@ -268,7 +291,7 @@ class Session:
         ``explain`` reads ``log`` after the recorder stopped (why it failed; epochs when no
         integration reported them) and may return a better status reason.
         """
-        self.recorder.stop()
+        self.stop()
         # The run ends at the final reading, taken as the command ended: not after the log is read
         # below or after a slow ledger answered (the wall time and the allocated GPU-hours).
         ended = self.recorder.last_reading_t or self._clock()

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from gpuledger.core.ids import uuid7
 from gpuledger.paths import log_dir
+from gpuledger.recorder.clock import SteadyClock
 from gpuledger.recorder.control import ENV_VAR as CONTROL_ENV
 from gpuledger.recorder.control import ControlServer
+from gpuledger.recorder.edge import Edge, open_edge
 from gpuledger.recorder.hooks import RunHooks
 from gpuledger.recorder.launch import LaunchError, become_subreaper, copy_window_size, launch
-from gpuledger.recorder.recorder import ticks_per_interval
 from gpuledger.recorder.session import Session, new_run_record, stderr_line
 from gpuledger.runs.logfile import log_cap, read_capped, remove_file
 
@@ -95,16 +96,21 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
         log_cap_b = log_cap(env)  # a bad GPULEDGER_LOG_MAX_B is refused before CMD starts
     except ValueError as exc:
         raise LaunchError(str(exc), 2) from None
-    started = time.time()
-    run_id = uuid7(int(started * 1000))
+    clock = SteadyClock()  # the recorder's clock (recorder/clock.py), from the first reading on
+    run_id = uuid7(int(clock() * 1000))
     log_path = str(log_dir(env) / f"{run_id}.log")
     control = ControlServer(control_socket_path(run_id))
     cmd_env = child_env(env, run_id, opts.db_url, control.path, opts.hooks)
     become_subreaper()
+    edge = _open_edge(opts, env, clock)
+    # The run starts at the collectors' first reading, taken right before the launch (recorder/edge.py).
+    started = edge.read().t if edge is not None else clock()
     try:
         launched = launch(list(argv), cmd_env, log_path, use_pty=opts.use_pty)  # CMD runs from here on
     except LaunchError as exc:
         control.close()  # CMD never ran: leave no socket behind
+        if edge is not None:
+            edge.close()
         if exc.reason is None:
             raise
         from gpuledger.recorder.failed_launch import record_failed_launch
@@ -112,6 +118,8 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
         stderr_line(f"gpuledger: {exc}")  # first: before what recording the failed run may say
         summary = record_failed_launch(_run_record(argv, opts, env, run_id, started), opts, exc)
         return Outcome(exc.exit_code, "failed", None, exc.reason, summary, run_id, launch_error=str(exc))
+    if edge is not None:
+        edge.host.exclude(launched.relay_pid)  # before any reading after the first: the relay is not the run's
 
     forwarded: list[int] = []
 
@@ -128,23 +136,26 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     metrics = _start_metrics(opts)  # after the launch: CMD and the relay must not inherit its socket
     pusher = opts.hooks.start_push(run_id, stderr_line) if opts.hooks.start_push is not None else None
     session: Session | None = None
-    try:
-        session = _start_session(
-            argv,
-            opts,
-            env,
-            run_id,
-            started,
-            log_path,
-            launched.relay_pid,
-            control,
-            metrics,
-            after_flush=pusher.wake if pusher is not None else None,
-        )
-    except Exception as exc:
-        stderr_line(f"gpuledger: monitoring could not start ({exc}); the command runs unmetered")
+    if edge is not None:
+        try:
+            session = _start_session(
+                argv,
+                opts,
+                env,
+                run_id,
+                edge,
+                log_path,
+                control,
+                metrics,
+                after_flush=pusher.wake if pusher is not None else None,
+            )
+        except Exception as exc:
+            edge.close()
+            stderr_line(f"gpuledger: monitoring could not start ({exc}); the command runs unmetered")
     wait_status = _reap_until(launched.pid, launched.relay_pid, session)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # finishing the record; CMD is already gone
+    if session is not None:
+        session.stop()  # the final reading: the run ends as CMD ends, not after its last output drained
     relay_done = _wait_relay(launched.relay_pid, log_path)
     status, code, sig, reason = _status(wait_status, forwarded[-1] if forwarded else None)
     summary = None
@@ -175,41 +186,39 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     return Outcome(code, status, sig, reason, summary, run_id)
 
 
+def _open_edge(opts: WrapOptions, env: Mapping[str, str], clock: SteadyClock) -> Edge | None:
+    """The run's collectors, opened before the launch; None (said on stderr) when they cannot be."""
+    try:
+        return open_edge(env, clock, interval_s=opts.interval_s, no_gpu=opts.no_gpu, replay_trace=opts.replay_trace)
+    except Exception as exc:
+        stderr_line(f"gpuledger: monitoring could not start ({exc}); the command runs unmetered")
+        return None
+
+
 def _start_session(
     argv: Sequence[str],
     opts: WrapOptions,
     env: Mapping[str, str],
     run_id: str,
-    started: float,
+    edge: Edge,
     log_path: str,
-    relay_pid: int,
     control: ControlServer,
     metrics: MetricsServer | None = None,
     after_flush: Callable[[], None] | None = None,
 ) -> Session:
-    from gpuledger.collect.gpus import open_gpu_collector
-    from gpuledger.collect.host import ProcessTreeCollector
-
-    if opts.no_gpu:
-        gpu, note = None, "GPU metering was turned off (--no-gpu)"
-    else:
-        gpu, note = open_gpu_collector(env, replay_trace=opts.replay_trace)
-    run = _run_record(argv, opts, env, run_id, started, log_path)
-    host = ProcessTreeCollector(
-        os.getpid(),
-        exclude_pids={os.getpid(), relay_pid},
-        include_root=False,
-        system_every=ticks_per_interval(opts.interval_s),
-    )
+    assert edge.primed is not None
+    run = _run_record(argv, opts, env, run_id, edge.primed.t, log_path)
     session = Session(
         opts.db_url,
         run,
-        host=host,
-        gpu=gpu,
-        gpu_note=note,
+        host=edge.host,
+        gpu=edge.gpu,
+        gpu_note=edge.gpu_note,
+        clock=edge.clock,
         control=control,
         on_interval=metrics.live.observe if metrics is not None else None,
         after_flush=after_flush,
+        primed=edge.primed,
     )
     if metrics is not None:
         metrics.live.bind(session.run, session.devices)
