@@ -23,9 +23,17 @@ Each figure is MB of output per second of the reader's own CPU time (wait4 for c
 pump's process time for the relay), the median of --rounds rounds with the readers alternated. On
 a shared machine CPU time, not wall time, says what the reader costs.
 
-Then the whole process: `python -c <print the file in 8 KiB writes>` bare and under `gpuledger run
--q --db sqlite:///...` with stdout on /dev/null (pipes) and on a pty; wall and CPU time (wait4 of
-the top process, which includes gpuledger's relay and everything it reaped), medians, and what is
+Then the whole process, end to end, on pipes (stdout on /dev/null) and on a raw pty: the printer
+(`python -c <print the file in 8 KiB writes>`) bare, piped into `tee COPY` (the peer: a plain copy
+kept on disk, `sh -c 'printer | tee COPY'`), and under `gpuledger run -q --db sqlite:///...`; and
+`python -c pass` bare and under `gpuledger run`, for gpuledger's fixed cost. All alternated in each
+round. CPU time is wait4 of the top process (everything it reaped: gpuledger, its relay, CMD).
+Printed per variant: medians of wall and CPU, and three throughputs:
+  end to end   MB / CPU of the whole `gpuledger run` of the printer (CMD and fixed cost included)
+  output path  MB / (that CPU - the printer's own CPU - gpuledger's fixed cost), i.e. what each MB
+               of output costs gpuledger (relay, redaction, storing the log, reading it at the end)
+  tee          MB / (CPU of `printer | tee COPY` - the printer's own CPU)
+min / median / max over the rounds, each round's figures from the same round's runs; and what is
 kept on disk per run (the ledger's growth and the logs folder).
 """
 
@@ -296,28 +304,53 @@ def main() -> None:
         home = os.path.join(tmp, "home")
         db = os.path.join(tmp, "ledger.db")
         env = {**os.environ, "GPULEDGER_HOME": home}
-        bare = [sys.executable, "-c", PRINTER, path]
-        wrapped = [exe, "run", "-q", "--db", f"sqlite:///{db}", "--", *bare]
-        print("\n| whole process | bare wall | bare CPU | `gpuledger run` wall | `gpuledger run` CPU | CPU added |")
-        print("|---|---:|---:|---:|---:|---:|")
+        copy = os.path.join(tmp, "tee-copy.out")
+        variants = {
+            "bare": [sys.executable, "-c", PRINTER, path],
+            "tee": ["sh", "-c", '"$0" -c "$1" "$2" | tee "$3"', sys.executable, PRINTER, path, copy],
+            "run": [exe, "run", "-q", "--db", f"sqlite:///{db}", "--", sys.executable, "-c", PRINTER, path],
+            "pass": [sys.executable, "-c", "pass"],
+            "run-pass": [exe, "run", "-q", "--db", f"sqlite:///{db}", "--", sys.executable, "-c", "pass"],
+        }
+        mb = size / 1e6
+        print(
+            "\n| whole process | bare printer wall / CPU | `printer \\| tee` wall / CPU | `gpuledger run` wall / CPU "
+            "| fixed cost (`run -- python -c pass`) CPU | end to end, MB/s | output path, MB/s | tee, MB/s |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         runs = 0
         for on_pty in (False, True):
-            b_runs, w_runs = [], []
+            timed: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
             for r in range(args.rounds):
-                first, second = (bare, wrapped) if r % 2 == 0 else (wrapped, bare)
-                for argv in (first, second):
-                    (b_runs if argv is bare else w_runs).append(whole_run(argv, env, on_pty))
-            runs += args.rounds
-            bw, bc = (statistics.median(x) for x in zip(*b_runs, strict=True))
-            ww, wc = (statistics.median(x) for x in zip(*w_runs, strict=True))
+                names = list(variants)
+                names = names[r % len(names) :] + names[: r % len(names)]  # a different order each round
+                for name in names:
+                    timed[name].append(whole_run(variants[name], env, on_pty))
+            runs += 2 * args.rounds
+            cpu = {k: [c for _, c in v] for k, v in timed.items()}
+            fixed = [rp - p for rp, p in zip(cpu["run-pass"], cpu["pass"], strict=True)]
+            e2e = [mb / c for c in cpu["run"]]
+            path_ = [mb / max(1e-9, c - b - f) for c, b, f in zip(cpu["run"], cpu["bare"], fixed, strict=True)]
+            tee = [mb / max(1e-9, t - b) for t, b in zip(cpu["tee"], cpu["bare"], strict=True)]
+
+            def med(pairs: list[tuple[float, float]]) -> str:
+                w, c = (statistics.median(x) for x in zip(*pairs, strict=True))
+                return f"{w:.2f} s / {c:.2f} s"
+
+            def spread(xs: list[float]) -> str:
+                return f"{min(xs):.0f} / **{statistics.median(xs):.0f}** / {max(xs):.0f}"
+
             print(
-                f"| {'pty' if on_pty else 'pipes (stdout on /dev/null)'} | {bw:.2f} s | {bc:.2f} s | {ww:.2f} s | "
-                f"{wc:.2f} s | +{wc - bc:.2f} s |"
+                f"| {'pty' if on_pty else 'pipes (stdout on /dev/null)'} | {med(timed['bare'])} "
+                f"| {med(timed['tee'])} | {med(timed['run'])} "
+                f"| {statistics.median(fixed):.2f} s | {spread(e2e)} | {spread(path_)} | {spread(tee)} |"
             )
+        print("\nthroughputs: min / median / max over the rounds, MB per CPU-second")
         ledger_b = _size(db) + _size(db + "-wal")
         print(
-            f"\nkept on disk: ledger {ledger_b / 1e6:.1f} MB for {runs} runs ({ledger_b / runs / 1e6:.1f} MB a run; "
-            f"the log cap is 64 MiB), logs folder {_size(os.path.join(home, 'logs')) / 1e6:.1f} MB"
+            f"\nkept on disk: ledger {ledger_b / 1e6:.1f} MB for {runs} runs "
+            f"(the printer's {args.rounds * 2} runs hold the logs; the log cap is 64 MiB), "
+            f"logs folder {_size(os.path.join(home, 'logs')) / 1e6:.1f} MB"
         )
 
 
