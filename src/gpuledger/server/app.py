@@ -55,6 +55,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
         api_docs,
         checkpoint_keeper,
         routes_capacity,
+        routes_lineage,
         routes_misc,
         routes_runs,
         routes_value,
@@ -95,6 +96,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     app.include_router(routes_write.router)
     app.include_router(routes_capacity.router)  # a node's capacity intervals (docs/CAPACITY.md)
     app.include_router(routes_value.router)  # value for money by week, for the dashboard
+    app.include_router(routes_lineage.router)  # a model's line, for the dashboard's lineage page
     app.include_router(api_docs.router)
     _optional_routers(app)
 

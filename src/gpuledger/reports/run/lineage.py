@@ -23,25 +23,37 @@ from gpuledger.store import lineage as store_lineage
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
 
+# ``ledger``: where runs are read (a Ledger, or the server's ScopedLedger: runs outside the reader's
+# projects do not exist there and are left out of the line); ``index``: the Ledger whose run_lineage
+# is looked up (the same Ledger on the CLI).
+
 
 class NoLineage(LookupError):
     """The reference names no run or model version with a recorded line."""
 
 
-def start_row(ledger: Ledger, ref: str) -> dict[str, Any]:
+def _visible(ledger: Any, run_id: str) -> bool:
+    try:
+        ledger.get_run(run_id)
+    except Exception:  # RunNotFound: deleted, or outside the reader's scope
+        return False
+    return True
+
+
+def start_row(ledger: Any, ref: str, index: Ledger) -> dict[str, Any]:
     """The training a reference points at: a model_version, a training run, or an evaluation run
     (the training that produced the evaluated weights)."""
-    row = ledger.read(lambda conn: store_lineage.by_version(conn, ref))
-    if row is not None:
+    row = index.read(lambda conn: store_lineage.by_version(conn, ref))
+    if row is not None and _visible(ledger, row["run_id"]):
         return row
     try:
         run_id = ledger.resolve(ref)
     except Exception as exc:
         raise NoLineage(f"{ref!r} is neither a model_version in the ledger nor a run ({exc})") from exc
-    row = ledger.read(lambda conn: store_lineage.get(conn, run_id))
+    row = index.read(lambda conn: store_lineage.get(conn, run_id))
     if row is not None and row["kind"] == store_lineage.EVALUATION:
         sha = row["weights_sha256"]
-        row = ledger.read(lambda conn: store_lineage.producer(conn, sha))
+        row = index.read(lambda conn: store_lineage.producer(conn, sha))
         if row is None:
             raise NoLineage(f"run {short_id(run_id)} evaluated weights that no recorded training produced")
     if row is None:
@@ -51,7 +63,7 @@ def start_row(ledger: Ledger, ref: str) -> dict[str, Any]:
     return row
 
 
-def chain_rows(ledger: Ledger, start: dict[str, Any]) -> list[dict[str, Any]]:
+def chain_rows(index: Ledger, start: dict[str, Any]) -> list[dict[str, Any]]:
     """The line through ``start``: its ancestors from the first training, then itself and every
     descendant (depth first, oldest child first). A cycle (hand-edited meta) stops the walk."""
     seen = {start["run_id"]}
@@ -59,7 +71,7 @@ def chain_rows(ledger: Ledger, start: dict[str, Any]) -> list[dict[str, Any]]:
     row = start
     while row.get("parent_run") and row["parent_run"] not in seen:
         parent_id = row["parent_run"]
-        parent = ledger.read(lambda conn, pid=parent_id: store_lineage.get(conn, pid))
+        parent = index.read(lambda conn, pid=parent_id: store_lineage.get(conn, pid))
         if parent is None:
             break
         seen.add(parent["run_id"])
@@ -70,14 +82,14 @@ def chain_rows(ledger: Ledger, start: dict[str, Any]) -> list[dict[str, Any]]:
     while stack:
         row = stack.pop()
         down.append(row)
-        kids = ledger.read(lambda conn, rid=row["run_id"]: store_lineage.children(conn, rid))
+        kids = index.read(lambda conn, rid=row["run_id"]: store_lineage.children(conn, rid))
         for kid in reversed([k for k in kids if k["run_id"] not in seen]):
             seen.add(kid["run_id"])
             stack.append(kid)
     return [*reversed(up), *down]
 
 
-def _evaluation(ledger: Ledger, run_id: str) -> dict[str, Any]:
+def _evaluation(ledger: Any, run_id: str) -> dict[str, Any]:
     run = ledger.get_run(run_id)
     ev = run.meta.get("evaluation") if isinstance(run.meta.get("evaluation"), dict) else {}
     split = ev.get("split") if isinstance(ev.get("split"), dict) else {}
@@ -100,17 +112,20 @@ def _evaluation(ledger: Ledger, run_id: str) -> dict[str, Any]:
     }
 
 
-def version(ledger: Ledger, row: dict[str, Any], now: float, with_cost: bool) -> dict[str, Any]:
-    run = ledger.get_run(row["run_id"])
-    data = rundata.load(ledger, run, now)
+def version(ledger: Any, index: Ledger, row: dict[str, Any], now: float, with_cost: bool) -> dict[str, Any]:
+    """One version; its run is visible in ``ledger`` (checked by the caller), its figures are read
+    from ``index`` (the report code reads through the Ledger's connection)."""
+    run = index.get_run(row["run_id"])
+    data = rundata.load(index, run, now)
     s = data.summary
     names = sorted({g.get("name") or "unknown" for g in s["gpus"]})
     dataset = run.meta.get("dataset") if isinstance(run.meta.get("dataset"), dict) else {}
     lineage = run.meta.get("lineage") if isinstance(run.meta.get("lineage"), dict) else {}
-    cost = costhook.run_cost(ledger, run) if with_cost else None
+    cost = costhook.run_cost(index, run) if with_cost else None
     total = costhook.cost_value(cost)
     sha = row["weights_sha256"]
-    evals = [] if not sha else ledger.read(lambda conn: store_lineage.evaluations(conn, sha))
+    evals = [] if not sha else index.read(lambda conn: store_lineage.evaluations(conn, sha))
+    evals = [rid for rid in evals if _visible(ledger, rid)]
     return {
         "run_id": run.id,
         "short_id": short_id(run.id),
@@ -131,7 +146,7 @@ def version(ledger: Ledger, row: dict[str, Any], now: float, with_cost: bool) ->
         "energy_kwh": s["energy_kwh"],
         "cost": None if total is None else f"{total[0]:.2f} {total[1] or ''}".strip(),
         "best_map": rundata.best_map(data.metrics),
-        "evaluations": [_evaluation(ledger, rid) for rid in evals],
+        "evaluations": [_evaluation(index, rid) for rid in evals],
     }
 
 
@@ -158,11 +173,18 @@ def change(v: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any] | N
     }
 
 
-def build(ledger: Ledger, ref: str, now: float | None = None, with_cost: bool = False) -> dict[str, Any]:
+def build(
+    ledger: Any, ref: str, now: float | None = None, with_cost: bool = False, index: Ledger | None = None
+) -> dict[str, Any]:
+    """The line through ``ref``; versions the reader may not see (ScopedLedger) are left out (a
+    version whose parent is hidden has no change figures)."""
     now = time.time() if now is None else now
-    start = start_row(ledger, ref)
-    rows = chain_rows(ledger, start)
-    versions = [version(ledger, row, now, with_cost) for row in rows]
+    index = ledger if index is None else index
+    start = start_row(ledger, ref, index)
+    if not _visible(ledger, start["run_id"]):  # an evaluation the reader sees of a training they do not
+        raise NoLineage(f"the training behind {ref!r} is not visible to you")
+    rows = [row for row in chain_rows(index, start) if _visible(ledger, row["run_id"])]
+    versions = [version(ledger, index, row, now, with_cost) for row in rows]
     by_id = {v["run_id"]: v for v in versions}
     for v in versions:
         v["change"] = change(v, by_id.get(v["parent_run"] or ""))

@@ -25,6 +25,7 @@ PREFIX = "/dashboard"
 API_PREFIX = "/api/v1"
 OPENAPI_PATH = "/openapi.json"
 RUN_ID = re.compile(r"^[0-9A-Za-z-]{1,64}$")
+LINEAGE_REF = re.compile(r"^[0-9A-Za-z._-]{1,128}$")
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "font-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
@@ -35,7 +36,9 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
 }
-_SCRIPTS = ("fmt.js", "api.js", "login.js", "overview.js", "overcharts.js", "runs.js", "run.js", "runcharts.js")
+_SCRIPTS = (
+    "fmt.js", "api.js", "login.js", "overview.js", "overcharts.js", "runs.js", "run.js", "runcharts.js", "lineage.js",
+)  # fmt: skip
 # name -> (package, file, media type); nothing else is served.
 STATIC: dict[str, tuple[str, str, str]] = {
     **{name: ("gpuledger.server.dashboard", f"static/{name}", "text/javascript; charset=utf-8") for name in _SCRIPTS},
@@ -115,6 +118,13 @@ def run(request: Request, run_id: str) -> HTMLResponse:
     if not RUN_ID.match(run_id):
         raise HTTPException(status_code=404, detail="no such run")
     return _page(request, "run.html.j2", "run", run_id=run_id)
+
+
+@router.get("/lineage/{ref}", response_class=HTMLResponse)
+def lineage(request: Request, ref: str) -> HTMLResponse:  # a model's line: templates/lineage.html.j2
+    if not LINEAGE_REF.match(ref):  # a run id or a model_version label
+        raise HTTPException(status_code=404, detail="no such run or model version")
+    return _page(request, "lineage.html.j2", "lineage", ref=ref)
 
 
 @router.get("/static/{name}")
