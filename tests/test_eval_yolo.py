@@ -90,6 +90,16 @@ SAVE = """
         YOLO(name + ".yaml").save(f"{sys.argv[1]}/{name}.pt")
 """
 
+PREDICT_LOOP = """
+    import sys
+    from pathlib import Path
+    from ultralytics import YOLO
+
+    model = YOLO(sys.argv[1])
+    for image in sorted(Path(sys.argv[2]).glob("*.jpg"))[:5]:  # one call per image, as a video loop does
+        model.predict(str(image), imgsz=64, device="cpu", verbose=False)
+"""
+
 API = """
     import sys
     from ultralytics import YOLO
@@ -130,6 +140,9 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory) -> Evaluated:
     api = root / "val_api.py"
     api.write_text(textwrap.dedent(API))
     record("api-s", sys.executable, str(api), str(t.weights["s"]), str(data), str(root / "runs"))
+    loop = root / "predict_loop.py"
+    loop.write_text(textwrap.dedent(PREDICT_LOOP))
+    record("loop-n", sys.executable, str(loop), str(t.weights["n"]), str(root / "dataset/images/val"))
     record("benchmark-n", yolo, "benchmark", f"model={t.weights['n']}", f"data={data}", "imgsz=64", "device=cpu",
            "format=-")  # fmt: skip
     record("console-n", yolo, "val", f"model={t.weights['n']}", f"data={data}", project, *COMMON,
@@ -214,6 +227,19 @@ def test_predict_is_recorded_with_its_source_folder(evaluated: Evaluated) -> Non
     assert ev["split"]["fingerprint"] == _expected_fingerprint(evaluated.data.parent, images_only=True)
     assert (ev["imgsz"], ev["batch"], ev["precision"], ev["map50"]) == (64, 4, "fp32", None)  # imgsz as val writes it
     assert math.isclose(ev["fps_inference"], 1000 / ev["ms_per_image"]["inference"])
+
+
+def test_predict_calls_of_one_model_add_up_to_one_evaluation(evaluated: Evaluated) -> None:
+    run = evaluated.run("loop-n")
+    ev = run.meta["evaluation"]
+    assert (ev["mode"], ev["source"], ev["images"]) == ("predict", "python-api", 5)
+    assert run.started_at < ev["window"][0] < ev["window"][1] < run.ended_at
+    with Ledger(evaluated.db) as ledger:
+        events = ledger.events(run.id, "evaluation")
+        phases = [e.message for e in ledger.events(run.id, "phase")]
+    assert len(events) == 1 and events[0].payload["images"] == 5  # one event, sent at exit
+    assert ev["split"] is None  # single images: not their folder's 16
+    assert phases == ["evaluation"]  # the first call's start only
 
 
 def test_benchmark_table_is_recorded(evaluated: Evaluated) -> None:

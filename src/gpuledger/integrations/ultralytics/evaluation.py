@@ -13,7 +13,8 @@ An evaluation's start and end are ``phase`` messages ("evaluation", "after evalu
 recorder closes its interval there, so the window's energy is a sum of whole intervals. Repeated
 ``predict()`` calls of one predictor (a video loop) add up into one evaluation: their window runs
 from the first call's start to the last call's end, only the first start is a phase, and the
-metadata is sent at most once a second (and at exit). Validations inside a training, and the
+metadata is sent at most once a second, the final totals and the one ``evaluation`` event at
+exit. Validations inside a training, and the
 validations and predictions ``benchmark()`` runs per format, are not evaluations of their own.
 A process that trained reports its evaluations as events only: the run stays a training run.
 """
@@ -40,7 +41,7 @@ MAX_SOURCE_FILES = 200_000
 
 _trained_here = False
 _benchmark_depth = 0
-_unsent: dict[int, Callable[[], None]] = {}  # predictor id -> send its latest totals (at exit)
+_at_exit: dict[int, Callable[[], None]] = {}  # predictor id -> send its final totals and event
 
 
 def note_training() -> None:
@@ -119,10 +120,11 @@ def _finish(record: dict[str, Any], images: int | None, t0: float, t1: float) ->
     return describe.jsonable(record)
 
 
-def _report(sink: Sink, record: dict[str, Any], labels: dict[str, str]) -> None:
-    payload = {k: v for k, v in record.items() if k != "benchmark"}
-    message = f"{record['mode']} of {record.get('images') or '?'} images"
-    sink.send("event", kind=EVALUATION, message=message, payload=payload)
+def _report(sink: Sink, record: dict[str, Any], labels: dict[str, str], event: bool = True) -> None:
+    if event:
+        payload = {k: v for k, v in record.items() if k != "benchmark"}
+        message = f"{record['mode']} of {record.get('images') or '?'} images"
+        sink.send("event", kind=EVALUATION, message=message, payload=payload)
     if not _trained_here:
         sink.send("metadata", labels=labels, meta={"kind": EVALUATION, "evaluation": record})
 
@@ -212,12 +214,17 @@ class _Predictions:
         self.sink = sink
         self.t0 = self.t1 = self.call_t0 = t0
         self.images = 0
+        self.calls = 0
+        self.split: dict[str, Any] | None = None
         self.ms_total = {"preprocess": 0.0, "inference": 0.0, "postprocess": 0.0}
         self.last_sent = 0.0
         self.record: dict[str, Any] | None = None
 
     def add(self, predictor: Any, t1: float) -> None:
         seen = int(getattr(predictor, "seen", 0) or 0)
+        split = _predict_source(predictor)
+        self.split = split if self.calls == 0 or split == self.split else None  # one source for all calls
+        self.calls += 1
         speed = getattr(predictor, "speed", None) or {}
         for key in self.ms_total:
             self.ms_total[key] += float(speed.get(key) or 0.0) * seen
@@ -231,7 +238,7 @@ class _Predictions:
             "source": _source(),
             "ms_per_image": ms,
             "weights": weights(getattr(args, "model", None)),
-            "split": _predict_source(predictor),
+            "split": self.split,
             "imgsz": describe.jsonable(getattr(predictor, "imgsz", None) or getattr(args, "imgsz", None)),
             "batch": batch,
             # AutoBackend knows whether it runs in half precision (the args may only have asked)
@@ -244,10 +251,12 @@ class _Predictions:
         }
         self.record = _finish(record, self.images or None, self.t0, self.t1)
 
-    def send(self) -> None:
+    def send(self, event: bool = False) -> None:
+        """The totals so far as the run's metadata; with ``event``, also as the evaluation event
+        (once, at exit: a video loop must not leave an event per second)."""
         if self.record is not None:
             self.last_sent = time.time()
-            _report(self.sink, self.record, _labels(self.record))
+            _report(self.sink, self.record, _labels(self.record), event=event)
 
 
 def _predict_source(predictor: Any) -> dict[str, Any] | None:
@@ -260,7 +269,11 @@ def _predict_source(predictor: Any) -> dict[str, Any] | None:
     except ValueError:
         return None
     if not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
+        return None  # one image: its folder may hold others that were not predicted
+    from gpuledger.integrations.ultralytics.fingerprint import source_files
+
+    if len(source_files(folder).images) != len(set(files)):
+        return None  # some of a folder's images (a glob): the fingerprint would cover the others too
     return {"name": "source", "data": None, "path": folder}
 
 
@@ -286,20 +299,19 @@ def on_predict_end(predictor: Any) -> None:
     if acc is None or _benchmark_depth:
         return
     acc.add(predictor, time.time())
-    _unsent[id(predictor)] = acc.send
+    _at_exit[id(predictor)] = lambda: acc.send(event=True)
     if time.time() - acc.last_sent >= SEND_EVERY_S:
         acc.send()
-        _unsent.pop(id(predictor), None)
 
 
 @atexit.register
-def _send_unsent() -> None:
-    for send in list(_unsent.values()):
+def _send_at_exit() -> None:
+    for send in list(_at_exit.values()):
         try:
             send()
         except Exception:
             debug_traceback()
-    _unsent.clear()
+    _at_exit.clear()
 
 
 # -- benchmark ---------------------------------------------------------------------------------
