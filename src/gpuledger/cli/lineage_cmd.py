@@ -100,3 +100,6 @@ def lineage_cmd(ref: str, fmt: str, cost: bool | None, db: str | None) -> None:
             ("j_img", "J / image"), ("map", "mAP50-95"), ("imgsz", "imgsz"), ("split", "split"),
         ]  # fmt: skip
         rows_table("evaluations", eval_columns, evals, whole=("version", "run"))
+    for v in model["versions"]:
+        for finding in v.get("findings") or []:
+            click.echo(f"{v['model_version'] or v['short_id']}: {finding['message']}")

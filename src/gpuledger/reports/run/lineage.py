@@ -9,10 +9,12 @@ model, dataset, GPU-hours, energy, cost (rate card when configured), best mAP, i
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
 from gpuledger import __version__
+from gpuledger.core.diagnosis.inference_rules import inference_slower
 from gpuledger.core.ids import short_id
 from gpuledger.core.units import iso_utc
 from gpuledger.reports.run import comparability
@@ -93,6 +95,7 @@ def _evaluation(ledger: Any, run_id: str) -> dict[str, Any]:
     run = ledger.get_run(run_id)
     ev = run.meta.get("evaluation") if isinstance(run.meta.get("evaluation"), dict) else {}
     split = ev.get("split") if isinstance(ev.get("split"), dict) else {}
+    gpus = [dataclasses.asdict(g) for g in ledger.devices(run_id)]
     return {
         "run_id": run.id,
         "short_id": short_id(run.id),
@@ -106,9 +109,11 @@ def _evaluation(ledger: Any, run_id: str) -> dict[str, Any]:
         "images": ev.get("images"),
         "imgsz": ev.get("imgsz"),
         "precision": ev.get("precision"),
+        "inference_ms": (ev.get("ms_per_image") or {}).get("inference"),
         "fps_inference": comparability.inference_fps(ev),
         "j_per_image": ev.get("j_per_image"),
         "map50_95": ev.get("map50_95"),
+        "conditions": comparability.facts(ev, gpus),  # what the comparability verdict compares
     }
 
 
@@ -173,6 +178,10 @@ def change(v: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any] | N
     }
 
 
+def _comparable(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return comparability.verdict(a["conditions"], b["conditions"]).comparable
+
+
 def build(
     ledger: Any, ref: str, now: float | None = None, with_cost: bool = False, index: Ledger | None = None
 ) -> dict[str, Any]:
@@ -187,7 +196,14 @@ def build(
     versions = [version(ledger, index, row, now, with_cost) for row in rows]
     by_id = {v["run_id"]: v for v in versions}
     for v in versions:
-        v["change"] = change(v, by_id.get(v["parent_run"] or ""))
+        prev = by_id.get(v["parent_run"] or "")
+        v["change"] = change(v, prev)
+        slower = (
+            None
+            if prev is None
+            else inference_slower(v["run_id"], prev["run_id"], v["evaluations"], prev["evaluations"], _comparable)
+        )
+        v["findings"] = [] if slower is None else [slower.as_dict()]
     return {
         "report": "lineage",
         "version": 1,
