@@ -62,6 +62,7 @@ class ValueTrends:
     runs: int  # run records counted
     notes: list[str] = field(default_factory=list)
     partial_to: float | None = None  # the last week is counted up to here only (a report's period to date)
+    inference: list[dict[str, Any]] = field(default_factory=list)  # evaluation runs' cells: inference_value.py
 
     @property
     def last_complete(self) -> float:
@@ -81,6 +82,7 @@ class ValueTrends:
             **self.tops,
             "anomalies": [a.as_dict(self.by) for a in self.anomalies],
             "notes": self.notes,
+            "inference": self.inference,
         }
 
 
@@ -287,7 +289,20 @@ def value_trends(
         runs=sum(c.runs for c in cells.values()),
         notes=notes,
         partial_to=end if partial else None,
+        inference=_inference(ledger, by, scope, card, starts, end, basis, include_replayed),
     )
+
+
+def _inference(ledger: Ledger, by: str, scope: frozenset[str] | None, card: RateCard, starts: list[float],
+               end: float, basis: str | None, include_replayed: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """Cost per 1,000 images and J/image of evaluation runs, by model_version only (issue 37)."""
+    from gpuledger.reports.cost.inference_value import inference_value
+
+    if by != "model_version":
+        return []
+    last = min(end, starts[-1] + WEEK_S)
+    return inference_value(ledger, scope=scope, card=card, weeks=starts, end=last, basis=basis,
+                           include_replayed=include_replayed)  # fmt: skip
 
 
 def _split(values: Sequence[RunValue], a: Anomaly, by: str) -> tuple[list[RunValue], list[RunValue]]:

@@ -1,0 +1,145 @@
+"""Inference value by model_version and week: cost per 1,000 images and energy per image of the
+evaluation runs (issue 37), beside the training value trends (value_trends.py hooks it in).
+
+An evaluation run (``yolo val|predict|benchmark``, ``meta.kind = evaluation``) counts for the
+model_version of its ``model_version`` label, else of the training that produced the weights it
+evaluated (run_lineage, store/lineage.py: only evaluations whose weights sha256 was recorded are
+found, through that table's index). Its cost is priced as ``gpuledger cost`` prices a run (its
+intervals, the rate card's basis): the whole run, model loading included. Energy per image is the
+evaluation's own, over its evaluated window (``meta.evaluation.energy_j`` / images).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from gpuledger.core.chargeback.value_trends import week_label, week_start
+from gpuledger.core.money import EXACT, MONEY_SCALE, money_str
+from gpuledger.core.pricing.cost import Pricer
+from gpuledger.reports.cost.usage import collect_runs
+from gpuledger.store import schema
+from gpuledger.store.queries import open_run
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from gpuledger.core.pricing.ratecard import RateCard
+    from gpuledger.store import Ledger
+
+_Q = Decimal("0.000001")
+
+
+def evaluation_rows(
+    conn: Connection, *, scope: frozenset[str] | None, start: float, end: float, replayed: bool = False
+) -> list[dict[str, Any]]:
+    """Finished evaluation runs in scope that ended in [start, end), with the model_version they count for."""
+    r, lin, lab = schema.runs.c, schema.run_lineage, schema.run_labels
+    producer = lin.alias("producer")
+    made_by = (
+        sa.select(producer.c.model_version)
+        .where(producer.c.weights_sha256 == lin.c.weights_sha256, producer.c.kind == "training")
+        .order_by(producer.c.started_at.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    label = (
+        sa.select(lab.c.value).where(lab.c.run_id == r.id, lab.c.key == "model_version").limit(1).scalar_subquery()
+    )
+    q = (
+        sa.select(r.id, r.ended_at, r.meta, label.label("label_version"), made_by.label("made_by"))
+        .select_from(schema.runs.join(lin, lin.c.run_id == r.id))
+        .where(lin.c.kind == "evaluation", r.ended_at >= start, r.ended_at < end, ~open_run(r))
+        .where(r.status != "imported")
+    )
+    if scope is not None:
+        q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
+    if not replayed:
+        q = q.where(r.replayed == sa.false())
+    rows = []
+    for row in conn.execute(q).mappings():
+        version = row["label_version"] or row["made_by"]
+        if version:
+            rows.append({"id": row["id"], "ended_at": float(row["ended_at"]), "meta": row["meta"], "version": version})
+    return rows
+
+
+def _per(amount: Decimal, divisor: Decimal) -> str | None:
+    if divisor <= 0:
+        return None
+    return format(EXACT.divide(amount, divisor).quantize(_Q, ROUND_HALF_EVEN, EXACT), "f")
+
+
+def cells(rows: Sequence[Mapping[str, Any]], costs: Mapping[str, int], weeks: Sequence[float]) -> list[dict[str, Any]]:
+    """Per (model_version, week): evaluations, images, cost, cost per 1,000 images, energy and J/image.
+    A figure needs every evaluation of the cell to have it (images, energy): a partial sum is not shown."""
+    wanted = set(weeks)
+    acc: dict[tuple[str, float], dict[str, Any]] = {}
+    for row in rows:
+        week = week_start(row["ended_at"])
+        if week not in wanted:
+            continue
+        ev = (row["meta"] or {}).get("evaluation") or {}
+        cell = acc.setdefault(
+            (row["version"], week),
+            {"evaluations": 0, "images": 0, "cost": 0, "energy_j": 0.0, "images_known": True, "energy_known": True},
+        )
+        cell["evaluations"] += 1
+        cell["cost"] += costs.get(row["id"], 0)
+        images, energy = ev.get("images"), ev.get("energy_j")
+        if isinstance(images, int) and images > 0:
+            cell["images"] += images
+        else:
+            cell["images_known"] = False
+        if isinstance(energy, int | float):
+            cell["energy_j"] += float(energy)
+        else:
+            cell["energy_known"] = False
+    out = []
+    for (version, week), c in sorted(acc.items()):
+        images = c["images"] if c["images_known"] else None
+        energy = c["energy_j"] if c["energy_known"] else None
+        amount = Decimal(c["cost"]).scaleb(-MONEY_SCALE, EXACT)
+        out.append(
+            {
+                "model_version": version,
+                "week": week_label(week),
+                "evaluations": c["evaluations"],
+                "images": images,
+                "cost": money_str(c["cost"]),
+                "cost_per_1k_images": None if not images else _per(amount, Decimal(images) / 1000),
+                "energy_j": None if energy is None else round(energy, 6),
+                "j_per_image": None if energy is None or not images else round(energy / images, 6),
+            }
+        )
+    return out
+
+
+def inference_value(
+    ledger: Ledger,
+    *,
+    scope: frozenset[str] | None,
+    card: RateCard,
+    weeks: Sequence[float],
+    end: float,
+    basis: str | None = None,
+    include_replayed: bool = False,
+) -> list[dict[str, Any]]:
+    """The inference cells of ``weeks`` (week starts; the last counted up to ``end``)."""
+    if not weeks:
+        return []
+
+    def read(conn: Connection) -> tuple[list[dict[str, Any]], Any]:
+        rows = evaluation_rows(conn, scope=scope, start=weeks[0], end=end, replayed=include_replayed)
+        usage = collect_runs(conn, [r["id"] for r in rows], scope=None, cuts=card.change_points) if rows else None
+        return rows, usage
+
+    rows, usage = ledger.read(read)
+    costs: dict[str, int] = {}
+    if usage is not None:
+        for line in Pricer(card, basis).price_all(usage.usages):
+            costs[line.run_id] = costs.get(line.run_id, 0) + line.cost
+    return cells(rows, costs, weeks)
