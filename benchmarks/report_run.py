@@ -249,19 +249,24 @@ def main() -> None:
     # Default: no rate card configured, no cost block; --cost prices the run with the cost engine's
     # example card (its own time, measured apart).
     variants = [("html", args.out, []), ("json", args.out + ".json", []), ("html", args.out, ["--cost"])]
-    for fmt, out, extra in variants:
-        walls, cpus = [], []
-        for _ in range(args.repeat):
+    times: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(variants))}
+    for r in range(args.repeat):  # the variants alternated, a different one first each round
+        order = list(range(len(variants)))
+        for i in order[r % len(order) :] + order[: r % len(order)]:
+            fmt, out, extra = variants[i]
             wall, cpu, proc = _timed(["report", "run", RUN_ID, "--format", fmt, "-o", out, *extra], args.db)
             if proc.returncode != 0:
                 raise SystemExit(proc.stderr.decode())
-            walls.append(wall)
-            cpus.append(cpu)
+            times[i].append((wall, cpu))
+    for i, (fmt, out, extra) in enumerate(variants):
+        walls, cpus = (list(x) for x in zip(*times[i], strict=True))
         label = " ".join(["report run", "--format", fmt, *extra])
         print(
-            f"{label}: wall median {statistics.median(walls):.2f} s (min {min(walls):.2f}), CPU median "
-            f"{statistics.median(cpus):.2f} s, file {os.path.getsize(out) / 2**20:.2f} MiB"
+            f"{label}: wall min/median/max {min(walls):.2f} / {statistics.median(walls):.2f} / {max(walls):.2f} s, "
+            f"CPU {min(cpus):.2f} / {statistics.median(cpus):.2f} / {max(cpus):.2f} s, "
+            f"file {os.path.getsize(out) / 2**20:.2f} MiB"
         )
+    print(f"machine load average after: {os.getloadavg()[0]:.2f}")
     if args.peer:
         wall, cpu, proc = _timed(["show", RUN_ID, "--json"], args.db)
         print(f"peer: gpuledger show --json (every interval into Python): wall {wall:.2f} s, CPU {cpu:.2f} s")
