@@ -52,7 +52,7 @@ def _unit(unit: str, significant: int = 3) -> Any:
 # comparable" against a run whose comparability verdict fails.
 EVAL_FIGURES: tuple[core_compare.Figure, ...] = (
     core_compare.Figure("eval_settings", "evaluation (mode · imgsz · batch · precision · device)", str, diff=False),
-    core_compare.Figure("eval_images", "images evaluated", _num(6)),
+    core_compare.Figure("eval_images", "images evaluated", lambda v: "n/a" if v is None else f"{v:,}", diff=False),
     core_compare.Figure("inference_ms", "inference ms / image", _unit("ms"), "lower"),
     core_compare.Figure("total_ms", "pre + inference + post ms / image", _unit("ms"), "lower"),
     core_compare.Figure("fps_inference", "FPS (inference only)", _num(4), "higher"),
