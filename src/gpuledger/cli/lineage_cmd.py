@@ -8,11 +8,19 @@ from typing import Any
 import click
 
 from gpuledger.cli.common import check_report_rate_card, cli_errors, db_option, format_option, open_ledger
-from gpuledger.core.units import fmt_number
+from gpuledger.core.units import fmt_money, fmt_number
 
 
 def _signed(value: float | None, unit: str, digits: int = 1) -> str | None:
     return None if value is None else f"{value:+.{digits}f}{unit}"
+
+
+def _money(cost: str | None) -> str | None:
+    """The exact "AMOUNT CURRENCY" of the JSON, in cents for people (as compare shows money)."""
+    if not cost:
+        return None
+    amount, _, currency = cost.partition(" ")
+    return fmt_money(amount, currency or None)
 
 
 def _rows(model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -32,7 +40,7 @@ def _rows(model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, A
                 "dataset": None if not fp else f"{(v['dataset'] or {}).get('name') or ''} {fp[:12]}".strip(),
                 "gpu_h": v["gpu_hours"],
                 "kwh": v["energy_kwh"],
-                "cost": v["cost"],
+                "cost": _money(v["cost"]),
                 "best_map": v["best_map"],
                 "d_map": _signed(ch.get("best_map_points"), " pt"),
                 "evals": len(v["evaluations"]),

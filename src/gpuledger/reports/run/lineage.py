@@ -149,7 +149,7 @@ def version(ledger: Any, index: Ledger, row: dict[str, Any], now: float, with_co
         "gpu_hours": s["allocated_gpu_hours"],
         "busy_gpu_hours": s["busy_gpu_hours"],
         "energy_kwh": s["energy_kwh"],
-        "cost": None if total is None else f"{total[0]:.2f} {total[1] or ''}".strip(),
+        "cost": None if total is None else f"{cost.get('total')} {total[1] or ''}".strip(),  # exact, as compare
         "best_map": rundata.best_map(data.metrics),
         "evaluations": [_evaluation(index, rid) for rid in evals],
     }
