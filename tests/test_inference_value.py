@@ -70,3 +70,26 @@ def test_evaluations_count_for_their_model_version_with_cost_per_1k_images_and_j
 def test_only_by_model_version(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with Ledger(f"sqlite:///{tmp_path}/l.db") as ledger:
         assert value_trends(ledger, scope=None, card=CARD, end=END, weeks=2, by="model").inference == []
+
+
+def test_lineage_prices_each_version_with_the_rate_card(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from click.testing import CliRunner
+
+    from gpuledger.cli.main import cli
+    from value_sim import CARD_TEXT
+
+    rates = tmp_path / "rates.toml"
+    rates.write_text('[card]\ncurrency = "USD"\nbasis = "allocated"\n' + CARD_TEXT)
+    monkeypatch.setenv("GPULEDGER_RATES", str(rates))
+    db = f"sqlite:///{tmp_path}/ledger.db"
+    lineage = {"model_version": "v1", "weights_sha256": W1, "model_line": "yolov8n"}
+    with Ledger(db) as ledger:
+        _run(ledger, "0190c0c0-0000-7000-8000-0000000003a1", WEEK, 60, {"lineage": lineage})
+    out = CliRunner().invoke(cli, ["lineage", "v1", "--json", "--db", db])
+    assert out.exit_code == 0, out.output
+    (version,) = json.loads(out.stdout)["versions"]
+    assert version["cost"] == f"{RATE} USD" and version["gpu_hours"] == 1.0  # one allocated hour
+    table = CliRunner().invoke(cli, ["lineage", "v1", "--db", db]).stdout
+    assert "3.43 USD" in table
