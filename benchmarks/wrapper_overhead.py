@@ -87,7 +87,8 @@ def fixed_cost(gl: list[str], rounds: int, env: dict[str, str], stamp: str, base
     bare = [sys.executable, "-c", STAMP, stamp]
     forms: dict[str, tuple[list[str], dict[str, str]]] = {"bare": (bare, env), "wrapped": ([*gl, "--", *bare], env)}
     if baseline:  # the same options, `python -m gpuledger` from the baseline's src/
-        base_env = {**env, "PYTHONPATH": os.path.join(os.path.abspath(baseline), "src")}
+        home = os.path.join(env["GPULEDGER_HOME"], "baseline")  # a ledger of its own: schema versions differ
+        base_env = {**env, "PYTHONPATH": os.path.join(os.path.abspath(baseline), "src"), "GPULEDGER_HOME": home}
         forms["baseline"] = ([sys.executable, "-m", "gpuledger", *gl[1:], "--", *bare], base_env)
     for argv, form_env in forms.values():
         run(argv, form_env, stamp)  # create the ledger; warm the page cache
