@@ -19,6 +19,7 @@ import io
 import itertools
 import json
 import math
+import subprocess
 import sys
 import textwrap
 import time
@@ -29,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from e2e_helpers import cli_env, run_cli, show_json
+from e2e_helpers import GPULEDGER, cli_env, run_cli, show_json
 from gpuledger.collect.fake_nvml import FakeGpu, FakeNvml, TracePoint
 from gpuledger.collect.nvml import NvmlCollector
 from gpuledger.core.metering.busy import CARRY_MAX_S, unmeasured_seconds
@@ -131,6 +132,52 @@ def _newest(env: dict[str, str]) -> str:
     assert shown.returncode == 0, shown.stderr.decode()
     (run,) = json.loads(shown.stdout)
     return run["id"]
+
+
+WAITS_THEN_GROWS = textwrap.dedent(
+    """
+    import os, sys, time
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.02)
+    block = bytearray(150 * 2**20)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_command_seen_small_keeps_the_peak_it_reached_just_before_it_ended(tmp_path: Path) -> None:
+    # With the recorder started sooner after the launch, a reading may see a short command small
+    # and miss the peak it reaches just before it ends. Its wait4 ru_maxrss is that peak when it is
+    # above gpuledger's own memory's high-water mark, even when gpuledger's own ru_maxrss is far
+    # larger: it counts the image gpuledger was started from, its parent's (here 400 MiB, as a long
+    # test session or a launcher holding a dataset in memory has).
+    ballast = bytearray(400 * 2**20)  # resident: bytearray writes its zeros
+    env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db")
+    go = tmp_path / "go"
+    proc = subprocess.Popen(
+        [*GPULEDGER, "run", "--interval", "0.5", "-q", "--", sys.executable, "-c", WAITS_THEN_GROWS, str(go)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not _peak_so_far(env):  # a written reading has seen the command, waiting and small
+            assert time.monotonic() < deadline, "no reading of the command was written"
+            time.sleep(0.1)
+    finally:
+        go.touch()
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert 150 * 2**20 <= show_json(_newest(env), env)["peak_rss_bytes"] <= 250 * 2**20
+    del ballast
+
+
+def _peak_so_far(env: dict[str, str]) -> int:
+    listed = run_cli(["runs", "--json"], env)
+    rows = json.loads(listed.stdout) if listed.returncode == 0 else []
+    if len(rows) != 1:
+        return 0
+    shown = run_cli(["show", rows[0]["id"], "--json"], env)
+    return (json.loads(shown.stdout).get("peak_rss_bytes") or 0) if shown.returncode == 0 else 0
 
 
 def _rows(url: str, run_id: str) -> dict[str, Any]:

@@ -256,7 +256,7 @@ class Session:
                 peak * 1024,
                 # ru_maxrss also counts the image the child was forked from, at most our own peak:
                 # above that, it is the child's own (a peak the readings may have missed).
-                own_rss=peak > resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                own_rss=peak > _own_peak_kib(),
             )
         except Exception as exc:
             self.recorder.problem("sampler_error", f"could not account a reaped process: {exc!r}")
@@ -347,6 +347,20 @@ class Session:
     def close(self) -> None:
         if self._ledger is not None:
             self._ledger.close()
+
+
+def _own_peak_kib() -> int:
+    """This process's own peak resident memory, KiB: the high-water mark of its memory since its
+    exec (VmHWM). Our ru_maxrss would not do: it also counts the image we were forked from, our
+    parent's (a test runner's hundreds of MiB), so it says nothing of a child's own peak."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc: the safe side (larger)
 
 
 def _redacted_device(redactor: Redactor, device: GpuIdentity) -> GpuIdentity:
