@@ -130,7 +130,8 @@ def test_list_filters_alerts_me_and_log(api: Api) -> None:
     alerts = api.get(t.member_a, "/alerts/recent").json()
     assert {x["run_id"] for x in alerts} == {a["id"], b["id"]} and alerts[0]["kind"] == "alert"
     assert api.get(t.agent_a, "/me").json() == {
-        "user": "agent-a", "role": "agent", "projects": ["A"], "token_id": t.agent_a[4:16]
+        "user": "agent-a", "role": "agent", "projects": ["A"], "token_id": t.agent_a[4:16],
+        "ledger_has_runs": True,  # a yes/no only: lets runs --server tell "none visible" from "none yet"
     }  # fmt: skip
     put = api.client.put(
         f"/api/v1/runs/{a['id']}/log", content=b"line 1\n<script>x</script>\n", headers=bearer(t.agent_a)
