@@ -46,9 +46,7 @@ def evaluation_rows(
         .limit(1)
         .scalar_subquery()
     )
-    label = (
-        sa.select(lab.c.value).where(lab.c.run_id == r.id, lab.c.key == "model_version").limit(1).scalar_subquery()
-    )
+    label = sa.select(lab.c.value).where(lab.c.run_id == r.id, lab.c.key == "model_version").limit(1).scalar_subquery()
     q = (
         sa.select(r.id, r.ended_at, r.meta, label.label("label_version"), made_by.label("made_by"))
         .select_from(schema.runs.join(lin, lin.c.run_id == r.id))
