@@ -21,6 +21,16 @@ def gl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _rows(listing: str) -> list[list[str]]:
+    """A piped table's lines as cells (the cells in these tests hold no spaces)."""
+    return [line.split() for line in listing.splitlines()]
+
+
+def _row(listing: str, first: str) -> list[str]:
+    (row,) = [r for r in _rows(listing) if r[0] == first]
+    return row
+
+
 def test_schema_changes_only_by_command_and_serve_refuses_an_old_schema() -> None:
     with fresh_pg_url() as url:
         status = gl("db", "status", "--db", url)
@@ -77,7 +87,10 @@ def test_admin_commands_and_tokens_shown_once_stored_hashed() -> None:
             done = gl(*args, "--db", url)
             assert done.returncode == 0, done.stderr
         assert gl("admin", "member", "add", "alice", "nope", "--db", url).returncode == 1
-        assert "alice  projects: vision" in gl("admin", "user", "list", "--db", url).stdout
+        users = _rows(gl("admin", "user", "list", "--db", url).stdout)
+        assert users[0][:2] == ["NAME", "STATUS"] and users[0][-1] == "PROJECTS"
+        alice = next(r for r in users if r[0] == "alice")
+        assert alice[1] == "active" and alice[-1] == "vision"  # the user, enabled, member of vision
         agent = gl("admin", "token", "issue", "bot", "--role", "agent", "--projects", "vision", "--db", url)
         assert agent.returncode == 1 and "no user 'bot'" in agent.stderr
         gl("admin", "user", "add", "bot", "--db", url)
@@ -90,11 +103,22 @@ def test_admin_commands_and_tokens_shown_once_stored_hashed() -> None:
         for token in (admin_token, agent_token):
             assert token not in listing and token not in dump and token.split("_", 2)[2] not in dump
         revoke = gl("admin", "token", "revoke", agent_token[4:16], "--db", url)
-        assert revoke.returncode == 0 and "revoked" in gl("admin", "token", "list", "--db", url).stdout
+        assert revoke.returncode == 0
+        revoked = _row(gl("admin", "token", "list", "--db", url).stdout, agent_token[4:16])
+        assert revoked[1:4] == ["bot", "agent", "revoked"] and revoked[4] == "vision"
         node = gl("admin", "token", "issue", "bot", "--role", "agent", "--host", "node-17", "--db", url)
         assert node.returncode == 0 and "bound to host 'node-17'" in node.stderr, node.stderr  # node-17 enrolled
-        assert f"{node.stdout.strip()[4:16]}  bot" in gl("admin", "token", "list", "--db", url).stdout
-        assert "host node-17" in gl("admin", "token", "list", "--db", url).stdout
+        listing = gl("admin", "token", "list", "--db", url).stdout
+        header = listing.splitlines()[0].split()
+        assert header[:5] == ["ID", "USER", "ROLE", "STATUS", "PROJECTS"] and header[5] == "HOST", header
+        bound = _row(listing, node.stdout.strip()[4:16])  # the new token: bot's, active, bound to node-17
+        assert bound[1:6] == ["bot", "agent", "active", "(memberships)", "node-17"], bound
+        first_admin = _row(listing, admin_token[4:16])
+        assert first_admin[2:5] == ["admin", "active", "(all)"] and "node-17" not in first_admin
+        moved = gl("admin", "gpu", "rehome", "GPU-5f1c", "--host", "node-17", "--agent", "bot", "--db", url)
+        assert moved.returncode == 0, moved.stderr
+        gpu = _row(gl("admin", "gpu", "list", "--db", url).stdout, "GPU-5f1c")
+        assert gpu[1:3] == ["node-17", "bot"] and gpu[-1] == "admin", gpu  # host, agent, set by an admin
         wrong = gl("admin", "token", "issue", "alice", "--role", "member", "--host", "node-17", "--db", url)
         assert wrong.returncode == 1 and "only agent tokens are bound to a host" in wrong.stderr
         verify = gl("audit", "verify", "--db", url)

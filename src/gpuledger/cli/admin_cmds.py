@@ -6,13 +6,14 @@ way: there is no default user, password or token). Every change is in the audit 
 
 from __future__ import annotations
 
-import datetime as dt
 import getpass
 import socket
 
 import click
 
+from gpuledger.cli.admin_tables import GPU_COLUMNS, TOKEN_COLUMNS, USER_COLUMNS, gpu_cells, token_cells, user_cells
 from gpuledger.cli.common import FiniteFloat, echo_json
+from gpuledger.cli.render import print_table
 from gpuledger.cli.server_cmds import db_required, server_ledger
 
 
@@ -71,9 +72,8 @@ def user_list(as_json: bool, db: str | None) -> None:
     if as_json:
         echo_json(users)
         return
-    for u in users:
-        flag = " (disabled)" if u["disabled"] else ""
-        click.echo(f"{u['name']}{flag}  projects: {', '.join(u['projects']) or '-'}")
+    if users:  # a fresh server has nobody: nothing printed
+        print_table(USER_COLUMNS, [user_cells(u) for u in users])
 
 
 @admin_group.group("project")
@@ -181,10 +181,6 @@ def token_revoke(token_id: str, db: str | None) -> None:
     click.echo(f"token {token_id} revoked")
 
 
-def _when(t: float | None) -> str:
-    return "-" if t is None else dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
-
-
 @token_group.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @db_required
@@ -196,11 +192,8 @@ def token_list(as_json: bool, db: str | None) -> None:
     if as_json:
         echo_json([t.__dict__ for t in tokens])
         return
-    for t in tokens:
-        state = "revoked " + _when(t.revoked_at) if t.revoked_at else "active"
-        scope = "(all)" if t.role == "admin" else ",".join(t.projects) if t.projects is not None else "(memberships)"
-        host = f"host {t.host}" if t.host else "no host"
-        click.echo(f"{t.id}  {t.user:<16} {t.role:<7} {scope:<24} {host:<20} created {_when(t.created_at)}  {state}")
+    if tokens:
+        print_table(TOKEN_COLUMNS, [token_cells(t) for t in tokens])
 
 
 @admin_group.group("run")
@@ -238,9 +231,8 @@ def gpu_list(as_json: bool, db: str | None) -> None:
     if as_json:
         echo_json(gpus)
         return
-    for g in gpus:
-        click.echo(f"{g['uuid']}  host {g['host']}  agent {g['user_name'] or '(any)'}  since {_when(g['since'])}  "
-                   f"({g['source']})")  # fmt: skip
+    if gpus:
+        print_table(GPU_COLUMNS, [gpu_cells(g) for g in gpus])
 
 
 @gpu_group.command("rehome")
