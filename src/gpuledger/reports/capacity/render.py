@@ -109,8 +109,11 @@ def _grid(columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> list[list[s
 Grid = Callable[[list[list[str]]], str]  # a table (header row first) as text; the CLI's fits the terminal
 
 
+ALIGN_MAX = 40  # piped or in a file: a longer cell (a 10 kB pool or host name) pushes its own line only
+
+
 def _plain_table(table: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    widths = [min(ALIGN_MAX, max(len(row[i]) for row in table)) for i in range(len(table[0]))]
     lines = []
     for n, row in enumerate(table):
         cells = [
