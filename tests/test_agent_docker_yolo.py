@@ -121,6 +121,7 @@ def test_an_unwrapped_yolo_container_gets_its_log_and_every_results_column(engin
         assert got == want and any(k.startswith("lr/") for _, k in got) and any(k.startswith("val/") for _, k in got)
         assert run.meta["epochs_source"] == "results.csv" and run.meta["save_dir"] == "/workspace/runs/train"
         assert run.meta["epochs"] == 3 and run.meta["task"] == "detect"
+        assert "evaluation" not in run.meta  # its epochs' validations print val lines: still a training
         # 3. epoch 1 is the training's first epoch, without the setup before it
         [start] = starts
         assert start.payload["epoch"] == 1 and start.t > run.started_at

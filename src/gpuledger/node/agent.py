@@ -30,8 +30,9 @@ from gpuledger.collect.host import ProcessTreeCollector
 from gpuledger.core.capacity.meter import CapacityMeter, GpuFacts, physical_gpus
 from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.metering.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
-from gpuledger.core.model import GpuIdentity, GpuTick
+from gpuledger.core.model import Event, GpuIdentity, GpuTick
 from gpuledger.core.redaction.redact import Redactor
+from gpuledger.node import discovered_eval
 from gpuledger.node.cgroup_stats import CgroupCollector, locate
 from gpuledger.node.claims import Claims, ProcFacts
 from gpuledger.node.container_mounts import ContainerFs
@@ -39,7 +40,7 @@ from gpuledger.node.metrics import NodeMetrics, OwnerLabels
 from gpuledger.node.procfacts import ProcReader
 from gpuledger.node.sink import LedgerSink
 from gpuledger.node.sources import Sources
-from gpuledger.node.track import META_KEY, RunTrack, discovered_record, gpu_share
+from gpuledger.node.track import META_KEY, Closed, RunTrack, discovered_record, gpu_share
 from gpuledger.runs.liveness import PID_START_SLACK_S
 
 GPU_RETRY_S = 60.0  # without NVML, how often the agent tries again
@@ -286,6 +287,8 @@ class NodeAgent:
             if track.run.id in self._created:
                 self._sink.update(track.run.id, meta=dict(taken.meta))
         parsed, ended = view.parsed, track.epochs.ended
+        if ended:  # a training: no evaluation window to keep intervals for
+            track.gpu_intervals.clear()
         if final and ended:
             source = track.run.meta.get("epochs_source")
             track.event(now, "log_parsed", f"{len(ended)} epochs read from the container's {parsed.format} "
@@ -293,6 +296,35 @@ class NodeAgent:
                         total_epochs=parsed.total_epochs, final=parsed.final, source=source)  # fmt: skip
         if view.error:
             track.event(now, "note", f"the container's log could not be read: {view.error}", once=("log", view.error))
+
+    def _note_evaluation(self, track: RunTrack, closed: Closed, claims: Claims, now: float) -> None:
+        """A container that evaluated a model (``yolo val|predict|benchmark``) ends as an evaluation
+        run (node/discovered_eval.py); a training stays a training."""
+        capped = getattr(track.log, "capped", None)
+        kept = capped() if capped is not None else None
+        if kept is None or track.epochs.ended or track.log.view().training.train_started_at is not None:  # type: ignore[attr-defined]
+            return  # no log kept, or a training (its epochs' validations print the same lines)
+        container = claims.containers.get(track.owner.container_id or "")
+        span = (track.run.started_at, track.ending_at or now)
+        if container is not None and container.started_at and container.finished_at:
+            span = (container.started_at, container.finished_at)
+        try:
+            record = discovered_eval.evaluation(
+                kept.data, truncated=kept.truncated, command=track.run.command, fs=self._container_fs(track),
+                span=span, intervals=list(track.gpu_intervals), devices=list(track.devices.values()),
+            )  # fmt: skip
+        except Exception as exc:  # a parsing bug must cost the evaluation, not the run's end
+            closed.events.append(
+                Event(t=now, kind="note", message=f"the container's evaluation could not be read: {exc!r}")
+            )
+            return
+        if record is None:
+            return
+        meta = discovered_eval.evaluation_meta(record)
+        track.run.meta.update(meta)
+        self._sink.update(track.run.id, meta=meta)
+        payload = {k: v for k, v in record.items() if k != "benchmark"}
+        closed.events.append(Event(t=now, kind="evaluation", message=discovered_eval.summary(record), payload=payload))
 
     def _container_fs(self, track: RunTrack) -> ContainerFs | None:
         cid = track.owner.container_id
@@ -456,7 +488,9 @@ class NodeAgent:
                 continue
             if track.run.id in self._created:
                 self._take_log(track, now, final=True)
-                self._sink.append(track.run.id, track.close_interval())
+                closed = track.close_interval()
+                self._note_evaluation(track, closed, claims, now)
+                self._sink.append(track.run.id, closed)
                 self._archive_log(track)
                 self._sink.update(track.run.id, ended_at=track.ending_at, exit_code=track.exit_code,
                                   status_reason=track.end_reason)  # fmt: skip

@@ -97,9 +97,9 @@ def to_host(path: str, fs: ContainerFs) -> HostPath | None:
     return HostPath(mount.source, wanted[depth:], mount)
 
 
-def read_file(where: HostPath, name: str | None = None, *, max_b: int) -> bytes | None:
-    """The bytes of the regular file at ``where`` (or of ``name`` in that directory), at most
-    ``max_b`` of them; None when it is missing, not a regular file, larger than ``max_b``, or the
+def open_file(where: HostPath, name: str | None = None, *, max_b: int) -> int | None:
+    """A descriptor (the caller closes it) of the regular file at ``where`` (or of ``name`` in
+    that directory); None when it is missing, not a regular file, larger than ``max_b``, or the
     way to it holds a symbolic link."""
     parts = (*where.parts, name) if name else where.parts
     if any(p in ("", ".", "..") or "/" in p for p in parts):
@@ -121,6 +121,20 @@ def read_file(where: HostPath, name: str | None = None, *, max_b: int) -> bytes 
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > max_b:
             return None
+        out, fd = fd, -1
+        return out
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def read_file(where: HostPath, name: str | None = None, *, max_b: int) -> bytes | None:
+    """The bytes of the regular file at ``where`` (or of ``name`` in that directory), at most
+    ``max_b`` of them; None where ``open_file`` refuses it."""
+    fd = open_file(where, name, max_b=max_b)
+    if fd is None:
+        return None
+    try:
         chunks, left = [], max_b + 1
         while left > 0 and (piece := os.read(fd, min(left, 1 << 20))):
             chunks.append(piece)

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import os
 import pwd
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from gpuledger.node.discovered_epochs import EpochTaker
 
 META_KEY = "node"  # RunRecord.meta["node"]: the agent's own facts about a discovered run
 MAX_MEMBERS_KEPT = 16  # members written to the run's metadata (resuming a process-group run checks them)
+KEPT_INTERVALS = 4096  # GPU intervals kept for an evaluation's window (node/discovered_eval.py); older ones drop
 
 
 @dataclass
@@ -75,6 +77,7 @@ class RunTrack:
         self._said: set[object] = set()
         self.log: object | None = None  # its container's followed log (node/docker_logs.ContainerLog)
         self.epochs = EpochTaker()  # its epochs, from results.csv or that log (node/discovered_epochs.py)
+        self.gpu_intervals: deque[GpuInterval] = deque(maxlen=KEPT_INTERVALS)  # closed, newest last
 
     # -- feeding ------------------------------------------------------------------------------
     def see(self, pid: int, start_ticks: int, now: float) -> bool:
@@ -121,6 +124,7 @@ class RunTrack:
                 out.gpu.append(merge_gpu_ticks(uuid, seq, ticks))
                 self.gpu_seq[uuid] = seq + 1
         self._gpu_ticks = {}
+        self.gpu_intervals.extend(out.gpu)
         if self._host_ticks:
             out.host = merge_host_ticks(self.host_seq, self._host_ticks)
             self.host_seq += 1

@@ -99,8 +99,14 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def from_console(log: bytes, command: Sequence[str], cwd: str, started: float, ended: float) -> dict[str, Any] | None:
-    mode, args = _yolo_args(command)
+def console_record(
+    log: bytes, command: Sequence[str], started: float, ended: float, mode: str | None = None
+) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """The evaluation the console shows and the command's ``key=value`` arguments, reading no
+    file (paths stay as printed: the node agent maps a container's through its mounts). ``mode``
+    overrides the one the command names (output read without a ``yolo`` command line)."""
+    named, args = _yolo_args(command)
+    mode = mode or named
     parsed: dict[str, Any] | None = None
     if mode == "benchmark" or (mode is None and b"Benchmarks complete for" in log):
         table = console.parse_benchmark(log)
@@ -115,6 +121,33 @@ def from_console(log: bytes, command: Sequence[str], cwd: str, started: float, e
         parsed = console.parse_predict(log)
     if parsed is None:
         return None
+    record: dict[str, Any] = {
+        "mode": mode,
+        "source": "console",
+        "map50": None,
+        "map50_95": None,
+        **parsed,
+        "weights": None,
+        "imgsz": parsed.get("imgsz") or _int(args.get("imgsz")),
+        "batch": parsed.get("batch") or _int(args.get("batch")),
+        "precision": "half" if args.get("half") in ("True", "true") or args.get("quantize") in ("16", "fp16") else
+        "int8" if args.get("int8") in ("True", "true") or args.get("quantize") in ("8", "int8") else "fp32",
+        "device": args.get("device"),
+        "window": [started, ended],
+    }  # fmt: skip
+    speed = record.get("ms_per_image") or {}
+    images = record.get("images")
+    record["fps_inference"] = 1000.0 / speed["inference"] if speed.get("inference") else None
+    record["fps_end_to_end"] = images / (ended - started) if images and ended > started else None
+    return record, args
+
+
+def from_console(log: bytes, command: Sequence[str], cwd: str, started: float, ended: float) -> dict[str, Any] | None:
+    found = console_record(log, command, started, ended)
+    if found is None:
+        return None
+    record, args = found
+    mode = record["mode"]
 
     def path(key: str) -> str | None:
         value = args.get(key)
@@ -123,28 +156,11 @@ def from_console(log: bytes, command: Sequence[str], cwd: str, started: float, e
         return str(Path(cwd, value).resolve()) if Path(cwd, value).exists() else value
 
     model = path("model")
-    record: dict[str, Any] = {
-        "mode": mode,
-        "source": "console",
-        "map50": None,
-        "map50_95": None,
-        **parsed,
-        "weights": {"path": model, "sha256": sha256_file(model)} if model and os.path.isfile(model) else None,
-        "imgsz": parsed.get("imgsz") or _int(args.get("imgsz")),
-        "batch": parsed.get("batch") or _int(args.get("batch")),
-        "precision": "half" if args.get("half") in ("True", "true") or args.get("quantize") in ("16", "fp16") else
-        "int8" if args.get("int8") in ("True", "true") or args.get("quantize") in ("8", "int8") else "fp32",
-        "device": args.get("device"),
-        "window": [started, ended],
-    }  # fmt: skip
+    record["weights"] = {"path": model, "sha256": sha256_file(model)} if model and os.path.isfile(model) else None
     if mode in ("val", "benchmark") and args.get("data"):
         record["split"] = {"name": args.get("split") or "val", "data": path("data"), "path": None}
     elif mode == "predict" and args.get("source") and os.path.isdir(path("source") or ""):
         record["split"] = {"name": "source", "data": None, "path": path("source")}
-    speed = record.get("ms_per_image") or {}
-    images = record.get("images")
-    record["fps_inference"] = 1000.0 / speed["inference"] if speed.get("inference") else None
-    record["fps_end_to_end"] = images / (ended - started) if images and ended > started else None
     return record
 
 

@@ -1,0 +1,110 @@
+"""A discovered container's evaluation read from its captured console (node/discovered_eval.py).
+
+The consoles are real Ultralytics 8.4.190 output (tests/data/yolo); the container's mounts are
+directories of this test; the GPU intervals are what a replayed trace of constant power gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from gpuledger.core.model import GpuIdentity, GpuInterval
+from gpuledger.node.container_mounts import ContainerFs, Mount
+from gpuledger.node.discovered_eval import evaluation
+
+DATA = Path(__file__).parent / "data" / "yolo"
+GPU = GpuIdentity(uuid="GPU-1", index=0, name="NVIDIA A100-SXM4-80GB")
+ROW = "                   all          6          8      0.512      0.388      0.431      0.217"
+
+
+def intervals(t0: float, t1: float, watts: float = 200.0, step: float = 1.0) -> list[GpuInterval]:
+    out, t, seq = [], t0, 0
+    while t < t1:
+        end = min(t1, t + step)
+        out.append(GpuInterval("GPU-1", seq, t, end, samples=1, busy_s=0.5 * (end - t), energy_j=watts * (end - t),
+                               power_max_w=watts + 10))  # fmt: skip
+        t, seq = end, seq + 1
+    return out
+
+
+def val_log() -> bytes:
+    lines = (DATA / "val_yolov8n_8.4.190.log").read_text().splitlines()
+    return "\n".join(ROW if line.split()[:1] == ["all"] else line for line in lines).encode() + b"\n"
+
+
+@pytest.fixture
+def fs(tmp_path: Path) -> ContainerFs:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "n.pt").write_bytes(b"weights of yolov8n")
+    return ContainerFs((Mount(str(tmp_path / "models"), "/workspace/models"),), "/workspace")
+
+
+def test_a_yolo_val_in_a_container_is_an_evaluation(fs: ContainerFs, tmp_path: Path) -> None:
+    command = ["sh", "-c", "exec /venv/bin/yolo val model=models/n.pt data=/data/d.yaml imgsz=64 batch=2 half=True"]
+    got = evaluation(val_log(), truncated=False, command=command, fs=fs, span=(100.0, 120.0),
+                     intervals=intervals(102.0, 118.0), devices=[GPU])  # fmt: skip
+    assert got is not None
+    assert (got["mode"], got["source"], got["images"]) == ("val", "discovered", 6)
+    assert got["ms_per_image"] == {"preprocess": 0.0, "inference": 48.2, "postprocess": 0.1}
+    assert (got["map50"], got["map50_95"]) == (0.431, 0.217)
+    assert (got["imgsz"], got["batch"], got["precision"], got["gpu_model"]) == (64, 2, "half", GPU.name)
+    # the weights the container named, found through its mount and hashed
+    assert got["weights"] == {"path": "models/n.pt", "host_path": str(tmp_path / "models" / "n.pt"),
+                              "sha256": hashlib.sha256(b"weights of yolov8n").hexdigest()}  # fmt: skip
+    assert got["split"]["data"] == "/data/d.yaml" and got["split"]["fingerprint"] is None
+    # the window: the container's span, as far as the agent metered it
+    assert got["window"] == [102.0, 118.0]
+    assert got["energy_j"] == pytest.approx(200.0 * 16)
+    assert got["j_per_image"] == pytest.approx(200.0 * 16 / 6)
+    assert got["power_mean_w"] == pytest.approx(200.0) and got["power_peak_w"] == 210.0
+    assert got["busy_share"] == pytest.approx(0.5)
+    assert got["fps_end_to_end"] == pytest.approx(6 / 16)
+
+
+def test_weights_behind_a_link_or_off_the_mounts_are_not_hashed(fs: ContainerFs, tmp_path: Path) -> None:
+    (tmp_path / "secret.pt").write_bytes(b"a host file")
+    (tmp_path / "models" / "link.pt").symlink_to(tmp_path / "secret.pt")
+    for model, host in (("models/link.pt", str(tmp_path / "models" / "link.pt")), ("/elsewhere/n.pt", None)):
+        got = evaluation(val_log(), truncated=False, command=["yolo", "val", f"model={model}"], fs=fs,
+                         span=(0.0, 10.0), intervals=intervals(0.0, 10.0), devices=[GPU])  # fmt: skip
+        assert got is not None and got["weights"] == {"path": model, "host_path": host, "sha256": None}
+
+
+def test_a_script_is_read_from_its_output(fs: ContainerFs) -> None:
+    predict = (DATA / "predict_yolov8n_8.4.190.log").read_bytes()
+    got = evaluation(predict, truncated=False, command=["python", "infer.py"], fs=fs, span=(0.0, 4.0),
+                     intervals=intervals(0.0, 4.0), devices=[GPU])  # fmt: skip
+    assert got is not None
+    assert (got["mode"], got["images"], got["batch"], got["imgsz"]) == ("predict", 6, 1, 64)
+    assert got["ms_per_image"]["inference"] == 9.1 and got["weights"] is None
+    # a log that lost its middle has lost image lines: the count is unknown, not short
+    cut = evaluation(predict, truncated=True, command=["python", "infer.py"], fs=fs, span=(0.0, 4.0),
+                     intervals=intervals(0.0, 4.0), devices=[GPU])  # fmt: skip
+    assert cut is not None and cut["images"] is None and cut["j_per_image"] is None
+    val = evaluation(val_log(), truncated=False, command=["python", "check.py"], fs=fs, span=(0.0, 4.0),
+                     intervals=intervals(0.0, 4.0), devices=[GPU])  # fmt: skip
+    assert val is not None and (val["mode"], val["map50"]) == ("val", 0.431)
+
+
+def test_a_benchmark_table_is_kept(fs: ContainerFs) -> None:
+    log = (DATA / "benchmark_8.4.190_cpu.log").read_bytes()
+    got = evaluation(log, truncated=False, command=["yolo", "benchmark", "model=models/n.pt", "imgsz=64"], fs=fs,
+                     span=(0.0, 30.0), intervals=intervals(0.0, 30.0), devices=[GPU])  # fmt: skip
+    assert got is not None and got["mode"] == "benchmark" and got["source"] == "discovered"
+    assert got["benchmark"][0]["format"] == "PyTorch" and got["benchmark"][0]["ms_per_image"] is not None
+
+
+def test_energy_is_unknown_when_the_intervals_do_not_cover_the_window(fs: ContainerFs) -> None:
+    partial = [iv for iv in intervals(0.0, 20.0) if not 5.0 <= iv.t0 < 10.0]  # older intervals dropped
+    got = evaluation(val_log(), truncated=False, command=["yolo", "val"], fs=fs, span=(0.0, 20.0),
+                     intervals=partial, devices=[GPU])  # fmt: skip
+    assert got is not None and got["energy_j"] is None and got["j_per_image"] is None
+
+
+def test_other_output_is_not_an_evaluation(fs: ContainerFs) -> None:
+    got = evaluation(b"hello\nSpeedy output\n", truncated=False, command=["python", "serve.py"], fs=fs,
+                     span=(0.0, 1.0), intervals=[], devices=[GPU])  # fmt: skip
+    assert got is None
