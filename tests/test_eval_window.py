@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger.core.evaluation.window import window_usage
+from gpuledger.core.evaluation.window import MIN_BUSY_WINDOW_S, window_usage
 from gpuledger.core.model import GpuInterval
 
 POWER = st.floats(min_value=0.0, max_value=1000.0, allow_nan=False)
@@ -41,7 +41,10 @@ def test_energy_is_the_integral_of_stepped_power_over_the_window(steps, a: float
         return
     assert usage.energy_j is not None
     assert math.isclose(usage.energy_j, _exact(ivs, t0, t1), rel_tol=1e-9, abs_tol=1e-6)
-    assert math.isclose(usage.busy_share or 0.0, 0.5, rel_tol=1e-9)
+    if t1 - t0 >= MIN_BUSY_WINDOW_S:
+        assert math.isclose(usage.busy_share or 0.0, 0.5, rel_tol=1e-9)
+    else:  # shorter than a sample period can place: not measured, never a guess
+        assert usage.busy_s is None and usage.busy_share is None
     assert usage.power_mean_w is not None and usage.power_mean_w <= max(s[1] for s in steps) + 1e-6
 
 
@@ -79,3 +82,32 @@ def test_absent_is_not_zero() -> None:
     assert window_usage(full, 8.0, 10.0).energy_j == 200.0
     assert window_usage([], 0.0, 1.0).energy_j is None
     assert window_usage([], 0.0, 1.0).busy_share is None
+
+
+def test_a_short_window_has_energy_but_no_busy_share() -> None:
+    ivs = _intervals([0.5, 0.03, 0.5], [100.0, 100.0, 100.0], busy=0.4)
+    ivs[1].busy_s = 0.03 * 2.0  # what a cut inside one sample period can hold: a period's samples
+    usage = window_usage(ivs, 0.5, 0.53)
+    assert usage.energy_j is not None and math.isclose(usage.energy_j, 3.0)
+    assert usage.busy_s is None and usage.busy_share is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(LENGTH, st.floats(0.0, 1.0)), min_size=1, max_size=12), st.floats(0, 1), st.floats(0, 1))
+def test_unmeasured_time_is_left_out_of_the_share(steps, a: float, b: float) -> None:
+    """Each interval busy 50 % of the time it measured, the rest of it (a share) unmeasured:
+    the share over any window is 50 %, not 50 % diluted by the unmeasured seconds."""
+    ivs = _intervals([s[0] for s in steps], [100.0] * len(steps), busy=0.0)
+    for iv, (length, lost) in zip(ivs, steps, strict=True):
+        iv.util_unmeasured_s = lost * length
+        iv.busy_s = 0.5 * (length - lost * length)
+    end = ivs[-1].t1
+    t0, t1 = sorted((a * end, b * end))
+    usage = window_usage(ivs, t0, t1)
+    expected_unmeasured = sum(iv.util_unmeasured_s * max(0.0, min(iv.t1, t1) - max(iv.t0, t0)) / (iv.t1 - iv.t0)
+                              for iv in ivs)  # fmt: skip
+    assert math.isclose(usage.unmeasured_s, expected_unmeasured, rel_tol=1e-9, abs_tol=1e-9)
+    if t1 - t0 < MIN_BUSY_WINDOW_S:
+        assert usage.busy_share is None
+    elif (t1 - t0) - usage.unmeasured_s > 1e-6:
+        assert math.isclose(usage.busy_share or 0.0, 0.5, rel_tol=1e-6)
