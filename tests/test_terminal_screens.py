@@ -173,3 +173,46 @@ def test_piped_runs_keep_the_10kb_name_whole_without_padding_other_lines(world: 
         line = _one_line(lines, run["short_id"] + " ")
         assert label in line.replace("[replayed] ", "") and len(line) < len(label) + 250
         assert line == line.rstrip()
+
+
+@pytest.fixture(scope="module")
+def token_ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], list[dict]]]:
+    """A server ledger (SQLite) with tokens whose users, projects and hosts are long: at 80 columns
+    they cannot all fit, the ids and statuses must."""
+    root = tmp_path_factory.mktemp("tokens")
+    env = cli_env(root / "home", f"sqlite:///{root}/server.db")
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
+    assert run_cli(["db", "migrate"], env).returncode == 0
+    issued = [["admin", "token", "issue"], ["admin", "project", "add", "detector-research"]]
+    for n in range(3):
+        user, host = f"agent-of-the-{'very-' * 6}long-node-{n}", f"node-{n}.{'rack' * 10}.example.org"
+        issued.append(["admin", "project", "add", f"vision-{n}"])
+        issued.append(["admin", "token", "issue", user, "--role", "agent", "--create-user", "--host", host,
+                       "--projects", f"vision-{n},detector-research"])  # fmt: skip
+    for args in issued:
+        out = run_cli(args, env)
+        assert out.returncode == 0, out.stderr.decode()
+    tokens = json.loads(run_cli(["admin", "token", "list", "--json"], env).stdout)
+    assert run_cli(["admin", "token", "revoke", tokens[1]["id"]], env).returncode == 0
+    yield env, json.loads(run_cli(["admin", "token", "list", "--json"], env).stdout)
+
+
+@pytest.mark.parametrize(("width", "height"), SIZES)
+def test_admin_token_list_keeps_ids_and_statuses_whole(
+    token_ledger: tuple[dict[str, str], list[dict]], width: int, height: int
+) -> None:
+    env, tokens = token_ledger
+    terminal = Terminal(env)
+    try:
+        lines = terminal.run([*GPULEDGER, "admin", "token", "list"], width, height)  # fails on a wrapped row
+    finally:
+        terminal.close()
+    assert lines[0].startswith("ID ") and " ROLE " in lines[0] and " STATUS" in lines[0]
+    for token in tokens:
+        line = _one_line(lines, token["id"] + " ")
+        status = "revoked" if token["revoked_at"] else "active"
+        assert f" {token['role']}  " in line and f" {status}" in line, line
+        assert token["user"][:4] in line  # the user, cut if need be, on the token's own line
+    assert sum(1 for t in tokens if t["revoked_at"]) == 1
+    assert all(len(line) <= width for line in lines)
