@@ -26,7 +26,7 @@ def _say(line: str) -> None:
         pass
 
 
-@click.command("agent")
+@click.group("agent", invoke_without_command=True)  # mig-map: the Slurm prolog's helper
 @click.option(
     "--server",
     envvar="GPULEDGER_SERVER",
@@ -105,6 +105,8 @@ def agent_cmd(
     Runs until SIGTERM or Ctrl-C, which close the open intervals; the next agent on this host
     resumes the runs still open.
     """
+    if click.get_current_context().invoked_subcommand is not None:
+        return  # `gpuledger agent mig-map` runs alone
     from gpuledger.core.metering.owners import parse_label_patterns
 
     try:
@@ -127,6 +129,35 @@ def agent_cmd(
          metrics_port=metrics_port, metrics_host=metrics_host, dcgm_names=dcgm_names, patterns=patterns,
          docker_socket=docker_socket, kubelet_socket=kubelet_socket, slurm=slurm, proc_root=proc_root,
          cgroup_root=cgroup_root, replay=replay)  # fmt: skip
+
+
+@agent_cmd.command(
+    "mig-map", short_help="dcgm-exporter mapping-file names of GPU/MIG UUIDs (the Slurm prolog's helper)."
+)
+@click.option("--replay-gpus", "replay", metavar="TRACE", help="Read the GPUs from a recorded trace instead of NVML.")
+@click.argument("uuids", nargs=-1, required=True, metavar="UUID...")
+def mig_map_cmd(uuids: tuple[str, ...], replay: str | None) -> None:
+    """Print `<UUID> <gpu index>[.<GPU instance id>]` per GPU or MIG UUID: dcgm-exporter's mapping-file names.
+
+    Exit 1 when a UUID is not resolved (each says why on stderr); the others are printed still.
+    """
+    from gpuledger.node.mig_map import Unresolved, open_nvml, resolve_all
+
+    try:
+        nv = open_nvml(replay)
+    except Unresolved as exc:
+        _say(f"gpuledger agent mig-map: {exc}")
+        sys.exit(1)
+    try:
+        mapped, failed = resolve_all(nv, uuids)
+    finally:
+        nv.nvmlShutdown()
+    for m in mapped:
+        click.echo(f"{m.uuid} {m.file_name}")
+    for uuid, why in failed:
+        _say(f"gpuledger agent mig-map: {uuid}: {why}")
+    if failed:
+        sys.exit(1)
 
 
 def _check_ledger(db: str | None) -> str:
