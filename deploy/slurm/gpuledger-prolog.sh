@@ -15,17 +15,24 @@
 #                            --hpc-job-mapping-dir here (it would label metrics hpc_job="<jobid> <uid>").
 #   $JOB_DIR/<jobid>.job     key=value lines: job, uid, user, account, partition, gpus, comment
 #   $DCGM_DIR/<gpu index>    only when GPULEDGER_DCGM_JOB_MAP_DIR is set: dcgm-exporter's own format
-#                            for its --hpc-job-mapping-dir, a job id a line, files named by the GPU
-#                            index only (a MIG UUID or GPU- UUID is not an index and gets no file)
+#   $DCGM_DIR/<gpu>.<gi>     for its --hpc-job-mapping-dir, a job id a line, files named by the GPU
+#                            index, or for a MIG slice its GPU's index and GPU instance id. Slurm
+#                            names MIG slices (and may name GPUs) by UUID: those are resolved on
+#                            this node by `$GPULEDGER_BIN agent mig-map UUID...` (NVML), under a
+#                            timeout of GPULEDGER_MIG_MAP_TIMEOUT seconds (default 10); a UUID it
+#                            cannot resolve gets no file, and the prolog says why on stderr.
 #
 # It always exits 0: a prolog that fails drains the node and requeues the job, and metering is
-# not worth that. Slurm gives prologs no PATH, hence the one below.
+# not worth that. Slurm gives prologs no PATH, hence the one below, and GPULEDGER_BIN: the
+# gpuledger executable (default /usr/local/bin/gpuledger, where `pip install` as root puts it).
 
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
 umask 022
 GPUSTAT_DIR="${GPULEDGER_GPUSTAT_DIR:-/run/gpustat}"
 JOB_DIR="${GPULEDGER_SLURM_JOB_DIR:-/run/gpuledger/slurm}"
 DCGM_DIR="${GPULEDGER_DCGM_JOB_MAP_DIR:-}"  # off unless set, e.g. /run/dcgm-job-map
+GPULEDGER_BIN="${GPULEDGER_BIN:-/usr/local/bin/gpuledger}"
+MIG_MAP_TIMEOUT="${GPULEDGER_MIG_MAP_TIMEOUT:-10}"
 
 say() { printf 'gpuledger prolog: %s\n' "$*" >&2; }
 
@@ -81,39 +88,81 @@ write_facts() {
   fi
 }
 
-# dcgm-exporter's --hpc-job-mapping-dir: a file per GPU index, the job id alone on its line.
-write_dcgm() {
-  local job=$1 gpu
-  shift
-  [[ -n $DCGM_DIR ]] || return 0
-  if [[ ${DCGM_DIR%/} == "${GPUSTAT_DIR%/}" ]]; then
-    say "GPULEDGER_DCGM_JOB_MAP_DIR is the jobstats directory $GPUSTAT_DIR: nothing written for dcgm-exporter"
-    return 0
-  fi
-  mkdir -p "$DCGM_DIR" || { say "cannot create $DCGM_DIR"; return 0; }
+# The dcgm-exporter file names of the job's GPUs, one a line: an index is its own; the UUIDs are
+# asked of `gpuledger agent mig-map` at once (NVML starts once), whose `<uuid> <name>` lines are
+# checked before use: only a UUID asked for, only a name of digits (never a path).
+dcgm_names() {
+  local gpu uuid name rc
+  local -a uuids=()
+  local -A asked=() named=()
   for gpu in "$@"; do
     if [[ $gpu =~ ^[0-9]+$ ]]; then
-      put_line "$DCGM_DIR/$gpu" "$job" || say "cannot write $DCGM_DIR/$gpu"
+      printf '%s\n' "$gpu"
     else
-      say "$gpu is no GPU index: no dcgm-exporter mapping file for it"
+      uuids+=("$gpu")
+      asked[$gpu]=1
     fi
   done
+  ((${#uuids[@]})) || return 0
+  if [[ ! -x $GPULEDGER_BIN ]]; then
+    say "no executable GPULEDGER_BIN ($GPULEDGER_BIN): no dcgm-exporter mapping file for ${uuids[*]}"
+    return 0
+  fi
+  [[ $MIG_MAP_TIMEOUT =~ ^[0-9]+$ ]] || MIG_MAP_TIMEOUT=10
+  local out
+  out=$(timeout -k 2 "$MIG_MAP_TIMEOUT" "$GPULEDGER_BIN" agent mig-map -- "${uuids[@]}")
+  rc=$?
+  if ((rc == 124 || rc == 137)); then
+    say "$GPULEDGER_BIN agent mig-map timed out after $MIG_MAP_TIMEOUT s"
+  elif ((rc == 126 || rc == 127)); then
+    say "cannot run $GPULEDGER_BIN agent mig-map (exit $rc)"
+  fi
+  while read -r uuid name; do
+    if [[ -n ${asked[$uuid]:-} && $name =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+      printf '%s\n' "$name"
+      named[$uuid]=1
+    fi
+  done <<<"$out"
+  for uuid in "${uuids[@]}"; do
+    [[ -n ${named[$uuid]:-} ]] || say "$uuid not resolved to a GPU index: no dcgm-exporter mapping file for it"
+  done
+}
+
+# dcgm-exporter's --hpc-job-mapping-dir: a file per GPU (or MIG slice), the job id alone on its line.
+write_dcgm() {
+  local job=$1 name
+  shift
+  for name in "$@"; do
+    put_line "$DCGM_DIR/$name" "$job" || say "cannot write $DCGM_DIR/$name"
+  done
+}
+
+# Whether the dcgm-exporter directory is wanted and usable (said once when it is not).
+dcgm_wanted() {
+  [[ -n $DCGM_DIR ]] || return 1
+  if [[ ${DCGM_DIR%/} == "${GPUSTAT_DIR%/}" ]]; then
+    say "GPULEDGER_DCGM_JOB_MAP_DIR is the jobstats directory $GPUSTAT_DIR: nothing written for dcgm-exporter"
+    return 1
+  fi
+  mkdir -p "$DCGM_DIR" || { say "cannot create $DCGM_DIR"; return 1; }
 }
 
 main() {
   local job="${SLURM_JOB_ID:-}" uid="${SLURM_JOB_UID:-}" gpu known_gpus=no
-  local -a gpus=()
+  local -a gpus=() dcgm=()
   [[ $job =~ ^[0-9]+$ ]] || { say "no numeric SLURM_JOB_ID: nothing written"; return 0; }
   [[ $uid =~ ^[0-9]+$ ]] || uid=""
   if [[ -n ${CUDA_VISIBLE_DEVICES:-}${SLURM_JOB_GPUS:-} ]]; then known_gpus=yes; fi
   mapfile -t gpus < <(job_gpus)
+  # resolved before the lock: NVML may take seconds to start, and other jobs' prologs wait on it
+  if dcgm_wanted; then mapfile -t dcgm < <(dcgm_names "${gpus[@]}"); fi
   mkdir -p "$GPUSTAT_DIR" "$JOB_DIR" || { say "cannot create $GPUSTAT_DIR or $JOB_DIR"; return 0; }
   exec 9>"$GPUSTAT_DIR/.lock"
   flock -w 10 9 || say "no lock on $GPUSTAT_DIR/.lock after 10 s: writing anyway"
   for gpu in "${gpus[@]}"; do
     put_line "$GPUSTAT_DIR/$gpu" "$job${uid:+ $uid}" || say "cannot write $GPUSTAT_DIR/$gpu"
   done
-  write_dcgm "$job" "${gpus[@]}"
+  write_dcgm "$job" "${dcgm[@]}"
   write_facts "$job" "$uid" "$(IFS=,; printf '%s' "${gpus[*]}")" "$known_gpus" || say "cannot write $JOB_DIR/$job.job"
 }
 
