@@ -10,6 +10,7 @@ their results are used for the arithmetic only, never shown.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
@@ -44,6 +45,9 @@ __all__ = [
 Scope = frozenset[str] | None  # projects visible; None = every project (must be said explicitly)
 DAY_S = 86400
 _CHUNK = 2000  # ids per IN (...) list: far below SQLite's and PostgreSQL's parameter limits
+# A run and its attempts: summed stream by stream in seq order (a few queries per GPU and day);
+# more runs at once (rollups of a batch, a chargeback) are one GROUP BY.
+_FEW_RUNS = 8
 
 
 def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
@@ -259,8 +263,13 @@ def interval_sums(
     MIN/MAX/SUM are that interval's own figures, and it is split here. (A UNION of both halves of
     every row, grouped, read each row twice and sorted twice as many; the raw ones were looked
     for with a scan of their own.) Overlapping intervals that cross the same midnight are read one
-    by one.
+    by one. A few whole runs without price-change days are first summed without the GROUP BY's
+    sort (``_in_seq_order``: a 72-hour, 8-GPU run in 1.0 s of CPU instead of 2.8 s).
     """
+    if start is None and end is None and not skip_days and len(set(run_ids)) <= _FEW_RUNS:
+        found = _in_seq_order(conn, run_ids)
+        if found is not None:
+            return found
     g = gpu_intervals.c
     d0 = _floor(conn, g.t0 / DAY_S)
     d1 = _floor(conn, g.t1 / DAY_S)
@@ -318,6 +327,110 @@ def interval_sums(
         if any_raw:
             raw_rows += raw_intervals(conn, chunk, start, end, skip_days)
     return list(sums.values()), raw_rows
+
+
+def _in_seq_order(conn: Connection, run_ids: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """``interval_sums`` of whole runs without sorting: a stream (run, GPU) whose intervals follow
+    each other in time is cut at each midnight by a binary search on seq (index lookups), and each
+    day's seq range is summed in index order. Each range's own MIN(t0), MAX(t0) and MAX(t1) prove
+    that all its rows lie inside its day (the last row of a range, which may cross midnight, is
+    read and placed here); None when a stream is not in time order, for the GROUP BY to do.
+    A GROUP BY sorts every row (2 million in a 72-hour, 8-GPU run: about three times the scan)."""
+    g = gpu_intervals.c
+    sums: dict[tuple[str, str, int], dict[str, Any]] = {}
+    raw_rows: list[dict[str, Any]] = []
+    for run_id in sorted(set(run_ids)):
+        uuid: str | None = None
+        while True:  # the run's streams, one index seek each (no scan of its intervals)
+            q = sa.select(sa.func.min(g.device_uuid)).where(g.run_id == run_id)
+            if uuid is not None:
+                q = q.where(g.device_uuid > uuid)
+            uuid = _fetch(conn, q)[0][0]
+            if uuid is None:
+                break
+            if _stream_in_seq_order(conn, run_id, uuid, sums, raw_rows) is None:
+                return None
+    return list(sums.values()), raw_rows
+
+
+def _stream_in_seq_order(
+    conn: Connection,
+    run_id: str,
+    uuid: str,
+    sums: dict[tuple[str, str, int], dict[str, Any]],
+    raw_rows: list[dict[str, Any]],
+) -> int | None:
+    """Add one stream's day sums (see _in_seq_order); its interval count, or None."""
+    g = gpu_intervals.c
+    base = (g.run_id == run_id, g.device_uuid == uuid)
+    lo_hi = _fetch(conn, sa.select(sa.func.min(g.seq), sa.func.max(g.seq)).where(*base))
+    lo, hi = lo_hi[0] if lo_hi else (None, None)
+    if lo is None:
+        return 0
+
+    def at_or_after(seq: int) -> tuple[int, float]:
+        row = _fetch(conn, sa.select(g.seq, g.t0).where(*base, g.seq >= seq).order_by(g.seq).limit(1))
+        return int(row[0][0]), float(row[0][1])
+
+    first_day, last_day = int(at_or_after(lo)[1] // DAY_S), int(at_or_after(hi)[1] // DAY_S)
+    if last_day - first_day > 366:
+        return None  # a long-lived stream: one GROUP BY beats a search per day
+    bounds = [lo]
+    for day in range(first_day + 1, last_day + 1):
+        midnight, a, b = day * DAY_S, bounds[-1], hi
+        while a < b:  # the first seq whose interval starts at or after this midnight
+            mid = (a + b) // 2
+            if at_or_after(mid)[1] >= midnight:
+                b = mid
+            else:
+                a = mid + 1
+        bounds.append(at_or_after(a)[0])
+    bounds.append(hi + 1)
+    counted = 0
+    for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+        if b <= a:
+            continue
+        day = first_day + k
+        last = _fetch(
+            conn,
+            sa.select(g.seq, g.t0, g.t1, g.busy_s, g.energy_j).where(*base, g.seq < b).order_by(g.seq.desc()).limit(1),
+        )
+        last_seq, t0, t1, busy, energy = last[0]
+        if last_seq < a:
+            continue
+        body = _fetch(
+            conn,
+            sa.select(
+                sa.func.min(g.t0),
+                sa.func.max(g.t0),
+                sa.func.max(g.t1),
+                sa.func.sum(g.busy_s),
+                sa.func.count(g.busy_s),
+                sa.func.sum(g.energy_j),
+                sa.func.count(g.energy_j),
+                sa.func.count(),
+            ).where(*base, g.seq >= a, g.seq < last_seq),
+        )[0]
+        if body[7]:
+            # SQL's own day of t0 (CAST of the same float division), and nothing past the next midnight.
+            if int(body[0] / DAY_S) != day or int(body[1] / DAY_S) != day or body[2] > (day + 1) * DAY_S:
+                return None
+            _add_sums(sums, run_id, uuid, day, body[0], body[2], body[3], body[4], body[5], body[6], body[7])
+            counted += body[7]
+        counted += 1
+        d0, d1 = int(t0 / DAY_S), int(t1 / DAY_S)
+        if d1 > d0 + 1:
+            raw_rows.append(
+                {"run_id": run_id, "device_uuid": uuid, "t0": t0, "t1": t1, "busy_s": busy, "energy_j": energy}
+            )
+        elif d1 > d0 and t1 > (d0 + 1) * DAY_S:
+            night = (d0 + 1) * DAY_S
+            first = (night - t0) / (t1 - t0)
+            _add_part(sums, run_id, uuid, d0, t0, night, busy, energy, first, 0)
+            _add_part(sums, run_id, uuid, d0 + 1, night, t1, busy, energy, 1.0 - first, 1)
+        else:
+            _add_sums(sums, run_id, uuid, d0, t0, t1, busy, int(busy is not None), energy, int(energy is not None), 1)
+    return counted
 
 
 def _add_sums(
