@@ -16,6 +16,7 @@ trace naming the container's host pid, as the NVIDIA driver would) and:
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
@@ -31,6 +32,7 @@ from docker_support import IMAGE, Engine, wait_for
 from e2e_helpers import GPULEDGER, cli_env, run_cli, show_json
 from gpuledger.runs.host import host_name
 from gpuledger.store import Ledger, accounts
+from gpuledger.store import lineage as store_lineage
 from server_support import ServerProcess, bearer, enroll
 from yolo_support import make_dataset, prepare_config_dir, yolo_env
 
@@ -122,6 +124,11 @@ def test_an_unwrapped_yolo_container_gets_its_log_and_every_results_column(engin
         assert run.meta["epochs_source"] == "results.csv" and run.meta["save_dir"] == "/workspace/runs/train"
         assert run.meta["epochs"] == 3 and run.meta["task"] == "detect"
         assert "evaluation" not in run.meta  # its epochs' validations print val lines: still a training
+        # its place in its model's line: best.pt read through the volume (node/discovered_lineage.py)
+        best = hashlib.sha256((mountpoint / "train" / "weights" / "best.pt").read_bytes()).hexdigest()
+        assert run.meta["lineage"]["weights_sha256"] == best and run.meta["lineage"]["model_line"] == "yolov8n"
+        with Ledger(env["GPULEDGER_DB"]) as led:
+            assert led.read(lambda conn: store_lineage.get(conn, ended))["weights_sha256"] == best
         # 3. epoch 1 is the training's first epoch, without the setup before it
         [start] = starts
         assert start.payload["epoch"] == 1 and start.t > run.started_at

@@ -1,4 +1,5 @@
-"""A discovered container's evaluation read from its captured console (node/discovered_eval.py).
+"""A discovered container's evaluation read from its captured console (node/discovered_eval.py),
+and a discovered training's lineage from the files on its mounts (node/discovered_lineage.py).
 
 The consoles are real Ultralytics 8.4.190 output (tests/data/yolo); the container's mounts are
 directories of this test; the GPU intervals are what a replayed trace of constant power gives.
@@ -14,6 +15,7 @@ import pytest
 from gpuledger.core.model import GpuIdentity, GpuInterval
 from gpuledger.node.container_mounts import ContainerFs, Mount
 from gpuledger.node.discovered_eval import evaluation
+from gpuledger.node.discovered_lineage import training_lineage
 
 DATA = Path(__file__).parent / "data" / "yolo"
 GPU = GpuIdentity(uuid="GPU-1", index=0, name="NVIDIA A100-SXM4-80GB")
@@ -108,3 +110,35 @@ def test_other_output_is_not_an_evaluation(fs: ContainerFs) -> None:
     got = evaluation(b"hello\nSpeedy output\n", truncated=False, command=["python", "serve.py"], fs=fs,
                      span=(0.0, 1.0), intervals=[], devices=[GPU])  # fmt: skip
     assert got is None
+
+
+# -- a discovered training's lineage (node/discovered_lineage.py) -------------------------------
+
+
+def _training_meta(source: str, kind: str) -> dict:
+    return {"framework": "ultralytics", "save_dir": "/workspace/runs/train", "epochs": 3,
+            "model": {"source": source, "kind": kind, "name": "yolov8n"}}  # fmt: skip
+
+
+def test_a_discovered_training_from_weights_on_a_mount_is_a_child(tmp_path: Path) -> None:
+    runs = tmp_path / "runs" / "train" / "weights"
+    runs.mkdir(parents=True)
+    (runs / "best.pt").write_bytes(b"fine-tuned")
+    (tmp_path / "parent.pt").write_bytes(b"v1 best")
+    fs = ContainerFs((Mount(str(tmp_path / "runs"), "/workspace/runs"), Mount(str(tmp_path), "/in")), "/workspace")
+    got = training_lineage(_training_meta("/in/parent.pt", "weights"), {"model_version": "v2"}, fs)
+    assert got == {
+        "model_line": None,  # the parent's, found by the ledger
+        "model_version": "v2",
+        "weights_sha256": hashlib.sha256(b"fine-tuned").hexdigest(),
+        "source_weights": {"path": "/in/parent.pt", "sha256": hashlib.sha256(b"v1 best").hexdigest()},
+        "parent_run": None,
+    }
+    root = training_lineage(_training_meta("yolov8n.yaml", "yaml"), {}, fs)
+    assert root is not None and root["source_weights"] is None and root["model_line"] == "yolov8n"
+    # best.pt behind a link, or the run directory on no mount: no lineage rather than a guess
+    (runs / "best.pt").unlink()
+    (runs / "best.pt").symlink_to(tmp_path / "parent.pt")
+    assert training_lineage(_training_meta("/in/parent.pt", "weights"), {}, fs) is None
+    off = ContainerFs((Mount(str(tmp_path), "/in"),), "/workspace")
+    assert training_lineage(_training_meta("/in/parent.pt", "weights"), {}, off) is None

@@ -32,7 +32,7 @@ from gpuledger.core.metering.busy import unmeasured_seconds
 from gpuledger.core.metering.owners import DEFAULT_COPY_LABELS, Owner, allocation_problem, attribute
 from gpuledger.core.model import Event, GpuIdentity, GpuTick
 from gpuledger.core.redaction.redact import Redactor
-from gpuledger.node import discovered_eval
+from gpuledger.node import discovered_eval, discovered_lineage
 from gpuledger.node.cgroup_stats import CgroupCollector, locate
 from gpuledger.node.claims import Claims, ProcFacts
 from gpuledger.node.container_mounts import ContainerFs
@@ -326,6 +326,15 @@ class NodeAgent:
         payload = {k: v for k, v in record.items() if k != "benchmark"}
         closed.events.append(Event(t=now, kind="evaluation", message=discovered_eval.summary(record), payload=payload))
 
+    def _note_lineage(self, track: RunTrack) -> None:
+        """A discovered training's place in its model's line (node/discovered_lineage.py)."""
+        if not track.epochs.ended:
+            return
+        lineage = discovered_lineage.training_lineage(track.run.meta, track.run.labels, self._container_fs(track))
+        if lineage is not None:
+            track.run.meta["lineage"] = lineage
+            self._sink.update(track.run.id, meta={"lineage": lineage})
+
     def _container_fs(self, track: RunTrack) -> ContainerFs | None:
         cid = track.owner.container_id
         fs = getattr(self._sources.source("docker"), "fs", None) if cid else None
@@ -490,6 +499,7 @@ class NodeAgent:
                 self._take_log(track, now, final=True)
                 closed = track.close_interval()
                 self._note_evaluation(track, closed, claims, now)
+                self._note_lineage(track)
                 self._sink.append(track.run.id, closed)
                 self._archive_log(track)
                 self._sink.update(track.run.id, ended_at=track.ending_at, exit_code=track.exit_code,

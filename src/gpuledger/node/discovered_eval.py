@@ -51,9 +51,9 @@ def _output_mode(log: bytes) -> str | None:
     return "val" if "loss" in speeds[-1] else "predict"
 
 
-def _weights(path: str | None, fs: ContainerFs | None) -> dict[str, Any] | None:
-    if not path:
-        return None
+def container_file_sha256(path: str, fs: ContainerFs | None) -> tuple[str | None, str | None]:
+    """(the host path, the sha256) of a file the container named, found through its mounts and
+    read without following a link; None for what could not be found or read."""
     where = to_host(path, fs) if fs is not None else None
     fd = open_file(where, max_b=WEIGHTS_MAX_B) if where is not None else None
     digest = None
@@ -67,7 +67,14 @@ def _weights(path: str | None, fs: ContainerFs | None) -> dict[str, Any] | None:
             digest = None
         finally:
             os.close(fd)
-    return {"path": path, "host_path": str(where) if where is not None else None, "sha256": digest}
+    return (str(where) if where is not None else None), digest
+
+
+def _weights(path: str | None, fs: ContainerFs | None) -> dict[str, Any] | None:
+    if not path:
+        return None
+    host, digest = container_file_sha256(path, fs)
+    return {"path": path, "host_path": host, "sha256": digest}
 
 
 def _window(span: tuple[float, float], intervals: Sequence[GpuInterval]) -> tuple[float, float]:
