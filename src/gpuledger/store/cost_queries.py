@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gpuledger.store import rollup_stale
 from gpuledger.store.queries import open_run
 from gpuledger.store.schema import devices, gpu_intervals, gpu_owners, gpu_rollups, run_labels, runs
 
@@ -564,10 +565,10 @@ def rollup_group_sums(
 
 
 def rollup_candidates(conn: Connection, *, rebuild: bool, limit: int | None = None) -> list[str]:
-    """Finished runs not rolled up yet (every finished run with ``rebuild``)."""
+    """Finished runs not rolled up yet (every finished run with ``rebuild``, but those whose raw
+    intervals went with a dropped day partition: their rollups are final, store/rollup_stale.frozen)."""
     q = sa.select(runs.c.id).where(~open_run(runs.c))
-    if not rebuild:
-        q = q.where(runs.c.rolled_up == sa.false())
+    q = q.where(~rollup_stale.frozen(runs.c.id) if rebuild else runs.c.rolled_up == sa.false())
     q = q.order_by(runs.c.started_at, runs.c.id)
     if limit is not None:
         q = q.limit(limit)

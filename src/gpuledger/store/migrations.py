@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
-from gpuledger.store import schema
+from gpuledger.store import partitions, schema
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import LedgerError, SchemaOutdated, SchemaTooNew
 
@@ -40,6 +40,7 @@ class Migration:
 
 def _create_all(conn: Connection) -> None:
     schema.metadata.create_all(conn)
+    partitions.partition_tables(conn)  # PostgreSQL: the raw tables by day, as migration 18 makes them
 
 
 def _add_gpu_rollups(conn: Connection) -> None:
@@ -380,6 +381,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "add runs.swept_at: the liveness sweep's verdict, set by the server only", _add_swept_at),
     Migration(15, "add api_tokens.host: agent tokens bound to the host they report for", _add_token_hosts),
     Migration(16, "add refusal_folds: at most one push.refused audit row per token per minute", _add_refusal_folds),
+    # 18, not 17: 17 is being added on another branch at the same time (run lineage).
+    Migration(
+        18,
+        "PostgreSQL: gpu_intervals and host_intervals partitioned by UTC day of t0 (rewrites them once)",
+        partitions.partition_tables,
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 
