@@ -8,6 +8,7 @@ passes after, and migration 18 converts a populated ledger keeping every row.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterator
@@ -233,3 +234,40 @@ def test_migration_18_partitions_a_populated_ledger_keeping_every_row(pg_url: st
             assert empty == 0
         verified = audit.verify(led, close_after_days=OPEN_DAYS)
         assert verified.ok, verified.problems
+
+
+def test_retention_run_drop_partitions_keeps_the_bill_and_is_refused_on_sqlite(pg_url: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gpuledger.cli.main import cli
+
+    tokens = setup_accounts(pg_url)
+    body = _body((TODAY - 10) * DAY_S + 3600)
+    with _client(pg_url) as client:
+        assert client.post("/api/v1/ingest", json=body, headers=bearer(tokens.agent_a)).status_code == 200
+    env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home")}
+    day = (TODAY - 10) * DAY_S
+
+    def bill() -> dict[str, Any]:
+        args = ["report", "chargeback", "--db", pg_url, "--from", _iso(day), "--to", _iso(day + DAY_S), "--json"]
+        out = CliRunner().invoke(cli, args, env=env)
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["total"]
+
+    before = bill()
+    assert float(before["cost"]) > 0
+    args = ["retention", "run", "--db", pg_url, "--drop-partitions", "--keep-logs", "--keep-capacity"]
+    out = CliRunner().invoke(cli, args, env=env)
+    assert out.exit_code == 0, out.output
+    assert f"raw intervals: 1 days dropped ({2 * N} rows)" in out.output
+    with Ledger(pg_url) as led:
+        assert led.gpu_intervals(body["run"]["id"]) == []
+    assert bill() == before
+    sqlite = CliRunner().invoke(cli, ["db", "migrate", "--db", f"sqlite:///{tmp_path}/l.db"], env=env)
+    assert sqlite.exit_code == 0, sqlite.output
+    refused = CliRunner().invoke(cli, [*args[:3], f"sqlite:///{tmp_path}/l.db", *args[4:]], env=env)
+    assert refused.exit_code == 1 and refused.output.startswith("Error: --drop-partitions is for PostgreSQL")
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

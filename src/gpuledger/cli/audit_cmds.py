@@ -255,8 +255,14 @@ def retention_run_cmd(
         raw_days, max(minute_days, raw_days), None if keep_logs else log_days, run_days,
         None if keep_capacity else capacity_days, drop_partitions,
     )  # fmt: skip
+    ledger = server_ledger(db)
+    if drop_partitions and ledger.dialect != "postgresql":
+        raise click.ClickException(
+            "--drop-partitions is for PostgreSQL ledgers (day partitions); SQLite keeps rewriting old intervals "
+            "as 1-minute and 1-hour rollups: leave the option out"
+        )
     report = run_retention(
-        server_ledger(db), policy, actor=_actor(), cost_rollups=materialise_rollups, price_changes=card.change_points
+        ledger, policy, actor=_actor(), cost_rollups=materialise_rollups, price_changes=card.change_points
     )
     levels = ", ".join(f"{n} runs to {lvl} s" for lvl, n in sorted(report.rolled_up.items())) or "nothing"
     click.echo(
