@@ -254,15 +254,20 @@ def test_retention_run_drop_partitions_keeps_the_bill_and_is_refused_on_sqlite(p
         assert out.exit_code == 0, out.output
         return json.loads(out.output)["total"]
 
-    before = bill()
-    assert float(before["cost"]) > 0
+    def run_cost() -> str:
+        out = CliRunner().invoke(cli, ["cost", body["run"]["id"], "--db", pg_url, "--json"], env=env)
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["total"]["cost"]
+
+    before, cost = bill(), run_cost()
+    assert float(before["cost"]) > 0 and float(cost) > 0
     args = ["retention", "run", "--db", pg_url, "--drop-partitions", "--keep-logs", "--keep-capacity"]
     out = CliRunner().invoke(cli, args, env=env)
     assert out.exit_code == 0, out.output
     assert f"raw intervals: 1 days dropped ({2 * N} rows)" in out.output
     with Ledger(pg_url) as led:
         assert led.gpu_intervals(body["run"]["id"]) == []
-    assert bill() == before
+    assert bill() == before and run_cost() == cost
     sqlite = CliRunner().invoke(cli, ["db", "migrate", "--db", f"sqlite:///{tmp_path}/l.db"], env=env)
     assert sqlite.exit_code == 0, sqlite.output
     refused = CliRunner().invoke(cli, [*args[:3], f"sqlite:///{tmp_path}/l.db", *args[4:]], env=env)
