@@ -137,6 +137,8 @@ def ensure_partitions(conn: Connection, t_from: float, t_to: float) -> Maintaine
         if not is_partitioned(conn, table):
             continue
         default = default_name(table)
+        # No row may reach the default partition between the move and the attach's check of it.
+        conn.exec_driver_sql(f"LOCK TABLE {default} IN EXCLUSIVE MODE")
         strays = {int(d) for (d,) in conn.exec_driver_sql(f"SELECT DISTINCT floor(t0 / {DAY_S}) FROM {default}")}
         for day in sorted((wanted | strays) - set(day_partitions(conn, table))):
             out.moved += _attach_day(conn, table, day)

@@ -9,7 +9,9 @@ Per finished run, one transaction each, audited:
    card's price changes, another run's start or end on the same GPU), and a GPU's intervals while
    another run shared it are kept as they are (the share split works interval by interval);
    ``rollup_marks`` remembers how far the raw seqs went, so a late replay of raw rows is dropped.
-   A run without intervals is left as it is (nothing to roll up, nothing to audit);
+   A run without intervals is left as it is (nothing to roll up, nothing to audit). PostgreSQL with
+   ``Policy.drop_partitions``: instead, whole day partitions older than ``raw_days`` are dropped
+   under the same rules (store/retention_days.py), and nothing is rewritten;
 3. logs of runs that ended more than ``log_days`` ago are deleted (their sha256 stays in the
    audit chain); runs older than ``run_days`` (off by default) are deleted whole;
 4. the capacity ledger's raw intervals older than ``capacity_days`` are deleted, its day sums kept
