@@ -276,3 +276,26 @@ def test_retention_run_drop_partitions_keeps_the_bill_and_is_refused_on_sqlite(p
 
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def test_a_day_another_transaction_holds_is_kept_and_dropped_next_time(pg_url: str) -> None:
+    import psycopg
+
+    tokens = setup_accounts(pg_url)
+    body = _body((TODAY - 10) * DAY_S + 3600)
+    with _client(pg_url) as client:
+        assert client.post("/api/v1/ingest", json=body, headers=bearer(tokens.agent_a)).status_code == 200
+    name = partitions.day_name("gpu_intervals", TODAY - 10)
+    date = time.strftime("%Y-%m-%d", time.gmtime((TODAY - 10) * DAY_S))
+    policy = Policy(raw_days=7, drop_partitions=True)
+    conninfo = sa.make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with Ledger(pg_url) as led, psycopg.connect(conninfo) as other:
+        partitions.maintain(led.database)  # the day's rows out of the default partition, into their own
+        other.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")  # a long report reading that day
+        held = run_retention(led, policy, actor="test", now=NOW, cost_rollups=materialise_rollups)
+        assert held.days is not None and held.days.dropped == [] and "stayed locked" in held.days.kept[date]
+        assert _exists(led, name) and len(led.gpu_intervals(body["run"]["id"])) == N
+        other.rollback()
+        freed = run_retention(led, policy, actor="test", now=NOW, cost_rollups=materialise_rollups)
+        assert freed.days is not None and freed.days.dropped == [date] and not _exists(led, name)
+        assert audit.verify(led, close_after_days=OPEN_DAYS).ok

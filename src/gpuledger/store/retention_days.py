@@ -41,6 +41,10 @@ class DayReport:
     rows: int = 0  # interval rows dropped with them
 
 
+def _lock_timeout(exc: sa.exc.OperationalError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) == "55P03"  # lock_not_available: lock_timeout ran out
+
+
 def date_of(day: int) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(day * partitions.DAY_S))
 
@@ -119,14 +123,23 @@ def drop_old_days(
     report = DayReport()
     if ledger.dialect != "postgresql":
         return report
-    partitions.maintain(ledger.database)  # strays out of the default partitions, into their days
+    try:
+        partitions.maintain(ledger.database)  # strays out of the default partitions, into their days
+    except sa.exc.OperationalError as exc:
+        if not _lock_timeout(exc):
+            raise  # else: strays stay in the default partition until the next maintenance
     by_day: dict[int, list[tuple[str, bool]]] = {}
     for table, gpu in (("gpu_intervals", True), ("host_intervals", False)):
         for day, name in ledger.read(lambda c, t=table: partitions.day_partitions(c, t)).items():  # type: ignore[misc]
             if (day + 1) * partitions.DAY_S <= cut:
                 by_day.setdefault(day, []).append((name, gpu))
     for day in sorted(by_day):
-        outcome = ledger.write(lambda c, d=day: _drop_day(c, d, by_day[d], cut, actor, tampered))  # type: ignore[misc]
+        try:
+            outcome = ledger.write(lambda c, d=day: _drop_day(c, d, by_day[d], cut, actor, tampered))  # type: ignore[misc]
+        except sa.exc.OperationalError as exc:
+            if not _lock_timeout(exc):
+                raise
+            outcome = f"its tables stayed locked by other transactions for {_LOCK_TIMEOUT}; tried again next time"
         if isinstance(outcome, str):
             report.kept[date_of(day)] = outcome
         else:
