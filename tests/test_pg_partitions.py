@@ -299,3 +299,38 @@ def test_a_day_another_transaction_holds_is_kept_and_dropped_next_time(pg_url: s
         freed = run_retention(led, policy, actor="test", now=NOW, cost_rollups=materialise_rollups)
         assert freed.days is not None and freed.days.dropped == [date] and not _exists(led, name)
         assert audit.verify(led, close_after_days=OPEN_DAYS).ok
+
+
+def test_a_write_racing_the_attach_of_its_day_is_retried_into_that_day(pg_url: str) -> None:
+    import threading
+
+    from test_store_records import full_gpu, full_run, run_id
+
+    run = full_run(run_id(2))
+    day = TODAY - 30
+    with Ledger(pg_url) as led:
+        led.create_run(run)
+        conn = led.database.engine.connect()
+        tx = conn.begin()
+        partitions.ensure_partitions(conn, day * DAY_S, day * DAY_S)  # holds the default partition
+        done: list[BaseException | None] = []
+
+        def write() -> None:
+            try:
+                led.append(run.id, [full_gpu("GPU-a", 0, t0=day * DAY_S + 60.0)])
+                done.append(None)
+            except BaseException as exc:
+                done.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        waiting = "SELECT count(*) FROM pg_locks WHERE relation = to_regclass('gpu_intervals_default') AND NOT granted"
+        deadline = time.monotonic() + 60
+        while led.read(lambda c: c.exec_driver_sql(waiting).scalar()) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert led.read(lambda c: c.exec_driver_sql(waiting).scalar()) == 1  # the write waits on the attach
+        tx.commit()
+        conn.close()
+        writer.join(60)
+        assert done == [None]
+        assert _where(led, "gpu_intervals", run.id) == {partitions.day_name("gpu_intervals", day): 1}
