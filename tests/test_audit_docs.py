@@ -59,6 +59,7 @@ def test_every_audit_action_is_documented() -> None:
              "gpu.registered": "GPUs", "gpu.claimed": "claimed", "gpu.rehomed": "re-homed",
              "run.owner_claimed": "claimed by their next pusher", "rate_card.changed": "rate cards",
              "retention.run": "retention run", "run.revived": "revived",
-             "capacity.forget_server": "capacity servers forgotten"}  # fmt: skip
+             "capacity.forget_server": "capacity servers forgotten",
+             "run.raw_dropped": "dropped with its partition"}  # fmt: skip
     missing = [a for a in sorted(actions) if a not in words or words[a] not in doc]
     assert missing == []

@@ -20,9 +20,17 @@ def _versions(url: str) -> list[int]:
 
 
 def _table_names(url: str) -> set[str]:
+    """The ledger's tables; on PostgreSQL not the partitions of its partitioned tables (their rows
+    are the parent's: store/partitions.py)."""
     db = Database(url)
+    parts = "SELECT relname FROM pg_class WHERE relispartition AND relnamespace = current_schema()::regnamespace"
     try:
-        return db.read(lambda c: set(sa.inspect(c).get_table_names()))
+        return db.read(
+            lambda c: (
+                set(sa.inspect(c).get_table_names())
+                - (set(c.exec_driver_sql(parts).scalars()) if c.dialect.name == "postgresql" else set())
+            )
+        )
     finally:
         db.close()
 

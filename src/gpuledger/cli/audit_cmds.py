@@ -216,6 +216,12 @@ def retention_group() -> None:
     help="Delete logs of runs ended longer ago.",
 )
 @click.option("--keep-logs", is_flag=True, help="Never delete logs.")
+@click.option(
+    "--drop-partitions",
+    is_flag=True,
+    help="PostgreSQL: drop whole days of raw intervals older than --raw-days (their day partitions), "
+    "instead of rewriting them as 1-minute and 1-hour intervals; runs keep their cost rollups and seals.",
+)
 @click.option("--run-days", type=FiniteFloat(0), help="Delete whole runs ended longer ago (default: never).")
 @click.option(
     "--capacity-days",
@@ -233,8 +239,8 @@ def retention_group() -> None:
 @_account_errors
 @cli_errors
 def retention_run_cmd(
-    db: str | None, raw_days: float, minute_days: float, log_days: float, keep_logs: bool, run_days: float | None,
-    capacity_days: float, keep_capacity: bool, rates: str | None,
+    db: str | None, raw_days: float, minute_days: float, log_days: float, keep_logs: bool, drop_partitions: bool,
+    run_days: float | None, capacity_days: float, keep_capacity: bool, rates: str | None,
 ) -> None:  # fmt: skip
     """Apply the retention policy once (schedule it daily, e.g. with cron or a systemd timer)."""
     from gpuledger.store.retention import Policy, run_retention
@@ -247,10 +253,16 @@ def retention_run_cmd(
         materialise_rollups = None  # type: ignore[assignment]
     policy = Policy(
         raw_days, max(minute_days, raw_days), None if keep_logs else log_days, run_days,
-        None if keep_capacity else capacity_days,
+        None if keep_capacity else capacity_days, drop_partitions,
     )  # fmt: skip
+    ledger = server_ledger(db)
+    if drop_partitions and ledger.dialect != "postgresql":
+        raise click.ClickException(
+            "--drop-partitions is for PostgreSQL ledgers (day partitions); SQLite keeps rewriting old intervals "
+            "as 1-minute and 1-hour rollups: leave the option out"
+        )
     report = run_retention(
-        server_ledger(db), policy, actor=_actor(), cost_rollups=materialise_rollups, price_changes=card.change_points
+        ledger, policy, actor=_actor(), cost_rollups=materialise_rollups, price_changes=card.change_points
     )
     levels = ", ".join(f"{n} runs to {lvl} s" for lvl, n in sorted(report.rolled_up.items())) or "nothing"
     click.echo(
@@ -262,6 +274,9 @@ def retention_run_cmd(
         kept = report.capacity.kept_unpushed
         held = f"; {kept} kept until a team server acknowledges them" if kept else ""
         click.echo(f"capacity: {report.capacity.rows} raw intervals before {cut} deleted (day sums kept){held}")
+    if report.days is not None:
+        click.echo(f"raw intervals: {len(report.days.dropped)} days dropped ({report.days.rows} rows)"
+                   + "".join(f"\nkept {day}: {why}" for day, why in report.days.kept.items()))  # fmt: skip
     for run_id, why in report.skipped.items():
         click.echo(f"SKIPPED {run_id}: {why}", err=True)
     if report.skipped:

@@ -69,12 +69,15 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_sweep_forever(ledger, settings)) if settings.lost_after_s > 0 else None
+        keep_days = ledger.dialect == "postgresql" and settings.partition_every_s > 0
+        partitioner = asyncio.create_task(_partition_forever(ledger, settings)) if keep_days else None
         async with checkpoint_keeper.keeping(keeper):
             yield
-        if sweeper is not None:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+        for task in (sweeper, partitioner):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         ledger.close()
 
     app = FastAPI(
@@ -120,6 +123,19 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     app.add_middleware(checkpoint_keeper.Halt, keeper=keeper)  # a shortened audit trail: 503, inside the guard
     app.add_middleware(Guard, settings=settings, auth=app.state.auth)
     return app
+
+
+async def _partition_forever(ledger: Ledger, settings: Settings) -> None:
+    """PostgreSQL: the raw tables' day partitions from yesterday to two days ahead, and strays moved
+    out of the default partitions (store/partitions.py), at start and every partition_every_s."""
+    from gpuledger.store import partitions
+
+    while True:
+        try:
+            await run_in_threadpool(partitions.maintain, ledger.database)
+        except Exception as exc:  # a lock held too long or the database away: next time (rows land in DEFAULT)
+            logging.getLogger("gpuledger.server").warning("partition maintenance failed: %s", exc)
+        await asyncio.sleep(settings.partition_every_s)
 
 
 async def _sweep_forever(ledger: Ledger, settings: Settings) -> None:

@@ -37,6 +37,9 @@ class Settings:
     lost_after_s: float = 3600.0  # 0: never
     sweep_every_s: float = 60.0  # how often each server process looks for silent runs
     sweep_delay_s: float = 300.0  # the first look after a start: agents that waited out an outage push first
+    # PostgreSQL: day partitions of the raw intervals created ahead, strays moved out of the default
+    # partition (store/partitions.py), at start and this often; 0: never
+    partition_every_s: float = 3600.0
     # Closed months (store/closed_months.py): a month's bill is final this many days after it ends
     close_after_days: float = 3.0
     checkpoint_every_s: float = 5.0  # how often the audit checkpoint is brought up to the signed head

@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gpuledger.store import rollup_stale
 from gpuledger.store.queries import open_run
 from gpuledger.store.schema import devices, gpu_intervals, gpu_owners, gpu_rollups, run_labels, runs
 
@@ -698,11 +699,22 @@ def rollup_group_sums(
     return _fetch(conn, _real_rollups(conn, q, replayed).group_by(*group))
 
 
+def frozen_rollups(conn: Connection, ids: Sequence[str]) -> list[Any]:
+    """The rollup rows of the runs among ``ids`` whose raw intervals went with a dropped day
+    partition (store/rollup_stale.frozen): what they used is read from these rows, never from the
+    intervals they keep."""
+    r = gpu_rollups.c
+    q = sa.select(
+        r.run_id, r.gpu_name, r.mig_profile, r.gpus, r.t0, r.t1, r.alloc_s, r.busy_s, r.energy_j, r.share_rule
+    ).where(r.run_id.in_(sorted(ids)), rollup_stale.frozen(r.run_id))
+    return list(conn.execute(q.order_by(r.run_id, r.day, r.gpu_name, r.mig_profile)))
+
+
 def rollup_candidates(conn: Connection, *, rebuild: bool, limit: int | None = None) -> list[str]:
-    """Finished runs not rolled up yet (every finished run with ``rebuild``)."""
+    """Finished runs not rolled up yet (every finished run with ``rebuild``, but those whose raw
+    intervals went with a dropped day partition: their rollups are final, store/rollup_stale.frozen)."""
     q = sa.select(runs.c.id).where(~open_run(runs.c))
-    if not rebuild:
-        q = q.where(runs.c.rolled_up == sa.false())
+    q = q.where(~rollup_stale.frozen(runs.c.id) if rebuild else runs.c.rolled_up == sa.false())
     q = q.order_by(runs.c.started_at, runs.c.id)
     if limit is not None:
         q = q.limit(limit)

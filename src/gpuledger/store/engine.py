@@ -31,8 +31,10 @@ T = TypeVar("T")
 C = TypeVar("C")
 
 SUPPORTED = ("sqlite", "postgresql")
-# PostgreSQL: serialization failure, deadlock. Safe to retry: our transactions are idempotent.
-_PG_RETRY = frozenset({"40001", "40P01"})
+# PostgreSQL: serialization failure, deadlock, and a check violation, which only a partition's
+# bound raises (the ledger has no CHECK of its own): a row routed to the default partition while the
+# server attached its day's partition (store/partitions.py). Safe to retry: our transactions are idempotent.
+_PG_RETRY = frozenset({"40001", "40P01", "23514"})
 _BEGIN_OPTION = "gpuledger_begin"
 # PostgreSQL: the server shut down or is starting (class 08, connection exceptions, is checked too).
 _PG_GONE = frozenset({"57P01", "57P02", "57P03"})

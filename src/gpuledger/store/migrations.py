@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
-from gpuledger.store import schema
+from gpuledger.store import partitions, schema
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import LedgerError, SchemaOutdated, SchemaTooNew
 
@@ -40,6 +40,7 @@ class Migration:
 
 def _create_all(conn: Connection) -> None:
     schema.metadata.create_all(conn)
+    partitions.partition_tables(conn)  # PostgreSQL: the raw tables by day, as migration 18 makes them
 
 
 def _add_gpu_rollups(conn: Connection) -> None:
@@ -391,6 +392,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(15, "add api_tokens.host: agent tokens bound to the host they report for", _add_token_hosts),
     Migration(16, "add refusal_folds: at most one push.refused audit row per token per minute", _add_refusal_folds),
     Migration(17, "add run_lineage: model line, weights and parent run per run, indexed", _add_run_lineage),
+    Migration(
+        18,
+        "PostgreSQL: gpu_intervals and host_intervals partitioned by UTC day of t0 (rewrites them once)",
+        partitions.partition_tables,
+    ),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -9,7 +9,9 @@ Per finished run, one transaction each, audited:
    card's price changes, another run's start or end on the same GPU), and a GPU's intervals while
    another run shared it are kept as they are (the share split works interval by interval);
    ``rollup_marks`` remembers how far the raw seqs went, so a late replay of raw rows is dropped.
-   A run without intervals is left as it is (nothing to roll up, nothing to audit);
+   A run without intervals is left as it is (nothing to roll up, nothing to audit). PostgreSQL with
+   ``Policy.drop_partitions``: instead, whole day partitions older than ``raw_days`` are dropped
+   under the same rules (store/retention_days.py), and nothing is rewritten;
 3. logs of runs that ended more than ``log_days`` ago are deleted (their sha256 stays in the
    audit chain); runs older than ``run_days`` (off by default) are deleted whole;
 4. the capacity ledger's raw intervals older than ``capacity_days`` are deleted, its day sums kept
@@ -39,6 +41,7 @@ from gpuledger.core.pricing.usage import held_span
 from gpuledger.core.training.epochs import BOUNDARY_KINDS
 from gpuledger.store import audit, codec, cost_queries, liveness_sweep, schema, writes
 from gpuledger.store.capacity_retention import Pruned, prune_capacity
+from gpuledger.store.retention_days import DayReport, drop_old_days
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -53,6 +56,9 @@ class Policy:
     log_days: float | None = 90.0
     run_days: float | None = None
     capacity_days: float | None = 90.0
+    # PostgreSQL: raw intervals older than raw_days go as whole day partitions (store/retention_days.py)
+    # instead of being rewritten as 1-minute and 1-hour rollups (no DELETE, no vacuum). SQLite: ignored.
+    drop_partitions: bool = False
 
 
 @dataclass
@@ -65,6 +71,7 @@ class Report:
     cost_rollups: dict[str, int] | None = None
     capacity: Pruned | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # run id -> why
+    days: DayReport | None = None  # PostgreSQL with drop_partitions: the day partitions dropped and kept
 
 
 def _ended_before(conn: Connection, t: float) -> list[str]:
@@ -256,9 +263,12 @@ def run_retention(
     if cost_rollups is not None:
         report.cost_rollups = cost_rollups(ledger)
     read = ledger.database.read
-    for level_s, days in ((60, policy.raw_days), (3600, policy.minute_days)):
-        for run_id in read(lambda c, t=now - days * DAY_S: _ended_before(c, t)):
-            _step(ledger, run_id, level_s, actor, report, price_changes)
+    if policy.drop_partitions and ledger.dialect == "postgresql":
+        report.days = drop_old_days(ledger, now - policy.raw_days * DAY_S, actor=actor, tampered=_tampered)
+    else:
+        for level_s, days in ((60, policy.raw_days), (3600, policy.minute_days)):
+            for run_id in read(lambda c, t=now - days * DAY_S: _ended_before(c, t)):
+                _step(ledger, run_id, level_s, actor, report, price_changes)
     if policy.log_days is not None:
         lg = schema.logs.c
         with_logs = set(read(lambda c: list(c.scalars(sa.select(lg.run_id)))))
@@ -280,5 +290,8 @@ def run_retention(
         "skipped": report.skipped,
         "capacity": None if report.capacity is None else report.capacity.__dict__,
     }
+    if report.days is not None:
+        summary["raw_days_dropped"] = report.days.dropped
+        summary["raw_days_kept"] = report.days.kept
     ledger.write(lambda c: audit.append(c, actor=actor, action="retention.run", obj="retention", payload=summary))
     return report

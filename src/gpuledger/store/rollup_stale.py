@@ -18,9 +18,10 @@ from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import run_is_open
 from gpuledger.store import rollup_audit
-from gpuledger.store.schema import devices, gpu_rollups, runs
+from gpuledger.store.partitions import DROPPED_LEVEL
+from gpuledger.store.schema import devices, gpu_rollups, rollup_marks, runs
 
-__all__ = ["ROLLUP_FIELDS", "drop_after_append", "drop_rollups", "run_finished"]
+__all__ = ["ROLLUP_FIELDS", "drop_after_append", "drop_rollups", "frozen", "run_finished"]
 
 # Run fields a rollup depends on: its held span, its status, and the values rows are grouped by.
 ROLLUP_FIELDS = frozenset({"status", "started_at", "ended_at", "labels", "user", "attempt_of"})
@@ -28,18 +29,27 @@ _DAY_S = 86400
 _CHUNK = 2000
 
 
+def frozen(run_id: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
+    """Whether the run lost raw intervals with a dropped day partition (store/retention_days.py):
+    its rollups were written from rows that are gone, so they stay as they are, never rebuilt."""
+    m = rollup_marks.c
+    return sa.exists().where(m.run_id == run_id, m.level_s >= DROPPED_LEVEL)
+
+
 def drop_rollups(conn: Connection, run_ids: Collection[str]) -> None:
-    """Delete the rollup rows of ``run_ids`` and mark them not rolled up. Rows exist only for runs
-    flagged rolled up (both are written and dropped together), so for a run not flagged this is
-    one index probe."""
+    """Delete the rollup rows of ``run_ids`` and mark them not rolled up, but those of frozen runs.
+    Rows exist only for runs flagged rolled up (both are written and dropped together), so for a
+    run not flagged this is one index probe."""
     ids = sorted(run_ids)
     dropped: list[str] = []
     for i in range(0, len(ids), _CHUNK):
         chunk = ids[i : i + _CHUNK]
-        unflag = sa.update(runs).where(runs.c.id.in_(chunk), runs.c.rolled_up).values(rolled_up=False)
+        unflag = (
+            sa.update(runs).where(runs.c.id.in_(chunk), runs.c.rolled_up, ~frozen(runs.c.id)).values(rolled_up=False)
+        )
         flagged = list(conn.scalars(unflag.returning(runs.c.id)))
         if flagged:
-            conn.execute(sa.delete(gpu_rollups).where(gpu_rollups.c.run_id.in_(chunk)))
+            conn.execute(sa.delete(gpu_rollups).where(gpu_rollups.c.run_id.in_(flagged)))
             dropped += flagged
     rollup_audit.record_dropped(conn, dropped)  # a team ledger's trail says so (store/rollup_audit.py)
 

@@ -307,7 +307,17 @@ def collect_runs(
     rows = cq.run_rows(conn, scope=scope, replayed=True, ids=ids)
     runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type", ids=ids), instance_type), scope)
     days, devices = interval_day_usage(conn, list(runs.values()), None, None, cuts)
-    return UsageSet(runs, _usages(days, devices, runs), devices)
+    frozen = cq.frozen_rollups(conn, list(runs))  # runs whose raw days were dropped: their final rollups
+    if not frozen:
+        return UsageSet(runs, _usages(days, devices, runs), devices)
+    gone = {row.run_id for row in frozen}
+    usages = _usages([d for d in days if d.run_id not in gone], devices, runs)
+    usages += [
+        Usage(row.run_id, row.gpu_name or None, row.mig_profile or None, runs[row.run_id].instance_type, row.t0,
+              row.t1, row.alloc_s, row.busy_s, row.energy_j, row.gpus, None, row.share_rule)
+        for row in frozen
+    ]  # fmt: skip
+    return UsageSet(runs, usages, devices)
 
 
 def collect_report(

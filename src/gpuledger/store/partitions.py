@@ -1,0 +1,172 @@
+"""PostgreSQL: the raw interval tables partitioned by UTC day, so retention drops days, never rows.
+
+``gpu_intervals`` and ``host_intervals`` are ``PARTITION BY RANGE (t0)`` (seconds since the epoch),
+one partition per UTC day named ``<table>_p<YYYYMMDD>``, plus ``<table>_default``, which catches a
+row no day partition takes (an insert never fails: a replay of a long-gone day, a clock far off).
+The primary key holds the partition key, as PostgreSQL requires: (run_id, device_uuid, seq, t0)
+and (run_id, seq, t0). A retransmitted interval carries the same t0 as the first copy, so it still
+conflicts with it and ``ON CONFLICT DO NOTHING`` (and the bulk ingest's own filter) drop it.
+
+``maintain`` creates the partitions ahead and moves strays out of the default partition into their
+day (serve runs it at start and every ``partition_every_s``; retention runs it first).
+SQLite ledgers keep one plain table each: nothing here runs there.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+import time
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.store.engine import Database
+
+DAY_S = 86400
+# Table -> its primary key on PostgreSQL (the partition key t0 last).
+KEYS: dict[str, tuple[str, ...]] = {
+    "gpu_intervals": ("run_id", "device_uuid", "seq", "t0"),
+    "host_intervals": ("run_id", "seq", "t0"),
+}
+# rollup_marks.level_s of a run's device whose raw rows went with their day (store/retention_days.py);
+# such a run's cost rollups are final (store/rollup_stale.py).
+DROPPED_LEVEL = 86400
+AHEAD_DAYS = 2  # partitions created for today and this many days ahead
+_LOCK_TIMEOUT = "10s"  # DDL waits at most this for ingest transactions, then fails (retried later)
+_LOCK_KEY = 0x67707501  # first key of the maintainers' advisory lock (migrations take ...00)
+
+
+@dataclass
+class Maintained:
+    created: list[str] = field(default_factory=list)
+    moved: int = 0  # rows moved out of the default partitions
+
+
+def day_name(table: str, day: int) -> str:
+    return f"{table}_p{time.strftime('%Y%m%d', time.gmtime(day * DAY_S))}"
+
+
+def default_name(table: str) -> str:
+    return f"{table}_default"
+
+
+def is_partitioned(conn: Connection, table: str) -> bool:
+    q = "SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass(:t)"
+    return conn.execute(sa.text(q), {"t": table}).first() is not None
+
+
+def day_partitions(conn: Connection, table: str) -> dict[int, str]:
+    """Day (days since 1970-01-01 UTC) -> partition name, of ``table``'s day partitions."""
+    q = "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(:t)"
+    prefix = f"{table}_p"
+    out: dict[int, str] = {}
+    for (name,) in conn.execute(sa.text(q), {"t": table}):
+        if name.startswith(prefix):
+            out[calendar.timegm(time.strptime(name[len(prefix) :], "%Y%m%d")) // DAY_S] = name
+    return out
+
+
+def partition_tables(conn: Connection) -> None:
+    """Make both raw tables partitioned by day, keeping every row (migration 18, and a fresh
+    PostgreSQL ledger). Skipped on SQLite and for a table already partitioned. An existing table is
+    rewritten once: a partitioned twin is created with a partition per day holding rows, the rows
+    copied (INSERT ... SELECT), the names swapped and the old table dropped; it needs the table's
+    size again in free disk while it runs and holds an exclusive lock on the table throughout."""
+    if conn.dialect.name != "postgresql":
+        return
+    for table, key in KEYS.items():
+        if not is_partitioned(conn, table):
+            _partition(conn, table, key)
+
+
+def _partition(conn: Connection, table: str, key: tuple[str, ...]) -> None:
+    old = f"{table}_unpartitioned"
+    x = conn.exec_driver_sql
+    x(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    pk = conn.execute(
+        sa.text("SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(:t) AND contype = 'p'"), {"t": table}
+    ).scalar()
+    x(f"ALTER TABLE {table} RENAME TO {old}")
+    if pk:  # the constraint's index is a relation: its name must be free for the new table's
+        x(f'ALTER TABLE {old} RENAME CONSTRAINT "{pk}" TO {old}_pkey')
+    x(f"CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS) PARTITION BY RANGE (t0)")
+    x(f"CREATE TABLE {default_name(table)} PARTITION OF {table} DEFAULT")
+    days = [int(d) for (d,) in conn.exec_driver_sql(f"SELECT DISTINCT floor(t0 / {DAY_S}) FROM {old}")]
+    for day in sorted(days):
+        _create_day(conn, table, day)
+    columns = ", ".join(f'"{c}"' for c in _columns(conn, old))
+    x(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {old}")
+    # The key and the foreign key after the copy: one index build per partition, not row by row.
+    x(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY ({', '.join(key)})")
+    fk = f"{table}_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs (id) ON DELETE CASCADE"
+    x(f"ALTER TABLE {table} ADD CONSTRAINT {fk}")
+    x(f"DROP TABLE {old}")
+
+
+def _columns(conn: Connection, table: str) -> list[str]:
+    q = (
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:t) AND attnum > 0 AND NOT attisdropped "
+        "ORDER BY attnum"
+    )
+    return list(conn.execute(sa.text(q), {"t": table}).scalars())
+
+
+def _create_day(conn: Connection, table: str, day: int) -> str:
+    name = day_name(table, day)
+    conn.exec_driver_sql(
+        f"CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM ({day * DAY_S}) TO ({(day + 1) * DAY_S})"
+    )
+    return name
+
+
+def ensure_partitions(conn: Connection, t_from: float, t_to: float) -> Maintained:
+    """The day partitions of both tables covering [t_from, t_to] and every day a stray row in a
+    default partition belongs to, created where missing; the strays moved into them. Serialised
+    between server replicas by an advisory lock; ingest is not held up (see _attach_day)."""
+    out = Maintained()
+    if conn.dialect.name != "postgresql":
+        return out
+    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'")
+    conn.execute(
+        sa.text("SELECT pg_advisory_xact_lock(:k, hashtext(coalesce(current_schema(), '')))"), {"k": _LOCK_KEY}
+    )
+    wanted = set(range(math.floor(t_from / DAY_S), math.floor(t_to / DAY_S) + 1))
+    for table in KEYS:
+        if not is_partitioned(conn, table):
+            continue
+        default = default_name(table)
+        # No row may reach the default partition between the move and the attach's check of it.
+        conn.exec_driver_sql(f"LOCK TABLE {default} IN EXCLUSIVE MODE")
+        strays = {int(d) for (d,) in conn.exec_driver_sql(f"SELECT DISTINCT floor(t0 / {DAY_S}) FROM {default}")}
+        for day in sorted((wanted | strays) - set(day_partitions(conn, table))):
+            out.moved += _attach_day(conn, table, day)
+            out.created.append(day_name(table, day))
+    return out
+
+
+def _attach_day(conn: Connection, table: str, day: int) -> int:
+    """A day partition, holding the day's rows moved out of the default partition; their count.
+    ``CREATE TABLE ... PARTITION OF`` would lock the whole table against ingest and refuses a day
+    whose rows sit in the default partition, so the day's table is made and filled on its own and
+    attached after (PostgreSQL then locks only the default partition, and its check finds none of
+    the day's rows there; the CHECK spares it a scan of the new one)."""
+    name, default = day_name(table, day), default_name(table)
+    lo, hi = day * DAY_S, (day + 1) * DAY_S
+    x = conn.exec_driver_sql
+    x(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS)")
+    x(f"ALTER TABLE {name} ADD CONSTRAINT {name}_bound CHECK (t0 >= {lo} AND t0 < {hi})")
+    moved = x(f"WITH gone AS (DELETE FROM {default} WHERE t0 >= {lo} AND t0 < {hi} RETURNING *) "
+              f"INSERT INTO {name} SELECT * FROM gone").rowcount  # fmt: skip
+    x(f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ({lo}) TO ({hi})")
+    x(f"ALTER TABLE {name} DROP CONSTRAINT {name}_bound")
+    return int(moved)
+
+
+def maintain(db: Database, now: float | None = None, ahead_days: int = AHEAD_DAYS) -> Maintained:
+    """``ensure_partitions`` from yesterday to ``ahead_days`` ahead, in one write transaction."""
+    if db.dialect != "postgresql":
+        return Maintained()
+    now = time.time() if now is None else now
+    return db.write(lambda conn: ensure_partitions(conn, now - DAY_S, now + ahead_days * DAY_S))
