@@ -6,7 +6,8 @@ at ``/workspace/models`` named by a path relative to the container's working dir
 container is set up as in tests/test_agent_docker_yolo.py (busybox with this machine's Python
 mounted read-only); ``gpuledger agent`` meters it with a replayed GPU trace naming its host pid.
 ``gpuledger show --json`` must then show an evaluation whose images, per-image ms and mAP are the
-ones the container printed, its source "discovered", and the weights' sha256 found through the mount.
+ones the container printed, its source "discovered", the weights' sha256 found through the mount,
+and its window the span the log dates from the validator's banner to its ``Speed:`` line.
 """
 
 from __future__ import annotations
@@ -85,12 +86,15 @@ def test_an_unwrapped_yolo_val_container_is_an_evaluation_run(engine: Engine, tm
         assert (ev["imgsz"], ev["batch"], ev["device"]) == (64, 2, "cpu")
         want = hashlib.sha256((models / "yolov8n.pt").read_bytes()).hexdigest()
         assert ev["weights"]["sha256"] == want and ev["weights"]["path"] == "models/yolov8n.pt"
-        # the replayed trace's constant 250 W over the metered window
-        t0, t1 = ev["window"]
-        assert t1 > t0 and ev["power_mean_w"] is not None and abs(ev["power_mean_w"] - 250.0) < 1.0
-        assert abs(ev["j_per_image"] - ev["energy_j"] / VAL_IMAGES) < 1e-6
+        # the window: from the validator's banner to its Speed line, as the daemon dated them
         with Ledger(env["GPULEDGER_DB"]) as led:
             [event] = led.events(ended, kind="evaluation")
+            run = led.get_run(ended)
+        t0, t1 = ev["window"]
+        assert ev["window_from"] == "console" and run.started_at < t0 < t1 < (run.ended_at or 0)
+        # the replayed trace's constant 250 W over it
+        assert ev["power_mean_w"] is not None and abs(ev["power_mean_w"] - 250.0) < 1.0
+        assert abs(ev["j_per_image"] - ev["energy_j"] / VAL_IMAGES) < 1e-6
         assert event.payload["mode"] == "val" and event.payload["source"] == "discovered"
     finally:
         agent.send_signal(signal.SIGTERM)

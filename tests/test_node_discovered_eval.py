@@ -16,6 +16,7 @@ from gpuledger.core.model import GpuIdentity, GpuInterval
 from gpuledger.node.container_mounts import ContainerFs, Mount
 from gpuledger.node.discovered_eval import evaluation
 from gpuledger.node.discovered_lineage import training_lineage
+from gpuledger.node.docker_logs import STDOUT, ContainerLog, Message
 
 DATA = Path(__file__).parent / "data" / "yolo"
 GPU = GpuIdentity(uuid="GPU-1", index=0, name="NVIDIA A100-SXM4-80GB")
@@ -142,3 +143,21 @@ def test_a_discovered_training_from_weights_on_a_mount_is_a_child(tmp_path: Path
     assert training_lineage(_training_meta("/in/parent.pt", "weights"), {}, fs) is None
     off = ContainerFs((Mount(str(tmp_path), "/in"),), "/workspace")
     assert training_lineage(_training_meta("/in/parent.pt", "weights"), {}, off) is None
+
+
+# -- the window the console shows (node/eval_console.py, fed by node/docker_logs.py) ------------
+
+
+@pytest.mark.parametrize(
+    "name", ["val_yolov8n_8.4.190.log", "predict_yolov8n_8.4.190.log", "benchmark_8.4.190_cpu.log"]
+)
+def test_the_log_dates_the_evaluation_from_its_banner_to_its_summary(name: str) -> None:
+    lines = (DATA / name).read_bytes().splitlines(keepends=True)
+    log = ContainerLog("c" * 64)
+    noise = [Message(STDOUT, 900 * 10**9, b"pip: installing requirements\n")]  # a script's setup before it
+    log.add(noise + [Message(STDOUT, (1000 + i) * 10**9, line) for i, line in enumerate(lines)])
+    log.finish()
+    text = [line.decode("utf-8", "replace") for line in lines]
+    banner = next(i for i, line in enumerate(text) if line.startswith("Ultralytics "))
+    summary = max(i for i, line in enumerate(text) if line.startswith(("Speed: ", "Benchmarks complete for ")))
+    assert log.view().evaluation.span() == (1000.0 + banner, 1000.0 + summary)

@@ -302,16 +302,21 @@ class NodeAgent:
         run (node/discovered_eval.py); a training stays a training."""
         capped = getattr(track.log, "capped", None)
         kept = capped() if capped is not None else None
-        if kept is None or track.epochs.ended or track.log.view().training.train_started_at is not None:  # type: ignore[attr-defined]
+        view = track.log.view() if kept is not None else None  # type: ignore[attr-defined]
+        if view is None or track.epochs.ended or view.training.train_started_at is not None:
             return  # no log kept, or a training (its epochs' validations print the same lines)
         container = claims.containers.get(track.owner.container_id or "")
-        span = (track.run.started_at, track.ending_at or now)
+        span, span_from = (track.run.started_at, track.ending_at or now), "run"
         if container is not None and container.started_at and container.finished_at:
-            span = (container.started_at, container.finished_at)
+            span, span_from = (container.started_at, container.finished_at), "container"
+        printed = view.evaluation.span()
+        if printed is not None:
+            span, span_from = printed, "console"
         try:
             record = discovered_eval.evaluation(
                 kept.data, truncated=kept.truncated, command=track.run.command, fs=self._container_fs(track),
-                span=span, intervals=list(track.gpu_intervals), devices=list(track.devices.values()),
+                span=span, span_from=span_from, intervals=list(track.gpu_intervals),
+                devices=list(track.devices.values()),
             )  # fmt: skip
         except Exception as exc:  # a parsing bug must cost the evaluation, not the run's end
             closed.events.append(

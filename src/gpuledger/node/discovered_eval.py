@@ -12,9 +12,11 @@ tail). The run becomes an evaluation (``meta.kind``) whose ``meta.evaluation`` h
 * images, per-image ms, mAP, the benchmark table, imgsz, batch, precision: as printed
   (core/evaluation/console.py). A prediction's image count comes from its ``image i/N`` lines, so
   it is unknown (None) when the archived log lost its middle;
-* the window: the container's start and end (else the run's), limited to the span the agent
-  metered (its intervals), since the evaluated span itself is not printed; energy, mean and peak
-  power, busy share and J/image over it from the run's intervals (core/evaluation/window.py);
+* the window (``window_from``): the log's times of the evaluation's first banner and last
+  summary line (``console``, node/eval_console.py), else the container's start and end
+  (``container``), else the run's (``run``), limited to the span the agent metered (its
+  intervals); energy, mean and peak power, busy share and J/image over it from the run's
+  intervals (core/evaluation/window.py);
 * the weights: the path the container named, mapped to the host through its mounts
   (node/container_mounts.py: no ``..``, no symbolic link followed) and hashed when it is there;
   else its sha256 is None. The split is named as the container named it, not fingerprinted: its
@@ -92,6 +94,7 @@ def evaluation(
     command: Sequence[str],
     fs: ContainerFs | None,
     span: tuple[float, float],
+    span_from: str = "container",
     intervals: Sequence[GpuInterval],
     devices: Sequence[GpuIdentity],
 ) -> dict[str, Any] | None:
@@ -105,6 +108,7 @@ def evaluation(
         return None
     record, args = found
     record["source"] = DISCOVERED_SOURCE
+    record["window_from"] = span_from
     if record["mode"] == "predict" and truncated:
         record["images"] = record["fps_end_to_end"] = None  # image lines lost with the log's middle
     record["weights"] = _weights(args.get("model"), fs)

@@ -41,6 +41,7 @@ from gpuledger.core.redaction.redact import LineRedactor, Redactor
 from gpuledger.core.training.logcap import DEFAULT_MAX_B, CappedLog
 from gpuledger.core.training.logparse import LineParser, ParsedLog, screen_lines
 from gpuledger.node.docker_inspect import docker_time_ns
+from gpuledger.node.eval_console import EvalSpan
 from gpuledger.node.log_spool import HeadTailSpool
 from gpuledger.node.yolo_console import TrainingFacts
 
@@ -229,6 +230,7 @@ class LogView:
     path: Path | None = None  # the redacted copy, when kept (head and tail once past the cap)
     file_cut: bool = False  # the copy holds only the log's head and tail (it passed the cap)
     training: TrainingFacts = field(default_factory=TrainingFacts)  # run directory, training start
+    evaluation: EvalSpan = field(default_factory=EvalSpan)  # when an evaluation printed (node/eval_console.py)
     done: bool = False  # the container stopped and its log was read to the end
     error: str | None = None  # why the log could not be read (a proxy refusing it, a driver without reads)
 
@@ -255,6 +257,7 @@ class ContainerLog:
         self._wall = wall
         self._spool = HeadTailSpool(path, cap_b) if path is not None else None
         self._training = TrainingFacts()
+        self._evaluation = EvalSpan()
         self._view = LogView(container_id, ParsedLog(), path=path)
         self.last_t_ns: int | None = None  # the newest message's time: where a new follow resumes
         self._bytes_at_last = 0  # bytes read with that time (the pieces of one long line share it)
@@ -313,6 +316,7 @@ class ContainerLog:
         for line in lines:
             self._view.lines += 1
             self._training.feed(line, when)
+            self._evaluation.feed(line, when)
             for epoch in self._parser.line(line):
                 self._view.epoch_times.setdefault(epoch, when)
 
@@ -357,6 +361,7 @@ class ContainerLog:
             out.epoch_times = dict(self._view.epoch_times)
             out.cut_lines = sum(screen.cut_lines for _, screen in self._streams.values())
             out.training = copy.copy(self._training)
+            out.evaluation = copy.copy(self._evaluation)
             return out
 
     def capped(self) -> CappedLog | None:
