@@ -2,10 +2,11 @@
 
 Read line by line from a container's log (node/docker_logs.py), each line with the time the daemon
 logged it: the evaluation starts at the first Ultralytics banner (``Ultralytics 8.4.190 🚀 Python-
-... torch-...``, printed as the validator or predictor selects its device, before it loads the
-model) and ends at the last ``Speed: ...`` line (the validator's and predictor's summary) or
+... torch-...``, printed as the validator or predictor selects its device, before it sets the
+model up) and ends at the last ``Speed: ...`` line (the validator's and predictor's summary) or
 ``Benchmarks complete for`` line. What runs before the banner (the interpreter's imports, a
-script's own setup) is left out of the evaluation's window (node/discovered_eval.py).
+script's own setup, ``yolo val model=X.pt`` reading the weights file) is left out of the
+evaluation's window (node/discovered_eval.py).
 """
 
 from __future__ import annotations
