@@ -126,3 +126,16 @@ def test_console_fallback_reads_a_val(tmp_path: Path) -> None:
     assert record["window"] == [10.0, 20.0] and record["fps_end_to_end"] == 0.6
     assert record["split"] == {"name": "val", "data": "missing.yaml", "path": None}
     assert from_console(log, ["yolo", "train", "model=n.pt"], str(tmp_path), 10.0, 20.0) is None
+
+
+def test_benchmark_table_fits_the_terminal_and_pipes_unpadded() -> None:
+    row = {"format": "TensorRT", "status": "success", "size_mb": 12.5, "metric_name": "metrics/mAP50-95(B)",
+           "metric": 0.4512, "ms_per_image": 1.234, "fps": 810.4}  # fmt: skip
+    long = {**row, "format": "ONNX", "status": "x" * 10_000}  # a status line as long as a log
+    meta = {"kind": "evaluation", "evaluation": {"mode": "benchmark", "benchmark": [row, long]}}
+    on_terminal = evaluation_text(meta, 60).split("Benchmark\n", 1)[1].splitlines()
+    assert all(len(line) <= 60 for line in on_terminal)
+    assert any(line.split()[:1] == ["TensorRT"] and "1.23" in line for line in on_terminal)  # id and numbers whole
+    piped = evaluation_text(meta, None).split("Benchmark\n", 1)[1].splitlines()
+    assert max(len(line) for line in piped if "ONNX" not in line) < 200  # one long cell pads no other line
+    assert any("x" * 10_000 in line for line in piped)  # piped keeps the whole value

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuledger.cli.table_fit import clean
+from gpuledger.cli.table_fit import Column, clean, table_lines
 from gpuledger.core.units import NA, fmt_bytes, fmt_duration, fmt_number, fmt_pct, fmt_watts
 
 SHA_SHOWN = 12  # hex digits of a sha256 shown; --json has them all
@@ -38,31 +38,36 @@ def _speed(ms: Mapping[str, Any] | None) -> str:
     return "  ".join(parts) + " per image"
 
 
-def _benchmark_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+def _benchmark_lines(rows: list[Mapping[str, Any]], width: int | None) -> list[str]:
+    """`yolo benchmark`'s table by the CLI's one table rule: format and status whole, numbers never
+    cut, fitted to a terminal's ``width``; piped (None), whole values not padded past a long cell."""
     metric = clean(next((r.get("metric_name") for r in rows if r.get("metric_name")), "metric"))
-    header = ("format", "status", "size MB", metric, "ms/image", "FPS")
+    columns = [
+        Column("format", "key"),
+        Column("status", "text", priority=5, min_width=8),
+        Column("size MB", "number", priority=1, right=True),
+        Column(metric, "number", priority=4, right=True),
+        Column("ms/image", "number", priority=3, right=True),
+        Column("FPS", "number", priority=2, right=True),
+    ]
     cells = [
-        (
+        [
             clean(r.get("format")),
             clean(r.get("status")),
             _num(r.get("size_mb")),
             _num(r.get("metric")),
             _num(r.get("ms_per_image")),
             _num(r.get("fps")),
-        )
+        ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-
-    def line(values: tuple[str, ...]) -> str:
-        cells = (v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True)))
-        return "  " + "  ".join(cells)
-
-    return [line(header), *(line(c) for c in cells)]
+    inner = None if width is None else max(1, width - 2)  # the block's two-space indent
+    return ["  " + line for line in table_lines(columns, cells, inner)]
 
 
-def evaluation_text(meta: Mapping[str, Any]) -> str:
-    """The block, or "" for a run that is not an evaluation."""
+def evaluation_text(meta: Mapping[str, Any], width: int | None = None) -> str:
+    """The block, or "" for a run that is not an evaluation; its benchmark table fitted to a
+    terminal's ``width`` (None: piped)."""
     ev = meta.get("evaluation")
     if meta.get("kind") != "evaluation" or not isinstance(ev, Mapping):
         return ""
@@ -90,5 +95,5 @@ def evaluation_text(meta: Mapping[str, Any]) -> str:
     ]
     rows = ev.get("benchmark")
     if rows:
-        lines += ["", "Benchmark", *_benchmark_lines(rows)]
+        lines += ["", "Benchmark", *_benchmark_lines(rows, width)]
     return "\n".join(lines)

@@ -116,7 +116,7 @@ def show_cmd(run: str | None, fmt: str, db: str | None) -> None:
     text = format_summary(data, width or 0)
     from gpuledger.cli.eval_view import evaluation_text
 
-    if evaluation := evaluation_text(record.meta):  # an evaluation run (yolo val | predict | benchmark)
+    if evaluation := evaluation_text(record.meta, width):  # an evaluation run (yolo val | predict | benchmark)
         text += "\n\n" + evaluation
     extra = epochs_report.show_text(ledger, record, grid_lines(width) if width else None)
     if extra:
