@@ -47,6 +47,8 @@ def _output_mode(log: bytes) -> str | None:
     names a loss, the predictor's does not."""
     if b"Benchmarks complete for" in log:
         return "benchmark"
+    if b"Speed: " not in log:
+        return None  # most containers' logs: not screened line by line at all
     speeds = [line for line in screen_lines(log) if line.lstrip().startswith("Speed: ")]
     if not speeds:
         return None
