@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuledger.core.ids import short_id
+
 RULE = "inference_slower"
 MIN_SLOWDOWN_PCT = 5.0  # below this, run-to-run noise of a short evaluation
 
@@ -77,3 +79,46 @@ def inference_slower(
             if found.slowdown_pct > min_slowdown_pct and (worst is None or found.slowdown_pct > worst.slowdown_pct):
                 worst = found
     return worst
+
+
+def value_anomaly(
+    found: InferenceSlower,
+    *,
+    by: str,
+    version: str,
+    previous_version: str,
+    week: str,
+    conditions: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The finding as an entry of the value trends' anomalies (reports/cost/value_trends.py): the
+    version's name, ms/image before -> after and the split and GPU both evaluations shared, so a
+    reader of the chargeback or the dashboard sees which version got slower where."""
+    split, gpu = conditions.get("split"), conditions.get("gpu_model")
+    where = ", ".join(
+        part
+        for part in (
+            f"split {split[:12]}" if isinstance(split, str) and split else "",
+            f"GPU {gpu}" if gpu else "",
+        )
+        if part
+    )
+    cause = (
+        f"{version} (evaluation {short_id(found.evaluation)}) infers in {found.ms:.3g} ms/image, "
+        f"{previous_version} (evaluation {short_id(found.previous_evaluation)}) in {found.previous_ms:.3g}"
+        f"{f' on the same {where}' if where else ' under the same conditions'}"
+    )
+    return {
+        by: version,
+        "rule": RULE,
+        "metric": "inference_ms_per_image",
+        "week": week,
+        "previous_version": previous_version,
+        "baseline": f"{found.previous_ms:g}",
+        "current": f"{found.ms:g}",
+        "change": round(found.slowdown_pct / 100.0, 6),
+        "causes": [{"kind": RULE, "text": cause, "figures": found.as_dict()}],
+        "message": (
+            f"inference slower than {previous_version} on the same data and hardware: "
+            f"{found.previous_ms:.3g} -> {found.ms:.3g} ms/image (+{found.slowdown_pct:.0f} %)"
+        ),
+    }

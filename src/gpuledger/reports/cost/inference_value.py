@@ -18,9 +18,13 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from gpuledger.core.chargeback.value_trends import week_label, week_start
+from gpuledger.core.diagnosis.inference_rules import inference_slower, value_anomaly
+from gpuledger.core.ids import short_id
 from gpuledger.core.money import EXACT, MONEY_SCALE, money_str
 from gpuledger.core.pricing.cost import Pricer
 from gpuledger.reports.cost.usage import collect_runs
+from gpuledger.reports.run import comparability
+from gpuledger.store import lineage as store_lineage
 from gpuledger.store import schema
 from gpuledger.store.queries import open_run
 
@@ -31,6 +35,14 @@ if TYPE_CHECKING:
     from gpuledger.store import Ledger
 
 _Q = Decimal("0.000001")
+
+
+def _visible(q: Any, scope: frozenset[str] | None, replayed: bool) -> Any:
+    r = schema.runs.c
+    q = q.where(~open_run(r), r.status != "imported")
+    if scope is not None:
+        q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
+    return q if replayed else q.where(r.replayed == sa.false())
 
 
 def evaluation_rows(
@@ -50,13 +62,9 @@ def evaluation_rows(
     q = (
         sa.select(r.id, r.ended_at, r.meta, label.label("label_version"), made_by.label("made_by"))
         .select_from(schema.runs.join(lin, lin.c.run_id == r.id))
-        .where(lin.c.kind == "evaluation", r.ended_at >= start, r.ended_at < end, ~open_run(r))
-        .where(r.status != "imported")
+        .where(lin.c.kind == "evaluation", r.ended_at >= start, r.ended_at < end)
     )
-    if scope is not None:
-        q = q.where(r.project.in_(sorted(scope)) if scope else sa.false())
-    if not replayed:
-        q = q.where(r.replayed == sa.false())
+    q = _visible(q, scope, replayed)
     rows = []
     for row in conn.execute(q).mappings():
         version = row["label_version"] or row["made_by"]
@@ -141,3 +149,83 @@ def inference_value(
         for line in Pricer(card, basis).price_all(usage.usages):
             costs[line.run_id] = costs.get(line.run_id, 0) + line.cost
     return cells(rows, costs, weeks)
+
+
+def _evaluations_of(conn: Connection, sha: str, scope: frozenset[str] | None, replayed: bool) -> list[dict[str, Any]]:
+    """Every finished evaluation of the weights ``sha`` the reader may see."""
+    r, lin = schema.runs.c, schema.run_lineage
+    q = (
+        sa.select(r.id, r.ended_at, r.meta)
+        .select_from(schema.runs.join(lin, lin.c.run_id == r.id))
+        .where(lin.c.kind == store_lineage.EVALUATION, lin.c.weights_sha256 == sha)
+    )
+    return [dict(row) for row in conn.execute(_visible(q, scope, replayed).order_by(r.ended_at)).mappings()]
+
+
+def _compared(ledger: Ledger, row: Mapping[str, Any]) -> dict[str, Any]:
+    """An evaluation as inference_slower reads it: its ms/image and the conditions it ran under."""
+    ev = (row["meta"] or {}).get("evaluation") or {}
+    ms = ev.get("ms_per_image") if isinstance(ev.get("ms_per_image"), Mapping) else {}
+    gpus = [{"name": g.name, "power_limit_w": g.power_limit_w, "driver_version": g.driver_version,
+             "cuda_version": g.cuda_version} for g in ledger.devices(row["id"])]  # fmt: skip
+    return {
+        "run_id": row["id"],
+        "ended_at": float(row["ended_at"]),
+        "inference_ms": ms.get("inference"),
+        "conditions": comparability.facts(ev, gpus),
+    }
+
+
+def _comparable(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return comparability.verdict(a["conditions"], b["conditions"]).comparable
+
+
+def slower_anomalies(
+    ledger: Ledger,
+    *,
+    scope: frozenset[str] | None,
+    weeks: Sequence[float],
+    end: float,
+    by: str = "model_version",
+    include_replayed: bool = False,
+) -> list[dict[str, Any]]:
+    """One anomaly per model_version evaluated in ``weeks`` (up to ``end``) whose inference is
+    slower than its previous version's on a comparable evaluation; worst slowdown first."""
+    if not weeks:
+        return []
+
+    def read(conn: Connection) -> list[tuple[str, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]]:
+        rows = evaluation_rows(conn, scope=scope, start=weeks[0], end=end, replayed=include_replayed)
+        mine: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            mine.setdefault(row["version"], []).append(row)
+        out = []
+        for version, evals in sorted(mine.items()):
+            training = store_lineage.by_version(conn, version)
+            parent_id = training and training["parent_run"]
+            parent = store_lineage.get(conn, parent_id) if parent_id else None
+            if training is None or parent is None or not parent["weights_sha256"]:
+                continue
+            before = _evaluations_of(conn, parent["weights_sha256"], scope, include_replayed)
+            out.append(({**training, "version": version}, parent, evals, before))
+        return out
+
+    found: list[tuple[float, dict[str, Any]]] = []
+    for training, parent, evals, before in ledger.read(read):
+        now = [_compared(ledger, r) for r in evals]
+        slower = inference_slower(
+            training["run_id"], parent["run_id"], now, [_compared(ledger, r) for r in before], _comparable
+        )
+        if slower is None:
+            continue
+        ev = next(e for e in now if e["run_id"] == slower.evaluation)
+        anomaly = value_anomaly(
+            slower,
+            by=by,
+            version=training["version"],
+            previous_version=parent["model_version"] or short_id(parent["run_id"]),
+            week=week_label(week_start(ev["ended_at"])),
+            conditions=ev["conditions"],
+        )
+        found.append((slower.slowdown_pct, anomaly))
+    return [a for _, a in sorted(found, key=lambda f: -f[0])]

@@ -132,8 +132,11 @@ def _anomalies(vt: ValueTrends) -> list[str]:
         "week's runs with those weeks': settings, GPU utilisation, failures, mAP and the diagnosis."
     )
     parts = ['<h2 id="value-anomalies">Value anomalies</h2>', f'<p class="note">{_esc(how)}</p>']
-    if not vt.anomalies:
+    if not vt.anomalies and not vt.inference_anomalies:
         parts.append('<p class="none">No anomaly last week.</p>')
+        return parts
+    parts += _slower(vt)
+    if not vt.anomalies:
         return parts
     parts.append('<ul class="anomalies">')
     parts += [f'<li class="anomaly warn">{_esc(a.message)}</li>' for a in vt.anomalies]
@@ -162,6 +165,67 @@ def _anomalies(vt: ValueTrends) -> list[str]:
     )
     parts.append(f'<table class="anomaly-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
     return parts
+
+
+def _slower(vt: ValueTrends) -> list[str]:
+    """Versions evaluated in the report's weeks whose inference is slower than their previous
+    version's on a comparable evaluation (core/diagnosis/inference_rules.py)."""
+    if not vt.inference_anomalies:
+        return []
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            _esc(vt.by),
+            "week",
+            "previous version",
+            "ms/image before",
+            "ms/image after",
+            "change",
+            "likely cause",
+        )
+    )
+    body = "".join(
+        f"<tr><td>{_esc(a[vt.by])}</td><td>{_esc(a['week'])}</td><td>{_esc(a['previous_version'])}</td>"
+        f"<td>{fmt_number(float(a['baseline']))}</td><td>{fmt_number(float(a['current']))}</td>"
+        f"<td>+{fmt_pct(a['change'])}</td>"
+        f'<td class="text">{_esc("; ".join(c["text"] for c in a["causes"]))}</td></tr>'
+        for a in vt.inference_anomalies
+    )
+    return [
+        '<ul class="anomalies">',
+        *(f'<li class="anomaly warn">{_esc(a[vt.by])}: {_esc(a["message"])}</li>' for a in vt.inference_anomalies),
+        "</ul>",
+        f'<table class="anomaly-table inference-slower"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>',
+    ]
+
+
+def _images(n: int | None) -> str:
+    return NA if n is None else f"{n:,}"
+
+
+def _inference(vt: ValueTrends) -> list[str]:
+    """Evaluation runs' cost per 1,000 images and energy per image by model_version and week."""
+    if not vt.inference:
+        return []
+    head = "".join(
+        f"<th>{h}</th>" for h in (_esc(vt.by), "week", "evaluations", "images", "cost", "per 1k images", "J/image")
+    )
+    body = "".join(
+        f"<tr><td>{_esc(c['model_version'])}</td><td>{_esc(c['week'])}</td><td>{c['evaluations']}</td>"
+        f"<td>{_esc(_images(c['images']))}</td><td>{_esc(fmt_money(c['cost']))}</td>"
+        f"<td>{_esc(_money(c['cost_per_1k_images']))}</td><td>{_esc(fmt_number(c['j_per_image']))}</td></tr>"
+        for c in vt.inference
+    )
+    return [
+        f'<h3 id="value-inference">Inference by {_esc(vt.by)} and week ({_esc(vt.currency)})</h3>',
+        '<p class="note">Evaluation runs (yolo val, predict, benchmark), each counted for its model_version '
+        "label or the training that produced the weights it evaluated, in the ISO week it ended in: their "
+        "whole cost per 1,000 images evaluated and the energy per image of their evaluated windows. A "
+        "figure needs every evaluation of the cell to have it.</p>",
+        '<div class="wide">',
+        f'<table class="inference"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>',
+        "</div>",
+    ]
 
 
 def value_sections(vt: ValueTrends) -> str:
@@ -195,6 +259,7 @@ def value_sections(vt: ValueTrends) -> str:
                     f"<h3>{_esc(title)}</h3>",
                     _table(["rank", vt.by, *_TOP_COLUMNS[1:]], rows, key.replace("_", "-")),
                 ]
+    parts += _inference(vt)
     parts += _anomalies(vt)
     parts += [f'<p class="warn">{_esc(n)}</p>' for n in vt.notes]
     parts.append(json_block("value-trends-data", vt.as_dict()))

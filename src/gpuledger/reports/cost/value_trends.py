@@ -63,6 +63,7 @@ class ValueTrends:
     notes: list[str] = field(default_factory=list)
     partial_to: float | None = None  # the last week is counted up to here only (a report's period to date)
     inference: list[dict[str, Any]] = field(default_factory=list)  # evaluation runs' cells: inference_value.py
+    inference_anomalies: list[dict[str, Any]] = field(default_factory=list)  # inference_slower, JSON-ready
 
     @property
     def last_complete(self) -> float:
@@ -80,7 +81,7 @@ class ValueTrends:
             "cause_thresholds": dataclasses.asdict(self.thresholds),
             "series": self.series,
             **self.tops,
-            "anomalies": [a.as_dict(self.by) for a in self.anomalies],
+            "anomalies": [*(a.as_dict(self.by) for a in self.anomalies), *self.inference_anomalies],
             "notes": self.notes,
             "inference": self.inference,
         }
@@ -290,6 +291,7 @@ def value_trends(
         notes=notes,
         partial_to=end if partial else None,
         inference=_inference(ledger, by, scope, card, starts, end, basis, include_replayed),
+        inference_anomalies=_slower(ledger, by, scope, starts, end, include_replayed),
     )
 
 
@@ -303,6 +305,17 @@ def _inference(ledger: Ledger, by: str, scope: frozenset[str] | None, card: Rate
     last = min(end, starts[-1] + WEEK_S)
     return inference_value(ledger, scope=scope, card=card, weeks=starts, end=last, basis=basis,
                            include_replayed=include_replayed)  # fmt: skip
+
+
+def _slower(ledger: Ledger, by: str, scope: frozenset[str] | None, starts: list[float], end: float,
+            include_replayed: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """Versions evaluated in the weeks whose inference is slower than their previous version's (issue 37)."""
+    from gpuledger.reports.cost.inference_value import slower_anomalies
+
+    if by != "model_version":
+        return []
+    last = min(end, starts[-1] + WEEK_S)
+    return slower_anomalies(ledger, scope=scope, weeks=starts, end=last, by=by, include_replayed=include_replayed)
 
 
 def _split(values: Sequence[RunValue], a: Anomaly, by: str) -> tuple[list[RunValue], list[RunValue]]:
