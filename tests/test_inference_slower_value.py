@@ -138,3 +138,26 @@ def test_the_chargeback_html_shows_the_finding_and_the_inference_cells(tmp_path:
 def test_the_chargeback_html_says_nothing_when_the_gpu_model_differs(tmp_path: Path) -> None:
     page = _chargeback(tmp_path, H100)
     assert "inference slower" not in page and '<table class="inference">' in page
+
+
+def test_chromium_shows_the_finding_and_the_inference_table_offline(tmp_path: Path) -> None:
+    from browser_support import ARGS, CHROMIUM, need_browser
+
+    sync_playwright = need_browser()
+    page_file = tmp_path / "page.html"
+    page_file.write_text(_chargeback(tmp_path, A100))
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1000, "height": 900})
+        page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.on("request", lambda r: None if r.url.startswith(("file:", "data:")) else problems.append(r.url))
+        page.goto(page_file.as_uri())
+        assert page.locator("#value-inference").is_visible() and page.locator("table.inference").is_visible()
+        item = page.locator("#value-anomalies ~ ul li.anomaly").first.inner_text()
+        assert item == "v2: inference slower than v1 on the same data and hardware: 10 -> 12 ms/image (+20 %)"
+        cause = page.locator("table.inference-slower td.text").inner_text()
+        assert cause.startswith("v2 (evaluation ") and cause.endswith(f"on the same split {'f' * 12}, GPU {A100}")
+        browser.close()
+    assert problems == []

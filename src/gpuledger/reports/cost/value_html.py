@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuledger.core.chargeback.anomaly_causes import METRIC_NAMES
 from gpuledger.core.chargeback.value_trends import week_label
+from gpuledger.core.diagnosis.inference_rules import MIN_SLOWDOWN_PCT
 from gpuledger.core.units import NA, fmt_count, fmt_money, fmt_number, fmt_pct
 from gpuledger.reports.cost.value_trends import ValueTrends
 from gpuledger.reports.safe_html import json_block
@@ -131,6 +132,12 @@ def _anomalies(vt: ValueTrends) -> list[str]:
         f"{rule.min_baseline_weeks} needed; the last week needs {rule.min_runs} runs too). Causes compare the "
         "week's runs with those weeks': settings, GPU utilisation, failures, mAP and the diagnosis."
     )
+    if vt.by == "model_version":
+        how += (
+            f" A model_version evaluated in any of these weeks is flagged too when its inference ms/image is over "
+            f"{MIN_SLOWDOWN_PCT:g} % above its previous version's on a comparable evaluation (same split, GPU model "
+            "and power limit, device, imgsz, batch, precision and software versions)."
+        )
     parts = ['<h2 id="value-anomalies">Value anomalies</h2>', f'<p class="note">{_esc(how)}</p>']
     if not vt.anomalies and not vt.inference_anomalies:
         parts.append('<p class="none">No anomaly last week.</p>')
