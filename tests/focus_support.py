@@ -1,6 +1,7 @@
 """A simulated month for the FOCUS export tests: tests/cost_sim.py's cluster plus two runs recorded
 through the ledger's own API (a p4d.24xlarge run across the card's mid-day price change, and a run
-labelled with a model_version), and readers of the files the export writes."""
+labelled with a model_version), readers of the files the export writes, and the rules of each
+FOCUS version the CLI writes (1.3 by default, 1.0 with ``--focus-version 1.0``)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from typing import Any
 
 from cost_sim import CHANGE_MIDDAY, simulate, write
 from cost_support import ts
+from focus13_spec_rules import NEW_COLUMNS, violations13
+from focus_spec_rules import violations
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
 from gpuledger.store import Ledger
 
 STEP = 900.0
 CHANGE_RUN = "p4d-across-change"  # 10:00-15:00 on 2026-03-20, the price changes at 12:07:30
 LABELLED_RUN = "yolo-v8m-3"
+# The CLI's FOCUS versions, the default first: a test run for each says the same facts hold in both.
+VERSIONS = ("1.3", "1.0")
 
 
 def add_run(
@@ -77,3 +82,26 @@ def read_parquet(path: Path) -> tuple[list[str], list[dict[str, Any]], Any]:
 
     table = pq.read_table(path)
     return table.column_names, table.to_pylist(), table.schema
+
+
+def version_args(version: str) -> list[str]:
+    """The CLI arguments that give ``version``: none for 1.3, so the tests of 1.3 test the default."""
+    return [] if version == VERSIONS[0] else ["--focus-version", version]
+
+
+def as_10(columns: list[str], rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns FOCUS 1.0 knows and the x_ ones, in the file's order: what 1.0's rules apply to."""
+    keep = [c for c in columns if c not in NEW_COLUMNS]
+    return keep, [{c: r[c] for c in keep} for r in rows]
+
+
+def focus_violations(
+    version: str, columns: list[str], rows: list[dict[str, Any]], *, from_csv: bool, split: bool = False
+) -> list[str]:
+    """Every rule of FOCUS ``version`` the file breaks. 1.0: focus_spec_rules (a 1.3 column is a
+    custom column without the x_ prefix there, so a 1.3 file fails). 1.3: focus13_spec_rules on the
+    columns it adds, and 1.0's rules on the columns it keeps. ``split``: the rows hold a split cost
+    allocation (``--share-idle``)."""
+    if version == "1.0":
+        return violations(columns, rows, from_csv=from_csv)
+    return violations13(columns, rows, split=split) + violations(*as_10(columns, rows), from_csv=from_csv)

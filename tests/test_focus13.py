@@ -1,4 +1,4 @@
-"""``--focus-version 1.3``: the chargeback and the fleet as FOCUS 1.3 datasets, checked against the
+"""FOCUS 1.3, the default of ``--format focus``: the chargeback and the fleet as FOCUS 1.3 datasets, checked against the
 specification's column definitions (focus13_spec_rules.py, written from the spec) and FOCUS 1.0's
 rules for the columns 1.3 keeps (focus_spec_rules.py). The shared idle split (``--share-idle``) is a
 split cost allocation: its rows carry the Allocated* columns, their ratios add up to 1 exactly."""
@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from cost_sim import CARD_TEXT
 from focus13_spec_rules import ALLOCATION, NEW_COLUMNS, ratios, split_rows, violations13
 from focus_spec_rules import violations
+from focus_support import as_10 as _as_10
 from focus_support import month_ledger, read_csv, read_parquet
 from gpuledger.cli.capacity_cmds import capacity_cmd
 from gpuledger.cli.cost_cmds import report_group
@@ -37,12 +38,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def _chargeback(env: dict[str, str], *args: str) -> Any:
     base = ["chargeback", "--month", "2026-03", "--db", env["db"], "--rates", env["rates"]]
     return CliRunner().invoke(report_group, [*base, *args], catch_exceptions=False)
-
-
-def _as_10(columns: list[str], rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """The columns FOCUS 1.0 knows and the x_ ones, in the file's order: what 1.0's rules apply to."""
-    keep = [c for c in columns if c not in NEW_COLUMNS]
-    return keep, [{c: r[c] for c in keep} for r in rows]
 
 
 @pytest.mark.parametrize("rule", ["allocated", "busy"])
@@ -72,7 +67,7 @@ def test_the_shared_idle_split_is_a_focus_13_split_cost_allocation(env: dict[str
         assert (element["UsageUnit"], element["UsageQuantity"]) == ("GPU-Hours", hours)
     assert sum((ratios(r)[0] for r in split), Decimal(0)) == 1  # exactly, not to float precision
     # the money is the 1.0 export's: only columns were added
-    _, rows_10 = read_csv(_chargeback(env, "--format", "focus", "--share-idle", rule).stdout)
+    _, rows_10 = read_csv(_chargeback(env, "--format", "focus", "--focus-version", "1.0", "--share-idle", rule).stdout)
     assert [r["BilledCost"] for r in rows] == [r["BilledCost"] for r in rows_10]
 
 
@@ -97,11 +92,20 @@ def test_focus_13_parquet_types_follow_the_spec(env: dict[str, str]) -> None:
         assert str(schema.field(name).type) == "string", name
 
 
-def test_focus_10_stays_the_default_and_unchanged(env: dict[str, str]) -> None:
-    columns, _ = read_csv(_chargeback(env, "--format", "focus", "--share-idle", "allocated").stdout)
-    assert columns == [c.name for c in COLUMNS_10]
-    explicit, _ = read_csv(_chargeback(env, "--format", "focus", "--focus-version", "1.0").stdout)
-    assert explicit == columns
+def test_focus_13_is_the_default_and_1_0_stays_selectable(env: dict[str, str]) -> None:
+    default = _chargeback(env, "--format", "focus", "--share-idle", "allocated")
+    columns, rows = read_csv(default.stdout)
+    # columns only FOCUS 1.3 defines, filled as it asks; and the 1.0 custom column it replaces is gone
+    assert {"AllocatedMethodId", "AllocatedResourceId", "ServiceProviderName", "HostProviderName"} <= set(columns)
+    assert "x_ShareRule" not in columns and violations13(columns, rows, split=True) == []
+    explicit = _chargeback(env, "--format", "focus", "--focus-version", "1.3", "--share-idle", "allocated")
+    assert explicit.stdout == default.stdout
+    # --focus-version 1.0: exactly FOCUS 1.0's columns and gpuledger's, as before 1.3 was the default
+    columns_10, _ = read_csv(
+        _chargeback(env, "--format", "focus", "--focus-version", "1.0", "--share-idle", "allocated").stdout
+    )
+    assert columns_10 == [c.name for c in COLUMNS_10] and "x_ShareRule" in columns_10
+    assert not set(NEW_COLUMNS) & set(columns_10)
 
 
 def test_an_unknown_focus_version_is_a_usage_error(env: dict[str, str]) -> None:
@@ -110,13 +114,21 @@ def test_an_unknown_focus_version_is_a_usage_error(env: dict[str, str]) -> None:
     assert result.exit_code == 2 and "'1.2' is not one of '1.0', '1.3'" in result.output
 
 
-def test_capacity_focus_13(env: dict[str, str]) -> None:
+def test_capacity_focus_13_is_the_default(env: dict[str, str]) -> None:
     args = ["--month", "2026-03", "--db", env["db"], "--rates", env["rates"], "--format", "focus"]
-    result = CliRunner().invoke(capacity_cmd, [*args, "--focus-version", "1.3"], catch_exceptions=False)
+    result = CliRunner().invoke(capacity_cmd, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     columns, rows = read_csv(result.stdout)
+    assert "AllocatedMethodId" in columns and "ServiceProviderName" in columns
     assert rows and violations13(columns, rows, split=False) == []
     assert violations(*_as_10(columns, rows), from_csv=True) == []
+    explicit = CliRunner().invoke(capacity_cmd, [*args, "--focus-version", "1.3"], catch_exceptions=False)
+    assert explicit.stdout == result.stdout
+    columns_10, rows_10 = read_csv(
+        CliRunner().invoke(capacity_cmd, [*args, "--focus-version", "1.0"], catch_exceptions=False).stdout
+    )
+    assert columns_10 == [c.name for c in COLUMNS_10] and violations(columns_10, rows_10, from_csv=True) == []
+    assert [r["BilledCost"] for r in rows_10] == [r["BilledCost"] for r in rows]  # the same rows and money
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,7 +1,7 @@
 """``gpuledger report capacity --format focus``: the simulated fleet of tests/capacity_sim.py (hosts,
 pools, on-prem GPUs billed with energy, cloud GPUs, a mid-day price change, a GPU moved, one never
-used, an agent down) as FOCUS 1.0 rows, held to FOCUS 1.0's rules and to the capacity report of
-the same month, to the last unit."""
+used, an agent down) as FOCUS rows, held to the rules of FOCUS 1.3 (the CLI's default) and 1.0
+(``--focus-version 1.0``) and to the capacity report of the same month, to the last unit."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from capacity_sim import CARD, CARD_TEXT, END, L4_CHANGE, POOLS_TEXT, START, load
-from focus_spec_rules import violations
-from focus_support import read_csv, read_parquet
+from focus_support import VERSIONS, focus_violations, read_csv, read_parquet, version_args
 from gpuledger.cli.capacity_cmds import capacity_cmd
 from gpuledger.core.capacity.pools import parse_pools
 from gpuledger.core.chargeback.focus import utc
@@ -86,17 +85,20 @@ def test_a_mid_day_price_change_splits_the_gpu_day(fleet: dict[str, Any]) -> Non
         assert r["ListUnitPrice"] * r["PricingQuantity"] == r["BilledCost"]
 
 
-def test_capacity_focus_from_the_cli_keeps_focus_1_0_rules(fleet: dict[str, Any]) -> None:
-    result = _invoke(fleet, "--provider", "ACME GPU platform")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_capacity_focus_from_the_cli_keeps_the_versions_rules(fleet: dict[str, Any], version: str) -> None:
+    result = _invoke(fleet, *version_args(version), "--provider", "ACME GPU platform")
     assert result.exit_code == 0, result.output
     columns, rows = read_csv(result.stdout)
-    assert violations(columns, rows, from_csv=True) == []
+    assert focus_violations(version, columns, rows, from_csv=True) == []
     assert {(r["ProviderName"], r["ResourceType"]) for r in rows} == {("ACME GPU platform", "GPU")}
-    target = Path(fleet["root"]) / "fleet.parquet"
-    result = _invoke(fleet, "-o", str(target))
+    if version == "1.3":
+        assert {(r["ServiceProviderName"], r["HostProviderName"]) for r in rows} == {("ACME GPU platform",) * 2}
+    target = Path(fleet["root"]) / f"fleet-{version}.parquet"
+    result = _invoke(fleet, *version_args(version), "-o", str(target))
     assert result.exit_code == 0, result.output
     columns, typed, _ = read_parquet(target)
-    assert violations(columns, typed, from_csv=False) == []
+    assert focus_violations(version, columns, typed, from_csv=False) == []
     assert sum((r["BilledCost"] for r in typed), Decimal(0)) == money_decimal(fleet["report"].total_units.fleet_cost)
     assert {r["x_Host"] for r in typed} >= {"a100-01", "a100-02", "p4d-01", "l4-01", "ws-01"}
     assert {r["x_Pool"] for r in typed if r["x_Host"] == "p4d-01"} == {"cloud"}

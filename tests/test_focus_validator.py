@@ -1,5 +1,7 @@
 """The FinOps Foundation's FOCUS validator (focus-validator 1.0.0, pinned in requirements-focus.txt)
-run on gpuledger's FOCUS files of a simulated month, as its own command, against FOCUS 1.0.
+run on gpuledger's FOCUS files of a simulated month, as its own command, against FOCUS 1.0: the
+export's 1.0 rows, and the files ``gpuledger report chargeback|capacity --format focus
+--focus-version 1.0`` writes (1.3 is the CLI's default; the validator knows no version after 1.0).
 
 It lives in a virtualenv of its own (it needs numpy < 2, which the project's pyarrow refuses):
 build/focus-validator, or the ``focus-validator`` executable named by GPULEDGER_FOCUS_VALIDATOR.
@@ -24,14 +26,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from capacity_sim import CARD as FLEET_CARD
+from capacity_sim import CARD_TEXT as FLEET_CARD_TEXT
 from capacity_sim import POOLS_TEXT, load
-from cost_sim import CARD, MONTH
+from cost_sim import CARD, CARD_TEXT, MONTH
 from cost_support import ts
 from focus_support import month_ledger
+from gpuledger.cli.capacity_cmds import capacity_cmd
+from gpuledger.cli.cost_cmds import report_group
 from gpuledger.core.capacity.pools import Pools, parse_pools
-from gpuledger.core.chargeback.focus_columns import FOCUS_VERSION
+from gpuledger.core.chargeback.focus_columns import COLUMNS, FOCUS_VERSION
 from gpuledger.reports.capacity.focus import capacity_focus
 from gpuledger.reports.capacity.report import add_shared_idle, fleet_cost
 from gpuledger.reports.cost.costing import chargeback
@@ -131,16 +137,32 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     with Ledger(root / "fleet.db") as fleet_led:
         fleet = capacity_focus(fleet_led, card=FLEET_CARD, pools=parse_pools(POOLS_TEXT), start=start, end=end)
     (root / "capacity.csv").write_text(focus_csv(fleet))
-    return {name: root / f"{name}.csv" for name in ("month", "shared", "capacity")} | {
-        "parquet": root / "month.parquet"
-    }
+    # The same month and fleet as the CLI writes them with --focus-version 1.0.
+    header = '[card]\nname = "Vision cluster, 2026"\ncurrency = "USD"\nbasis = "busy"\n'
+    (root / "rates.toml").write_text(header + CARD_TEXT)
+    (root / "fleet-rates.toml").write_text(header + FLEET_CARD_TEXT)
+    (root / "pools.toml").write_text(POOLS_TEXT)
+    focus_10 = ["--month", "2026-03", "--format", "focus", "--focus-version", "1.0"]
+    cli = [
+        (report_group, ["chargeback", "--db", str(root / "month.db"), "--rates", str(root / "rates.toml"),
+                        "--share-idle", "busy", "-o", str(root / "cli-chargeback.csv")]),
+        (capacity_cmd, ["--db", str(root / "fleet.db"), "--rates", str(root / "fleet-rates.toml"),
+                        "--pools", str(root / "pools.toml"), "-o", str(root / "cli-capacity.csv")]),
+    ]  # fmt: skip
+    for command, args in cli:
+        done = CliRunner().invoke(command, [*args, *focus_10], catch_exceptions=False)
+        assert done.exit_code == 0, done.output
+        # exactly the 1.0 dataset: the validator would pass a 1.3 file too (it ignores the columns it does not know)
+        assert Path(args[-1]).read_text().splitlines()[0].split(",") == [c.name for c in COLUMNS]
+    names = ("month", "shared", "capacity", "cli-chargeback", "cli-capacity")
+    return {name: root / f"{name}.csv" for name in names} | {"parquet": root / "month.parquet"}
 
 
 def _overrides() -> set[str]:
     return set(yaml.safe_load(OVERRIDES.read_text())["overrides"])
 
 
-@pytest.mark.parametrize("name", ["month", "shared", "capacity"])
+@pytest.mark.parametrize("name", ["month", "shared", "capacity", "cli-chargeback", "cli-capacity"])
 def test_the_validator_finds_no_error_in_the_csv(validate, files, tmp_path, name) -> None:  # type: ignore[no-untyped-def]
     verdict = validate(files[name], tmp_path)
     assert verdict.failed == {} and verdict.errored == {}, verdict.console

@@ -26,7 +26,7 @@ from browser_support import ARGS, CHROMIUM, need_browser
 from cost_support import ts
 from gpuledger.core.capacity.columns import COLUMNS as CAPACITY_COLUMNS
 from gpuledger.core.chargeback.columns import COLUMNS as CHARGEBACK_COLUMNS
-from gpuledger.core.chargeback.focus_columns import COLUMNS as FOCUS_COLUMNS
+from gpuledger.core.chargeback.focus_v13 import FOCUS_VERSIONS, columns_for
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
 from gpuledger.reports.run.export import COLUMNS as EXPORT_COLUMNS
 from gpuledger.reports.safe_csv import SafeCsvWriter
@@ -140,7 +140,7 @@ def _numeric(columns: Collection[object]) -> set[str]:
 
 CHARGEBACK_NUMERIC = _numeric([c for cols in CHARGEBACK_COLUMNS.values() for c in cols])
 CAPACITY_NUMERIC = _numeric([c for cols in CAPACITY_COLUMNS.values() for c in cols])
-FOCUS_NUMERIC = {c.name for c in FOCUS_COLUMNS if c.kind == "decimal"}
+FOCUS_NUMERIC = {v: {c.name for c in columns_for(v) if c.kind == "decimal"} for v in FOCUS_VERSIONS}
 EXPORT_NUMERIC = {c.name for c in EXPORT_COLUMNS if c.kind != "str"}
 
 
@@ -161,9 +161,11 @@ def test_cost_csv_holds_no_formula(ledger: dict[str, str]) -> None:
     _neutralised(text, SPREADSHEET_HOSTILE)  # gpu_model
 
 
-def test_focus_csv_holds_no_formula(ledger: dict[str, str]) -> None:
-    text = _gpuledger(ledger, "report", "chargeback", "--month", "2026-03", "--format", "focus")
-    rows = _check_csv(text, FOCUS_NUMERIC)
+@pytest.mark.parametrize("version", FOCUS_VERSIONS)
+def test_focus_csv_holds_no_formula(ledger: dict[str, str], version: str) -> None:
+    args = ["--month", "2026-03", "--format", "focus", "--focus-version", version]
+    text = _gpuledger(ledger, "report", "chargeback", *args)
+    rows = _check_csv(text, FOCUS_NUMERIC[version])
     _neutralised(text, SPREADSHEET_HOSTILE)
     assert rows and all(_number(r["BilledCost"]) for r in rows)
 
@@ -177,9 +179,12 @@ def test_capacity_and_fleet_csv_hold_no_formula(ledger: dict[str, str]) -> None:
     _neutralised(fleet, SPREADSHEET_HOSTILE)  # host
 
 
-def test_capacity_focus_holds_no_formula(ledger: dict[str, str]) -> None:
-    text = _gpuledger(ledger, "report", "capacity", "--month", "2026-03", "--format", "focus")
-    _check_csv(text, FOCUS_NUMERIC)
+@pytest.mark.parametrize("version", FOCUS_VERSIONS)
+def test_capacity_focus_holds_no_formula(ledger: dict[str, str], version: str) -> None:
+    text = _gpuledger(
+        ledger, "report", "capacity", "--month", "2026-03", "--format", "focus", "--focus-version", version
+    )
+    _check_csv(text, FOCUS_NUMERIC[version])
     _neutralised(text, SPREADSHEET_HOSTILE)
 
 

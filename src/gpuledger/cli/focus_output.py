@@ -1,5 +1,6 @@
 """``gpuledger report chargeback|capacity --format focus``: the chargeback, or the fleet's capacity, as
-a FOCUS 1.0 dataset, or 1.3 with ``--focus-version 1.3`` (docs/FOCUS.md).
+a FOCUS 1.3 dataset (the current ratified version), or 1.0 with ``--focus-version 1.0``, the version
+the FinOps Foundation's validator checks (docs/FOCUS.md).
 
 CSV to stdout or ``-o FILE``; Parquet when ``-o`` names a ``.parquet`` file. Notes (hours no rate
 prices) go to stderr, so stdout stays a clean CSV.
@@ -14,16 +15,18 @@ import click
 
 from gpuledger.cli.output import write_text, write_with
 
-__all__ = ["focus_version_option", "write_capacity_focus", "write_chargeback_focus"]
+__all__ = ["DEFAULT_FOCUS_VERSION", "focus_version_option", "write_capacity_focus", "write_chargeback_focus"]
 
 FOCUS_VERSIONS = ("1.0", "1.3")  # core/chargeback/focus_v13.FOCUS_VERSIONS, without importing it at start-up
+DEFAULT_FOCUS_VERSION = "1.3"  # the ratified specification; 1.0 stays for the validator on PyPI, which knows no later
 
 focus_version_option = click.option(
     "--focus-version",
     type=click.Choice(FOCUS_VERSIONS),
-    default="1.0",
+    default=DEFAULT_FOCUS_VERSION,
     show_default=True,
-    help="--format focus: the FOCUS version of the dataset (1.0: what the FinOps validator checks; docs/FOCUS.md).",
+    help="--format focus: the FOCUS version of the dataset (1.3: the current spec; 1.0: what the FinOps "
+    "validator checks; docs/FOCUS.md).",
 )
 
 
@@ -41,7 +44,7 @@ def write_chargeback_focus(
     provider: str | None,
     output: str | None,
     include_replayed: bool = False,
-    version: str = "1.0",
+    version: str = DEFAULT_FOCUS_VERSION,
 ) -> None:
     from gpuledger.core.months import month_of
     from gpuledger.reports.cost.focus import add_shared_idle_rows, chargeback_focus, default_identity
@@ -88,7 +91,7 @@ def write_capacity_focus(
     provider: str | None,
     output: str | None,
     include_replayed: bool = False,
-    version: str = "1.0",
+    version: str = DEFAULT_FOCUS_VERSION,
 ) -> None:
     from gpuledger.reports.capacity.focus import capacity_focus
     from gpuledger.reports.cost.focus import default_identity
@@ -115,7 +118,7 @@ def _check_parquet(output: str | None) -> None:
         require("pyarrow.parquet", extra="parquet", purpose="FOCUS Parquet output")
 
 
-def _write(export: Any, output: str | None, version: str = "1.0") -> None:
+def _write(export: Any, output: str | None, version: str = DEFAULT_FOCUS_VERSION) -> None:
     from gpuledger.core.chargeback.focus_v13 import columns_for
     from gpuledger.reports.cost.focus_render import focus_csv, is_parquet_path, write_focus_parquet
 
