@@ -2,7 +2,8 @@
 
 The same figures as the chargeback HTML's value sections (reports/cost/value_trends.py): cost,
 cost per mAP point and per epoch per model version and ISO week, the TOP lists and the anomalies
-of the last complete week with their likely causes, for the caller's projects only.
+of the last complete week with their likely causes (by model_version also the versions
+evaluated slower than their previous version on the same data and hardware), for the caller's projects only.
 """
 
 from __future__ import annotations
