@@ -104,9 +104,19 @@ def test_verdict_is_symmetric_and_names_exactly_the_differing_conditions(a: dict
     ab, ba = c.verdict(fa, fb), c.verdict(fb, fa)
     assert [d.key for d in ab.differences] == [d.key for d in ba.differences]
     assert [(d.a, d.b) for d in ab.differences] == [(d.b, d.a) for d in ba.differences]
-    assert {d.key for d in ab.differences} == {k for k in fa if fa[k] != fb[k]}
-    assert ab.comparable == (fa == fb)
-    assert c.verdict(fa, fa).comparable
+    # a differing value, or a split fingerprint neither side recorded ("the same test set" unproven)
+    unproven = {"split"} if fa["split"] is None and fb["split"] is None else set()
+    assert {d.key for d in ab.differences} == {k for k in fa if fa[k] != fb[k]} | unproven
+    assert ab.comparable == (fa == fb and not unproven)
+    assert c.verdict(fa, fa).comparable == (fa["split"] is not None)
+
+
+def test_two_runs_without_a_split_fingerprint_are_not_said_to_have_seen_the_same_data() -> None:
+    # a discovered evaluation, or one whose fingerprint failed: nothing shows the images were the same
+    a, b = c.facts(evaluation(split=None)), c.facts(evaluation(split=None))
+    v = c.verdict(a, b)
+    assert not v.comparable and not v.same("data")
+    assert "split fingerprint not recorded vs not recorded" in v.summary
 
 
 @given(st.floats(-99, 1000, allow_nan=False), st.floats(0.1, 1000), st.floats(0.1, 1000))

@@ -5,7 +5,9 @@ Two evaluations are comparable when they saw the same images (split fingerprint)
 hardware (GPU model, power limit where recorded, device), with the same settings (imgsz, batch,
 precision) and the same software (Ultralytics, torch, CUDA, driver). Every condition that differs is
 named with both values. A value recorded on one side only is a difference too ("not recorded"): an
-equality that cannot be shown is not claimed. A value neither side recorded is not a condition.
+equality that cannot be shown is not claimed. A value neither side recorded is not a condition,
+except the split fingerprint: "the same test set" is the point of the comparison, so two runs that
+both lack it (a discovered evaluation, a fingerprint that failed) are not said to have seen the same data.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ class Condition:
     key: str
     label: str
     group: str  # "data", "hardware", "settings" or "software"
+    required: bool = False  # must be recorded on both sides to count as the same
 
 
 CONDITIONS: tuple[Condition, ...] = (
-    Condition("split", "split fingerprint", "data"),
+    Condition("split", "split fingerprint", "data", required=True),
     Condition("gpu_model", "GPU model", "hardware"),
     Condition("power_limit_w", "GPU power limit", "hardware"),
     Condition("device", "device", "hardware"),
@@ -131,7 +134,7 @@ def verdict(a: Mapping[str, str | None], b: Mapping[str, str | None]) -> Verdict
     found = []
     for cond in CONDITIONS:
         va, vb = a.get(cond.key), b.get(cond.key)
-        if va != vb:
+        if va != vb or (cond.required and va is None):
             found.append(Difference(cond.key, cond.label, cond.group, _shown(cond.key, va), _shown(cond.key, vb)))
     return Verdict(tuple(found))
 
