@@ -161,3 +161,29 @@ def test_chromium_shows_the_finding_and_the_inference_table_offline(tmp_path: Pa
         assert cause.startswith("v2 (evaluation ") and cause.endswith(f"on the same split {'f' * 12}, GPU {A100}")
         browser.close()
     assert problems == []
+
+
+def test_the_dashboard_overview_lists_the_finding(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from browser_support import ARGS, CHROMIUM, need_browser
+    from dashboard_support import uvicorn_server, wait_js
+
+    sync_playwright = need_browser()
+    db = f"sqlite:///{tmp_path}/server.db"
+    _ledger(db, A100)
+    with Ledger(db) as led:
+        token = accounts.issue_token(led, "root", role="admin", actor="test", create_user=True)[1]
+    monkeypatch.setenv("GPULEDGER_RATES", str(_rates(tmp_path)))  # the server prices with this card
+    problems: list[str] = []
+    with uvicorn_server(db, tmp_path / "server.log") as base, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.goto(base + "/dashboard/login")
+        page.evaluate("t => sessionStorage.setItem('gpuledger.token', t)", token)
+        page.goto(base + "/dashboard/")
+        wait_js(page, "document.querySelector('#anomalies li.anomaly') !== null", timeout=60, what="the anomalies")
+        items = page.locator("#anomalies li.anomaly").all_inner_texts()
+        browser.close()
+    assert items == ["v2: inference slower than v1 on the same data and hardware: 10 -> 12 ms/image (+20 %)"]
+    assert problems == []
