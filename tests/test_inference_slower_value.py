@@ -14,10 +14,14 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuledger.cli.main import cli
+from gpuledger.core.diagnosis.inference_rules import InferenceSlower, value_anomaly
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
 from gpuledger.server.app import create_app
 from gpuledger.server.settings import Settings
@@ -75,12 +79,17 @@ def _rates(tmp_path: Path) -> Path:
     return rates
 
 
-def _api(tmp_path: Path, v2_gpu: str) -> dict:
+def _api(tmp_path: Path, v2_gpu: str, member_of: str | None = None) -> dict:
     url = f"sqlite:///{tmp_path}/server.db"
     _ledger(url, v2_gpu)
     with Ledger(url) as led:
-        accounts.add_project(led, "detector", actor="test")
-        token = accounts.issue_token(led, "root", role="admin", actor="test", create_user=True)[1]
+        for project in ("detector", "speech"):
+            accounts.add_project(led, project, actor="test")
+        if member_of is None:
+            token = accounts.issue_token(led, "root", role="admin", actor="test", create_user=True)[1]
+        else:
+            token = accounts.issue_token(led, "bo", role="member", actor="test", create_user=True)[1]
+            accounts.add_member(led, "bo", member_of, actor="test")
     settings = Settings(rates=str(_rates(tmp_path)), token_cache_s=0)
     with TestClient(create_app(url, settings=settings)) as c:
         got = c.get("/api/v1/reports/value-trends", headers={"Authorization": f"Bearer {token}"})
@@ -109,6 +118,23 @@ def test_not_flagged_when_the_gpu_model_differs(tmp_path: Path) -> None:
     body = _api(tmp_path, H100)  # v2 evaluated on another GPU model: a slower figure says nothing
     assert _slower(body["anomalies"]) == []
     assert {c["model_version"] for c in body["inference"]} == {"v1", "v2"}  # the cells are still shown
+
+
+def test_a_member_of_another_project_sees_neither_the_finding_nor_the_cells(tmp_path: Path) -> None:
+    body = _api(tmp_path, A100, member_of="speech")
+    assert body["anomalies"] == [] and body["inference"] == []
+
+
+@given(st.floats(0.5, 50), st.floats(0.01, 3))
+def test_the_anomaly_entry_carries_the_rules_figures(prev_ms: float, ratio: float) -> None:
+    found = InferenceSlower("t2", "t1", E2, E1, prev_ms * (1 + ratio), prev_ms)
+    conditions = {"split": "a" * 64, "gpu_model": A100}
+    entry = value_anomaly(found, by="model_version", version="v2", previous_version="v1", week="2026-W49",
+                          conditions=conditions)  # fmt: skip
+    assert entry["change"] == pytest.approx(ratio, abs=1e-6)
+    assert (float(entry["baseline"]), float(entry["current"])) == pytest.approx((prev_ms, prev_ms * (1 + ratio)))
+    assert entry["message"].endswith(f"(+{found.slowdown_pct:.0f} %)") and "v1" in entry["message"]
+    assert entry["causes"][0]["figures"]["slowdown_pct"] == pytest.approx(ratio * 100, abs=1e-3)
 
 
 def _chargeback(tmp_path: Path, v2_gpu: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from gpuledger.core.ids import short_id
@@ -81,6 +82,11 @@ def inference_slower(
     return worst
 
 
+def _plain(ms: float) -> str:
+    """Every digit of the float, no exponent and no trailing zero (as the anomalies' money strings)."""
+    return format(Decimal(repr(ms)).normalize(), "f")
+
+
 def value_anomaly(
     found: InferenceSlower,
     *,
@@ -113,8 +119,8 @@ def value_anomaly(
         "metric": "inference_ms_per_image",
         "week": week,
         "previous_version": previous_version,
-        "baseline": f"{found.previous_ms:g}",
-        "current": f"{found.ms:g}",
+        "baseline": _plain(found.previous_ms),
+        "current": _plain(found.ms),
         "change": round(found.slowdown_pct / 100.0, 6),
         "causes": [{"kind": RULE, "text": cause, "figures": found.as_dict()}],
         "message": (
