@@ -100,7 +100,7 @@ def test_top_one_line_per_run_and_per_gpu_numbers_whole(world: World, width: int
     assert "[replayed] liv" in run_line  # the name, cut, on the run's own line
     for index in (0, 1):
         gpu = _one_line(lines, f"  GPU {index} ")
-        assert re.search(r" \d+% +\d+(\.\d)?/80G +\d+(\.\d)?G +\d+W ", gpu), gpu  # compact, whole units
+        assert re.search(r" \d+(\.\d)?% +\d+(\.\d)?/80G +\d+(\.\d)?G +\d+W ", gpu), gpu  # compact, whole units
     assert all(len(line) <= width for line in lines)
 
 

@@ -70,6 +70,8 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_sweep_forever(ledger, settings)) if settings.lost_after_s > 0 else None
         keep_days = ledger.dialect == "postgresql" and settings.partition_every_s > 0
+        if keep_days:  # before the first request: a read planned while strays move could miss them
+            await _maintain_partitions(ledger)
         partitioner = asyncio.create_task(_partition_forever(ledger, settings)) if keep_days else None
         async with checkpoint_keeper.keeping(keeper):
             yield
@@ -125,17 +127,22 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     return app
 
 
-async def _partition_forever(ledger: Ledger, settings: Settings) -> None:
+async def _maintain_partitions(ledger: Ledger) -> None:
     """PostgreSQL: the raw tables' day partitions from yesterday to two days ahead, and strays moved
-    out of the default partitions (store/partitions.py), at start and every partition_every_s."""
+    out of the default partitions (store/partitions.py)."""
     from gpuledger.store import partitions
 
+    try:
+        await run_in_threadpool(partitions.maintain, ledger.database)
+    except Exception as exc:  # a lock held too long or the database away: next time (rows land in DEFAULT)
+        logging.getLogger("gpuledger.server").warning("partition maintenance failed: %s", exc)
+
+
+async def _partition_forever(ledger: Ledger, settings: Settings) -> None:
+    """The maintenance every partition_every_s after the one at start (which the lifespan awaits)."""
     while True:
-        try:
-            await run_in_threadpool(partitions.maintain, ledger.database)
-        except Exception as exc:  # a lock held too long or the database away: next time (rows land in DEFAULT)
-            logging.getLogger("gpuledger.server").warning("partition maintenance failed: %s", exc)
         await asyncio.sleep(settings.partition_every_s)
+        await _maintain_partitions(ledger)
 
 
 async def _sweep_forever(ledger: Ledger, settings: Settings) -> None:

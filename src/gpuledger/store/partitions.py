@@ -137,9 +137,17 @@ def ensure_partitions(conn: Connection, t_from: float, t_to: float) -> Maintaine
         if not is_partitioned(conn, table):
             continue
         default = default_name(table)
-        # No row may reach the default partition between the move and the attach's check of it.
-        conn.exec_driver_sql(f"LOCK TABLE {default} IN EXCLUSIVE MODE")
-        strays = {int(d) for (d,) in conn.exec_driver_sql(f"SELECT DISTINCT floor(t0 / {DAY_S}) FROM {default}")}
+        days_of = f"SELECT DISTINCT floor(t0 / {DAY_S}) FROM {default}"
+        if {int(d) for (d,) in conn.exec_driver_sql(days_of)} - set(day_partitions(conn, table)):
+            # Rows will move: no statement may be planned against the old partitions and run after
+            # the move (it would read the default partition without them and miss the new one), so
+            # the whole table is held for the move. Taken first, parent before partitions, as every
+            # writer takes them: no deadlock with ingest. Rare: only rows outside the days made ahead.
+            conn.exec_driver_sql(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        else:
+            # No row may reach the default partition between the attach and its check of it.
+            conn.exec_driver_sql(f"LOCK TABLE {default} IN EXCLUSIVE MODE")
+        strays = {int(d) for (d,) in conn.exec_driver_sql(days_of)}
         for day in sorted((wanted | strays) - set(day_partitions(conn, table))):
             out.moved += _attach_day(conn, table, day)
             out.created.append(day_name(table, day))
