@@ -51,6 +51,18 @@ _CHUNK = 2000  # ids per IN (...) list: far below SQLite's and PostgreSQL's para
 _FEW_RUNS = 8
 
 
+def _integrals(g: Any) -> list[sa.ColumnElement[Any]]:
+    """The sums a day of intervals is priced from, in this order: busy and its count, energy and
+    its count (a NULL sum of measured rows stays told apart from 0), the row count."""
+    return [
+        sa.func.sum(g.busy_s),
+        sa.func.count(g.busy_s),
+        sa.func.sum(g.energy_j),
+        sa.func.count(g.energy_j),
+        sa.func.count(),
+    ]
+
+
 def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
     for i in range(0, len(items), _CHUNK):
         yield items[i : i + _CHUNK]
@@ -297,11 +309,7 @@ def interval_sums(
                 kind,
                 sa.func.min(g.t0),
                 sa.func.max(g.t1),
-                sa.func.sum(g.busy_s),
-                sa.func.count(g.busy_s),
-                sa.func.sum(g.energy_j),
-                sa.func.count(g.energy_j),
-                sa.func.count(),
+                *_integrals(g),
             )
             .where(*where)
             .group_by(g.run_id, g.device_uuid, day, kind)
@@ -405,11 +413,7 @@ def _stream_in_seq_order(
                 sa.func.min(g.t0),
                 sa.func.max(g.t0),
                 sa.func.max(g.t1),
-                sa.func.sum(g.busy_s),
-                sa.func.count(g.busy_s),
-                sa.func.sum(g.energy_j),
-                sa.func.count(g.energy_j),
-                sa.func.count(),
+                *_integrals(g),
             ).where(*base, g.seq >= a, g.seq < last_seq),
         )[0]
         if body[7]:
