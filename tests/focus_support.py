@@ -10,10 +10,13 @@ import io
 from pathlib import Path
 from typing import Any
 
-from cost_sim import CHANGE_MIDDAY, simulate, write
+from click.testing import CliRunner
+
+from cost_sim import CARD_TEXT, CHANGE_MIDDAY, simulate, write
 from cost_support import ts
 from focus13_spec_rules import NEW_COLUMNS, violations13
 from focus_spec_rules import violations
+from gpuledger.cli.cost_cmds import report_group
 from gpuledger.core.model import GpuIdentity, GpuInterval, RunRecord
 from gpuledger.store import Ledger
 
@@ -105,3 +108,17 @@ def focus_violations(
     if version == "1.0":
         return violations(columns, rows, from_csv=from_csv)
     return violations13(columns, rows, split=split) + violations(*as_10(columns, rows), from_csv=from_csv)
+
+
+def month_env(root: Path) -> dict[str, str]:
+    """The simulated month's ledger and the vision cluster's rate card under ``root``."""
+    month_ledger(root / "month.db").close()
+    rates = root / "rates.toml"
+    rates.write_text(f'[card]\nname = "Vision cluster, 2026"\ncurrency = "USD"\nbasis = "busy"\n{CARD_TEXT}')
+    return {"db": str(root / "month.db"), "rates": str(rates), "root": str(root)}
+
+
+def chargeback(env: dict[str, str], *args: str) -> Any:
+    """``gpuledger report chargeback`` of March 2026 on ``month_env``'s ledger and card."""
+    base = ["chargeback", "--month", "2026-03", "--db", env["db"], "--rates", env["rates"]]
+    return CliRunner().invoke(report_group, [*base, *args], catch_exceptions=False)

@@ -8,18 +8,17 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cost_sim import CARD_TEXT
 from focus13_spec_rules import ALLOCATION, NEW_COLUMNS, ratios, split_rows, violations13
 from focus_spec_rules import violations
 from focus_support import as_10 as _as_10
-from focus_support import month_ledger, read_csv, read_parquet
+from focus_support import chargeback as _chargeback
+from focus_support import month_env, read_csv, read_parquet
 from gpuledger.cli.capacity_cmds import capacity_cmd
 from gpuledger.cli.cost_cmds import report_group
 from gpuledger.core.chargeback.focus_columns import COLUMNS as COLUMNS_10
@@ -28,16 +27,7 @@ from gpuledger.core.chargeback.focus_v13 import allocation_cells
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("focus13")
-    month_ledger(root / "month.db").close()
-    rates = root / "rates.toml"
-    rates.write_text(f'[card]\nname = "Vision cluster, 2026"\ncurrency = "USD"\nbasis = "busy"\n{CARD_TEXT}')
-    return {"db": str(root / "month.db"), "rates": str(rates), "root": str(root)}
-
-
-def _chargeback(env: dict[str, str], *args: str) -> Any:
-    base = ["chargeback", "--month", "2026-03", "--db", env["db"], "--rates", env["rates"]]
-    return CliRunner().invoke(report_group, [*base, *args], catch_exceptions=False)
+    return month_env(tmp_path_factory.mktemp("focus13"))
 
 
 @pytest.mark.parametrize("rule", ["allocated", "busy"])

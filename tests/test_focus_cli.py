@@ -13,23 +13,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cost_sim import CARD_TEXT
-from focus_support import VERSIONS, focus_violations, month_ledger, read_csv, read_parquet, version_args
+from focus_support import VERSIONS, focus_violations, month_env, read_csv, read_parquet, version_args
+from focus_support import chargeback as _chargeback
 from gpuledger.cli.cost_cmds import report_group
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("focus-cli")
-    month_ledger(root / "month.db").close()
-    rates = root / "rates.toml"
-    rates.write_text(f'[card]\nname = "Vision cluster, 2026"\ncurrency = "USD"\nbasis = "busy"\n{CARD_TEXT}')
-    return {"db": str(root / "month.db"), "rates": str(rates), "root": str(root)}
-
-
-def _chargeback(env: dict[str, str], *args: str) -> Any:
-    base = ["chargeback", "--month", "2026-03", "--db", env["db"], "--rates", env["rates"]]
-    return CliRunner().invoke(report_group, [*base, *args], catch_exceptions=False)
+    return month_env(tmp_path_factory.mktemp("focus-cli"))
 
 
 def _total(rows: list[dict[str, Any]], column: str = "BilledCost") -> Decimal:
