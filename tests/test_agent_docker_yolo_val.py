@@ -25,7 +25,7 @@ import pytest
 from docker_support import IMAGE, Engine, wait_for
 from e2e_helpers import GPULEDGER, cli_env, run_cli, show_json
 from gpuledger.store import Ledger
-from test_agent_docker_yolo import runtime_mounts, trace
+from test_agent_docker_yolo import _ended_run, runtime_mounts, trace  # the agent's first ended run
 from yolo_support import make_dataset, prepare_config_dir, yolo_env
 
 pytestmark = pytest.mark.slow
@@ -99,12 +99,3 @@ def test_an_unwrapped_yolo_val_container_is_an_evaluation_run(engine: Engine, tm
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=60)
-
-
-def _ended_run(env: dict[str, str]) -> str | None:
-    db = Path(env["GPULEDGER_DB"].removeprefix("sqlite:///"))
-    if not db.exists():
-        return None
-    with Ledger(env["GPULEDGER_DB"]) as led:
-        runs = [r for r in led.list_runs() if r.ended_at is not None]
-    return runs[0].id if runs else None
