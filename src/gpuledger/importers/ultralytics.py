@@ -148,15 +148,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> tuple[RunRecord, list[Metric]]
         started = ended - last_time if last_time is not None else ended
     best = describe.best_row(rows)
     meta: dict[str, Any] = {
-        "framework": "ultralytics",
-        "task": args.get("task"),
-        "save_dir": str(folder),
-        "imgsz": describe.jsonable(args.get("imgsz")),
-        "batch": args.get("batch"),
-        "epochs": args.get("epochs"),
-        "device": None if args.get("device") is None else str(args.get("device")),
-        "hyperparameters": describe.jsonable(args),
-        "args_yaml": describe.jsonable(args),
+        **describe.args_fields(args, str(folder)),
         "model": describe.model_info(args.get("model") or args.get("weights") or args.get("cfg"), None),
         "dataset": _dataset(args, folder),
         "versions": {},

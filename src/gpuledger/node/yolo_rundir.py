@@ -54,15 +54,4 @@ def args_meta(args: dict[str, Any], save_dir: str) -> dict[str, Any]:
     text = str(model) if model is not None else ""
     name = text.rsplit("/", 1)[-1].rsplit(".", 1)[0] or None
     kind = "yaml" if text.endswith((".yaml", ".yml")) else "weights"
-    return {
-        "framework": "ultralytics",
-        "task": args.get("task"),
-        "save_dir": save_dir,
-        "imgsz": describe.jsonable(args.get("imgsz")),
-        "batch": args.get("batch"),
-        "epochs": args.get("epochs"),
-        "device": None if args.get("device") is None else str(args.get("device")),
-        "hyperparameters": describe.jsonable(args),
-        "args_yaml": describe.jsonable(args),
-        "model": {"source": text or None, "kind": kind, "name": name},
-    }
+    return {**describe.args_fields(args, save_dir), "model": {"source": text or None, "kind": kind, "name": name}}

@@ -132,6 +132,23 @@ def dataset_info(data: Mapping[str, Any], data_arg: Any, images: Mapping[str, in
     return info
 
 
+def args_fields(args: Mapping[str, Any], save_dir: str) -> dict[str, Any]:
+    """The run metadata a training's args.yaml gives (the layout ``trainer_meta`` writes live):
+    for a run read back from its folder (importers/ultralytics.py) or through a container's mounts
+    (node/yolo_rundir.py). The caller adds ``model``: only it knows whether the path may be opened."""
+    return {
+        "framework": "ultralytics",
+        "task": args.get("task"),
+        "save_dir": save_dir,
+        "imgsz": jsonable(args.get("imgsz")),
+        "batch": args.get("batch"),
+        "epochs": args.get("epochs"),
+        "device": None if args.get("device") is None else str(args.get("device")),
+        "hyperparameters": jsonable(args),
+        "args_yaml": jsonable(args),
+    }
+
+
 def model_info(source: Any, parameters: int | None) -> dict[str, Any]:
     text = str(source) if source is not None else ""
     kind = "yaml" if text.endswith((".yaml", ".yml")) else "weights"
