@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 from gpuledger.store import partitions, schema
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import LedgerError, SchemaOutdated, SchemaTooNew
+from gpuledger.store.version import LATEST as STATED_LATEST
 
 MIGRATE_COMMAND = "gpuledger db migrate"
 # First key of the two-int advisory lock; the second is a hash of the schema (one lock per ledger).
@@ -399,6 +400,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
 )
 LATEST = MIGRATIONS[-1].version
+if LATEST != STATED_LATEST:  # gpuledger run reads that number without loading this module
+    raise ImportError(f"store/version.py says schema version {STATED_LATEST}, the last migration is {LATEST}")
 
 
 def current_version(conn: Connection) -> int:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-
-from sqlalchemy.engine import URL, make_url
+from typing import TYPE_CHECKING
 
 from gpuledger.paths import data_dir
+
+if TYPE_CHECKING:  # SQLAlchemy is loaded by the functions that parse: gpuledger run may never need it
+    from sqlalchemy.engine import URL
 
 DB_FILENAME = "ledger.db"
 
@@ -43,13 +45,15 @@ def normalise_url(url_or_path: str | os.PathLike[str]) -> str:
 
 
 def parse(url: str) -> URL:
+    from sqlalchemy.engine import make_url
+
     return make_url(normalise_url(url))
 
 
 def display_url(url: str | URL) -> str:
     """The URL with its password masked, safe for messages and logs."""
     try:
-        parsed = url if isinstance(url, URL) else parse(url)
+        parsed = url if hasattr(url, "render_as_string") else parse(url)  # a URL already, or text to parse
     except Exception:  # an unparseable URL: show nothing that could be a secret
         return "<unparseable database URL>"
     return parsed.render_as_string(hide_password=True)
