@@ -106,6 +106,12 @@ def _gib(value: int) -> str:
     return f"{value / 2**30:.1f} GiB"
 
 
+def killed_by_sigkill(exit_code: int | None, signal: int | None) -> bool:
+    """SIGKILL ended the command (or a shell in between said so with 137): the one end for which
+    ``explain`` weighs the peak memory (the OOM killer)."""
+    return signal == signals.SIGKILL or (signal is None and exit_code == 128 + signals.SIGKILL)
+
+
 def explain(
     log: bytes | str | None,
     status: str = "failed",
@@ -182,7 +188,7 @@ def explain(
                 )
             )
 
-    sigkill = signal == signals.SIGKILL or (signal is None and exit_code == 128 + signals.SIGKILL)
+    sigkill = killed_by_sigkill(exit_code, signal)
     near_limit = bool(rss_peak_b and mem_limit_b and rss_peak_b >= NEAR_LIMIT * mem_limit_b)
     if sigkill and near_limit and OOM_KILLED not in seen:
         assert rss_peak_b is not None and mem_limit_b is not None

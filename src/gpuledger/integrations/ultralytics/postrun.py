@@ -47,7 +47,9 @@ def memory_limit_b() -> int | None:
         return None
 
 
-def _rss_peak_b(session: Session) -> int | None:
+def _rss_peak_b(session: Session, exit_code: int | None, signal: int | None) -> int | None:
+    if not failures.killed_by_sigkill(exit_code, signal):
+        return None  # only the OOM-killer verdict weighs it; reading the ledger's totals costs a quick run
     peaks = [h.rss_max_b for h in session.recorder.pending.host]
     with contextlib.suppress(Exception):  # an unreachable ledger leaves the pending intervals
         peaks.append(session.ledger().host_totals(session.run.id).get("rss_max_b") or 0)
@@ -58,7 +60,8 @@ def explain_run(session: Session, log: bytes, status: str, exit_code: int | None
     """Record what ``log`` says about the run's end; return the reason for its status (or None)."""
     from gpuledger.recorder.messages import epoch_ends_seen
 
-    diagnosis = failures.explain(log, status, exit_code, signal, _rss_peak_b(session), memory_limit_b())
+    peak = _rss_peak_b(session, exit_code, signal)
+    diagnosis = failures.explain(log, status, exit_code, signal, peak, memory_limit_b())
     recorder = session.recorder
     for failure in diagnosis.failures:
         recorder.event(failure.kind, failure.message, **failure.event_payload(), source="log")
