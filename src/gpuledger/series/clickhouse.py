@@ -1,0 +1,280 @@
+"""The raw-interval store on ClickHouse (docs/SCALE.md, step 3): series/base.SeriesStore over the
+tables of series/clickhouse_ddl.py, through either client of series/clickhouse_client.py.
+
+    store = ClickHouseSeries("chdb:///var/lib/gpuledger/series")   # or clickhouse://u:p@host:8123/db
+    store.create()
+    store.write(run_id, gpu_rows, host_rows, token="run:dev:0-719")
+
+A batch is one INSERT per table with ``insert_deduplication_token`` = its token, so a batch sent
+again (an agent retrying after a lost acknowledgement, a server replica that died mid-write) is
+dropped by the engine, and ``deduplicate_blocks_in_dependent_materialized_views`` keeps the
+rollup view from summing it twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import date, timedelta
+from typing import Any
+
+from gpuledger.series.base import DayRollup, Row
+from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
+from gpuledger.series.clickhouse_ddl import ROLLUP_SUMS, Layout
+from gpuledger.series.clickhouse_rows import (
+    GPU_INSERT,
+    GPU_SELECT,
+    HOST_INSERT,
+    HOST_SELECT,
+    BadRow,
+    gpu_back,
+    gpu_row,
+    host_back,
+    host_row,
+)
+
+__all__ = ["BadRow", "ClickHouseError", "ClickHouseSeries"]
+
+DAY_S = 86400
+# Every insert: exactly once (the token), rollups too, and acknowledged only once written.
+_WRITE_SETTINGS = {"deduplicate_blocks_in_dependent_materialized_views": 1, "insert_deduplicate": 1}
+
+
+def _t0_range(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The first and last t0 of converted rows, as the engine's DateTime64 text."""
+    times = [r["t0"] for r in rows]
+    return {"a": min(times, key=float), "b": max(times, key=float)}
+
+
+class ClickHouseSeries:
+    """Raw GPU and host intervals in ClickHouse, rolled up per run, GPU and UTC day on insert."""
+
+    def __init__(self, url: str, *, raw_days: int = 7, client: Client | None = None) -> None:
+        if raw_days < 1:
+            raise ValueError(f"raw_days must be at least 1, not {raw_days}")
+        self.client = client or connect(url)
+        self.layout = Layout(self.client.database, raw_days)
+        self._hashes: dict[tuple[str, str], int] = {}  # (kind, name) -> key, for names already registered
+        self._names: dict[tuple[str, int], str] = {}
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def create(self) -> None:
+        for sql in self.layout.statements():
+            self.client.command(sql)
+        # A changed raw window: the TTL follows it (ALTER ... MODIFY TTL; whole parts are dropped).
+        for name in ("gpu_intervals", "host_intervals"):
+            engine = self.client.query(
+                "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+                {"db": self.layout.database, "t": name},
+            )
+            if engine and f"toIntervalDay({self.layout.raw_days})" not in engine[0][0]:
+                self.client.command(
+                    f"ALTER TABLE {self.layout.local(name)} MODIFY TTL {self.layout.ttl()}", {"mutations_sync": 2}
+                )
+
+    # -- keys -----------------------------------------------------------------------------------
+
+    def _keys(self, kind: str, names: Iterable[str]) -> dict[str, int]:
+        """name -> its 64-bit key (``cityHash64``, computed by the engine), registered in
+        series_names the first time this process meets it."""
+        names = list(names)
+        wanted = sorted({n for n in names if (kind, n) not in self._hashes})
+        if wanted:
+            sql = "SELECT n, cityHash64(n) FROM (SELECT arrayJoin({n:Array(String)}) AS n)"
+            rows = self.client.query(sql, {"n": wanted})
+            found = {n: int(h) for n, h in rows}
+            self.client.insert(
+                self.layout.table("series_names"),
+                [{"kind": kind, "hash": h, "name": n} for n, h in found.items()],
+                ("kind", "hash", "name"),
+                {},
+            )
+            for n, h in found.items():
+                self._hashes[(kind, n)] = h
+                self._names[(kind, h)] = n
+        return {n: self._hashes[(kind, n)] for n in names}
+
+    def _key(self, kind: str, name: str) -> int:
+        return self._keys(kind, [name])[name]
+
+    def _decode(self, kind: str, hashes: Iterable[int]) -> dict[int, str]:
+        hashes = list(hashes)
+        missing = sorted({h for h in hashes if (kind, h) not in self._names})
+        if missing:
+            rows = self.client.query(
+                f"SELECT hash, any(name) FROM {self.layout.table('series_names')} "
+                "WHERE kind = {k:String} AND hash IN {h:Array(UInt64)} GROUP BY hash",
+                {"k": kind, "h": missing},
+            )
+            for h, n in rows:
+                self._names[(kind, int(h))] = n
+        return {h: self._names.get((kind, h), f"unknown-{kind}-{h:016x}") for h in hashes}
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def write(self, run_id: str, gpu: Sequence[Row], host: Sequence[Row], token: str) -> int:
+        if not token:
+            raise ValueError("a batch needs a token: the same token again stores nothing")
+        for r in gpu:
+            if not isinstance(r.get("device_uuid"), str) or not r["device_uuid"]:
+                raise BadRow(f"run {run_id} GPU interval seq {r.get('seq')}: device_uuid is required")
+        run = self._key("run", run_id)
+        gpus = self._keys("gpu", (str(r.get("device_uuid")) for r in gpu))
+        gpu_rows = [
+            gpu_row(r, gpus[r["device_uuid"]], run, f"run {run_id} GPU {r['device_uuid']} seq {r.get('seq')}")
+            for r in gpu
+        ]
+        host_rows = [host_row(r, run, f"run {run_id} host seq {r.get('seq')}") for r in host]
+        before = self._count(run, gpu_rows, host_rows)
+        if gpu_rows:
+            settings = {**_WRITE_SETTINGS, "insert_deduplication_token": f"{token}:gpu"}
+            self.client.insert(self.layout.table("gpu_intervals"), gpu_rows, GPU_INSERT, settings)
+        if host_rows:
+            settings = {**_WRITE_SETTINGS, "insert_deduplication_token": f"{token}:host"}
+            self.client.insert(self.layout.table("host_intervals"), host_rows, HOST_INSERT, settings)
+        return self._count(run, gpu_rows, host_rows) - before
+
+    def _count(self, run: int, gpu_rows: list[dict[str, Any]], host_rows: list[dict[str, Any]]) -> int:
+        """Rows stored in the key ranges of a batch (by key: no scan): the difference before and
+        after an insert is what it stored, a resent batch's 0."""
+        n = 0
+        if gpu_rows:
+            n += self.client.query(
+                f"SELECT count() FROM {self.layout.table('gpu_intervals')} WHERE gpu IN {{g:Array(UInt64)}} "
+                "AND t0 >= toDateTime64({a:String}, 3, 'UTC') AND t0 <= toDateTime64({b:String}, 3, 'UTC') "
+                "AND run = {r:UInt64}",
+                {"g": sorted({r["gpu"] for r in gpu_rows}), "r": run, **_t0_range(gpu_rows)},
+            )[0][0]
+        if host_rows:
+            n += self.client.query(
+                f"SELECT count() FROM {self.layout.table('host_intervals')} WHERE run = {{r:UInt64}} "
+                "AND t0 >= toDateTime64({a:String}, 3, 'UTC') AND t0 <= toDateTime64({b:String}, 3, 'UTC')",
+                {"r": run, **_t0_range(host_rows)},
+            )[0][0]
+        return int(n)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def gpu_intervals(self, run_id: str, device_uuid: str | None = None) -> list[dict[str, Any]]:
+        """One run's GPU intervals by key: the run's GPUs and days from its rollup rows, then
+        (gpu, t0) ranges of the raw table; in (device, seq) order."""
+        run = self._key("run", run_id)
+        spans = self.client.query(
+            f"SELECT gpu, min(day), max(day) FROM {self.layout.table('gpu_day_rollups')} "
+            "WHERE run = {r:UInt64} GROUP BY gpu",
+            {"r": run},
+        )
+        if device_uuid is not None:
+            only = self._key("gpu", device_uuid)
+            spans = [s for s in spans if int(s[0]) == only]
+        if not spans:
+            return []
+        names = self._decode("gpu", (int(s[0]) for s in spans))
+        out: list[dict[str, Any]] = []
+        for gpu, first, last in spans:
+            rows = self.client.query(
+                f"SELECT {', '.join(GPU_SELECT)} FROM {self.layout.table('gpu_intervals')} "
+                "WHERE gpu = {g:UInt64} AND t0 >= toDateTime64({a:String}, 3, 'UTC') "
+                "AND t0 < toDateTime64({b:String}, 3, 'UTC') + INTERVAL 1 DAY AND run = {r:UInt64} ORDER BY seq",
+                {"g": int(gpu), "a": first, "b": last, "r": run},
+            )
+            out += [gpu_back(names[int(gpu)], r) for r in rows]
+        out.sort(key=lambda r: (r["device_uuid"], r["seq"]))
+        return out
+
+    def host_intervals(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.client.query(
+            f"SELECT {', '.join(HOST_SELECT)} FROM {self.layout.table('host_intervals')} WHERE run = {{r:UInt64}} "
+            "ORDER BY seq",
+            {"r": self._key("run", run_id)},
+        )
+        return [host_back(r) for r in rows]
+
+    def day_rollups(self, t_from: float, t_to: float) -> list[DayRollup]:
+        first = date(1970, 1, 1) + timedelta(days=int(t_from // DAY_S))
+        last = date(1970, 1, 1) + timedelta(days=int(-(-t_to // DAY_S)) - 1)
+        if last < first:
+            return []
+        sums = ", ".join(f"sum({c})" for c in ROLLUP_SUMS)
+        rows = self.client.query(
+            f"SELECT run, gpu, day, {sums} FROM {self.layout.table('gpu_day_rollups')} "
+            "WHERE day >= {a:Date} AND day <= {b:Date} GROUP BY run, gpu, day",
+            {"a": first.isoformat(), "b": last.isoformat()},
+        )
+        runs = self._decode("run", (int(r[0]) for r in rows))
+        gpus = self._decode("gpu", (int(r[1]) for r in rows))
+        out = []
+        for run, gpu, day, *v in rows:
+            s = dict(zip(ROLLUP_SUMS, (int(x) for x in v), strict=True))
+
+            def measured(col: str, s: dict[str, int] = s) -> float | None:
+                return s[f"{col}_ms"] / 1000 if s[f"{col}_n"] else None
+
+            out.append(
+                DayRollup(
+                    run_id=runs[int(run)],
+                    device_uuid=gpus[int(gpu)],
+                    day=date.fromisoformat(day),
+                    intervals=s["intervals"],
+                    samples=s["samples"],
+                    allocated_s=s["allocated_ms"] / 1000,
+                    busy_s=measured("busy"),
+                    idle_s=measured("idle"),
+                    unknown_s=measured("unknown"),
+                    unmeasured_s=measured("unmeasured"),
+                    energy_j=s["energy_mj"] / 1000 if s["energy_n"] else None,
+                )
+            )
+        out.sort(key=lambda r: (r.run_id, r.device_uuid, r.day))
+        return out
+
+    # -- retention and size ---------------------------------------------------------------------
+
+    def drop_days_before(self, day: date) -> int:
+        """Drop each raw day before ``day`` with ALTER TABLE ... DROP PARTITION (no row DELETE);
+        the rollups stay. The number of days dropped."""
+        dropped: set[str] = set()
+        for name in ("gpu_intervals", "host_intervals"):
+            parts = self.client.query(
+                "SELECT DISTINCT partition_id FROM system.parts WHERE database = {db:String} AND table = {t:String} "
+                "AND active AND partition_id < {d:String}",
+                {"db": self.layout.database, "t": name, "d": day.strftime("%Y%m%d")},
+            )
+            for (pid,) in parts:
+                self.client.command(f"ALTER TABLE {self.layout.local(name)} DROP PARTITION ID '{pid}'")
+                dropped.add(pid)
+        return len(dropped)
+
+    def raw_days(self) -> list[date]:
+        """The UTC days that still have raw GPU intervals."""
+        rows = self.client.query(
+            f"SELECT DISTINCT toDate(t0) AS d FROM {self.layout.table('gpu_intervals')} ORDER BY d"
+        )
+        return [date.fromisoformat(d) for (d,) in rows]
+
+    def expire(self) -> None:
+        """Apply the raw window now (the engine otherwise drops expired parts in the background)."""
+        for name in ("gpu_intervals", "host_intervals"):
+            self.client.command(f"ALTER TABLE {self.layout.local(name)} MATERIALIZE TTL", {"mutations_sync": 2})
+
+    def compact(self) -> None:
+        """Merge each table's parts as the engine does in the background (benchmarks, before measuring)."""
+        for name in ("gpu_intervals", "host_intervals", "gpu_day_rollups"):
+            self.client.command(f"OPTIMIZE TABLE {self.layout.local(name)} FINAL")
+
+    def bytes_at_rest(self) -> int:
+        rows = self.client.query(
+            "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = {db:String} AND table = 'gpu_intervals' "
+            "AND active",
+            {"db": self.layout.database},
+        )
+        return int(rows[0][0]) if rows else 0
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> ClickHouseSeries:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,184 @@
+"""The two ways gpuledger talks to ClickHouse, behind one small adapter (docs/SCALE.md, step 3):
+
+- ``chdb:///abs/path``: the real engine in-process (PyPI ``chdb``), its data in a folder: tests, one
+  machine, benchmarks;
+- ``clickhouse://user:password@host:8123/db``: a server or cluster over HTTP (``clickhouse-connect``).
+
+Both take the same SQL and the same JSONEachRow rows, so everything above this module runs the same
+statements on either; only the transport differs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+EXTRA_HINT = "pip install 'gpuledger[clickhouse]'"
+CHDB_DATABASE = "gpuledger"  # the database inside a chdb folder
+
+
+class ClickHouseError(RuntimeError):
+    """A bad URL, a missing client package or a statement the engine refused."""
+
+
+class Client(Protocol):
+    database: str
+
+    def command(self, sql: str, settings: Mapping[str, Any] | None = None) -> None:
+        """Run a statement that returns nothing (DDL, ALTER, OPTIMIZE)."""
+
+    def insert(
+        self, table: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str], settings: Mapping[str, Any]
+    ) -> None:
+        """Insert ``rows`` (dicts of JSON-ready values) as one INSERT with ``settings``."""
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[list[Any]]:
+        """Rows of a SELECT; ``{name:Type}`` placeholders bound from ``params`` by the engine."""
+
+    def close(self) -> None: ...
+
+
+# 64-bit integers as JSON numbers (ClickHouse quotes them by default), so hashes come back as ints.
+_READ_SETTINGS = {"output_format_json_quote_64bit_integers": 0}
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def settings_clause(settings: Mapping[str, Any] | None) -> str:
+    if not settings:
+        return ""
+    for key in settings:
+        if not key.replace("_", "").isalnum():
+            raise ClickHouseError(f"not a ClickHouse setting name: {key!r}")
+    return " SETTINGS " + ", ".join(f"{k} = {_literal(v)}" for k, v in settings.items())
+
+
+def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    return "\n".join(json.dumps(r, separators=(",", ":"), allow_nan=False) for r in rows)
+
+
+def _param_text(value: Any, nested: bool = False) -> str:
+    """A query parameter in ClickHouse's text form (what the HTTP interface's param_* carry):
+    arrays as [..] of quoted literals, strings with their backslashes escaped."""
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_param_text(v, nested=True) for v in value) + "]"
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\")
+        return "'" + escaped.replace("'", "\\'") + "'" if nested else escaped.replace("\t", "\\t").replace("\n", "\\n")
+    return _literal(value)
+
+
+def _decode(text: str | bytes) -> list[list[Any]]:
+    if not text:
+        return []
+    return json.loads(text)["data"]
+
+
+class ChdbClient:
+    """The engine in-process. chDB holds one open folder per process: open one store at a time."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            from chdb import session
+        except ImportError as e:
+            raise ClickHouseError(f"chdb:// needs the chdb package: {EXTRA_HINT}") from e
+        self.database = CHDB_DATABASE
+        self.path = path
+        try:
+            self._session = session.Session(path)
+        except Exception as e:  # chdb raises its own errors, not one base class
+            raise ClickHouseError(f"cannot open the chdb folder {path} (one per process at a time): {e}") from e
+        self.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
+
+    def _run(self, sql: str, fmt: str = "CSV", params: Mapping[str, Any] | None = None) -> Any:
+        try:
+            text = {k: _param_text(v) for k, v in params.items()} if params else None
+            return self._session.query(sql, fmt, params=text)
+        except RuntimeError as e:
+            raise ClickHouseError(f"ClickHouse (chdb) refused: {e}") from e
+
+    def command(self, sql: str, settings: Mapping[str, Any] | None = None) -> None:
+        self._run(sql + settings_clause(settings))
+
+    def insert(
+        self, table: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str], settings: Mapping[str, Any]
+    ) -> None:
+        if not rows:
+            return
+        head = f"INSERT INTO {table} ({', '.join(columns)}){settings_clause(settings)} FORMAT JSONEachRow\n"
+        self._run(head + json_rows(rows))
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[list[Any]]:
+        res = self._run(sql + settings_clause(_READ_SETTINGS), "JSONCompact", params)
+        return _decode(res.bytes() if hasattr(res, "bytes") else str(res))
+
+    def close(self) -> None:
+        self._session.close()
+
+
+class HttpClient:
+    """A ClickHouse server (or a cluster's load balancer) over HTTP."""
+
+    def __init__(self, host: str, port: int, user: str, password: str, database: str) -> None:
+        try:
+            import clickhouse_connect
+        except ImportError as e:
+            raise ClickHouseError(f"clickhouse:// needs clickhouse-connect: {EXTRA_HINT}") from e
+        self.database = database
+        self._client = clickhouse_connect.get_client(
+            host=host, port=port, username=user, password=password, database=database
+        )
+
+    def command(self, sql: str, settings: Mapping[str, Any] | None = None) -> None:
+        self._client.command(sql, settings=dict(settings or {}))
+
+    def insert(
+        self, table: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str], settings: Mapping[str, Any]
+    ) -> None:
+        if rows:
+            block = json_rows(rows).encode()
+            self._client.raw_insert(table, list(columns), block, settings=dict(settings), fmt="JSONEachRow")
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[list[Any]]:
+        raw = self._client.raw_query(sql, parameters=dict(params or {}), settings=_READ_SETTINGS, fmt="JSONCompact")
+        return _decode(raw)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password, for error messages."""
+    return re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", url)
+
+
+def connect(url: str) -> Client:
+    """A client for ``url``: ``chdb:///abs/folder`` or ``clickhouse://user:password@host:port/db``."""
+    parts = urlsplit(url)
+    if parts.scheme == "chdb":
+        if parts.netloc or not parts.path.startswith("/"):
+            raise ClickHouseError(f"a chdb URL names an absolute folder, chdb:///abs/path; got {_redacted(url)!r}")
+        return ChdbClient(unquote(parts.path))
+    if parts.scheme == "clickhouse":
+        database = parts.path.strip("/")
+        if not parts.hostname or not database or "/" in database:
+            shape = "clickhouse://user:password@host:8123/database"
+            raise ClickHouseError(f"a ClickHouse URL is {shape}; got {_redacted(url)!r}")
+        return HttpClient(
+            parts.hostname,
+            parts.port or 8123,
+            unquote(parts.username or "default"),
+            unquote(parts.password or ""),
+            database,
+        )
+    shapes = "chdb:///abs/path or clickhouse://user:password@host:8123/db"
+    raise ClickHouseError(f"not a ClickHouse series URL ({shapes}): {_redacted(url)!r}")
