@@ -1,12 +1,12 @@
 """Where the redaction engine (core/redaction/redact.py) looks: built once from the rules, so that most of a
 training's output is never handed to the rules at all.
 
-- ``line_filter``: one regex finding the lines any rule could match in. For a rule with an anchor
+- ``line_filter``: finds the lines any rule could match in. For a rule with an anchor
   (``token["']?[ \\t]*[=:]``) that is the anchor, split into its plain first words and what
   follows, so ``tokens/s`` or ``key_dim`` in a metrics row does not make the row a candidate; for
-  the other rules it is their keywords. All of it is one trie on the first words: Python's regex
-  engine then tries one branch per byte, and most bytes of training output (digits, blanks,
-  progress bar blocks) start none.
+  the other rules it is their keywords. The reference is one regex, a trie on the first words
+  (Python's regex engine then tries one branch per byte); where Hyperscan is installed the same
+  entries are matched by it, several times faster, with the same lines found (fastfilter.py).
 - ``present_keywords``: which keywords occur in a text, in about one pass.
 - ``search_windows``: the lines one rule must search, by its anchor or keywords.
 - ``anchor_parts``: an anchor starting with a choice of words as one search per word (the engine
@@ -22,8 +22,11 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 
+from gpuledger.core.redaction.fastfilter import MatchEnds, match_ends_finder
+
 EOL = re.compile(rb"[\r\n]")
 DENSE_LINES = 256  # past this many hits, a hit on most lines means: search the whole buffer at once
+FAST_MIN_B = 16 << 10  # from this size on the line filter uses Hyperscan (built on first use)
 _META = frozenset(b".^$*+?{}[]|()")
 _QUANTIFIERS = frozenset(b"?*+{")
 # An anchor that starts with a group of plain words: (?:token|secret|key)...
@@ -38,9 +41,39 @@ _Entry = tuple[bytes, "bytes | None"]  # (first words, the rest of an anchor's r
 # -- the line filter ----------------------------------------------------------------------------
 
 
-def line_filter(rules: Iterable[tuple[Sequence[bytes], re.Pattern[bytes] | None]], extra: Sequence[bytes]) -> Search:
-    """``search(low, pos)`` finding, from ``pos``, a line where one of ``rules`` (their keywords
-    and anchor) could match, or holding one of ``extra``; the match runs to that line's end."""
+class LineFilter:
+    """Finds the lines where one of a set of entries could match: ``search(low, pos)`` is the
+    reference regex (a match runs from an entry to its line's end); ``match_ends()`` the same
+    entries in Hyperscan (fastfilter.py), built on first use: importing and compiling it costs
+    about 40 ms, which a process that never filters a large text does not pay."""
+
+    def __init__(self, entries: list[_Entry]) -> None:
+        self._kept = _kept(entries)
+        self.search: Search = (
+            re.compile(b"(?:" + _entries_trie(self._kept) + rb")[^\r\n]*[\r\n]?").search
+            if self._kept
+            else _NOTHING.search
+        )
+        self._fast: MatchEnds | bool | None = None  # None: not built yet; False: not available
+
+    def __call__(self, low: bytes, pos: int) -> re.Match[bytes] | None:
+        return self.search(low, pos)
+
+    def match_ends(self) -> MatchEnds | None:
+        """Hyperscan's finder of where the entries' matches end; None where it cannot be had."""
+        if self._fast is None:
+            self._fast = match_ends_finder(self._kept) or False
+        return self._fast or None
+
+
+_NOTHING = re.compile(rb"(?!)")
+
+
+def line_filter(
+    rules: Iterable[tuple[Sequence[bytes], re.Pattern[bytes] | None]], extra: Sequence[bytes]
+) -> LineFilter:
+    """The filter finding a line where one of ``rules`` (their keywords and anchor) could match,
+    or holding one of ``extra``."""
     entries: list[_Entry] = [(w, None) for w in extra]
     anchored: list[_Entry] = []
     for keywords, anchor in rules:
@@ -50,23 +83,22 @@ def line_filter(rules: Iterable[tuple[Sequence[bytes], re.Pattern[bytes] | None]
         else:
             anchored += parts
     try:
-        return _compile_filter(entries + anchored)
+        return LineFilter(entries + anchored)
     except re.error:  # anchors that do not combine (a group name used twice): their keywords
-        return _compile_filter(entries + [(k, None) for keywords, a in rules if a is not None for k in keywords])
+        return LineFilter(entries + [(k, None) for keywords, a in rules if a is not None for k in keywords])
 
 
-def _compile_filter(entries: list[_Entry]) -> Search:
+def _kept(entries: list[_Entry]) -> list[_Entry]:
+    """The entries without those found through a shorter keyword anyway, sorted."""
     words = {lit for lit, tail in entries if tail is None}
-    kept = [
+    kept = {
         (lit, tail)
-        for lit, tail in set(entries)
+        for lit, tail in entries
         if lit
         and not any(w != lit and w and w in lit for w in words)  # found through a shorter keyword
         and not (tail is not None and any(w in lit for w in words))
-    ]
-    if not kept:
-        return re.compile(rb"(?!)").search
-    return re.compile(b"(?:" + _entries_trie(kept) + rb")[^\r\n]*[\r\n]?").search
+    }
+    return sorted(kept, key=lambda e: (e[0], e[1] is not None, e[1] or b""))
 
 
 def _entries_trie(entries: list[_Entry]) -> bytes:
@@ -156,14 +188,16 @@ def _leading_words(source: bytes) -> tuple[list[bytes], bytes] | None:
     return (_WORD.findall(m.group(1)), source[m.end() :]) if m else None
 
 
-def keyword_lines(low: bytes, search: Search) -> list[tuple[int, int]] | None:
+def keyword_lines(low: bytes, search: LineFilter | Search) -> list[tuple[int, int]] | None:
     """The lines (start, end incl. terminator; adjacent ones merged) where ``search`` (a line
     filter) finds something; None when that is most lines, where searching them all at once is
-    cheaper.
+    cheaper. From FAST_MIN_B bytes on, a filter's Hyperscan finds them (the same lines).
 
     The search resumes after each line it found, and the backward search for that line's start
     stops where it began, so every byte is looked at a bounded number of times.
     """
+    if isinstance(search, LineFilter) and len(low) >= FAST_MIN_B and (ends := search.match_ends()) is not None:
+        return lines_from_match_ends(low, ends(low))
     ranges: list[tuple[int, int]] = []
     rfind = low.rfind
     run_start = run_end = -1  # the lines found so far that follow each other
@@ -172,6 +206,35 @@ def keyword_lines(low: bytes, search: Search) -> list[tuple[int, int]] | None:
         i, end = m.span()
         nl, cr = rfind(b"\n", pos, i), rfind(b"\r", pos, i)
         start = (nl if nl > cr else cr) + 1 or pos  # the line starts at pos when no line end comes first
+        if start != run_end:
+            if run_end >= 0:
+                ranges.append((run_start, run_end))
+            run_start = start
+        run_end = pos = end
+        covered += end - start
+        hits += 1
+        if hits >= DENSE_LINES and covered * 2 > pos:
+            return None
+    if run_end >= 0:
+        ranges.append((run_start, run_end))
+    return ranges
+
+
+def lines_from_match_ends(low: bytes, ends: list[int]) -> list[tuple[int, int]] | None:
+    """``keyword_lines`` from where the filter's entries match (their ends, sorted): the same
+    ranges, and the same "most lines" judgement line by line. An entry never reaches past its
+    line (fastfilter.py), so a match's line is the one holding its last byte."""
+    ranges: list[tuple[int, int]] = []
+    rfind, size = low.rfind, len(low)
+    run_start = run_end = -1
+    pos = covered = hits = 0  # pos: the end of the last line found
+    for to in ends:
+        if to <= pos:  # on a line found already
+            continue
+        nl, cr = rfind(b"\n", pos, to), rfind(b"\r", pos, to)
+        start = (nl if nl > cr else cr) + 1 or pos
+        eol = EOL.search(low, to)
+        end = eol.end() if eol else size
         if start != run_end:
             if run_end >= 0:
                 ranges.append((run_start, run_end))
