@@ -1,5 +1,8 @@
 """`gpuledger run` loads only what a run needs: its fixed cost is mostly import time (BENCHMARKS.md).
 
+Into a local SQLite ledger that exists already (every run but the first), the run's rows are written
+with the standard sqlite3 module (store/run_writer.py): SQLAlchemy and the schema are never loaded.
+
 A real `gpuledger run -q -- python -c pass` runs in a child interpreter whose `subprocess.Popen`
 is watched: the moment it execs the command, the names in `sys.modules` are written to a file,
 and again when the recorder process exits. An eager import of a heavy library (the database
@@ -63,13 +66,15 @@ NEVER = (
     "gpuledger.agent",
     "gpuledger.store.audit",
     "gpuledger.core.pricing",
+    "sqlalchemy",  # a local ledger is written with sqlite3 (store/run_writer.py)
+    "gpuledger.store.ledger",
+    "gpuledger.store.schema",
 )
 # Needed once the command runs (the ledger, the end-of-run reading of the log), never before it
 # is started: the command should not wait for them. (The collectors take their first reading
 # before the start, so psutil and NVML may be loaded by then.)
 NOT_BEFORE_EXEC = (
-    "sqlalchemy",
-    "gpuledger.store",
+    "gpuledger.store.run_writer",
     "gpuledger.integrations.ultralytics",
 )
 
@@ -98,6 +103,13 @@ def probe_run(tmp_path: Path, *args: str) -> tuple[list[str], list[str], str]:
     return json.loads(exec_file.read_text()), json.loads(exit_file.read_text()), proc.stderr
 
 
+def existing_ledger(url: str) -> None:
+    """The ledger as the first gpuledger command leaves it (created and migrated with SQLAlchemy)."""
+    from gpuledger.store import Ledger
+
+    Ledger(url).close()
+
+
 def run_count(url: str) -> int:
     from gpuledger.store import Ledger
 
@@ -106,19 +118,28 @@ def run_count(url: str) -> int:
 
 
 def test_a_local_run_loads_no_heavy_library_and_starts_the_command_first(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/home/ledger.db"
+    existing_ledger(url)
     at_exec, at_exit, _ = probe_run(tmp_path, "--no-gpu")
     for package in NEVER:
         assert not loaded(at_exit, package), f"{package} was imported by a local gpuledger run"
     for package in NOT_BEFORE_EXEC:
         assert not loaded(at_exec, package), f"{package} was imported before the command was started"
-    # and the run was recorded all the same, the database layer loaded once the command ran
-    assert loaded(at_exit, "sqlalchemy")
-    assert run_count(f"sqlite:///{tmp_path}/home/ledger.db") == 1
+    # and the run was recorded all the same, by the sqlite3 writer loaded once the command ran
+    assert loaded(at_exit, "gpuledger.store.run_writer")
+    assert run_count(url) == 1
 
 
 def test_the_gpu_probe_and_an_explicit_ledger_load_nothing_heavy(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/explicit.db"
+    existing_ledger(url)
     _, at_exit, _ = probe_run(tmp_path, "--db", url)  # NVML tried: whatever this machine has
     for package in NEVER:
         assert not loaded(at_exit, package), f"{package} was imported by gpuledger run --db {url}"
     assert run_count(url) == 1
+
+
+def test_the_first_run_creates_the_ledger(tmp_path: Path) -> None:
+    _, at_exit, _ = probe_run(tmp_path, "--no-gpu")  # no ledger yet: SQLAlchemy creates its schema
+    assert loaded(at_exit, "sqlalchemy")
+    assert run_count(f"sqlite:///{tmp_path}/home/ledger.db") == 1

@@ -79,16 +79,7 @@ def run_cmd(
 
     label_map = labels_with(labels, project, team)  # a duplicate or empty label: refused before CMD starts
     if db:  # a team server's database: refused before CMD starts, not at its first flush
-        check_ledger_url(db)  # and so is a ledger that can never be written (bad URL, no driver)
-        from gpuledger.store import Ledger, LedgerError, ownership
-
-        try:
-            with Ledger(db) as led:
-                led.read(lambda conn: ownership.refuse_direct_recording(conn, led.url))
-        except ownership.TeamLedgerRefused as exc:
-            raise click.ClickException(str(exc)) from exc
-        except LedgerError:
-            pass  # unreachable or locked: the recorder keeps the run locally as always
+        _refuse_unusable_ledger(db)
     token = None
     if server:
         from gpuledger.agent.client import token_from  # httpx: only for a run that pushes
@@ -107,3 +98,24 @@ def run_cmd(
         hooks=run_hooks(server or None, token, db),
     )
     sys.exit(run_and_exit_code(list(command), opts))
+
+
+def _refuse_unusable_ledger(db: str) -> None:
+    """Refuse, before CMD starts, a ledger that can never be written (bad URL, no driver) and a
+    team server's database (runs go into it through the server)."""
+    from gpuledger.store.run_writer import RunWriter
+
+    writer = RunWriter.open(db)  # a local SQLite ledger, current and not a team's: nothing to refuse,
+    if writer is not None:  # and SQLAlchemy is not loaded to say so
+        writer.close()
+        return
+    check_ledger_url(db)
+    from gpuledger.store import Ledger, LedgerError, ownership
+
+    try:
+        with Ledger(db) as led:
+            led.read(lambda conn: ownership.refuse_direct_recording(conn, led.url))
+    except ownership.TeamLedgerRefused as exc:
+        raise click.ClickException(str(exc)) from exc
+    except LedgerError:
+        pass  # unreachable or locked: the recorder keeps the run locally as always

@@ -188,9 +188,10 @@ class Session:
     def ledger(self):
         with self._ledger_lock:
             if self._ledger is None:
-                from gpuledger.store import Ledger
+                # The standard sqlite3 module for a local ledger, SQLAlchemy only where it must be.
+                from gpuledger.store.run_writer import open_run_ledger
 
-                self._ledger = Ledger(self._url)
+                self._ledger = open_run_ledger(self._url)
             if not self._created:
                 self._ledger.create_run(self.run)
                 if self.devices:
@@ -282,8 +283,11 @@ class Session:
         explain: Explain | None = None,
         log_truncated: bool = False,
         log_still_written: bool = False,
+        summarize: bool = True,
     ) -> dict | None:
-        """Stop recording, write the end state and the log; return the summary (None if unwritable).
+        """Stop recording, write the end state and the log; return the summary (None if unwritable;
+        ``{}`` when written but ``summarize`` is False: nobody shows it, and reading it back costs
+        the database layer a quick run otherwise does without).
         ``log_truncated``: ``log`` is the head and tail of a longer output (core/training/logcap.py).
         ``log_still_written``: a process CMD started still writes the log file, so a spooled run's
         ``recover`` must keep the file.
@@ -318,7 +322,7 @@ class Session:
                 run.id, status=status, ended_at=ended, exit_code=exit_code, signal=signal, status_reason=reason
             )
             self._notify_flushed()
-            return run_summary(ledger, run.id, now=ended)
+            return run_summary(ledger, run.id, now=ended) if summarize else {}
         except Exception as exc:
             stderr_line(f"gpuledger: could not write the end of run {run.id} to the ledger: {exc}")
             self._spool(keep_log=log_still_written)

@@ -51,7 +51,7 @@ class Outcome:
     status: str
     signal: int | None
     reason: str | None
-    summary: dict | None
+    summary: dict | None  # None: the run could not be written; {} when no summary was asked for (-q)
     run_id: str
     launch_error: str | None = None  # CMD could not start (said on stderr; the run is recorded as failed)
 
@@ -170,6 +170,7 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
             log_truncated=capped is not None and capped.truncated,
             explain=opts.hooks.explain,
             log_still_written=not relay_done,
+            summarize=opts.summary,
         )
         session.close()
         if summary is not None and capped is not None and relay_done:

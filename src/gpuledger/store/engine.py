@@ -10,8 +10,6 @@ Driver errors are translated here into the ledger's own exceptions (errors.py).
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import random
 import time
 from collections.abc import Callable
@@ -23,8 +21,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.pool import StaticPool
 
+from gpuledger.store import sqlite_conn
 from gpuledger.store.direct_insert import DirectInserts
 from gpuledger.store.errors import LedgerError, LedgerLocked, LedgerUnavailable
+from gpuledger.store.json_text import dumps
 from gpuledger.store.url import display_url, parse, sqlite_path
 
 T = TypeVar("T")
@@ -38,27 +38,6 @@ _PG_RETRY = frozenset({"40001", "40P01", "23514"})
 _BEGIN_OPTION = "gpuledger_begin"
 # PostgreSQL: the server shut down or is starting (class 08, connection exceptions, is checked too).
 _PG_GONE = frozenset({"57P01", "57P02", "57P03"})
-_SQLITE_UNAVAILABLE = ("unable to open", "readonly", "disk i/o", "not a database", "disk is full")
-
-
-def dumps(obj: Any) -> str:
-    """JSON for the database: non-finite floats become "NaN"/"Infinity" strings (jsonb and strict
-    JSON reject the bare tokens), anything else unknown becomes its ``str`` so that an odd event
-    payload can never make a write fail."""
-    try:
-        return json.dumps(obj, allow_nan=False, default=str)
-    except ValueError:
-        return json.dumps(_finite(obj), allow_nan=False, default=str)
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 class Database:
@@ -118,17 +97,7 @@ class Database:
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            # Take transaction control from the sqlite3 module: we send BEGIN ourselves.
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            try:
-                cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
-                cur.execute("PRAGMA foreign_keys = ON")
-                if wal and cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                    cur.execute("PRAGMA journal_mode = WAL")  # persistent: done once per file
-                cur.execute("PRAGMA synchronous = NORMAL")
-            finally:
-                cur.close()
+            sqlite_conn.set_up(dbapi_conn, busy_ms, wal)  # as gpuledger run's own writer does
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
@@ -250,15 +219,13 @@ class Database:
 
     def _retryable(self, exc: sa.exc.DBAPIError) -> bool:
         if self.dialect == "sqlite":
-            msg = str(exc.orig).lower()
-            return isinstance(exc, sa.exc.OperationalError) and ("locked" in msg or "busy" in msg)
+            return isinstance(exc, sa.exc.OperationalError) and sqlite_conn.is_locked(str(exc.orig))
         return getattr(exc.orig, "sqlstate", None) in _PG_RETRY
 
     def _translate(self, exc: sa.exc.DBAPIError) -> Exception:
         """LedgerUnavailable for a database that cannot be reached or opened; else the error as is."""
         if self.dialect == "sqlite":
-            msg = str(exc.orig).lower()
-            if any(s in msg for s in _SQLITE_UNAVAILABLE):
+            if sqlite_conn.is_unavailable(str(exc.orig)):
                 return LedgerUnavailable(self._unavailable_message(exc))
             return exc
         sqlstate = getattr(exc.orig, "sqlstate", None) or ""
