@@ -348,6 +348,8 @@ def test_bad_rows_are_refused_whole(store: ClickHouseSeries) -> None:
         ("chdb:relative", "absolute folder"),
         ("clickhouse://u:secret@host:8123", "clickhouse://user:password@host:8123/database"),
         ("mysql://u:secret@host/db", "not a ClickHouse series URL"),
+        ("chdb:///tmp/x?cluster=c", "cluster of ClickHouse servers"),
+        ("clickhouse://u:secret@host:8123/db?cluster=a;b", "cluster of ClickHouse servers"),
     ],
 )
 def test_bad_url_is_a_clear_error(url: str, message: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import date, timedelta
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from gpuledger.series.base import DayRollup, Row
 from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
@@ -49,10 +50,19 @@ class ClickHouseSeries:
     """Raw GPU and host intervals in ClickHouse, rolled up per run, GPU and UTC day on insert."""
 
     def __init__(self, url: str, *, raw_days: int = 7, client: Client | None = None) -> None:
+        """``url``: chdb:///abs/folder, or clickhouse://user:password@host:8123/db, with
+        ``?cluster=NAME`` for a cluster laid out as deploy/clickhouse/schema.sql (not run here:
+        deploy/clickhouse/README.md)."""
         if raw_days < 1:
             raise ValueError(f"raw_days must be at least 1, not {raw_days}")
+        cluster = parse_qs(urlsplit(url).query).get("cluster", [None])[0]
+        if cluster is not None and (not cluster.replace("_", "").isalnum() or url.startswith("chdb:")):
+            raise ClickHouseError(f"?cluster= names a cluster of ClickHouse servers (letters, digits, _): {cluster!r}")
         self.client = client or connect(url)
-        self.layout = Layout(self.client.database, raw_days)
+        self.layout = Layout(self.client.database, raw_days, cluster)
+        self._write_settings = dict(_WRITE_SETTINGS)
+        if cluster:  # acknowledged once the shards have the rows, the token travelling with them
+            self._write_settings["distributed_foreground_insert"] = 1
         self._hashes: dict[tuple[str, str], int] = {}  # (kind, name) -> key, for names already registered
         self._names: dict[tuple[str, int], str] = {}
 
@@ -65,11 +75,12 @@ class ClickHouseSeries:
         for name in ("gpu_intervals", "host_intervals"):
             engine = self.client.query(
                 "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
-                {"db": self.layout.database, "t": name},
+                {"db": self.layout.database, "t": self.layout.local_name(name)},
             )
             if engine and f"toIntervalDay({self.layout.raw_days})" not in engine[0][0]:
                 self.client.command(
-                    f"ALTER TABLE {self.layout.local(name)} MODIFY TTL {self.layout.ttl()}", {"mutations_sync": 2}
+                    f"ALTER TABLE {self.layout.local(name)}{self.layout.on()} MODIFY TTL {self.layout.ttl()}",
+                    {"mutations_sync": 2},
                 )
 
     # -- keys -----------------------------------------------------------------------------------
@@ -127,10 +138,10 @@ class ClickHouseSeries:
         host_rows = [host_row(r, run, f"run {run_id} host seq {r.get('seq')}") for r in host]
         before = self._count(run, gpu_rows, host_rows)
         if gpu_rows:
-            settings = {**_WRITE_SETTINGS, "insert_deduplication_token": f"{token}:gpu"}
+            settings = {**self._write_settings, "insert_deduplication_token": f"{token}:gpu"}
             self.client.insert(self.layout.table("gpu_intervals"), gpu_rows, GPU_INSERT, settings)
         if host_rows:
-            settings = {**_WRITE_SETTINGS, "insert_deduplication_token": f"{token}:host"}
+            settings = {**self._write_settings, "insert_deduplication_token": f"{token}:host"}
             self.client.insert(self.layout.table("host_intervals"), host_rows, HOST_INSERT, settings)
         return self._count(run, gpu_rows, host_rows) - before
 
@@ -236,12 +247,14 @@ class ClickHouseSeries:
         dropped: set[str] = set()
         for name in ("gpu_intervals", "host_intervals"):
             parts = self.client.query(
-                "SELECT DISTINCT partition_id FROM system.parts WHERE database = {db:String} AND table = {t:String} "
-                "AND active AND partition_id < {d:String}",
-                {"db": self.layout.database, "t": name, "d": day.strftime("%Y%m%d")},
+                f"SELECT DISTINCT partition_id FROM {self.layout.parts()} WHERE database = {{db:String}} "
+                "AND table = {t:String} AND active AND partition_id < {d:String}",
+                {"db": self.layout.database, "t": self.layout.local_name(name), "d": day.strftime("%Y%m%d")},
             )
             for (pid,) in parts:
-                self.client.command(f"ALTER TABLE {self.layout.local(name)} DROP PARTITION ID '{pid}'")
+                self.client.command(
+                    f"ALTER TABLE {self.layout.local(name)}{self.layout.on()} DROP PARTITION ID '{pid}'"
+                )
                 dropped.add(pid)
         return len(dropped)
 
@@ -255,18 +268,20 @@ class ClickHouseSeries:
     def expire(self) -> None:
         """Apply the raw window now (the engine otherwise drops expired parts in the background)."""
         for name in ("gpu_intervals", "host_intervals"):
-            self.client.command(f"ALTER TABLE {self.layout.local(name)} MATERIALIZE TTL", {"mutations_sync": 2})
+            sql = f"ALTER TABLE {self.layout.local(name)}{self.layout.on()} MATERIALIZE TTL"
+            self.client.command(sql, {"mutations_sync": 2})
 
     def compact(self) -> None:
         """Merge each table's parts as the engine does in the background (benchmarks, before measuring)."""
         for name in ("gpu_intervals", "host_intervals", "gpu_day_rollups"):
-            self.client.command(f"OPTIMIZE TABLE {self.layout.local(name)} FINAL")
+            self.client.command(f"OPTIMIZE TABLE {self.layout.local(name)}{self.layout.on()} FINAL")
 
     def bytes_at_rest(self) -> int:
+        """Of the GPU intervals' active parts (on a cluster: every replica's, so replication counts)."""
         rows = self.client.query(
-            "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = {db:String} AND table = 'gpu_intervals' "
-            "AND active",
-            {"db": self.layout.database},
+            f"SELECT sum(bytes_on_disk) FROM {self.layout.parts()} WHERE database = {{db:String}} "
+            "AND table = {t:String} AND active",
+            {"db": self.layout.database, "t": self.layout.local_name("gpu_intervals")},
         )
         return int(rows[0][0]) if rows else 0
 

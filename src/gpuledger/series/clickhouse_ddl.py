@@ -149,11 +149,19 @@ class Layout:
         """The table the store reads and writes (the Distributed one on a cluster)."""
         return f"{self.database}.{name}"
 
-    def local(self, name: str) -> str:
-        return f"{self.database}.{name}_local" if self.cluster else f"{self.database}.{name}"
+    def local_name(self, name: str) -> str:
+        return f"{name}_local" if self.cluster else name
 
-    def _on(self) -> str:
+    def local(self, name: str) -> str:
+        """The table that holds the rows (each shard's own on a cluster)."""
+        return f"{self.database}.{self.local_name(name)}"
+
+    def on(self) -> str:
         return f" ON CLUSTER '{self.cluster}'" if self.cluster else ""
+
+    def parts(self) -> str:
+        """Where the engine lists the tables' parts: every replica's on a cluster."""
+        return f"clusterAllReplicas('{self.cluster}', system.parts)" if self.cluster else "system.parts"
 
     def _engine(self, kind: str, name: str, args: str = "") -> str:
         if not self.cluster:
@@ -174,7 +182,7 @@ class Layout:
 
     def _create(self, name: str, columns: tuple[tuple[str, str], ...], tail: str) -> str:
         cols = ",\n".join(f"    {c} {t}" for c, t in columns)
-        return f"CREATE TABLE IF NOT EXISTS {self.local(name)}{self._on()}\n(\n{cols}\n)\n{tail}"
+        return f"CREATE TABLE IF NOT EXISTS {self.local(name)}{self.on()}\n(\n{cols}\n)\n{tail}"
 
     def _raw(self, name: str, columns: tuple[tuple[str, str], ...], order: str) -> str:
         return self._create(
@@ -188,13 +196,13 @@ class Layout:
         if not self.cluster:
             return []
         return [
-            f"CREATE TABLE IF NOT EXISTS {self.table(name)}{self._on()} AS {self.local(name)}\n"
+            f"CREATE TABLE IF NOT EXISTS {self.table(name)}{self.on()} AS {self.local(name)}\n"
             f"ENGINE = Distributed('{self.cluster}', {self.database}, {name}_local, {key})"
         ]
 
     def statements(self) -> list[str]:
         """Every statement, in order; each is idempotent (IF NOT EXISTS)."""
-        out = [f"CREATE DATABASE IF NOT EXISTS {self.database}{self._on()}"]
+        out = [f"CREATE DATABASE IF NOT EXISTS {self.database}{self.on()}"]
         out.append(self._raw("gpu_intervals", GPU_COLUMNS, "gpu, t0"))
         out += self._distributed("gpu_intervals", "gpu")  # one GPU's intervals live on one shard
         out.append(self._raw("host_intervals", HOST_COLUMNS, "run, t0"))
@@ -220,7 +228,7 @@ class Layout:
         # a run's day on one GPU is summed on one shard.
         out += self._distributed("gpu_day_rollups", "gpu")
         out.append(
-            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {self.local('gpu_day_rollups_mv')}{self._on()}\n"
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {self.local('gpu_day_rollups_mv')}{self.on()}\n"
             f"TO {self.local('gpu_day_rollups')}\nAS {rollup_select(self.local('gpu_intervals'))}"
         )
         return out
