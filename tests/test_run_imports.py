@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpuledger.collect import nvml_lib
+
 MARKER = "gpuledger-import-probe"
 
 PROBE = r"""
@@ -136,6 +138,8 @@ def test_the_gpu_probe_and_an_explicit_ledger_load_nothing_heavy(tmp_path: Path)
     _, at_exit, _ = probe_run(tmp_path, "--db", url)  # NVML tried: whatever this machine has
     for package in NEVER:
         assert not loaded(at_exit, package), f"{package} was imported by gpuledger run --db {url}"
+    if not nvml_lib.loadable():  # no driver here: found out without pynvml and the NVML collector
+        assert not loaded(at_exit, "pynvml") and not loaded(at_exit, "gpuledger.collect.nvml")
     assert run_count(url) == 1
 
 

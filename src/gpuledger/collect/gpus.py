@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuledger.collect import nvml_lib
 from gpuledger.collect.base import CollectorUnavailable, GpuCollector
 from gpuledger.collect.jetson import JetsonCollector, no_jetson_gpu_reason
 
@@ -34,17 +35,8 @@ def open_gpu_collector(
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if replay_trace is not None:
         return _replay(replay_trace, visible)
-    from gpuledger.collect.nvml import NvmlCollector, NvmlLibraryMissing
-
-    lib_missing = False
-    try:
-        # NVML stamps its samples with the host's wall clock (a test's scripted NVML: its own clock)
-        collector: GpuCollector = NvmlCollector(nvml=nvml, visible=visible, wall=time.time if nvml is None else None)
-    except CollectorUnavailable as exc:
-        nvml_reason, lib_missing = str(exc), isinstance(exc, NvmlLibraryMissing)
-    except Exception as exc:  # monitoring never stops the run
-        nvml_reason = f"NVML failed: {type(exc).__name__}: {exc}"
-    else:
+    collector, nvml_reason, lib_missing = _open_nvml(nvml, visible)
+    if collector is not None:
         if _tegra_only(collector):
             # JetPack 6's NVML lists the integrated GPU ("Orin (nvgpu)") but answers Not Supported
             # for utilisation, power and memory: sysfs has those figures.
@@ -71,6 +63,21 @@ def open_gpu_collector(
     except Exception as exc:
         return None, f"{nvml_reason}; {exc}: {NO_GPU_TAIL}"
     return _non_empty(smi, visible)
+
+
+def _open_nvml(nvml: Any, visible: str | None) -> tuple[GpuCollector | None, str, bool]:
+    """(the NVML collector, or None with why not and whether the library is missing)."""
+    if nvml is None and not nvml_lib.loadable():  # no driver: pynvml and the collector stay unloaded
+        return None, nvml_lib.MISSING, True
+    from gpuledger.collect.nvml import NvmlCollector, NvmlLibraryMissing
+
+    try:
+        # NVML stamps its samples with the host's wall clock (a test's scripted NVML: its own clock)
+        return NvmlCollector(nvml=nvml, visible=visible, wall=time.time if nvml is None else None), "", False
+    except CollectorUnavailable as exc:
+        return None, str(exc), isinstance(exc, NvmlLibraryMissing)
+    except Exception as exc:  # monitoring never stops the run
+        return None, f"NVML failed: {type(exc).__name__}: {exc}", False
 
 
 def _jetson(visible: str | None, sysfs_root: str) -> GpuCollector | None:

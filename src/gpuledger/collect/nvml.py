@@ -39,6 +39,7 @@ from typing import Any
 
 import pynvml
 
+from gpuledger.collect import nvml_lib
 from gpuledger.collect.base import CollectorUnavailable, GpuProcess, GpuRead
 from gpuledger.collect.nvml_devices import DeviceFinder, Found
 from gpuledger.collect.nvml_query import NOTHING_NEW, DeviceQueries, Querier
@@ -674,7 +675,7 @@ _COUNTER_ERRORS: dict[str, type[_CounterImplausible]] = {"stuck": _CounterStuck,
 
 def _init_reason(nv: Any, exc: BaseException) -> str:
     if isinstance(exc, getattr(nv, "NVMLError_LibraryNotFound", ())):
-        return "NVML library not loadable (libnvidia-ml.so.1): no NVIDIA driver installed here"
+        return nvml_lib.MISSING
     if isinstance(exc, getattr(nv, "NVMLError_DriverNotLoaded", ())):
         return "the NVIDIA driver is installed but not loaded (NVML: Driver Not Loaded)"
     if isinstance(exc, getattr(nv, "NVMLError_NoPermission", ())):
