@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import tempfile
 import time
@@ -273,19 +274,38 @@ def _reap_until(cmd_pid: int, relay_pid: int, session: Session | None) -> int:
 def _wait_relay(relay_pid: int, log_path: str) -> bool:
     """Wait a moment for the relay to drain CMD's last output; False if it still runs."""
     deadline = time.monotonic() + RELAY_GRACE_S
-    while time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(relay_pid, os.WNOHANG)
-        except ChildProcessError:
-            return True
-        if pid:
-            return True
-        time.sleep(0.02)
+    exited = _exit_watch(relay_pid)
+    try:
+        while True:
+            try:
+                pid, _ = os.waitpid(relay_pid, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if exited is not None:  # woken the moment it exits, not at the next poll
+                select.select([exited], [], [], left)
+            else:
+                time.sleep(min(0.02, left))
+    finally:
+        if exited is not None:
+            os.close(exited)
     stderr_line(
         "gpuledger: CMD ended but a process it started still holds its output; the ledger keeps the log "
         f"up to now, and the rest goes only to {log_path}"
     )
     return False
+
+
+def _exit_watch(pid: int) -> int | None:
+    """A pidfd that turns readable when ``pid`` exits (Linux 5.3+); None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def run_and_exit_code(argv: Sequence[str], opts: WrapOptions) -> int:
