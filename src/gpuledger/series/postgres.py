@@ -1,0 +1,262 @@
+"""The compact raw-interval store on PostgreSQL (docs/SCALE.md, step 2): a series/base.SeriesStore
+in a schema of its own (default ``series``) of any PostgreSQL database, given a ``postgresql://``
+URL. About 100 B per GPU interval at rest with its index, against 505 B as ledger rows.
+
+- Layout: series/postgres_ddl.py (tables, day partitions), series/postgres_codec.py (the row).
+- ``write``: one COPY (binary) into a temporary staging table, then per day an
+  ``INSERT INTO <day partition> SELECT ... ON CONFLICT DO NOTHING`` on the (stream, seq) key, in one
+  transaction with the batch's token: a resent batch, by token or by rows, stores nothing more.
+- Reads of one run go by key: its streams from ``streams``, then ``stream = ANY(...)``, an index
+  scan of each day partition's (stream, seq) key (tests/test_series_postgres.py checks the plan).
+- ``drop_days_before``: DROP TABLE of whole day partitions, never a DELETE of rows.
+
+One connection per store, used by one thread at a time; open one store per worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import date
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from gpuledger.series import postgres_ddl as ddl
+from gpuledger.series.base import DayRollup, Row
+from gpuledger.series.postgres_codec import (
+    DAY_MS,
+    GPU_COLUMNS,
+    GPU_NAMES,
+    HOST_COLUMNS,
+    HOST_NAMES,
+    INT4,
+    decode_gpu,
+    decode_host,
+    encode_gpu,
+    encode_host,
+    gpu_units,
+    reserved_extra,
+)
+from gpuledger.series.postgres_days import MEASURED, DaySum, add_group, day_range, first_day_reaching, split_row
+from gpuledger.series.postgres_keys import Keys
+
+AHEAD_DAYS = 2  # day partitions made ahead of today (store/partitions.py does the same for the ledger)
+COMPACT_AFTER_S = 3600  # a day's index is rebuilt this long after the day ended (late pushes are rare then)
+_EPOCH = date(1970, 1, 1)
+
+
+def gpu_run_query(schema: str) -> str:
+    """One run's GPU rows, given its stream keys: an index scan of each day's (stream, seq) key."""
+    return f"SELECT {', '.join(GPU_NAMES)} FROM {schema}.gpu_iv WHERE stream = ANY(%s)"
+
+
+def _conninfo(url: str) -> str:
+    for prefix in ("postgresql+psycopg://", "postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql://" + url[len(prefix) :]
+    raise ValueError(f"series store URL {url!r}: expected postgresql://")
+
+
+class PostgresSeries:
+    def __init__(self, url: str, schema: str = "series") -> None:
+        self.schema = ddl.check_schema(schema)
+        self._conn = psycopg.connect(_conninfo(url), autocommit=True)
+        self.keys = Keys(self._conn, self.schema)
+        self._staged = False
+        self._parts: dict[str, dict[int, str]] = {t: {} for t in ddl.TABLES}  # known day partitions
+
+    # -- tables -------------------------------------------------------------------------------
+
+    def create(self) -> None:
+        ddl.create(self._conn, self.schema)
+        self.maintain()
+
+    def maintain(self, now: float | None = None, ahead_days: int = AHEAD_DAYS) -> list[str]:
+        """What a server runs at start and hourly: the day partitions from yesterday to
+        ``ahead_days`` ahead made where missing (a write also makes the ones it needs), and the key
+        index of each day that ended ``COMPACT_AFTER_S`` ago rebuilt full once
+        (postgres_ddl.compact_before). The partitions and indexes made."""
+        now = time.time() if now is None else now
+        today = int(now // 86400)
+        made = ddl.ensure_days(self._conn, self.schema, set(range(today - 1, today + ahead_days + 1)))
+        return made + ddl.compact_before(self._conn, self.schema, int((now - COMPACT_AFTER_S) // 86400))
+
+    def _stage(self) -> None:
+        if not self._staged:
+            for table in ddl.TABLES:
+                self._conn.execute(
+                    f"CREATE TEMP TABLE IF NOT EXISTS {table}_stage (LIKE {self.schema}.{table}) ON COMMIT DELETE ROWS"
+                )
+            self._staged = True
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write(self, run_id: str, gpu: Sequence[Row], host: Sequence[Row], token: str) -> int:
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError(f"run id {run_id!r} is not a name")
+        encoded = [encode_gpu(r) for r in gpu]  # every row checked before anything is stored
+        hosts = [encode_host(r, 0) for r in host]
+        s = self.schema
+        seen, kept_from = self._conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {s}.batches WHERE token = %s), (SELECT day FROM {s}.kept_from)", (token,)
+        ).fetchone()  # type: ignore[misc]
+        if seen:
+            return 0
+        if kept_from is not None:  # a resend of days already dropped stores nothing
+            encoded = [e for e in encoded if e.day >= kept_from]
+            hosts = [h for h in hosts if h["day"] >= kept_from]
+        run = self.keys.run_key(run_id)
+        assert run is not None
+        gpu_keys = self.keys.gpu_keys(e.device_uuid for e in encoded)
+        first_reserved: dict[int, int | None] = {}
+        for e in encoded:
+            first_reserved.setdefault(gpu_keys[e.device_uuid], e.mem_reserved_units)
+        streams = self.keys.stream_keys(run, first_reserved)
+        shapes = self.keys.shape_codes(e.shape for e in encoded)
+        gpu_rows = []
+        for e in encoded:
+            stream, reserved = streams[gpu_keys[e.device_uuid]]
+            values = reserved_extra(e, reserved)
+            values = {**values, "stream": stream, "shape": shapes[e.shape]}
+            if values["extra"] is not None:
+                values["extra"] = Jsonb(values["extra"])
+            gpu_rows.append(tuple(values[c] for c in GPU_NAMES))
+        host_rows = [tuple({**h, "run": run}[c] for c in HOST_NAMES) for h in hosts]
+        days = {e.day for e in encoded} | {h["day"] for h in hosts}
+        self._stage()
+        last_day = max(days, default=int(time.time() // 86400))
+        for attempt in (1, 2):
+            if days - set(self._parts["gpu_iv"]):
+                ddl.ensure_days(self._conn, s, days)
+                self._parts = {t: ddl.days(self._conn, s, t) for t in ddl.TABLES}
+            try:
+                with self._conn.transaction():
+                    stored = self._conn.execute(
+                        f"INSERT INTO {s}.batches (token, day) VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING 1",
+                        (token, last_day),
+                    ).fetchone()
+                    if stored is None:  # another writer stored this batch meanwhile
+                        return 0
+                    n = self._copy("gpu_iv", GPU_COLUMNS, gpu_rows, {e.day for e in encoded})
+                    return n + self._copy("host_iv", HOST_COLUMNS, host_rows, {h["day"] for h in hosts})
+            except psycopg.errors.UndefinedTable:
+                if attempt == 2:
+                    raise
+                self._parts = {t: {} for t in ddl.TABLES}  # another process dropped a day we knew
+        raise AssertionError("unreachable")
+
+    def _copy(
+        self, table: str, columns: tuple[tuple[str, str], ...], rows: list[tuple[Any, ...]], days: set[int]
+    ) -> int:
+        if not rows:
+            return 0
+        names = ", ".join(c for c, _ in columns)
+        with self._conn.cursor() as cur:
+            with cur.copy(f"COPY {table}_stage ({names}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types([t for _, t in columns])
+                for row in rows:
+                    copy.write_row(row)
+            n = 0
+            parts = self._parts[table]
+            key = ddl.KEY_COLUMNS[table]
+            for day in sorted(days):
+                cur.execute(
+                    f"INSERT INTO {self.schema}.{parts[day]} ({names}) SELECT {names} FROM {table}_stage "
+                    f"WHERE day = %s ORDER BY {key} ON CONFLICT ({key}) DO NOTHING",
+                    (day,),
+                )
+                n += cur.rowcount
+        return n
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def gpu_intervals(self, run_id: str, device_uuid: str | None = None) -> list[dict[str, Any]]:
+        run = self.keys.run_key(run_id, create=False)
+        if run is None:
+            return []
+        streams = {k: (uuid, reserved) for k, uuid, reserved in self.keys.run_streams(run)}
+        if device_uuid is not None:
+            streams = {k: v for k, v in streams.items() if v[0] == device_uuid}
+        if not streams:
+            return []
+        with self._conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(gpu_run_query(self.schema), (list(streams),)).fetchall()
+        out = []
+        for r in rows:
+            uuid, reserved = streams[r["stream"]]
+            out.append(decode_gpu(r, self.keys.shape(r["shape"]), uuid, reserved))
+        out.sort(key=lambda r: (r["device_uuid"], r["seq"]))
+        return out
+
+    def host_intervals(self, run_id: str) -> list[dict[str, Any]]:
+        run = self.keys.run_key(run_id, create=False)
+        if run is None:
+            return []
+        q = f"SELECT {', '.join(HOST_NAMES)} FROM {self.schema}.host_iv WHERE run = %s ORDER BY seq"
+        with self._conn.cursor(row_factory=dict_row) as cur:
+            return [decode_host(r) for r in cur.execute(q, (run,))]
+
+    def day_rollups(self, t_from: float, t_to: float) -> list[DayRollup]:
+        days = day_range(t_from, t_to)
+        if days is None:
+            return []
+        lo, hi = days
+        s = self.schema
+        sums: dict[int, dict[int, DaySum]] = {}  # stream -> day -> sums
+        cols = ", ".join(f"sum({c})" for _, c in MEASURED)
+        q = (
+            f"SELECT stream, day, shape, count(*), sum(samples), sum(dur_ms), {cols} FROM {s}.gpu_iv "
+            f"WHERE day BETWEEN %s AND %s AND NOT ({ddl.ODD}) GROUP BY stream, day, shape"
+        )
+        for stream, day, shape, n, samples, dur, *measured in self._conn.execute(q, (lo, hi)):
+            d = sums.setdefault(stream, {}).setdefault(day, DaySum())
+            values = {k: v for (k, _), v in zip(MEASURED, measured, strict=True)}
+            add_group(d, self.keys.shape(shape), n, samples or 0, dur, values)
+        odd = f"SELECT {', '.join(GPU_NAMES)} FROM {s}.gpu_iv WHERE day BETWEEN %s AND %s AND ({ddl.ODD})"
+        with self._conn.cursor(row_factory=dict_row) as cur:
+            for r in cur.execute(odd, (first_day_reaching(lo, INT4[1]), hi)):
+                units = gpu_units(r, self.keys.shape(r["shape"]), 0)
+                split_row(sums.setdefault(r["stream"], {}), units, units["samples"] or 0, lo, hi)
+        names = self._stream_names(list(sums))
+        out = []
+        for stream, per_day in sums.items():
+            run_id, uuid = names[stream]
+            for day, d in sorted(per_day.items()):
+                m = {k: d.sums[k] / 1000 if d.measured[k] else None for k, _ in MEASURED}
+                out.append(DayRollup(
+                    run_id, uuid, date.fromordinal(_EPOCH.toordinal() + day), d.intervals, d.samples,
+                    d.allocated_ms / 1000, m["busy_s"], m["util_idle_s"], m["util_unknown_s"],
+                    m["util_unmeasured_s"], m["energy_j"],
+                ))  # fmt: skip
+        out.sort(key=lambda r: (r.run_id, r.device_uuid, r.day))
+        return out
+
+    def _stream_names(self, streams: list[int]) -> dict[int, tuple[str, str]]:
+        q = (
+            f"SELECT s.key, r.run_id, g.uuid FROM {self.schema}.streams s JOIN {self.schema}.run_keys r "
+            f"ON r.key = s.run JOIN {self.schema}.gpu_keys g ON g.key = s.gpu WHERE s.key = ANY(%s)"
+        )
+        return {k: (run_id, uuid) for k, run_id, uuid in self._conn.execute(q, (streams,))}
+
+    # -- retention and size -------------------------------------------------------------------
+
+    def drop_days_before(self, day: date) -> int:
+        self._parts = {t: {} for t in ddl.TABLES}
+        return len(ddl.drop_before(self._conn, self.schema, (day - _EPOCH).days))
+
+    def bytes_at_rest(self) -> int:
+        """The GPU intervals' day partitions (heap, indexes, TOAST) and the key tables they need."""
+        names = list(ddl.days(self._conn, self.schema, "gpu_iv").values())
+        names += ["gpu_keys", "run_keys", "streams", "shapes"]
+        q = "SELECT coalesce(sum(pg_total_relation_size(to_regclass(n))), 0) FROM unnest(%s::text[]) AS n"
+        row = self._conn.execute(q, ([f"{self.schema}.{n}" for n in names],)).fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+__all__ = ["DAY_MS", "PostgresSeries", "gpu_run_query"]
