@@ -2,7 +2,7 @@
 (issue 38, step 1: the layout, measured before it is built).
 
     python benchmarks/scale_storage.py [--gpus 64] [--hours 24] [--interval 5] [--seed 1]
-                                        [--skip-postgres] [--skip-clickhouse]
+                                        [--skip-postgres] [--skip-clickhouse] [--batch 60]
 
 Telemetry: every GPU's day is cut from the GPU traces gpuledger ships for `--replay-gpus`
 (collect/traces: two A100s training with input-starved epoch ends, one H100 with idle gaps),
@@ -15,6 +15,10 @@ Stores, all holding the same intervals:
 - ``pg-today``: gpuledger's own ``gpu_intervals`` table (store/schema.py), UUID strings as keys;
 - ``pg-compact``: integer fixed-point columns (ms, mJ, MiB, 0.01 %, 0.1 W), a 4-byte GPU key and
   run key, primary key (gpu, t0), columns ordered so no alignment padding is wasted;
+- ``pg-compact-store``: gpuledger's compact PostgreSQL series store (series/postgres.py), filled
+  through its ``write()`` with ledger rows, as the server would: batches of ``--batch`` intervals
+  per run, the GPUs' batches interleaved in time order; ``pg-compact-store-closed``: the same once
+  the day has ended and the store's hourly ``maintain()`` has rebuilt the day's key index;
 - ``parquet-zstd``: the compact columns, sorted by (gpu, t0), ZSTD level 3 (pyarrow);
 - ``clickhouse``: the compact columns in a MergeTree ORDER BY (gpu, t0) with per-column codecs,
   in the real ClickHouse engine run in-process (chDB: ``pip install chdb``).
@@ -237,6 +241,73 @@ def pg_sizes(data: dict[str, np.ndarray]) -> dict[str, int]:
     return out
 
 
+def ledger_rows(data: dict[str, np.ndarray]) -> list[tuple[str, dict[str, object]]]:
+    """The intervals as the ledger's GPU rows (store/schema.py gpu_intervals), (run id, row) in
+    time order, seq counted per run."""
+    uuids = [f"GPU-{uuid.UUID(int=g + 1)}" for g in range(int(data["gpu"].max()) + 1)]
+    run_ids = {r: f"run-{r}" for r in np.unique(data["run"]).tolist()}
+    seq: dict[int, int] = {}
+    out = []
+    for i in np.lexsort((data["gpu"], data["t0_ms"])).tolist():
+        g, r = int(data["gpu"][i]), int(data["run"][i])
+        seq[r] = seq.get(r, -1) + 1
+        t0 = int(data["t0_ms"][i]) / 1000
+        row = {
+            "device_uuid": uuids[g], "seq": seq[r], "t0": t0, "t1": t0 + int(data["dur_ms"][i]) / 1000,
+            "samples": int(data["samples"][i]), "busy_s": int(data["busy_ms"][i]) / 1000, "util_method": "samples",
+            "util_max_pct": int(data["util_max_cp"][i]) / 100, "util_idle_s": int(data["idle_ms"][i]) / 1000,
+            "util_unknown_s": 0.0, "util_unmeasured_s": 0.0, "energy_j": int(data["energy_mj"][i]) / 1000,
+            "energy_method": "counter", "power_max_w": int(data["power_max_dw"][i]) / 10,
+            "mem_used_max_b": int(data["mem_max_mib"][i]) << 20, "mem_used_last_b": int(data["mem_last_mib"][i]) << 20,
+            "mem_reserved_b": 553648128, "proc_mem_max_b": int(data["proc_mem_max_mib"][i]) << 20,
+            "proc_sm_util_avg_pct": int(data["proc_sm_cp"][i]) / 100, "proc_method": "pid",
+            "temp_max_c": int(data["temp_max_dc"][i]) / 10, "sm_clock_avg_mhz": float(data["sm_clock_mhz"][i]),
+            "mem_clock_max_mhz": float(data["mem_clock_mhz"][i]),
+            "throttle_s": {"power": int(data["throttle_power_ms"][i]) / 1000,
+                           "thermal": int(data["throttle_thermal_ms"][i]) / 1000},
+        }  # fmt: skip
+        out.append((run_ids[r], row))
+    return out
+
+
+def pg_store_size(data: dict[str, np.ndarray], batch: int) -> dict[str, int]:
+    """Bytes at rest in gpuledger's compact PostgreSQL series store, written through its write():
+    each run's rows in batches of ``batch`` intervals, the runs' batches interleaved in time; as
+    written (``pg-compact-store``) and after the server's hourly ``maintain()`` once the day has
+    ended (``pg-compact-store-closed``: the day's key index rebuilt full)."""
+    import psycopg
+
+    from gpuledger.series.postgres import PostgresSeries
+
+    schema = f"scale_{uuid.uuid4().hex[:8]}"
+    store = PostgresSeries(PG, schema)
+    try:
+        store.create()
+        pending: dict[str, list[dict[str, object]]] = {}
+        n = 0
+        for run_id, row in ledger_rows(data):
+            rows = pending.setdefault(run_id, [])
+            rows.append(row)
+            if len(rows) == batch:
+                n += store.write(run_id, rows, [], f"{run_id}:{rows[0]['seq']}")
+                del pending[run_id]
+        for run_id, rows in pending.items():
+            n += store.write(run_id, rows, [], f"{run_id}:{rows[0]['seq']}")
+        assert n == len(data["gpu"]), (n, len(data["gpu"]))
+        out = {}
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f"VACUUM (ANALYZE) {schema}.gpu_iv")
+            out["pg-compact-store"] = store.bytes_at_rest()
+            store.maintain()  # now: every written day ended weeks ago
+            conn.execute(f"VACUUM (ANALYZE) {schema}.gpu_iv")
+            out["pg-compact-store-closed"] = store.bytes_at_rest()
+        return out
+    finally:
+        store.close()
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
 def parquet_size(data: dict[str, np.ndarray], folder: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -282,6 +353,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip-postgres", action="store_true")
     ap.add_argument("--skip-clickhouse", action="store_true")
+    ap.add_argument("--batch", type=int, default=60, help="intervals per write() of pg-compact-store (default 60)")
     args = ap.parse_args()
     data = intervals(args.gpus, args.hours, args.interval, args.seed)
     n = len(data["gpu"])
@@ -290,13 +362,16 @@ def main() -> None:
     sizes: dict[str, int] = {}
     if not args.skip_postgres:
         sizes.update(pg_sizes(data))
+        t = time.perf_counter()
+        sizes.update(pg_store_size(data, args.batch))
+        print(f"pg-compact-store: written through write() in {time.perf_counter() - t:.0f} s")
     with tempfile.TemporaryDirectory() as tmp:
         sizes["parquet-zstd"] = parquet_size(data, Path(tmp))
         if not args.skip_clickhouse:
             sizes["clickhouse"] = clickhouse_size(data, Path(tmp))
-    print(f"{'store':<14}{'bytes at rest':>16}{'B/interval':>12}")
+    print(f"{'store':<25}{'bytes at rest':>16}{'B/interval':>12}")
     for name, size in sizes.items():
-        print(f"{name:<14}{size:>16,}{size / n:>12.1f}")
+        print(f"{name:<25}{size:>16,}{size / n:>12.1f}")
 
 
 if __name__ == "__main__":
