@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import importlib.resources
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -523,7 +522,9 @@ def _compile_rule(raw: Mapping[str, Any], fragments: Mapping[str, str]) -> Rule:
 
 @functools.lru_cache(maxsize=1)
 def _default_redactor() -> Redactor:
-    text = importlib.resources.files("gpuledger.core.redaction").joinpath("redact_rules.toml").read_text("utf-8")
+    # Beside this file, as autoload's sitedir is: importlib.resources would cost every gpuledger run
+    # the import of its zip and URL machinery, half as long as building the rules.
+    text = Path(__file__).with_name("redact_rules.toml").read_text("utf-8")
     return Redactor.from_toml(text)
 
 
