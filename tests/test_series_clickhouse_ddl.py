@@ -47,7 +47,7 @@ def test_cluster_tables_have_the_single_node_columns() -> None:
     assert "Distributed('gpuledger', gpuledger, gpu_day_rollups_local, gpu)" in text
     assert text.count("ReplicatedMergeTree(") == 2 and "ReplicatedSummingMergeTree(" in text
     # the view reads and writes each shard's own tables
-    assert "TO gpuledger.gpu_day_rollups_local\nAS WITH" in text and "FROM gpuledger.gpu_intervals_local)" in text
+    assert "TO gpuledger.gpu_day_rollups_local\nAS SELECT" in text and "FROM gpuledger.gpu_intervals_local)))" in text
 
 
 def test_every_cluster_statement_parses_in_the_engine(tmp_path: Path) -> None:

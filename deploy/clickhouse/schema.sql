@@ -115,10 +115,7 @@ ENGINE = Distributed('gpuledger', gpuledger, gpu_day_rollups_local, gpu);
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS gpuledger.gpu_day_rollups_mv_local ON CLUSTER 'gpuledger'
 TO gpuledger.gpu_day_rollups_local
-AS WITH toUnixTimestamp64Milli(t0) AS a0, toInt64(dur_ms) AS dur, a0 + dur AS a1,
-    arrayJoin(range(intDiv(a0, 86400000), intDiv(if(dur = 0, a0, a1 - 1), 86400000) + 1)) AS d,
-    greatest(a0, d * 86400000) AS pa, least(a1, (d + 1) * 86400000) AS pb
-SELECT run, gpu, CAST(d AS Date) AS day,
+AS SELECT run, gpu, CAST(d AS Date) AS day,
     toUInt64(pb = a1) AS intervals,
     toUInt64(toInt64(if(dur = 0, in_samples, intDiv(toInt128(in_samples) * (pb - a0) * 2 + dur, 2 * dur) - intDiv(toInt128(in_samples) * (pa - a0) * 2 + dur, 2 * dur)))) AS samples,
     pb - pa AS allocated_ms,
@@ -132,4 +129,7 @@ SELECT run, gpu, CAST(d AS Date) AS day,
     toUInt64(isNotNull(in_unmeasured_ms)) AS unmeasured_n,
     toInt64(if(dur = 0, ifNull(in_energy_mj, 0), intDiv(toInt128(ifNull(in_energy_mj, 0)) * (pb - a0) * 2 + dur, 2 * dur) - intDiv(toInt128(ifNull(in_energy_mj, 0)) * (pa - a0) * 2 + dur, 2 * dur))) AS energy_mj,
     toUInt64(isNotNull(in_energy_mj)) AS energy_n
-FROM (SELECT run, gpu, t0, dur_ms, samples AS in_samples, busy_ms AS in_busy_ms, idle_ms AS in_idle_ms, unknown_ms AS in_unknown_ms, unmeasured_ms AS in_unmeasured_ms, energy_mj AS in_energy_mj FROM gpuledger.gpu_intervals_local);
+FROM (SELECT *, greatest(a0, d * 86400000) AS pa, least(a1, (d + 1) * 86400000) AS pb
+    FROM (SELECT run, gpu, a0, dur, a1, arrayJoin(range(intDiv(a0, 86400000), intDiv(if(dur = 0, a0, a1 - 1), 86400000) + 1)) AS d, in_samples, in_busy_ms, in_idle_ms, in_unknown_ms, in_unmeasured_ms, in_energy_mj
+        FROM (SELECT run, gpu, toUnixTimestamp64Milli(t0) AS a0, toInt64(dur_ms) AS dur, a0 + dur AS a1,
+            samples AS in_samples, busy_ms AS in_busy_ms, idle_ms AS in_idle_ms, unknown_ms AS in_unknown_ms, unmeasured_ms AS in_unmeasured_ms, energy_mj AS in_energy_mj FROM gpuledger.gpu_intervals_local)));

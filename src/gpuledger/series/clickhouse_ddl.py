@@ -116,22 +116,26 @@ def _split(v: str) -> str:
 
 
 def rollup_select(source: str) -> str:
-    """The materialised view's SELECT: each interval as one row per UTC day it overlaps. The raw
-    columns are renamed in the inner SELECT (in_*), as ClickHouse's aliases would shadow them."""
-    inner = ", ".join(f"{c} AS in_{c}" for c in ("samples", *_MEASURED))
+    """The materialised view's SELECT: each interval as one row per UTC day it overlaps. The
+    inner SELECTs make the day parts plain columns (the raw values renamed in_*, as aliases would
+    shadow them): the outer sums then stay small expressions, which the engine plans per insert."""
+    raw = ("samples", *_MEASURED)
+    inner = ", ".join(f"{c} AS in_{c}" for c in raw)
+    renamed = ", ".join(f"in_{c}" for c in raw)
     sums = []
     for col in _MEASURED:
         sums.append(f"{_split(f'ifNull(in_{col}, 0)')} AS {col}")
         sums.append(f"toUInt64(isNotNull(in_{col})) AS {col[:-3]}_n")
+    days = f"arrayJoin(range(intDiv(a0, {DAY_MS}), intDiv(if(dur = 0, a0, a1 - 1), {DAY_MS}) + 1))"
     return (
-        "WITH toUnixTimestamp64Milli(t0) AS a0, toInt64(dur_ms) AS dur, a0 + dur AS a1,\n"
-        f"    arrayJoin(range(intDiv(a0, {DAY_MS}), intDiv(if(dur = 0, a0, a1 - 1), {DAY_MS}) + 1)) AS d,\n"
-        f"    greatest(a0, d * {DAY_MS}) AS pa, least(a1, (d + 1) * {DAY_MS}) AS pb\n"
         "SELECT run, gpu, CAST(d AS Date) AS day,\n"
         "    toUInt64(pb = a1) AS intervals,\n"
         f"    toUInt64({_split('in_samples')}) AS samples,\n"
         "    pb - pa AS allocated_ms,\n    " + ",\n    ".join(sums) + "\n"
-        f"FROM (SELECT run, gpu, t0, dur_ms, {inner} FROM {source})"
+        f"FROM (SELECT *, greatest(a0, d * {DAY_MS}) AS pa, least(a1, (d + 1) * {DAY_MS}) AS pb\n"
+        f"    FROM (SELECT run, gpu, a0, dur, a1, {days} AS d, {renamed}\n"
+        f"        FROM (SELECT run, gpu, toUnixTimestamp64Milli(t0) AS a0, toInt64(dur_ms) AS dur, a0 + dur AS a1,\n"
+        f"            {inner} FROM {source})))"
     )
 
 
