@@ -15,7 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import ci_support
 from gpuledger.core.training import failures, logparse
+from gpuledger.core.training.candidates import candidate_lines
 
 DATA = Path(__file__).parent / "data" / "yolo"
 _ANSI_STR = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -215,3 +217,79 @@ def test_a_log_without_the_words_has_no_line_searched() -> None:
     assert failures._lines_to_search(lines) == []
     killed = logparse.screen_lines((DATA / "fail_shell_killed.log").read_bytes())
     assert [killed[i] for i in failures._lines_to_search(killed) if "Killed" in killed[i]]
+
+
+# -- only the lines that may matter (core/training/candidates.py) ------------------------------
+
+_HEADER = b"\n      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+_VAL_HEADER = b"\n                 Class     Images  Instances      Box(P          R      mAP50  mAP50-95)\n"
+_TRICKY = [
+    _HEADER,
+    _VAL_HEADER,
+    b"Ep\x1b[0moch gpu_mem box obj",  # a first word split by a colour code
+    b"Kil\x1b[31mled",  # a failure word split by one
+    b"\x1b[1m      Epoch    GPU_mem   box_loss",
+    b"\n      \xd9\xa3/3      0.5G      1.234      2.345      1.111         12        640",  # an Arabic-Indic 3
+    b"\n\xc2\xa0\xc2\xa02/3      0.5G      1.234      2.345      1.111         12        640",  # Unicode blanks
+    b"\n\xc2\xa0all        128        929      0.512      0.433      0.471      0.301",
+    b"\r \r",  # blank draws after the last one
+    b"\r\xc2\xa0\r",
+    b"\r\x1b[0m\r",
+    b"dataset",
+    b"NaN",
+]
+_mixed = st.lists(
+    st.one_of(
+        st.sampled_from(_BYTES),
+        st.sampled_from(_TRICKY),
+        st.sampled_from([line.encode() for line in _LINES]),
+        st.sampled_from([piece.encode() for piece in _FAILURE_PIECES]),
+        st.binary(max_size=4),
+    ),
+    max_size=40,
+).map(b"".join)
+
+
+def _every_line(data: bytes) -> str:
+    """What the end-of-run reader gives when it decodes every line: parsed output and searched lines."""
+    lines = logparse.screen_lines(data)
+    return repr((logparse.parse_lines(lines), [(i, lines[i]) for i in failures._lines_to_search(lines)]))
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=_mixed)
+def test_reading_only_the_candidate_lines_gives_what_reading_every_line_gives(data: bytes) -> None:
+    assert repr(failures._read(data)) == _every_line(data)
+
+
+def test_the_captured_trainings_take_the_fast_reader_and_read_the_same() -> None:
+    ci_support.need_module("hyperscan", "pip install hyperscan (a dependency of gpuledger on x86-64 Linux)")
+    taken = 0
+    for path in sorted(DATA.glob("*.log")):
+        data = path.read_bytes()
+        found = candidate_lines(data)
+        taken += found is not None
+        if found is not None:
+            assert found[1] == len(logparse.screen_lines(data)), path.name
+        assert repr(failures._read(data)) == _every_line(data), path.name
+    assert taken >= 3
+
+
+def test_the_fast_reader_leaves_lines_that_cannot_matter_and_gives_way_where_it_must() -> None:
+    ci_support.need_module("hyperscan", "pip install hyperscan (a dependency of gpuledger on x86-64 Linux)")
+    data = b"step 1 | loss 2.0\n  1/3 0.5G\r  2/3 0.5G\r  \nconfig: x\n\x1b[1mEpoch\nall done\n"
+    assert candidate_lines(data) == ([(1, b"  1/3 0.5G\r  2/3 0.5G\r  "), (3, b"\x1b[1mEpoch"), (4, b"all done")], 6)
+    assert candidate_lines(b"a\n  1/3 x\rstep 2\n") == ([], 3)  # the last draw is what the screen shows
+    assert candidate_lines(b"title \x1b]0;a\nb\x07\n") is None  # an OSC may run across a line end
+    assert candidate_lines("data\u017fet error\n".encode()) is None  # IGNORECASE's long s
+
+
+def test_rows_whose_first_word_starts_after_unicode_blanks_or_with_a_unicode_digit_are_read() -> None:
+    rows = [
+        b"      \xd9\xa3/3      0.5G      1.234      2.345      1.111         12        640",  # an Arabic-Indic 3
+        b"\xc2\xa0\xc2\xa02/3      0.5G      1.234      2.345      1.111         12        640",  # no-break spaces
+    ]
+    for row in rows:
+        data = _HEADER + b"  1/3      0.5G      1.0      2.0      1.0         12        640\n" + row + b"\n"
+        assert repr(failures._read(data)) == _every_line(data)
+        assert [e.epoch for e in failures._read(data)[0].epochs] == [1], row

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.core.training.logparse import ParsedLog, parse_lines, screen_lines
+from gpuledger.core.training.candidates import candidate_lines
+from gpuledger.core.training.logparse import ParsedLog, parse_lines, parse_numbered, screen_line, screen_lines
 
 CUDA_OOM = "cuda_oom"
 NAN_LOSS = "nan_loss"
@@ -76,6 +77,19 @@ def _lines_to_search(lines: list[str]) -> Sequence[int]:
     return sorted(found)
 
 
+def _read(log: bytes | str) -> tuple[ParsedLog, list[tuple[int, str]]]:
+    """The parsed training output, and the screen lines (index, text) the failure patterns must
+    search. Only the lines that may matter are decoded when core/training/candidates.py can
+    find them (the same result: tests/test_relay_parse.py), else every line."""
+    found = candidate_lines(log) if isinstance(log, bytes) else None
+    if found is None:
+        lines = screen_lines(log)
+        return parse_lines(lines), [(i, lines[i]) for i in _lines_to_search(lines)]
+    raw, count = found
+    numbered = [(i, screen_line(line)) for i, line in raw]
+    return parse_numbered(numbered, count), [numbered[k] for k in _lines_to_search([t for _, t in numbered])]
+
+
 @dataclass
 class Failure:
     kind: str
@@ -121,8 +135,7 @@ def explain(
     mem_limit_b: int | None = None,
 ) -> Diagnosis:
     """Failures found in ``log`` and the exit status; ``status`` is the run's (succeeded, failed ...)."""
-    lines = screen_lines(log or b"")
-    parsed = parse_lines(lines)
+    parsed, searched = _read(log or b"")
     total = parsed.total_epochs
     found: list[Failure] = []
     seen: set[str] = set()
@@ -136,9 +149,9 @@ def explain(
             seen.add(key)
             found.append(failure)
 
-    for i in _lines_to_search(lines):
+    for i, line in searched:
         epoch = parsed.line_epochs[i] if i < len(parsed.line_epochs) else None
-        text = lines[i].strip()
+        text = line.strip()
         if _OOM.search(text):
             retry = _OOM_RETRY.search(text)
             payload: dict[str, Any] = {}

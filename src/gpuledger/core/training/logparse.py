@@ -105,6 +105,11 @@ def _last_draw(raw: bytes) -> str:
         end = start - 1
 
 
+def screen_line(raw: bytes) -> str:
+    """One line of ``screen_lines`` from its raw bytes (split at ``\\n``; no OSC escape in the output)."""
+    return _last_draw(raw)
+
+
 def parse_log(data: bytes | str) -> ParsedLog:
     return parse_lines(screen_lines(data))
 
@@ -252,6 +257,22 @@ def parse_lines(lines: list[str]) -> ParsedLog:
     for line in lines:
         parser.line(line)
         parser.out.line_epochs.append(parser.current)
+    return parser.result()
+
+
+def parse_numbered(lines: list[tuple[int, str]], count: int) -> ParsedLog:
+    """``parse_lines`` of ``count`` screen lines of which only ``lines`` (index, text; in order)
+    may change the parser's state: every other line is one the parser passes over (what
+    core/training/candidates.py finds), so it only repeats the epoch in ``line_epochs``."""
+    parser = _Parser()
+    epochs = parser.out.line_epochs
+    done = 0
+    for index, line in lines:
+        epochs.extend([parser.current] * (index - done))
+        parser.line(line)
+        epochs.append(parser.current)
+        done = index + 1
+    epochs.extend([parser.current] * (count - done))
     return parser.result()
 
 

@@ -1,0 +1,118 @@
+"""Which lines of a run's output the end-of-run reader must look at, found at C speed.
+
+The failure explanation and the YOLO epoch parser (failures.py, logparse.py) act on a few lines of
+a training's output: a line whose last ``\\r`` draw starts with a number (a progress row), with
+``Epoch``, ``all``, ``Class`` or ``classes`` (table headers and results), says `` completed in``
+or ``recovering from last.pt``, or holds a failure word. Every other line leaves the parser as it
+was. Decoding and splitting all of them costs 0.25 s for 50 MB of output; Hyperscan finds a
+superset of the lines that matter in one pass (about 0.03 s), and only those are decoded.
+
+The superset is taken on the raw bytes, before escape sequences are removed and the text
+decoded, so it errs towards more lines: a line holding an escape sequence (which could hide a
+word's start or split a word) is always taken, a draw may start with any run of bytes that are
+not printable ASCII (Unicode blanks, and any non-ASCII first byte may start a Unicode digit),
+and the draws after the last one taken may be blank in that sense. Outputs the fast reader does
+not claim to handle return None, and the caller reads every line: no Hyperscan, an OSC escape
+(which may run across lines, so the screen's lines are not the raw lines), or a character that
+IGNORECASE matches with ``i``, ``k`` or ``s`` (failures.py lower-cases ASCII only).
+tests/test_relay_parse.py checks the result against reading every line.
+"""
+
+from __future__ import annotations
+
+import threading
+
+try:
+    import hyperscan as _hs
+except ImportError:  # no wheel for this platform: every line is read
+    _hs = None
+
+# A draw start (the output's start, or after \r or \n), blanks in the widest sense, then the
+# first byte of the first word; the rest of that draw and blank draws up to the line's end.
+_DRAW = rb"(?:\A|[\r\n])[^!-~\r\n]*"
+_TO_LINE_END = rb"[^\r\n]*(?:\r[^!-~\r\n]*)*(?:\n|\z)"
+_FIRST_WORD = (rb"[0-9\x80-\xff]", rb"(?:Epoch|all|Class|classes)")
+_PHRASES = (b" completed in", b"recovering from last.pt")
+_SEQUENCES = (b"\x1b",)
+# failures.py's words: these as they are, the others in any case.
+_CASE_WORDS = (b"out of memory", b"OutOfMemoryError", b"CUBLAS_STATUS_ALLOC_FAILED", b"DataLoader worker", b"Killed")
+_ANY_CASE_WORDS = (b"nan", b"non-finite", b"dataset")
+_UNHANDLED = (b"\x1b]", "\u0130".encode(), "\u0131".encode(), "\u017f".encode())
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _literal(word: bytes) -> bytes:
+    return b"".join(b"\\x%02x" % b for b in word)
+
+
+def _database() -> object | None:
+    """The compiled patterns, built once (about 10 ms); None without Hyperscan."""
+    if _hs is None:
+        return None
+    with _lock:
+        if "db" not in _state:
+            # The first expressions (ids below len(_UNHANDLED)) say: read every line.
+            expressions = [_literal(seq) for seq in _UNHANDLED]
+            expressions += [_DRAW + first + _TO_LINE_END for first in _FIRST_WORD]
+            flags = [0] * len(expressions)
+            for word in (*_PHRASES, *_SEQUENCES, *_CASE_WORDS):
+                expressions.append(_literal(word))
+                flags.append(0)
+            for word in _ANY_CASE_WORDS:
+                expressions.append(_literal(word))
+                flags.append(_hs.HS_FLAG_CASELESS)
+            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+            db.compile(
+                expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
+            )
+            _state["db"] = db
+        return _state["db"]
+
+
+_local = threading.local()
+
+
+def candidate_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int] | None:
+    """(index, raw bytes without the ``\\n``) of each line, split at ``\\n``, that may matter to
+    the end-of-run reader, in order, and how many lines there are; None when every line must be
+    read (see the module doc)."""
+    if not isinstance(data, bytes) or not data:
+        return None
+    db = _database()
+    if db is None:
+        return None
+    scratch = getattr(_local, "scratch", None)
+    if scratch is None:
+        scratch = _local.scratch = _hs.Scratch(db)
+    ends: list[int] = []
+    add = ends.append
+    unhandled = len(_UNHANDLED)
+
+    def on_match(pattern: int, _start: int, end: int, _flags: int, _context: object) -> bool:
+        if pattern < unhandled:
+            return True  # stop the scan: every line is read
+        add(end)
+        return False
+
+    try:
+        db.scan(data, match_event_handler=on_match, scratch=scratch)  # type: ignore[attr-defined]
+    except _hs.ScanTerminated:
+        return None
+    out: list[tuple[int, bytes]] = []
+    count, find, size = data.count, data.find, len(data)
+    index = counted = 0  # lines before ``counted``
+    line_end = -1  # the end of the last line taken
+    for end in sorted(set(ends)):
+        at = end - 1  # a byte of the match's line: its last byte, or the \n ending that line
+        if at <= line_end:  # on the line taken last
+            continue
+        index += count(b"\n", counted, at)
+        counted = at
+        start = data.rfind(b"\n", 0, at) + 1
+        line_end = find(b"\n", at)
+        if line_end < 0:
+            line_end = size
+        out.append((index, data[start:line_end]))
+    return out, index + count(b"\n", counted) + 1
