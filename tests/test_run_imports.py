@@ -71,6 +71,7 @@ NEVER = (
     "sqlalchemy",  # a local ledger is written with sqlite3 (store/run_writer.py)
     "gpuledger.store.ledger",
     "gpuledger.store.schema",
+    "importlib.metadata",  # the versions a run records are read without it (recorder/dist_versions.py)
 )
 # Needed once the command runs (the ledger, the end-of-run reading of the log), never before it
 # is started: the command should not wait for them. (The collectors take their first reading

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import getpass
-import importlib.metadata
 import os
 import platform
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+
+from gpuledger.recorder.dist_versions import installed_versions
 
 # Environment variables that identify the job around a run (scheduler, cluster, CI), as labels.
 ENV_LABELS: dict[str, str] = {
@@ -104,11 +105,7 @@ def git_state(cwd: str) -> dict[str, object]:
 
 def versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
-    for name in VERSION_PACKAGES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    found.update(installed_versions(VERSION_PACKAGES))  # as importlib.metadata finds them, without it
     from gpuledger import __version__
 
     found["gpuledger"] = __version__
