@@ -179,6 +179,7 @@ def test_a_resent_batch_stores_nothing(store: PostgresSeries, schema: str) -> No
     assert store.write("run-1", rows, hosts, "run-1:0-99") == 0  # the same token
     assert store.write("run-1", rows, hosts, "retried under another token") == 0  # the same rows
     more = [row("GPU-0", i, T + 5 * i) for i in range(90, 110)]  # 10 old, 10 new
+    assert store.write("run-1", more, [], "run-1:0-99") == 0  # a token seen: nothing, new rows or not
     assert store.write("run-1", more, [], "run-1:90-109") == 10
     assert stored_rows(schema) == 210
     assert len(store.host_intervals("run-1")) == 100
