@@ -2,7 +2,7 @@
 (issue 38, step 1: the layout, measured before it is built).
 
     python benchmarks/scale_storage.py [--gpus 64] [--hours 24] [--interval 5] [--seed 1]
-                                        [--skip-postgres] [--skip-clickhouse] [--batch 60]
+                                        [--skip-postgres] [--skip-clickhouse] [--batch 60] [--ch-batch 720]
 
 Telemetry: every GPU's day is cut from the GPU traces gpuledger ships for `--replay-gpus`
 (collect/traces: two A100s training with input-starved epoch ends, one H100 with idle gaps),
@@ -21,7 +21,12 @@ Stores, all holding the same intervals:
   the day has ended and the store's hourly ``maintain()`` has rebuilt the day's key index;
 - ``parquet-zstd``: the compact columns, sorted by (gpu, t0), ZSTD level 3 (pyarrow);
 - ``clickhouse``: the compact columns in a MergeTree ORDER BY (gpu, t0) with per-column codecs,
-  in the real ClickHouse engine run in-process (chDB: ``pip install chdb``).
+  in the real ClickHouse engine run in-process (chDB: ``pip install 'gpuledger[clickhouse]'``);
+- ``clickhouse-store``: gpuledger's ClickHouse series store (series/clickhouse.py) on chDB, filled
+  through its ``write()`` with the same ledger rows in batches of ``--ch-batch`` intervals per run
+  (every column the ledger keeps, seq, the three methods and the throttle map included, where
+  ``clickhouse`` keeps only the values); ``clickhouse-store-rollups``: the per run x GPU x day
+  rollups its view kept.
 
 Printed: rows, bytes at rest (PostgreSQL: table + indexes + TOAST after VACUUM; Parquet: the file;
 ClickHouse: bytes on disk of the active parts after OPTIMIZE FINAL) and bytes per interval.
@@ -37,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -270,6 +276,19 @@ def ledger_rows(data: dict[str, np.ndarray]) -> list[tuple[str, dict[str, object
     return out
 
 
+def batches(data: dict[str, np.ndarray], batch: int) -> Iterator[tuple[str, list[dict[str, object]]]]:
+    """(run id, rows) as the server would write them: each run's rows in batches of ``batch``
+    intervals, the runs' batches interleaved in time order, then each run's last partial batch."""
+    pending: dict[str, list[dict[str, object]]] = {}
+    for run_id, row in ledger_rows(data):
+        rows = pending.setdefault(run_id, [])
+        rows.append(row)
+        if len(rows) == batch:
+            yield run_id, rows
+            del pending[run_id]
+    yield from pending.items()
+
+
 def pg_store_size(data: dict[str, np.ndarray], batch: int) -> dict[str, int]:
     """Bytes at rest in gpuledger's compact PostgreSQL series store, written through its write():
     each run's rows in batches of ``batch`` intervals, the runs' batches interleaved in time; as
@@ -283,16 +302,7 @@ def pg_store_size(data: dict[str, np.ndarray], batch: int) -> dict[str, int]:
     store = PostgresSeries(PG, schema)
     try:
         store.create()
-        pending: dict[str, list[dict[str, object]]] = {}
-        n = 0
-        for run_id, row in ledger_rows(data):
-            rows = pending.setdefault(run_id, [])
-            rows.append(row)
-            if len(rows) == batch:
-                n += store.write(run_id, rows, [], f"{run_id}:{rows[0]['seq']}")
-                del pending[run_id]
-        for run_id, rows in pending.items():
-            n += store.write(run_id, rows, [], f"{run_id}:{rows[0]['seq']}")
+        n = sum(store.write(run_id, rows, [], f"{run_id}:{rows[0]['seq']}") for run_id, rows in batches(data, batch))
         assert n == len(data["gpu"]), (n, len(data["gpu"]))
         out = {}
         with psycopg.connect(PG, autocommit=True) as conn:
@@ -306,6 +316,29 @@ def pg_store_size(data: dict[str, np.ndarray], batch: int) -> dict[str, int]:
         store.close()
         with psycopg.connect(PG, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def clickhouse_store_size(data: dict[str, np.ndarray], folder: Path, batch: int) -> dict[str, int]:
+    """Bytes at rest in gpuledger's ClickHouse series store (series/clickhouse.py, chDB), written
+    through its write() in batches of ``batch`` intervals per run, after the engine has merged the
+    parts (OPTIMIZE FINAL: what background merges reach; a part's bytes depend on its rows, not on
+    how they arrived). Also the per run x GPU x day rollups the view kept."""
+    from gpuledger.series.clickhouse import ClickHouseSeries
+
+    store = ClickHouseSeries(f"chdb://{folder}/series", raw_days=3650)  # the telemetry is a month old
+    try:
+        store.create()
+        n = sum(store.write(run_id, rows, [], f"{run_id}:{rows[0]['seq']}") for run_id, rows in batches(data, batch))
+        assert n == len(data["gpu"]), (n, len(data["gpu"]))
+        store.compact()
+        rollups = store.client.query(
+            "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = {db:String} "
+            "AND table = 'gpu_day_rollups' AND active",
+            {"db": store.layout.database},
+        )[0][0]
+        return {"clickhouse-store": store.bytes_at_rest(), "clickhouse-store-rollups": int(rollups)}
+    finally:
+        store.close()
 
 
 def parquet_size(data: dict[str, np.ndarray], folder: Path) -> int:
@@ -354,6 +387,9 @@ def main() -> None:
     ap.add_argument("--skip-postgres", action="store_true")
     ap.add_argument("--skip-clickhouse", action="store_true")
     ap.add_argument("--batch", type=int, default=60, help="intervals per write() of pg-compact-store (default 60)")
+    ap.add_argument(
+        "--ch-batch", type=int, default=720, help="intervals per write() of clickhouse-store (default 720: an hour)"
+    )
     args = ap.parse_args()
     data = intervals(args.gpus, args.hours, args.interval, args.seed)
     n = len(data["gpu"])
@@ -369,6 +405,10 @@ def main() -> None:
         sizes["parquet-zstd"] = parquet_size(data, Path(tmp))
         if not args.skip_clickhouse:
             sizes["clickhouse"] = clickhouse_size(data, Path(tmp))
+            t = time.perf_counter()
+            sizes.update(clickhouse_store_size(data, Path(tmp), args.ch_batch))
+            took = time.perf_counter() - t
+            print(f"clickhouse-store: written through write() in {took:.0f} s ({n / took:,.0f} intervals/s)")
     print(f"{'store':<25}{'bytes at rest':>16}{'B/interval':>12}")
     for name, size in sizes.items():
         print(f"{name:<25}{size:>16,}{size / n:>12.1f}")
