@@ -33,6 +33,7 @@ from gpuledger.series.postgres_codec import (
     HOST_COLUMNS,
     HOST_NAMES,
     INT4,
+    Encoded,
     decode_gpu,
     decode_host,
     encode_gpu,
@@ -108,23 +109,7 @@ class PostgresSeries:
         if kept_from is not None:  # a resend of days already dropped stores nothing
             encoded = [e for e in encoded if e.day >= kept_from]
             hosts = [h for h in hosts if h["day"] >= kept_from]
-        run = self.keys.run_key(run_id)
-        assert run is not None
-        gpu_keys = self.keys.gpu_keys(e.device_uuid for e in encoded)
-        first_reserved: dict[int, int | None] = {}
-        for e in encoded:
-            first_reserved.setdefault(gpu_keys[e.device_uuid], e.mem_reserved_units)
-        streams = self.keys.stream_keys(run, first_reserved)
-        shapes = self.keys.shape_codes(e.shape for e in encoded)
-        gpu_rows = []
-        for e in encoded:
-            stream, reserved = streams[gpu_keys[e.device_uuid]]
-            values = reserved_extra(e, reserved)
-            values = {**values, "stream": stream, "shape": shapes[e.shape]}
-            if values["extra"] is not None:
-                values["extra"] = Jsonb(values["extra"])
-            gpu_rows.append(tuple(values[c] for c in GPU_NAMES))
-        host_rows = [tuple({**h, "run": run}[c] for c in HOST_NAMES) for h in hosts]
+        gpu_rows, host_rows = self._keyed(run_id, encoded, hosts)
         days = {e.day for e in encoded} | {h["day"] for h in hosts}
         self._stage()
         last_day = max(days, default=int(time.time() // 86400))
@@ -147,6 +132,28 @@ class PostgresSeries:
                     raise
                 self._parts = {t: {} for t in ddl.TABLES}  # another process dropped a day we knew
         raise AssertionError("unreachable")
+
+    def _keyed(
+        self, run_id: str, encoded: list[Encoded], hosts: list[dict[str, Any]]
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """The rows with their run, stream and shape keys (allocated where new), in table order."""
+        run = self.keys.run_key(run_id)
+        assert run is not None
+        gpu_keys = self.keys.gpu_keys(e.device_uuid for e in encoded)
+        first_reserved: dict[int, int | None] = {}
+        for e in encoded:
+            first_reserved.setdefault(gpu_keys[e.device_uuid], e.mem_reserved_units)
+        streams = self.keys.stream_keys(run, first_reserved)
+        shapes = self.keys.shape_codes(e.shape for e in encoded)
+        gpu_rows = []
+        for e in encoded:
+            stream, reserved = streams[gpu_keys[e.device_uuid]]
+            values = {**reserved_extra(e, reserved), "stream": stream, "shape": shapes[e.shape]}
+            if values["extra"] is not None:
+                values["extra"] = Jsonb(values["extra"])
+            gpu_rows.append(tuple(values[c] for c in GPU_NAMES))
+        host_rows = [tuple({**h, "run": run}[c] for c in HOST_NAMES) for h in hosts]
+        return gpu_rows, host_rows
 
     def _copy(
         self, table: str, columns: tuple[tuple[str, str], ...], rows: list[tuple[Any, ...]], days: set[int]

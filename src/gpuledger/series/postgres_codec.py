@@ -146,12 +146,19 @@ class Encoded:
 
 
 def _check_keys(row: Mapping[str, Any], keys: tuple[str, ...], what: str) -> None:
-    if set(row) != set(keys):
+    if row.keys() != set(keys):
         missing, unknown = sorted(set(keys) - set(row)), sorted(set(row) - set(keys))
         raise ValueError(f"{what} row seq={row.get('seq')!r}: missing {missing}, unknown {unknown}")
 
 
 def _units(value: Any, scale: int, key: str) -> int:
+    # The common cases first, inline (a write converts some twenty values per row).
+    kind = type(value)
+    if kind is float and scale != 1 and -1e300 < value < 1e300:
+        v = value * scale
+        return int(v + 0.5) if v >= 0 else -int(-v + 0.5)  # quantum.to_units
+    if kind is int and scale == 1:
+        return value  # type: ignore[no-any-return]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{key}={value!r}: not a number")
     if not math.isfinite(value):
@@ -173,9 +180,28 @@ def split_time(t0: Any, t1: Any, what: str) -> tuple[int, int, int]:
     return day, t_ms, dur
 
 
+# Per value column: (ledger key, compact column, scale, div, lo, hi, default_from, nullable, None bit)
+_PLAN = tuple(
+    (
+        c.key,
+        c.name,
+        c.scale,
+        c.div,
+        *c.bounds,
+        c.default_from,
+        c.nullable,
+        1 << NULLABLE.index(c.key) if c.nullable else 0,
+    )
+    for c in GPU_VALUES
+)
+_GPU_KEYSET = frozenset(GPU_ROW_KEYS)
+_NO_THROTTLE = {f"thr_{r}": None for r in THROTTLE_REASONS}
+
+
 def encode_gpu(row: Mapping[str, Any]) -> Encoded:
     """A ledger GPU row as compact values; raises ValueError naming the column that is not valid."""
-    _check_keys(row, GPU_ROW_KEYS, "GPU interval")
+    if row.keys() != _GPU_KEYSET:
+        _check_keys(row, GPU_ROW_KEYS, "GPU interval")
     uuid = row["device_uuid"]
     if not isinstance(uuid, str) or not uuid:
         raise ValueError(f"GPU interval seq={row['seq']!r}: device_uuid {uuid!r} is not a name")
@@ -187,24 +213,22 @@ def encode_gpu(row: Mapping[str, Any]) -> Encoded:
     extra: dict[str, Any] = {}
     nulls = 0
     units: dict[str, int] = {}
-    for col in GPU_VALUES:
-        value = row[col.key]
+    for key, name, scale, div, lo, hi, default_from, nullable, bit in _PLAN:
+        value = row[key]
         if value is None:
-            if not col.nullable:
-                raise ValueError(f"GPU interval {uuid} seq={seq}: {col.key} may not be None")
-            nulls |= 1 << NULLABLE.index(col.key)
-            values[col.name] = None
+            if not nullable:
+                raise ValueError(f"GPU interval {uuid} seq={seq}: {key} may not be None")
+            nulls |= bit
+            values[name] = None
             continue
-        u = units[col.key] = _units(value, col.scale, col.key)
-        default = units.get(col.default_from, 0) if col.default_from else 0
-        lo, hi = col.bounds
-        if u == default:
-            values[col.name] = None
-        elif u % col.div == 0 and lo <= u // col.div <= hi:
-            values[col.name] = u // col.div
+        u = units[key] = _units(value, scale, key)
+        if u == (units.get(default_from, 0) if default_from else 0):
+            values[name] = None
+        elif u % div == 0 and lo <= u // div <= hi:
+            values[name] = u // div
         else:
-            values[col.name] = None
-            extra[col.key] = u
+            values[name] = None
+            extra[key] = u
     reserved = row["mem_reserved_b"]
     if reserved is None:
         nulls |= 1 << NULLABLE.index("mem_reserved_b")
@@ -213,8 +237,7 @@ def encode_gpu(row: Mapping[str, Any]) -> Encoded:
         reserved_units = _units(reserved, 1, "mem_reserved_b")
     throttle = row["throttle_s"]
     reasons: tuple[str, ...] | None = None
-    for r in THROTTLE_REASONS:
-        values[f"thr_{r}"] = None
+    values.update(_NO_THROTTLE)
     if throttle is not None:
         if not isinstance(throttle, Mapping):
             raise ValueError(f"GPU interval {uuid} seq={seq}: throttle_s {throttle!r} is not a mapping")
