@@ -86,7 +86,26 @@ def _git(cwd: str, *args: str) -> str | None:
 
 
 def git_state(cwd: str) -> dict[str, object]:
-    """Commit, branch and dirty flag of the repository holding ``cwd`` ({} outside a repo)."""
+    """Commit, branch and dirty flag of the repository holding ``cwd`` ({} outside a repo), and
+    its origin's URL. Two git processes in a work tree: ``status --porcelain=v2 --branch`` names
+    the commit and the branch and lists the changed tracked files, then ``config`` the remote."""
+    status = _git(cwd, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    if status is None:  # not a work tree (a bare repository?), or a git before 2.11: asked in parts
+        return _git_state_in_parts(cwd)
+    lines = status.splitlines()
+    heads = dict(line[2:].partition(" ")[::2] for line in lines if line.startswith("# "))
+    commit = heads.get("branch.oid")
+    if not commit or commit == "(initial)":
+        return {}  # no commit yet
+    state: dict[str, object] = {"commit": commit}
+    branch = heads.get("branch.head")
+    if branch and branch != "(detached)":
+        state["branch"] = branch
+    state["dirty"] = any(line and not line.startswith("#") for line in lines)
+    return _with_remote(cwd, state)
+
+
+def _git_state_in_parts(cwd: str) -> dict[str, object]:
     commit = _git(cwd, "rev-parse", "HEAD")
     if commit is None:
         return {}
@@ -97,6 +116,10 @@ def git_state(cwd: str) -> dict[str, object]:
     status = _git(cwd, "status", "--porcelain", "--untracked-files=no")
     if status is not None:
         state["dirty"] = bool(status)
+    return _with_remote(cwd, state)
+
+
+def _with_remote(cwd: str, state: dict[str, object]) -> dict[str, object]:
     remote = _git(cwd, "config", "--get", "remote.origin.url")
     if remote:
         state["remote"] = remote  # redacted by the caller: remotes can carry tokens
