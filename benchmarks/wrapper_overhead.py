@@ -1,7 +1,7 @@
 """Wall-time overhead of `gpuledger run` on a CPU-bound command: paired runs, bare vs wrapped (issue 2).
 
     python benchmarks/wrapper_overhead.py [--seconds 25] [--pairs 6] [--interval SECONDS] [--quick]
-    python benchmarks/wrapper_overhead.py --fixed ROUNDS [--with-db] [--baseline DIR]
+    python benchmarks/wrapper_overhead.py --fixed ROUNDS [--with-db] [--baseline DIR] [--tree DIR]
 
 --fixed ROUNDS measures only gpuledger's fixed cost per run: `python -c pass` bare and under
 `gpuledger run -q -- python -c pass`, in turn (the order swapped every round), wall time and CPU
@@ -10,7 +10,11 @@ below; it prints min / median / max of the per-round differences. The wrapped fo
 the default ledger (GPULEDGER_HOME in a temp dir), or with --with-db into `--db sqlite:///...`,
 which `gpuledger run` opens before it starts the command (the team-ledger check). --baseline DIR
 adds a third form, `python -m gpuledger run ...` from the source tree DIR (e.g. a `git worktree`
-of an older commit), in the same rotation, and prints this tree's CPU cost over the baseline's.
+of an older commit), in the same rotation, and prints this tree's CPU cost over the baseline's;
+--tree DIR wraps with `python -m gpuledger` from DIR instead of the installed gpuledger (a clean
+worktree of a commit, when the shared working tree holds others' unfinished edits). Both trees are
+byte-compiled first and the runs get no PYTHONDONTWRITEBYTECODE: an installed gpuledger runs
+from bytecode, and recompiling every module on every run is no cost of gpuledger's.
 
 The command is a pure-Python loop doing a fixed amount of work (calibrated once to take about
 --seconds bare). Runs alternate bare/wrapped, swapping the order every pair (B W, W B, ...), and
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import os
 import subprocess
 import sys
@@ -81,11 +86,22 @@ def run(argv: list[str], env: dict[str, str], stamp: str | None = None) -> dict[
 STAMP = "import sys, time; open(sys.argv[1], 'w').write(repr(time.time()) + ' ' + repr(time.time()))"
 
 
-def fixed_cost(gl: list[str], rounds: int, env: dict[str, str], stamp: str, baseline: str | None = None) -> None:
+def fixed_cost(
+    gl: list[str],
+    rounds: int,
+    env: dict[str, str],
+    stamp: str,
+    baseline: str | None = None,
+    tree: str | None = None,
+) -> None:
     """`python -c pass`-sized command bare and wrapped (and wrapped by a baseline tree), in turn,
-    the order rotated every round: the differences to bare, per round."""
+    the order rotated every round: the differences to bare, per round. ``tree``: wrap with
+    `python -m gpuledger` from that source tree (a clean checkout) instead of the installed one."""
     bare = [sys.executable, "-c", STAMP, stamp]
     forms: dict[str, tuple[list[str], dict[str, str]]] = {"bare": (bare, env), "wrapped": ([*gl, "--", *bare], env)}
+    if tree:
+        tree_env = {**env, "PYTHONPATH": os.path.join(os.path.abspath(tree), "src")}
+        forms["wrapped"] = ([sys.executable, "-m", "gpuledger", *gl[1:], "--", *bare], tree_env)
     if baseline:  # the same options, `python -m gpuledger` from the baseline's src/
         home = os.path.join(env["GPULEDGER_HOME"], "baseline")  # a ledger of its own: schema versions differ
         base_env = {**env, "PYTHONPATH": os.path.join(os.path.abspath(baseline), "src"), "GPULEDGER_HOME": home}
@@ -116,6 +132,19 @@ def fixed_cost(gl: list[str], rounds: int, env: dict[str, str], stamp: str, base
         print(f"  CPU cost this tree / baseline, per round: min / median / max {min(ratios):.2f} / "
               f"{median(ratios):.2f} / {max(ratios):.2f}")  # fmt: skip
     print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def package_dir() -> str:
+    spec = importlib.util.find_spec("gpuledger")
+    assert spec is not None and spec.submodule_search_locations, "gpuledger is not importable here"
+    return next(iter(spec.submodule_search_locations))
+
+
+def compile_trees(dirs: list[str]) -> None:
+    """Byte-compile the source trees the runs import (what pip install does for a wheel)."""
+    for folder in dirs:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", folder], check=True, stdout=subprocess.DEVNULL)
+    print(f"# bytecode compiled for {', '.join(dirs)}; the runs' environment has no PYTHONDONTWRITEBYTECODE")
 
 
 def calibrate(seconds: float, env: dict[str, str]) -> int:
@@ -183,6 +212,9 @@ def main() -> None:
     ap.add_argument("--fixed", type=int, metavar="ROUNDS", help="only the fixed cost per run (python -c pass), ROUNDS")
     ap.add_argument("--baseline", metavar="DIR", help="--fixed: also wrap with the source tree DIR (its src/)")
     ap.add_argument(
+        "--tree", metavar="DIR", help="--fixed: wrap with the source tree DIR (its src/), not the installed gpuledger"
+    )
+    ap.add_argument(
         "--with-db", action="store_true", help="--fixed: record with --db sqlite:///... (default ledger else)"
     )
     args = ap.parse_args()
@@ -194,10 +226,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpl-wrap-") as tmp:
         env = {**os.environ, "GPULEDGER_HOME": tmp}
         env.pop("GPULEDGER_DB", None)
+        # As an installed gpuledger runs: from compiled bytecode. With PYTHONDONTWRITEBYTECODE set
+        # (as in some dev shells), every run of a source tree would compile ~80 modules again.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        trees = [os.path.join(t, "src") for t in (args.tree, args.baseline) if t]
+        compile_trees([package_dir(), *trees])
         gl = [exe, "run", "-q", "--db", f"sqlite:///{tmp}/ledger.db"]
         if args.fixed:
             gl = gl if args.with_db else [exe, "run", "-q"]
-            fixed_cost(gl, args.fixed, env, os.path.join(tmp, "stamp"), args.baseline)
+            fixed_cost(gl, args.fixed, env, os.path.join(tmp, "stamp"), args.baseline, args.tree)
             return
         if args.interval is not None:
             gl += ["--interval", str(args.interval)]
