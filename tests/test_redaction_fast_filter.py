@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ci_support import need_module
 from gpuledger.core.redaction import fastfilter
 from gpuledger.core.redaction import search as redact_search
-from gpuledger.core.redaction.redact import Redactor
+from gpuledger.core.redaction.redact import Redactor, _State
 
 need_module("hyperscan", "pip install hyperscan (a dependency of gpuledger on x86-64 Linux)")
 
@@ -127,3 +127,29 @@ def test_a_filter_on_other_rules_agrees_too() -> None:
     flt = redact_search.line_filter(rules, extra=(b"\x1b",))
     data = b"tokens/s 5\nauth = 1\nnothing\nxox\n\x1b[0m\ntoken:"
     assert _fast(flt, data) == redact_search.keyword_lines(data, flt.search) == [(11, 20), (28, len(data))]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=_text)
+def test_hyperscan_finds_which_keywords_occur_as_the_regex_does(data: bytes) -> None:
+    low = data.lower()
+    fast = redact_search.present_keywords(R._keywords, low, fast=True)
+    assert fast == redact_search.reference_present_keywords(R._keywords, low) == {k for k in R._keywords if k in low}
+
+
+def test_a_rule_of_dashes_is_one_match_and_dashes_at_the_very_end_are_found() -> None:
+    ends = FILTER.match_ends()
+    assert ends is not None
+    rule = b"-" * 100 + b"\n"
+    assert len(ends(rule * 3)) == 3  # once per rule, not at each of its 99 pairs of dashes
+    assert _both(b"x\nend --") == ([(2, 8)], [(2, 8)])
+    assert _both(b"--\r--\n") == ([(0, 6)], [(0, 6)])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=_text, filler=st.sampled_from(FILLER[-2:]))
+def test_redacting_a_large_text_through_hyperscan_equals_the_plain_engine(data: bytes, filler: bytes) -> None:
+    quiet = (filler + b"\n") * (redact_search.FAST_MIN_B // len(filler))
+    text = quiet + data + b"\n" + quiet + data
+    assert len(text) >= redact_search.FAST_MIN_B
+    assert R._redact(text, _State()) == R._redact(text, _State(), prefilter=False)

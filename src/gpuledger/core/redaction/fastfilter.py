@@ -7,7 +7,10 @@ at once, with SIMD scans for their literal starts (about 0.07 s for the same 50 
 callback for each match included). Each entry (a keyword, or an anchor's first words and the rest
 of its regex) is one Hyperscan expression; the scan gives where matches end, and search.py turns
 those into the reference's lines. (Expressions running on to their line's end would report each
-line once, but take 0.09 s to compile instead of 0.01 s, more than they save below ~100 MB.)
+line once, but take 0.09 s to compile instead of 0.01 s, more than they save below ~100 MB. A
+keyword of one repeated byte, ``--``, runs on to the first other byte: a rule of dashes then
+reports once, not at each byte.)
+``present_finder`` answers which keywords occur in a text, each reported once.
 
 Only filters whose meaning cannot change are compiled: no entry may reach past its own line (the
 reference would then extend the found range to a later line), checked on the parsed regex; an
@@ -51,13 +54,46 @@ def match_ends_finder(entries: Sequence[tuple[bytes, bytes | None]]) -> MatchEnd
         tail = rest or b""
         if not literal or any(b in _EOL_BYTES or b == 0 for b in literal) or not stays_on_its_line(tail):
             return None
-        expressions.append(b"".join(b"\\x%02x" % b for b in literal) + b"(?:" + tail + b")")
+        expression = _literal(literal) + b"(?:" + tail + b")"
+        if rest is None and len(set(literal)) == 1:  # "--": a rule of dashes reports at its end, not at each byte
+            expression += b"(?:[^%s]|\\z)" % _literal(literal[:1])
+        expressions.append(expression)
     database = _hs.Database(mode=_hs.HS_MODE_BLOCK)
     try:
         database.compile(expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions))
     except _hs.error:  # a construct Hyperscan does not support (a look-behind, a back reference)
         return None
     return _Finder(database)
+
+
+def present_finder(keywords: frozenset[bytes]) -> Callable[[bytes], frozenset[bytes]] | None:
+    """A finder of which ``keywords`` occur in a text (each reported once: Hyperscan's single-match
+    flag), or None without Hyperscan."""
+    words = sorted(k for k in keywords if k)
+    if _hs is None or not words or any(0 in k for k in words):
+        return None
+    database = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+    database.compile(
+        expressions=[_literal(k) for k in words],
+        ids=list(range(len(words))),
+        elements=len(words),
+        flags=_hs.HS_FLAG_SINGLEMATCH,
+    )
+    local = threading.local()
+
+    def present(low: bytes) -> frozenset[bytes]:
+        scratch = getattr(local, "scratch", None)
+        if scratch is None:
+            scratch = local.scratch = _hs.Scratch(database)
+        found: list[int] = []
+        database.scan(low, match_event_handler=lambda i, *_: found.append(i), scratch=scratch)  # type: ignore[attr-defined]
+        return frozenset(words[i] for i in found)
+
+    return present
+
+
+def _literal(word: bytes) -> bytes:
+    return b"".join(b"\\x%02x" % b for b in word)
 
 
 class _Finder:

@@ -31,6 +31,7 @@ from typing import Any
 
 from gpuledger.core.redaction.search import EOL as _EOL
 from gpuledger.core.redaction.search import (
+    FAST_MIN_B,
     anchor_parts,
     keyword_lines,
     line_filter,
@@ -275,17 +276,18 @@ class Redactor:
         then, as it is when such lines are most lines anyway.
         """
         low = data.lower()
+        fast = len(data) >= FAST_MIN_B  # a large text: Hyperscan's searches are worth building (search.py)
         if state.pem_lines_left:
-            return self._cuts(data, state, low=low) or []
+            return self._cuts(data, state, low=low, fast=fast) or []
         ranges = keyword_lines(low, self._line_filter)
         if ranges is None or ranges == [(0, len(data))]:
-            return self._cuts(data, state, low=low) or []
+            return self._cuts(data, state, low=low, fast=fast) or []
         if not ranges:
             return []
         picked = b"".join([data[a:b] for a, b in ranges])
-        found = self._cuts(picked, state, whole_for_pem=True)
+        found = self._cuts(picked, state, whole_for_pem=True, fast=fast)
         if found is None:
-            return self._cuts(data, state, low=low) or []
+            return self._cuts(data, state, low=low, fast=fast) or []
         if not found:
             return found
         # Each redaction lies inside one line, so inside one range: shift it by that range's offset.
@@ -309,6 +311,7 @@ class Redactor:
         prefilter: bool = True,
         low: bytes | None = None,
         whole_for_pem: bool = False,
+        fast: bool = False,
     ) -> list[_Cut] | None:
         """The redactions of ``data`` in its own positions, sorted and disjoint. Rules search the
         text without escape sequences; ``low`` is ``data`` lower-cased, when the caller has it.
@@ -319,16 +322,18 @@ class Redactor:
             low = clean.lower()
         if whole_for_pem and self._pem is not None and any(k in low for k in self._pem[1].keywords):
             return None
-        spans = self._spans(clean, low, state, prefilter=prefilter)
+        spans = self._spans(clean, low, state, prefilter=prefilter, fast=fast)
         if not spans:
             return []
         merged = _merge(spans)
         return _around_escapes(data, merged) if has_escapes else merged
 
-    def _spans(self, clean: bytes, low: bytes, state: _State, *, prefilter: bool = True) -> list[_Span]:
+    def _spans(
+        self, clean: bytes, low: bytes, state: _State, *, prefilter: bool = True, fast: bool = False
+    ) -> list[_Span]:
         """Every rule's finds in ``clean`` (escape-free; ``low`` is it lower-cased), unmerged."""
         spans: list[_Span] = []  # (start, rule order, end, replacement)
-        present = present_keywords(self._keywords, low) if prefilter else frozenset()
+        present = present_keywords(self._keywords, low, fast=fast) if prefilter else frozenset()
         for order, rule in self._regex_rules:
             if prefilter:
                 found = [k for k in rule.keywords if k in present]

@@ -22,9 +22,10 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from gpuledger.core.redaction.fastfilter import MatchEnds, match_ends_finder
+from gpuledger.core.redaction.fastfilter import MatchEnds, match_ends_finder, present_finder
 
 EOL = re.compile(rb"[\r\n]")
+_EOL_BYTES = (0x0A, 0x0D)
 DENSE_LINES = 256  # past this many hits, a hit on most lines means: search the whole buffer at once
 FAST_MIN_B = 16 << 10  # from this size on the line filter uses Hyperscan (built on first use)
 _META = frozenset(b".^$*+?{}[]|()")
@@ -229,6 +230,8 @@ def lines_from_match_ends(low: bytes, ends: list[int]) -> list[tuple[int, int]] 
     run_start = run_end = -1
     pos = covered = hits = 0  # pos: the end of the last line found
     for to in ends:
+        if low[to - 1] in _EOL_BYTES:  # an entry that runs to its line's end: the terminator is its last byte
+            to -= 1
         if to <= pos:  # on a line found already
             continue
         nl, cr = rfind(b"\n", pos, to), rfind(b"\r", pos, to)
@@ -276,10 +279,24 @@ def _trie(words: Sequence[bytes]) -> bytes:
     return alts[0] if len(alts) == 1 else b"(?:" + b"|".join(alts) + b")"
 
 
-def present_keywords(keywords: frozenset[bytes], low: bytes) -> frozenset[bytes]:
-    """Which of ``keywords`` occur in ``low``, in about one pass: search for all of them at once,
-    drop every one that starts at the hit, and search on from there for the rest (nothing is
-    missed: no keyword still looked for starts before the hit)."""
+def present_keywords(keywords: frozenset[bytes], low: bytes, *, fast: bool = False) -> frozenset[bytes]:
+    """Which of ``keywords`` occur in ``low``, in about one pass: by Hyperscan
+    (fastfilter.present_finder) when ``fast`` or ``low`` has FAST_MIN_B bytes (the lines picked
+    from a large text are often short); else search for all of them at once, drop every one that
+    starts at the hit, and search on from there for the rest (nothing is missed: no keyword still
+    looked for starts before the hit). Each new set of keywords left compiles a regex."""
+    if (fast or len(low) >= FAST_MIN_B) and (present := _present_finder(keywords)) is not None:
+        return present(low)
+    return reference_present_keywords(keywords, low)
+
+
+@functools.lru_cache(maxsize=16)
+def _present_finder(keywords: frozenset[bytes]) -> Callable[[bytes], frozenset[bytes]] | None:
+    return present_finder(keywords)
+
+
+def reference_present_keywords(keywords: frozenset[bytes], low: bytes) -> frozenset[bytes]:
+    """``present_keywords`` with Python's regex engine."""
     left, found, pos = keywords, set(), 0
     while left and (m := keyword_pattern(left).search(low, pos)) is not None:
         pos = m.start()
