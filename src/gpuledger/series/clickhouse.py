@@ -152,7 +152,9 @@ class ClickHouseSeries:
 
     def _count(self, run: int, gpu_rows: list[dict[str, Any]], host_rows: list[dict[str, Any]]) -> int:
         """Rows stored in the key ranges of a batch (by key: no scan): the difference before and
-        after an insert is what it stored, a resent batch's 0."""
+        after an insert is what it stored, a resent batch's 0. (The engine does not say whether
+        it dropped a block; another writer of the same run and times at the same moment would
+        shift the figure, never the rows.)"""
         n = 0
         if gpu_rows:
             n += self.client.query(
