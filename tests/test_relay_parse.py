@@ -259,7 +259,7 @@ def _every_line(data: bytes) -> str:
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=_mixed)
 def test_reading_only_the_candidate_lines_gives_what_reading_every_line_gives(data: bytes) -> None:
-    assert repr(failures._read(data)) == _every_line(data)
+    assert repr(failures._read(data, 0)) == _every_line(data)
 
 
 def test_the_captured_trainings_take_the_fast_reader_and_read_the_same() -> None:
@@ -267,21 +267,22 @@ def test_the_captured_trainings_take_the_fast_reader_and_read_the_same() -> None
     taken = 0
     for path in sorted(DATA.glob("*.log")):
         data = path.read_bytes()
-        found = candidate_lines(data)
+        found = candidate_lines(data, 0)
         taken += found is not None
         if found is not None:
             assert found[1] == len(logparse.screen_lines(data)), path.name
-        assert repr(failures._read(data)) == _every_line(data), path.name
+        assert repr(failures._read(data, 0)) == _every_line(data), path.name
     assert taken >= 3
 
 
 def test_the_fast_reader_leaves_lines_that_cannot_matter_and_gives_way_where_it_must() -> None:
     ci_support.need_module("hyperscan", "pip install hyperscan (a dependency of gpuledger on x86-64 Linux)")
     data = b"step 1 | loss 2.0\n  1/3 0.5G\r  2/3 0.5G\r  \nconfig: x\n\x1b[1mEpoch\nall done\n"
-    assert candidate_lines(data) == ([(1, b"  1/3 0.5G\r  2/3 0.5G\r  "), (3, b"\x1b[1mEpoch"), (4, b"all done")], 6)
-    assert candidate_lines(b"a\n  1/3 x\rstep 2\n") == ([], 3)  # the last draw is what the screen shows
-    assert candidate_lines(b"title \x1b]0;a\nb\x07\n") is None  # an OSC may run across a line end
-    assert candidate_lines("data\u017fet error\n".encode()) is None  # IGNORECASE's long s
+    assert candidate_lines(data, 0) == ([(1, b"  1/3 0.5G\r  2/3 0.5G\r  "), (3, b"\x1b[1mEpoch"), (4, b"all done")], 6)
+    assert candidate_lines(b"a\n  1/3 x\rstep 2\n", 0) == ([], 3)  # the last draw is what the screen shows
+    assert candidate_lines(b"title \x1b]0;a\nb\x07\n", 0) is None  # an OSC may run across a line end
+    assert candidate_lines("data\u017fet error\n".encode(), 0) is None  # IGNORECASE's long s
+    assert candidate_lines(b"  1/3 0.5G\n") is None  # short: read line by line at once
 
 
 def test_rows_whose_first_word_starts_after_unicode_blanks_or_with_a_unicode_digit_are_read() -> None:
@@ -291,5 +292,5 @@ def test_rows_whose_first_word_starts_after_unicode_blanks_or_with_a_unicode_dig
     ]
     for row in rows:
         data = _HEADER + b"  1/3      0.5G      1.0      2.0      1.0         12        640\n" + row + b"\n"
-        assert repr(failures._read(data)) == _every_line(data)
-        assert [e.epoch for e in failures._read(data)[0].epochs] == [1], row
+        assert repr(failures._read(data, 0)) == _every_line(data)
+        assert [e.epoch for e in failures._read(data, 0)[0].epochs] == [1], row

@@ -21,33 +21,39 @@ tests/test_redaction_fast_filter.py checks both give the same ranges on generate
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 try:  # Python 3.11+ names the regex parser re._parser; 3.10 has only sre_parse
     import re._parser as _sre_parse
 except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
-try:
-    import hyperscan as _hs
-except ImportError:  # no wheel for this platform: search.py's reference regex
-    _hs = None
 
 MatchEnds = Callable[[bytes], list[int]]  # where matches of any entry end, sorted, each once
 _EOL_BYTES = (0x0A, 0x0D)
 _LINE_SAFE_CATEGORIES = frozenset({"CATEGORY_DIGIT", "CATEGORY_WORD"})  # \d, \w: never a line end
 
 
-def available() -> bool:
-    return _hs is not None
+@functools.cache
+def _hyperscan() -> ModuleType | None:
+    """The hyperscan module, imported on first use (about 25 ms, which a process that never scans a
+    large text does not pay); None where it has no wheel."""
+    try:
+        import hyperscan
+    except ImportError:
+        return None
+    return hyperscan
 
 
 def match_ends_finder(entries: Sequence[tuple[bytes, bytes | None]]) -> MatchEnds | None:
     """A finder of where matches of ``entries`` (first words, and the rest of an anchor's regex or
     None) end; None when Hyperscan is missing or an entry cannot be compiled with the same
     meaning (it could reach past its line, or Hyperscan does not support it)."""
-    if _hs is None or not entries:
+    hs = _hyperscan()
+    if hs is None or not entries:
         return None
     expressions = []
     for literal, rest in entries:
@@ -58,10 +64,10 @@ def match_ends_finder(entries: Sequence[tuple[bytes, bytes | None]]) -> MatchEnd
         if rest is None and len(set(literal)) == 1:  # "--": a rule of dashes reports at its end, not at each byte
             expression += b"(?:[^%s]|\\z)" % _literal(literal[:1])
         expressions.append(expression)
-    database = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+    database = hs.Database(mode=hs.HS_MODE_BLOCK)
     try:
         database.compile(expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions))
-    except _hs.error:  # a construct Hyperscan does not support (a look-behind, a back reference)
+    except hs.error:  # a construct Hyperscan does not support (a look-behind, a back reference)
         return None
     return _Finder(database)
 
@@ -70,21 +76,22 @@ def present_finder(keywords: frozenset[bytes]) -> Callable[[bytes], frozenset[by
     """A finder of which ``keywords`` occur in a text (each reported once: Hyperscan's single-match
     flag), or None without Hyperscan."""
     words = sorted(k for k in keywords if k)
-    if _hs is None or not words or any(0 in k for k in words):
+    hs = _hyperscan()
+    if hs is None or not words or any(0 in k for k in words):
         return None
-    database = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+    database = hs.Database(mode=hs.HS_MODE_BLOCK)
     database.compile(
         expressions=[_literal(k) for k in words],
         ids=list(range(len(words))),
         elements=len(words),
-        flags=_hs.HS_FLAG_SINGLEMATCH,
+        flags=hs.HS_FLAG_SINGLEMATCH,
     )
     local = threading.local()
 
     def present(low: bytes) -> frozenset[bytes]:
         scratch = getattr(local, "scratch", None)
         if scratch is None:
-            scratch = local.scratch = _hs.Scratch(database)
+            scratch = local.scratch = database_scratch(database)
         found: list[int] = []
         database.scan(low, match_event_handler=lambda i, *_: found.append(i), scratch=scratch)  # type: ignore[attr-defined]
         return frozenset(words[i] for i in found)
@@ -107,7 +114,7 @@ class _Finder:
     def __call__(self, low: bytes) -> list[int]:
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
-            scratch = self._local.scratch = _hs.Scratch(self._database)
+            scratch = self._local.scratch = database_scratch(self._database)
         ends: list[int] = []
         add = ends.append
 
@@ -167,3 +174,10 @@ def _class_stays(items: list) -> bool:
         else:  # NEGATE and anything else
             return False
     return True
+
+
+def database_scratch(database: object) -> object:
+    """Scratch space for scans of ``database`` (one scan at a time may use it)."""
+    hs = _hyperscan()
+    assert hs is not None
+    return hs.Scratch(database)

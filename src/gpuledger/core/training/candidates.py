@@ -20,13 +20,11 @@ tests/test_relay_parse.py checks the result against reading every line.
 
 from __future__ import annotations
 
+import functools
 import threading
+from types import ModuleType
 
-try:
-    import hyperscan as _hs
-except ImportError:  # no wheel for this platform: every line is read
-    _hs = None
-
+MIN_B = 64 << 10  # a shorter output is read line by line at once (no Hyperscan to load for it)
 # A draw start (the output's start, or after \r or \n), blanks in the widest sense, then the
 # first byte of the first word; the rest of that draw and blank draws up to the line's end.
 _DRAW = rb"(?:\A|[\r\n])[^!-~\r\n]*"
@@ -39,6 +37,18 @@ _CASE_WORDS = (b"out of memory", b"OutOfMemoryError", b"CUBLAS_STATUS_ALLOC_FAIL
 _ANY_CASE_WORDS = (b"nan", b"non-finite", b"dataset")
 _UNHANDLED = (b"\x1b]", "\u0130".encode(), "\u0131".encode(), "\u017f".encode())
 
+
+@functools.cache
+def _hyperscan() -> ModuleType | None:
+    """The hyperscan module, imported on first use (about 25 ms, which a process that never scans a
+    large text does not pay); None where it has no wheel."""
+    try:
+        import hyperscan
+    except ImportError:
+        return None
+    return hyperscan
+
+
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -49,7 +59,8 @@ def _literal(word: bytes) -> bytes:
 
 def _database() -> object | None:
     """The compiled patterns, built once (about 10 ms); None without Hyperscan."""
-    if _hs is None:
+    hs = _hyperscan()
+    if hs is None:
         return None
     with _lock:
         if "db" not in _state:
@@ -62,8 +73,8 @@ def _database() -> object | None:
                 flags.append(0)
             for word in _ANY_CASE_WORDS:
                 expressions.append(_literal(word))
-                flags.append(_hs.HS_FLAG_CASELESS)
-            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+                flags.append(hs.HS_FLAG_CASELESS)
+            db = hs.Database(mode=hs.HS_MODE_BLOCK)
             db.compile(
                 expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
             )
@@ -74,18 +85,19 @@ def _database() -> object | None:
 _local = threading.local()
 
 
-def candidate_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int] | None:
+def candidate_lines(data: bytes, min_b: int = MIN_B) -> tuple[list[tuple[int, bytes]], int] | None:
     """(index, raw bytes without the ``\\n``) of each line, split at ``\\n``, that may matter to
     the end-of-run reader, in order, and how many lines there are; None when every line must be
-    read (see the module doc)."""
-    if not isinstance(data, bytes) or not data:
+    read (see the module doc, and outputs shorter than ``min_b``)."""
+    if not isinstance(data, bytes) or not data or len(data) < min_b:
         return None
     db = _database()
-    if db is None:
+    hs = _hyperscan()
+    if db is None or hs is None:
         return None
     scratch = getattr(_local, "scratch", None)
     if scratch is None:
-        scratch = _local.scratch = _hs.Scratch(db)
+        scratch = _local.scratch = hs.Scratch(db)
     ends: list[int] = []
     add = ends.append
     unhandled = len(_UNHANDLED)
@@ -98,7 +110,7 @@ def candidate_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int] | None:
 
     try:
         db.scan(data, match_event_handler=on_match, scratch=scratch)  # type: ignore[attr-defined]
-    except _hs.ScanTerminated:
+    except hs.ScanTerminated:
         return None
     out: list[tuple[int, bytes]] = []
     count, find, size = data.count, data.find, len(data)

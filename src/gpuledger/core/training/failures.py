@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuledger.core.training.candidates import candidate_lines
+from gpuledger.core.training.candidates import MIN_B, candidate_lines
 from gpuledger.core.training.logparse import ParsedLog, parse_lines, parse_numbered, screen_line, screen_lines
 
 CUDA_OOM = "cuda_oom"
@@ -77,11 +77,11 @@ def _lines_to_search(lines: list[str]) -> Sequence[int]:
     return sorted(found)
 
 
-def _read(log: bytes | str) -> tuple[ParsedLog, list[tuple[int, str]]]:
+def _read(log: bytes | str, fast_min_b: int = MIN_B) -> tuple[ParsedLog, list[tuple[int, str]]]:
     """The parsed training output, and the screen lines (index, text) the failure patterns must
     search. Only the lines that may matter are decoded when core/training/candidates.py can
     find them (the same result: tests/test_relay_parse.py), else every line."""
-    found = candidate_lines(log) if isinstance(log, bytes) else None
+    found = candidate_lines(log, fast_min_b) if isinstance(log, bytes) else None
     if found is None:
         lines = screen_lines(log)
         return parse_lines(lines), [(i, lines[i]) for i in _lines_to_search(lines)]
