@@ -559,8 +559,8 @@ def test_born_since_window_wraps_around_pid_max() -> None:
         reader = _ProcfsReader()
         last = reader.last_pid()
         assert last is not None and last >= child.pid
-        plain = _ProcfsReader.scan_born(child.pid - 1, last)
-        wrapped = _ProcfsReader.scan_born(2**23, last)  # (2**23, pid_max] and [1, last]: all we have
+        plain = reader.scan_born(child.pid - 1, last)
+        wrapped = reader.scan_born(2**23, last)  # (2**23, pid_max] and [1, last]: all we have
         assert plain[0] == (child.pid, os.getpid(), plain[0][2])
         assert {p for p, _, _ in plain} <= {p for p, _, _ in wrapped}
         assert [p for p, _, _ in wrapped] == sorted(p for p, _, _ in wrapped)

@@ -2,15 +2,17 @@
 
 ``make_reader(backend)`` picks one of two readers with the same interface: ``sample(pid, io=True)``
 (ppid, start time, ``Usage``, rss, threads; raises ``Gone`` or ``Unreadable``; ``io=False`` skips
-the I/O counters), ``scan(root, root_start)``
+the I/O counters), the same in two parts for the every-tick path, ``stat(pid)`` (a plain tuple)
+and ``io(pid)``, ``scan(root, root_start)``
 (the root's descendants, parents first), ``scan_born(since, upto)``, ``last_pid()``, ``forget(pid)``
 and ``close()``. What the figures mean and how they add up is host.py's business.
 
 ProcfsReader (Linux; ``backend="auto"`` or ``"procfs"``)
-    A narrow /proc fast path: one stat and one io file per process, through kept-open files re-read
-    with pread (``OpenFiles``). In the real 1 s loop on a 2-core VM: 8 processes ~0.3 ms, against
-    ~1.4 ms with psutil ``oneshot()`` (benchmarks/host_tick.py measures it). A kept
-    /proc/<pid>/ file answers ESRCH once the process is reaped, so a reused pid is noticed.
+    A narrow /proc fast path: one stat and one io file per process, kept open per pid and re-read
+    with pread (a dict look-up and one syscall per file, no path built per read). In the real 1 s
+    loop on a 2-core VM the syscalls are about half of it: a tick of 8 processes ~0.15 ms, against
+    ~1.4 ms with psutil ``oneshot()`` (benchmarks/host_tick.py measures it). A kept /proc/<pid>/
+    file answers ESRCH once the process is reaped, so a reused pid is noticed.
     ``last_pid`` reads /proc/loadavg (the last pid the kernel handed out), and ``scan_born`` reads
     only the processes born since a given pid, which lets the collector skip or shorten its scans.
 PsutilReader (portable; ``backend="psutil"``, or "auto" where /proc cannot be read)
@@ -25,7 +27,7 @@ import contextlib
 import os
 import resource
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import psutil
@@ -37,6 +39,9 @@ class Usage(NamedTuple):
     cpu_s: float = 0.0
     read_b: int = 0
     write_b: int = 0
+
+
+_Stat = tuple[int, float, float, int, int]  # ppid, start, cpu_s, rss_b, threads
 
 
 class _Sample(NamedTuple):
@@ -53,6 +58,14 @@ def _own_cpu_s() -> float:
     at 100 Hz, short), and gpuledger.track() meters the very process it runs in."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+_STAT_READ = 2048  # /proc/<pid>/stat: ~300 bytes, at most ~1.2 KiB (52 numbers and the name)
+_IO_READ = 512  # /proc/<pid>/io: seven "name: number" lines
+
+# getpid is a system call (glibc >= 2.25), and sample() asks at every read: known once per process.
+_own_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _own_pid.__setitem__(0, os.getpid()))
 
 
 class Gone(Exception):
@@ -86,10 +99,12 @@ def _pread_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _cat(path: str) -> bytes:
+def _cat(path: str, size: int = 16384) -> bytes:
+    """The whole file; ``size``: what the first read asks for (a stat file: not a 16 KiB buffer)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return _pread_all(fd)
+        data = os.pread(fd, size, 0)
+        return _pread_all(fd) if len(data) >= size else data
     finally:
         os.close(fd)
 
@@ -99,20 +114,52 @@ def _stat_fields(data: bytes) -> list[bytes]:
     return data[data.rfind(b")") + 2 :].split(None, 22)
 
 
-def _all_processes(wanted: Callable[[int], bool]) -> Scan:
-    """(pid, ppid, start) of the wanted processes; listdir shows processes only, not threads."""
-    out: Scan = []
+def _list_proc() -> list[str]:
+    """The names in /proc: processes only, not threads (and a few files)."""
     try:
-        names = os.listdir("/proc")
+        return os.listdir("/proc")
     except OSError:
-        return out
+        return []
+
+
+def _all_processes(names: list[str], wanted: Callable[[int], bool]) -> Scan:
+    """(pid, ppid, start) of the wanted processes among ``names`` (a listing of /proc)."""
+    return _read_parents(name for name in names if name.isdigit() and wanted(int(name)))
+
+
+def _listed_born(names: list[str], since: int, upto: int) -> Scan:
+    """(pid, ppid, start) of the listed processes whose pid lies in (since, upto], cyclic over pid_max.
+    A short window is matched as a set of names against the listing, in C, not parsed name by name."""
+    if since < upto <= since + 4096:
+        return _read_parents(set(map(str, range(since + 1, upto + 1))).intersection(names))
+    inside = (lambda pid: since < pid <= upto) if upto > since else (lambda pid: pid > since or pid <= upto)
+    return _all_processes(names, inside)
+
+
+def _read_parents(names: Iterable[str]) -> Scan:
+    out: Scan = []
     for name in names:
-        if name.isdigit() and wanted(int(name)):
-            try:
-                f = _stat_fields(_cat(f"/proc/{name}/stat"))  # not kept open: most are not ours
-                out.append((int(name), int(f[1]), int(f[19])))
-            except (OSError, ValueError, IndexError):
-                continue  # ended meanwhile
+        try:
+            f = _stat_fields(_cat(f"/proc/{name}/stat", _STAT_READ))  # not kept open: most are not ours
+            out.append((int(name), int(f[1]), int(f[19])))
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+    return out
+
+
+def _probe_born(since: int, upto: int) -> Scan:
+    """(pid, ppid, start) of the processes with a pid in (since, upto], found by opening each pid's
+    stat: cheaper than listing /proc when few pids were handed out. /proc/<tid> of a thread opens
+    too (unlisted): a thread is the one task whose exit signal is -1, and is left out."""
+    out: Scan = []
+    for pid in range(since + 1, upto + 1):
+        try:
+            data = _cat(f"/proc/{pid}/stat", _STAT_READ)
+            f = data[data.rfind(b")") + 2 :].split(None, 36)
+            if f[35] != b"-1":  # man 5 proc field 38, exit_signal
+                out.append((pid, int(f[1]), int(f[19])))
+        except (OSError, ValueError, IndexError):
+            continue  # never handed to a process, ended meanwhile, or not readable
     return out
 
 
@@ -159,37 +206,89 @@ class OpenFiles:
             self.close(path)
 
 
+def _fd_limit() -> int:
+    # Never crowd the metered process's own descriptors (track() runs inside the training).
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 128 if soft == resource.RLIM_INFINITY else min(128, soft // 8)
+
+
+def _close_pid_fds(*tables: dict[int, int]) -> None:
+    for table in tables:
+        for fd in table.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        table.clear()
+
+
 class ProcfsReader:
-    """Linux fast path: /proc/<pid>/stat (cpu, ppid, threads, rss, start) and /proc/<pid>/io."""
+    """Linux fast path: /proc/<pid>/stat (cpu, ppid, threads, rss, start) and /proc/<pid>/io.
+
+    The per-process files stay open, keyed by pid (``forget`` closes them): a read is one dict
+    look-up and one pread of a bounded size, which is the whole cost that repeats every tick.
+    """
 
     name = "procfs"
 
     def __init__(self) -> None:
         self._tck = os.sysconf("SC_CLK_TCK")
         self._page_b = os.sysconf("SC_PAGE_SIZE")
-        self._files = OpenFiles()
+        self._files = OpenFiles()  # /proc/loadavg
+        self._stat_fds: dict[int, int] = {}
+        self._io_fds: dict[int, int] = {}
+        self._limit = _fd_limit()  # for both tables together
+        self._listed = 0  # entries in the latest listing of /proc: what a listing costs (scan_born)
+        # A collector dropped without close() must not leave its descriptors open (see OpenFiles).
+        weakref.finalize(self, _close_pid_fds, self._stat_fds, self._io_fds)
 
     def sample(self, pid: int, io: bool = True) -> _Sample:
         """``io=False``: the I/O counters are not read (0 in ``usage``; the caller keeps its last figure)."""
+        ppid, start, cpu_s, rss_b, threads = self.stat(pid)
+        read_b, write_b = self.io(pid) if io else (0, 0)
+        return _Sample(ppid, start, Usage(cpu_s, read_b, write_b), rss_b, threads)
+
+    def stat(self, pid: int) -> _Stat:
+        """(ppid, start, cpu_s, rss_b, threads) from /proc/<pid>/stat: what every tick reads, as a
+        plain tuple (a named one costs a Python-level call to build)."""
+        fd = self._stat_fds.get(pid)
         try:
-            f = _stat_fields(self._files.read(f"/proc/{pid}/stat"))
+            data = os.pread(fd, _STAT_READ, 0) if fd is not None else self._first(pid, "stat", self._stat_fds)
+            if len(data) >= _STAT_READ and fd is not None:  # longer than any seen: read it whole
+                data = _pread_all(fd)
+            # After the name (which may hold spaces and parentheses); up to rss, the last field used.
+            f = data[data.rfind(b")") + 2 :].split(None, 22)
             # man 5 proc numbering minus 3: ppid 4, utime 14 .. cstime 17, threads 20, start 22, rss 24
-            if pid == os.getpid():
+            if pid == _own_pid[0]:
                 cpu_s = _own_cpu_s()
             else:
                 cpu_s = (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / self._tck
-            ppid, start, rss_b, threads = int(f[1]), int(f[19]), int(f[21]) * self._page_b, int(f[17])
+            return int(f[1]), int(f[19]), cpu_s, int(f[21]) * self._page_b, int(f[17])
         except (FileNotFoundError, ProcessLookupError):
+            self.forget(pid)
             raise Gone from None
-        except (OSError, ValueError, IndexError):
-            raise Unreadable from None
-        read_b, write_b = self._io(pid) if io else (0, 0)
-        return _Sample(ppid, start, Usage(cpu_s, read_b, write_b), rss_b, threads)
-
-    def _io(self, pid: int) -> tuple[int, int]:
-        try:
-            data = self._files.read(f"/proc/{pid}/io")  # needs ptrace-read rights: not another user's
         except OSError:
+            self.forget(pid)  # opened afresh next time (a kept file that went bad)
+            raise Unreadable from None
+        except (ValueError, IndexError):
+            raise Unreadable from None
+
+    def _first(self, pid: int, name: str, table: dict[int, int]) -> bytes:
+        """The first read of /proc/<pid>/<name>: the file is kept open for the next ones, unless
+        that would take more than our share of descriptors (then it is read and closed)."""
+        path = f"/proc/{pid}/{name}"
+        if len(self._stat_fds) + len(self._io_fds) >= self._limit:
+            return _cat(path)
+        fd = table[pid] = os.open(path, os.O_RDONLY)
+        return _pread_all(fd)
+
+    def io(self, pid: int) -> tuple[int, int]:
+        """(read_bytes, write_bytes) of /proc/<pid>/io; (0, 0) when it cannot be read."""
+        fd = self._io_fds.get(pid)
+        try:  # needs ptrace-read rights: not another user's process
+            data = os.pread(fd, _IO_READ, 0) if fd is not None else self._first(pid, "io", self._io_fds)
+        except OSError:
+            fd = self._io_fds.pop(pid, None)
+            if fd is not None:
+                os.close(fd)
             return 0, 0
         f = data.split()  # rchar: N wchar: N syscr: N syscw: N read_bytes: N write_bytes: N ...
         if len(f) < 12 or f[8] != b"read_bytes:" or f[10] != b"write_bytes:" or not f[9].isdigit():
@@ -198,22 +297,28 @@ class ProcfsReader:
 
     def scan(self, root: int, root_start: float) -> Scan:
         kids: dict[int, list[tuple[int, float]]] = {}
-        for pid, ppid, start in _all_processes(lambda pid: True):
+        names = _list_proc()
+        self._listed = len(names)
+        for pid, ppid, start in _all_processes(names, lambda pid: True):
             if pid == root and start != root_start:
                 return []  # the root ended and its pid was reused
             kids.setdefault(ppid, []).append((pid, start))
         return _bfs(root, kids)
 
-    @staticmethod
-    def scan_born(since: int, upto: int) -> Scan:
+    def scan_born(self, since: int, upto: int) -> Scan:
         """(pid, ppid, start) of the processes whose pid was handed out in (since, upto], in the
-        kernel's (cyclic) order, so parents come before their children."""
+        kernel's (cyclic) order, so parents come before their children.
+
+        Listing /proc costs about as much per process on the machine as opening one pid's stat
+        (the kernel builds an entry for each): a window under half the processes last listed is
+        probed pid by pid, a longer one read from a listing."""
         if since == upto:
             return []
-        if upto < since:  # the pid counter wrapped around pid_max
-            out = _all_processes(lambda pid: pid > since or pid <= upto)
-        else:
-            out = _all_processes(lambda pid: since < pid <= upto)
+        if since < upto and upto - since <= self._listed // 2:
+            return _probe_born(since, upto)  # in pid order already
+        names = _list_proc()
+        self._listed = len(names)
+        out = _listed_born(names, since, upto)
         out.sort(key=lambda t: (t[0] <= since, t[0]))
         return out
 
@@ -225,11 +330,15 @@ class ProcfsReader:
             return None
 
     def forget(self, pid: int) -> None:
-        self._files.close(f"/proc/{pid}/stat")
-        self._files.close(f"/proc/{pid}/io")
+        for table in (self._stat_fds, self._io_fds):
+            fd = table.pop(pid, None)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def close(self) -> None:
         self._files.close_all()
+        _close_pid_fds(self._stat_fds, self._io_fds)
 
 
 class PsutilReader:
@@ -241,6 +350,11 @@ class PsutilReader:
         self._procs: dict[int, psutil.Process] = {}  # keeps psutil's per-process caches warm
 
     def sample(self, pid: int, io: bool = True) -> _Sample:
+        ppid, start, cpu_s, rss_b, threads = self.stat(pid)
+        read_b, write_b = self.io(pid) if io else (0, 0)
+        return _Sample(ppid, start, Usage(cpu_s, read_b, write_b), rss_b, threads)
+
+    def stat(self, pid: int) -> _Stat:
         try:
             proc = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
             with proc.oneshot():
@@ -249,11 +363,7 @@ class PsutilReader:
                 else:
                     t = proc.cpu_times()
                     cpu_s = t.user + t.system + t.children_user + t.children_system
-                read_b, write_b = self._io(proc) if io else (0, 0)
-                return _Sample(
-                    proc.ppid(), proc.create_time(), Usage(cpu_s, read_b, write_b),
-                    proc.memory_info().rss, proc.num_threads(),
-                )  # fmt: skip
+                return proc.ppid(), proc.create_time(), cpu_s, proc.memory_info().rss, proc.num_threads()
         except psutil.ZombieProcess:  # a subclass of NoSuchProcess: check first
             raise Unreadable from None
         except psutil.NoSuchProcess:
@@ -262,13 +372,13 @@ class PsutilReader:
         except psutil.AccessDenied:
             raise Unreadable from None
 
-    @staticmethod
-    def _io(proc: psutil.Process) -> tuple[int, int]:
+    def io(self, pid: int) -> tuple[int, int]:
+        proc = self._procs.get(pid)
         try:
-            io = proc.io_counters()  # absent on macOS
-        except (AttributeError, psutil.AccessDenied):
+            counters = (proc or psutil.Process(pid)).io_counters()  # absent on macOS
+        except (AttributeError, psutil.Error):
             return 0, 0
-        return io.read_bytes, io.write_bytes
+        return counters.read_bytes, counters.write_bytes
 
     def scan(self, root: int, root_start: float) -> Scan:
         try:
