@@ -75,6 +75,16 @@ class Pending:
         return bool(self.gpu or self.host or self.events or self.metrics)
 
 
+def _waker(wake_r: int, control: ControlServer | None) -> tuple[select.poll, int]:
+    """What the loop sleeps on, registered once: the wake pipe and the control socket (-1: none)."""
+    poller = select.poll()
+    poller.register(wake_r, select.POLLIN)
+    fd = -1 if control is None else control.fileno()
+    if fd >= 0:
+        poller.register(fd, select.POLLIN)
+    return poller, fd
+
+
 class Recorder:
     """Samples ``host`` and ``gpu`` into intervals and writes them through ``sink``.
 
@@ -180,6 +190,7 @@ class Recorder:
             self.tick()  # prime collector cursors at t0 so the first interval starts with CMD
         self._last_flush = self._clock()
         self._wake_r, self._wake_w = os.pipe()
+        self._poller = _waker(self._wake_r, self._control)
         self._writer = threading.Thread(target=self._write_loop, name="gpuledger-writer", daemon=True)
         self._writer.start()
         self._thread = threading.Thread(target=self._loop, name="gpuledger-recorder", daemon=True)
@@ -255,20 +266,20 @@ class Recorder:
     def _wait_until(self, deadline: float) -> bool:
         """Sleep until ``deadline`` (monotonic), serving control messages; True when stopping.
 
-        One select on the wake pipe (and the control socket): about a quarter less CPU per
-        wake-up than ``Event.wait``, whose lock and waiter machinery run at every tick
-        (benchmarks/loop_wait.py).
+        One poll on the wake pipe (and the control socket), registered once at ``start``: less CPU
+        per wake-up than ``Event.wait``, whose lock and waiter machinery run at every tick
+        (benchmarks/loop_wait.py), and than a select, which builds its descriptor sets anew each time.
         """
-        watch = [self._wake_r] if self._control is None else [self._control, self._wake_r]
+        poller, control = self._poller
         while not self._stop.is_set():
             timeout = deadline - time.monotonic()
             if timeout <= 0:
                 return False
-            try:
-                ready, _, _ = select.select(watch, [], [], timeout)
+            try:  # milliseconds, rounded up: never woken before the deadline
+                ready = poller.poll(timeout * 1000)
             except InterruptedError:
                 continue
-            if self._control is not None and self._control in ready:
+            if control >= 0 and any(fd == control for fd, _ in ready):
                 self._handle_messages()
         return True
 
