@@ -1,9 +1,12 @@
 """Bucketed interval series computed in SQL (read-only): the fast path for big runs' reports.
 
-Same buckets as ``core/metering/series.py`` (the reference): GROUP BY device and bucket number, with sums,
+Same buckets as ``core/metering/series.py`` (the reference): per device and bucket number, sums,
 maxima, time-weighted means and per-interval minima/maxima. Reading 2 million intervals into
-Python objects takes many seconds; letting the database aggregate them takes about one.
-Each aggregate costs about 60 ns per row, so only the fields the report uses are computed; the
+Python objects takes many seconds; letting the database aggregate them takes about one. On SQLite
+each stream's buckets are summed seq range by seq range in index order (store/series_ranges.py:
+a GROUP BY would sort every row first); PostgreSQL, and a SQLite stream out of time order, use
+one GROUP BY per stream.
+Each aggregate costs 30-60 ns per row, so only the fields the report uses are computed; the
 rest of ``merged`` stays None / 0 (GPU: samples, last values, memory clock, per-process SM share;
 host: samples, threads). Methods come from each device's first and last interval, and throttle
 reasons other than ``core.metering.series.THROTTLE_REASONS`` are not summed. The tests check the computed
@@ -24,6 +27,7 @@ from sqlalchemy.engine import Connection
 from gpuledger.core.metering.intervals import merge_methods
 from gpuledger.core.metering.series import THROTTLE_REASONS, GpuBucket, HostBucket, Plan
 from gpuledger.core.model import GpuInterval, HostInterval
+from gpuledger.store import series_ranges
 from gpuledger.store.queries import unmeasured_sql
 from gpuledger.store.schema import devices, gpu_intervals, host_intervals
 
@@ -102,8 +106,8 @@ def bucketed_gpu(
 ) -> dict[str, list[GpuBucket]]:
     """Per device uuid, the buckets of ``plan`` in time order (see core.metering.series.bucket_gpu).
 
-    One query per device: SQLite sorts each device's rows for GROUP BY, and several small sorts
-    are cheaper than one big one; ``threads`` of them run at once (sqlite3 releases the GIL).
+    Each device apart (seq ranges, or a GROUP BY: several small sorts are cheaper than one big
+    one); ``threads`` of them run at once (sqlite3 releases the GIL).
     """
     if devices is None:
         devices = sorted(stream_counts(ledger, run_id)["gpu"])
@@ -114,51 +118,58 @@ def bucketed_gpu(
     return {uuid: buckets for uuid, buckets in zip(devices, parts, strict=True) if buckets}
 
 
-def _bucketed_device(ledger: Ledger, run_id: str, uuid: str, plan: Plan) -> list[GpuBucket]:
+def _gpu_aggregates(dialect: str) -> list[Any]:
+    """The per-bucket figures of a GPU stream, in this order (the GROUP BY and the seq ranges share them).
+
+    Every aggregate costs ~30-60 ns per row (2 million rows in a big run): only what the report
+    uses. Bucket edges come from the plan; the clock mean is per interval (intervals are regular)."""
     g = gpu_intervals.c
     span = g.t1 - g.t0
-    key = _key(ledger.dialect, g.t0, g.seq, plan).label("key")
-    util = _per_interval(ledger.dialect, g.busy_s, span)
-    # Every aggregate costs ~60 ns per row (2 million rows in a big run): only what the report uses.
-    # Bucket edges come from the plan; the clock mean is per interval (intervals are regular).
-    q = (
-        sa.select(
-            key,
-            sa.func.count().label("n"),
-            sa.func.sum(span).label("covered"),
-            sa.func.sum(g.busy_s).label("busy_s"),
-            sa.func.min(util).label("util_min"),
-            sa.func.max(util).label("util_max"),
-            sa.func.max(g.util_max_pct).label("util_max_pct"),
-            sa.func.sum(g.energy_j).label("energy_j"),
-            sa.func.max(g.power_max_w).label("power_max_w"),
-            sa.func.max(g.mem_used_max_b).label("mem_max"),
-            sa.func.min(g.mem_used_max_b).label("mem_min"),
-            sa.func.max(g.proc_mem_max_b).label("proc_max"),
-            sa.func.max(g.temp_max_c).label("temp_max"),
-            sa.func.avg(g.sm_clock_avg_mhz).label("clock_avg"),
-            sa.func.min(g.sm_clock_avg_mhz).label("clock_min"),
-            sa.func.count(sa.case((sa.cast(g.throttle_s, sa.Text) != "{}", 1))).label("throttled"),
-            sa.func.sum(unmeasured_sql(g)).label("unmeasured"),
-        )
-        .where(g.run_id == run_id, g.device_uuid == uuid)
-        .group_by(key)
-    )
-    throttle_cols = [sa.func.sum(g.throttle_s[r].as_float()).label(r) for r in THROTTLE_REASONS]
-    tq = (
-        sa.select(key, *throttle_cols)
-        .where(g.run_id == run_id, g.device_uuid == uuid, g.throttle_s.is_not(None))
-        .where(sa.cast(g.throttle_s, sa.Text) != "{}")
-        .group_by(key)
-    )
+    util = _per_interval(dialect, g.busy_s, span)
+    if dialect == "sqlite":  # the JSON text as stored; no CAST and no CASE per row
+        throttled = sa.func.count(sa.func.nullif(sa.type_coerce(g.throttle_s, sa.Text), "{}"))
+    else:
+        throttled = sa.func.count(sa.case((sa.cast(g.throttle_s, sa.Text) != "{}", 1)))
+    return [
+        sa.func.count().label("n"),
+        sa.func.sum(span).label("covered"),
+        sa.func.sum(g.busy_s).label("busy_s"),
+        sa.func.min(util).label("util_min"),
+        sa.func.max(util).label("util_max"),
+        sa.func.max(g.util_max_pct).label("util_max_pct"),
+        sa.func.sum(g.energy_j).label("energy_j"),
+        sa.func.max(g.power_max_w).label("power_max_w"),
+        sa.func.max(g.mem_used_max_b).label("mem_max"),
+        sa.func.min(g.mem_used_max_b).label("mem_min"),
+        sa.func.max(g.proc_mem_max_b).label("proc_max"),
+        sa.func.max(g.temp_max_c).label("temp_max"),
+        sa.func.avg(g.sm_clock_avg_mhz).label("clock_avg"),
+        sa.func.min(g.sm_clock_avg_mhz).label("clock_min"),
+        throttled.label("throttled"),
+        sa.func.sum(unmeasured_sql(g)).label("unmeasured"),
+    ]
 
-    def tx(conn: Connection) -> tuple[list[Any], list[Any], dict[str, Any]]:
-        rows = list(conn.execute(q).mappings())
-        throttled = list(conn.execute(tq).mappings()) if any(r["throttled"] for r in rows) else []
-        return rows, throttled, _ends(conn, run_id, uuid)
 
-    rows, trows, ends = ledger.read(tx)
-    throttled = {int(r["key"]): {k: float(r[k]) for k in THROTTLE_REASONS if r[k] is not None} for r in trows}
+def _throttle_sums() -> list[Any]:
+    g = gpu_intervals.c
+    return [sa.func.sum(g.throttle_s[r].as_float()).label(r) for r in THROTTLE_REASONS]
+
+
+def _throttled_rows() -> list[Any]:
+    g = gpu_intervals.c
+    return [g.throttle_s.is_not(None), sa.cast(g.throttle_s, sa.Text) != "{}"]
+
+
+def _bucketed_device(ledger: Ledger, run_id: str, uuid: str, plan: Plan) -> list[GpuBucket]:
+    def tx(conn: Connection) -> tuple[list[Any], dict[int, dict[str, float]], dict[str, Any]]:
+        found = None
+        if ledger.dialect == "sqlite":
+            found = _device_by_ranges(conn, run_id, uuid, plan)
+        if found is None:
+            found = _device_grouped(conn, ledger.dialect, run_id, uuid, plan)
+        return *found, _ends(conn, run_id, uuid)
+
+    rows, throttled, ends = ledger.read(tx)
     out: list[GpuBucket] = []
     for r in rows:
         k = int(r["key"])
@@ -198,6 +209,65 @@ def _bucketed_device(ledger: Ledger, run_id: str, uuid: str, plan: Plan) -> list
     return out
 
 
+def _device_grouped(
+    conn: Connection, dialect: str, run_id: str, uuid: str, plan: Plan
+) -> tuple[list[Any], dict[int, dict[str, float]]]:
+    """One GROUP BY on the bucket of t0 (PostgreSQL, and SQLite streams out of time order)."""
+    g = gpu_intervals.c
+    key = _key(dialect, g.t0, g.seq, plan).label("key")
+    mine = (g.run_id == run_id, g.device_uuid == uuid)
+    rows = list(conn.execute(sa.select(key, *_gpu_aggregates(dialect)).where(*mine).group_by(key)).mappings())
+    throttled: dict[int, dict[str, float]] = {}
+    if any(r["throttled"] for r in rows):
+        tq = sa.select(key, *_throttle_sums()).where(*mine, *_throttled_rows()).group_by(key)
+        for r in conn.execute(tq).mappings():
+            throttled[int(r["key"])] = {k: float(r[k]) for k in THROTTLE_REASONS if r[k] is not None}
+    return rows, throttled
+
+
+def _device_by_ranges(
+    conn: Connection, run_id: str, uuid: str, plan: Plan
+) -> tuple[list[Any], dict[int, dict[str, float]]] | None:
+    """The buckets of one SQLite stream summed seq range by seq range (store/series_ranges.py),
+    without the GROUP BY's sort of every row; None when the stream is not in time order."""
+    g = gpu_intervals.c
+    if plan.width_s is None:
+        return None
+    mine = (g.run_id == sa.literal_column(":run"), g.device_uuid == sa.literal_column(":uuid"))
+    aggs = _gpu_aggregates("sqlite")
+    names = [c.name for c in aggs]
+    walk_q = sa.select(sa.func.count(), sa.func.max(g.seq), sa.func.min(g.t0), *aggs).where(
+        *mine, g.seq >= sa.literal_column(":a"), g.seq < sa.literal_column(":b"), g.t0 < sa.literal_column(":edge")
+    )
+    range_q = sa.select(*_throttle_sums()).where(
+        *mine, g.seq >= sa.literal_column(":a"), g.seq <= sa.literal_column(":last"), *_throttled_rows()
+    )
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        where = "run_id = :run AND device_uuid = :uuid"
+        found = series_ranges.stream(cur, _sqlite(walk_q), "gpu_intervals", where, {"run": run_id, "uuid": uuid}, plan)
+        if found is None:
+            return None
+        rows, throttled = [], {}
+        throttle_sql = _sqlite(range_q)
+        for k, a, row in found:
+            r = dict(zip(names, row[3:], strict=True), key=k)
+            rows.append(r)
+            if r["throttled"]:
+                sums = cur.execute(throttle_sql, {"run": run_id, "uuid": uuid, "a": a, "last": row[1]}).fetchone()
+                throttled[k] = {name: float(v) for name, v in zip(THROTTLE_REASONS, sums, strict=True) if v is not None}
+        return rows, throttled
+    finally:
+        cur.close()
+
+
+def _sqlite(q: sa.Select[Any]) -> str:
+    """``q`` as SQLite text, its constants inline and ``:name`` parameters left for the driver."""
+    from sqlalchemy.dialects import sqlite
+
+    return str(q.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
+
+
 def _ends(conn: Connection, run_id: str, uuid: str) -> dict[str, Any]:
     """What the device's first and last interval tell (two index lookups, where a scan of every row
     would cost as much as the whole bucketing): the time span, the measuring methods (a collector
@@ -231,39 +301,64 @@ def _edges(plan: Plan, key: int, ends: dict[str, Any]) -> tuple[float, float]:
     return t0, max(t0, t1)
 
 
-def bucketed_host(ledger: Ledger, run_id: str, plan: Plan) -> list[HostBucket]:
+def _host_aggregates(dialect: str) -> list[Any]:
     h = host_intervals.c
     span = h.t1 - h.t0
-    key = _key(ledger.dialect, h.t0, h.seq, plan).label("key")
-    rate = _per_interval(ledger.dialect, h.cpu_s, span)
-    q = (
-        sa.select(
-            key,
-            sa.func.count().label("n"),
-            sa.func.min(h.t0).label("t0"),
-            sa.func.max(h.t1).label("t1"),
-            sa.func.sum(span).label("covered"),
-            sa.func.sum(h.cpu_s).label("cpu_s"),
-            sa.func.min(rate).label("rate_min"),
-            sa.func.max(rate).label("rate_max"),
-            sa.func.max(h.rss_max_b).label("rss_max"),
-            sa.func.min(h.rss_max_b).label("rss_min"),
-            _sum_int(h.read_b).label("read_b"),
-            _sum_int(h.write_b).label("write_b"),
-            sa.func.max(h.procs_max).label("procs_max"),
-            _wmean(h.sys_cpu_util_avg_pct, span).label("sys_cpu"),
-            sa.func.sum(h.iowait_s).label("iowait_s"),
-            sa.func.max(h.sys_mem_used_max_b).label("sys_mem"),
-            _sum_int(h.disk_read_b).label("disk_read_b"),
-            _sum_int(h.disk_write_b).label("disk_write_b"),
-            _sum_int(h.net_rx_b).label("net_rx_b"),
-            _sum_int(h.net_tx_b).label("net_tx_b"),
-        )
-        .where(h.run_id == run_id)
-        .group_by(key)
-        .order_by(key)
+    rate = _per_interval(dialect, h.cpu_s, span)
+    return [
+        sa.func.count().label("n"),
+        sa.func.min(h.t0).label("t0"),
+        sa.func.max(h.t1).label("t1"),
+        sa.func.sum(span).label("covered"),
+        sa.func.sum(h.cpu_s).label("cpu_s"),
+        sa.func.min(rate).label("rate_min"),
+        sa.func.max(rate).label("rate_max"),
+        sa.func.max(h.rss_max_b).label("rss_max"),
+        sa.func.min(h.rss_max_b).label("rss_min"),
+        _sum_int(h.read_b).label("read_b"),
+        _sum_int(h.write_b).label("write_b"),
+        sa.func.max(h.procs_max).label("procs_max"),
+        _wmean(h.sys_cpu_util_avg_pct, span).label("sys_cpu"),
+        sa.func.sum(h.iowait_s).label("iowait_s"),
+        sa.func.max(h.sys_mem_used_max_b).label("sys_mem"),
+        _sum_int(h.disk_read_b).label("disk_read_b"),
+        _sum_int(h.disk_write_b).label("disk_write_b"),
+        _sum_int(h.net_rx_b).label("net_rx_b"),
+        _sum_int(h.net_tx_b).label("net_tx_b"),
+    ]
+
+
+def _host_by_ranges(conn: Connection, run_id: str, plan: Plan) -> list[dict[str, Any]] | None:
+    """The host stream's buckets seq range by seq range (as ``_device_by_ranges``), or None."""
+    h = host_intervals.c
+    aggs = _host_aggregates("sqlite")
+    names = [c.name for c in aggs]
+    q = sa.select(sa.func.count(), sa.func.max(h.seq), sa.func.min(h.t0), *aggs).where(
+        h.run_id == sa.literal_column(":run"),
+        h.seq >= sa.literal_column(":a"),
+        h.seq < sa.literal_column(":b"),
+        h.t0 < sa.literal_column(":edge"),
     )
-    rows = ledger.read(lambda conn: list(conn.execute(q).mappings()))
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        found = series_ranges.stream(cur, _sqlite(q), "host_intervals", "run_id = :run", {"run": run_id}, plan)
+    finally:
+        cur.close()
+    if found is None:
+        return None
+    return [dict(zip(names, row[3:], strict=True), key=k) for k, _, row in found]
+
+
+def bucketed_host(ledger: Ledger, run_id: str, plan: Plan) -> list[HostBucket]:
+    def tx(conn: Connection) -> list[Any]:
+        found = _host_by_ranges(conn, run_id, plan) if ledger.dialect == "sqlite" else None
+        if found is not None:
+            return found
+        key = _key(ledger.dialect, host_intervals.c.t0, host_intervals.c.seq, plan).label("key")
+        q = sa.select(key, *_host_aggregates(ledger.dialect)).where(host_intervals.c.run_id == run_id)
+        return list(conn.execute(q.group_by(key).order_by(key)).mappings())
+
+    rows = ledger.read(tx)
     out = []
     for r in rows:
         merged = HostInterval(
