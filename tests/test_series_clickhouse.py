@@ -11,6 +11,7 @@ a bad row is a clear error that stores nothing.
 from __future__ import annotations
 
 import itertools
+import socket
 import subprocess
 import sys
 import time
@@ -355,6 +356,17 @@ def test_bad_rows_are_refused_whole(store: ClickHouseSeries) -> None:
 def test_bad_url_is_a_clear_error(url: str, message: str) -> None:
     with pytest.raises(ClickHouseError, match=message) as e:
         ClickHouseSeries(url)
+    assert "secret" not in str(e.value)
+
+
+def test_unreachable_server_is_a_clear_error() -> None:
+    """clickhouse:// to a port where nothing listens (a real refused connection on loopback)."""
+    need_module("clickhouse_connect", "pip install 'gpuledger[clickhouse]'")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ClickHouseError, match=f"cannot reach ClickHouse at 127.0.0.1:{port}") as e:
+        ClickHouseSeries(f"clickhouse://ana:secret@127.0.0.1:{port}/gpuledger")
     assert "secret" not in str(e.value)
 
 

@@ -131,26 +131,38 @@ class HttpClient:
     def __init__(self, host: str, port: int, user: str, password: str, database: str) -> None:
         try:
             import clickhouse_connect
+            from clickhouse_connect.driver.exceptions import Error
         except ImportError as e:
             raise ClickHouseError(f"clickhouse:// needs clickhouse-connect: {EXTRA_HINT}") from e
         self.database = database
-        self._client = clickhouse_connect.get_client(
-            host=host, port=port, username=user, password=password, database=database
-        )
+        self._errors = Error
+        try:
+            self._client = clickhouse_connect.get_client(
+                host=host, port=port, username=user, password=password, database=database
+            )
+        except Error as e:
+            raise ClickHouseError(f"cannot reach ClickHouse at {host}:{port} as {user!r}: {e}") from e
+
+    def _call(self, method: str, *args: Any, **kw: Any) -> Any:
+        try:
+            return getattr(self._client, method)(*args, **kw)
+        except self._errors as e:
+            raise ClickHouseError(f"ClickHouse refused: {e}") from e
 
     def command(self, sql: str, settings: Mapping[str, Any] | None = None) -> None:
-        self._client.command(sql, settings=dict(settings or {}))
+        self._call("command", sql, settings=dict(settings or {}))
 
     def insert(
         self, table: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str], settings: Mapping[str, Any]
     ) -> None:
         if rows:
             block = json_rows(rows).encode()
-            self._client.raw_insert(table, list(columns), block, settings=dict(settings), fmt="JSONEachRow")
+            self._call("raw_insert", table, list(columns), block, settings=dict(settings), fmt="JSONEachRow")
 
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[list[Any]]:
-        raw = self._client.raw_query(sql, parameters=dict(params or {}), settings=_READ_SETTINGS, fmt="JSONCompact")
-        return _decode(raw)
+        return _decode(
+            self._call("raw_query", sql, parameters=dict(params or {}), settings=_READ_SETTINGS, fmt="JSONCompact")
+        )
 
     def close(self) -> None:
         self._client.close()
