@@ -79,6 +79,7 @@ def _counts(s: ClickHouseSeries) -> tuple[int, int, int]:
 # -- a recorded run -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real `gpuledger run` of 3 s
 def test_recorded_run_round_trip(store: ClickHouseSeries, tmp_path: Path) -> None:
     """A real `gpuledger run --replay-gpus` (the real NVML collector over the scripted NVML and a
     shipped trace) into SQLite; its rows through the store equal quantize_gpu / quantize_host of
