@@ -311,6 +311,10 @@ def pg_store_size(data: dict[str, np.ndarray], batch: int) -> dict[str, int]:
             store.maintain()  # now: every written day ended weeks ago
             conn.execute(f"VACUUM (ANALYZE) {schema}.gpu_iv")
             out["pg-compact-store-closed"] = store.bytes_at_rest()
+            # Not in bytes_at_rest (not the intervals'): the batch tokens, one row per write().
+            out["(its batch tokens)"] = int(
+                conn.execute("SELECT pg_total_relation_size(%s)", (f"{schema}.batches",)).fetchone()[0]  # type: ignore[index]
+            )
         return out
     finally:
         store.close()

@@ -123,7 +123,7 @@ def compact_before(conn: psycopg.Connection, schema: str, cut: int) -> list[str]
     """Rebuild the key index of each day partition before ``cut`` once, full (fillfactor 100: a
     day that ended takes few rows more), marked done by its comment. While a day is written, each
     of its many streams appends in the middle of the index and leaves pages part empty (measured on
-    benchmarks/scale_storage.py's telemetry: 62 % full, 32 B an interval); rebuilt, 20 B.
+    benchmarks/scale_storage.py's day: two-thirds full, 30 B an interval); rebuilt, 20 B.
     ``REINDEX CONCURRENTLY``: writers and readers go on meanwhile, and a late row after it is still
     taken. Needs autocommit (no transaction block around it)."""
     s = check_schema(schema)
