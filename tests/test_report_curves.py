@@ -293,3 +293,79 @@ def test_a_stream_in_time_order_is_summed_by_seq_ranges_and_one_out_of_order_is_
             if fast:
                 assert found is not None
                 assert [r["n"] for r in found[0]] == [b.n for b in reference_gpu(gpu, plan)]
+
+
+MIDNIGHT = 1_760_054_400.0  # 2025-10-10 00:00 UTC, 54,400 s after T0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    specs=st.lists(streams(), min_size=1, max_size=2),
+    before=st.sampled_from([0.0, 3.0, 30.0]),
+    long=st.sampled_from([None, 0.5, 2 * 86400.0]),  # one interval across midnight, or two
+    points=st.integers(2, 9),
+)
+def test_the_run_is_priced_from_the_series_pass_as_from_its_intervals(
+    ledger_url: str, specs: list[dict[str, Any]], before: float, long: float | None, points: int
+) -> None:
+    # The report prices the run from day sums its series pass made (cost_queries.summed_streams):
+    # they must be the sums the cost engine reads from the intervals, midnights included.
+    from gpuledger.reports.cost.costing import load_rate_card, run_costs
+    from gpuledger.store import cost_queries as cq
+
+    if long is not None:
+        specs = [
+            {**s, "rows": [*s["rows"], {**s["rows"][0], "gap": 0.0, "span": long, "busy_s": long / 2}]} for s in specs
+        ]
+    with Ledger(ledger_url) as led:
+        run_id = str(uuidlib.uuid4())
+        devs = [device(i) for i in range(len(specs))]
+        start = MIDNIGHT - before - sum(r["gap"] + r["span"] for r in specs[0]["rows"]) / 2
+        gpu = [iv for d, spec in zip(devs, specs, strict=True) for iv in _gpu(d.uuid, spec, start)]
+        end = max(iv.t1 for iv in gpu)
+        run = RunRecord(id=run_id, command=["x"], user="u", host="h", cwd="/", started_at=start,
+                        status="succeeded", ended_at=end)  # fmt: skip
+        led.create_run(run)
+        led.add_devices(run_id, devs)
+        led.append(run_id, gpu=gpu)
+        data = rundata.load(led, run, max_points=points, days=True)
+        assume(data.downsampled)
+        if led.dialect == "sqlite" and all(s["swap"] is s["stray"] is s["hole"] is None for s in specs):
+            assert set(data.day_sums) == {(run_id, d.uuid) for d in devs}  # the fast path summed them
+        plain = led.read(lambda c: cq.interval_sums(c, [run_id], None, None))
+        with cq.summed_streams(data.day_sums):
+            given_sums = led.read(lambda c: cq.interval_sums(c, [run_id], None, None))
+        key = lambda r: (r["device_uuid"], r.get("day"), r["t0"])  # noqa: E731
+        assert sorted(given_sums[0], key=key) == sorted(plain[0], key=key)
+        assert sorted(given_sums[1], key=key) == sorted(plain[1], key=key)
+        card = load_rate_card(None)
+        with cq.summed_streams(data.day_sums):
+            priced = run_costs(led, [run_id], scope=None, card=card)
+        assert priced == run_costs(led, [run_id], scope=None, card=card)
+
+
+def test_an_empty_interval_at_midnight_is_priced_on_the_day_it_starts(tmp_path: Any) -> None:
+    # Every later interval in its bucket ends after midnight, which tells the bucket is not one
+    # day's; an interval of no length starting at midnight is told only by its start.
+    from gpuledger.store import cost_queries as cq
+
+    rows = [{"gap": 0.0, "span": 1.0, "busy_s": 0.5, "reasons": 0} for _ in range(10)]
+    spec = {"rows": [*rows, {**rows[0], "span": 0.0, "busy_s": 0.0}], "throttle": "none", "swap": None}
+    spec.update(stray=None, hole=None)
+    with Ledger(f"sqlite:///{tmp_path}/l.db") as led:
+        run_id, dev = str(uuidlib.uuid4()), device(0)
+        gpu = _gpu(dev.uuid, spec, MIDNIGHT - 10)
+        run = RunRecord(id=run_id, command=["x"], user="u", host="h", cwd="/", started_at=MIDNIGHT - 10,
+                        status="succeeded", ended_at=MIDNIGHT)  # fmt: skip
+        led.create_run(run)
+        led.add_devices(run_id, [dev])
+        led.append(run_id, gpu=gpu)
+        data = rundata.load(led, run, max_points=3, days=True)
+        assert data.day_sums
+        with cq.summed_streams(data.day_sums):
+            days = {r["day"]: r["intervals"] for r in led.read(lambda c: cq.interval_days(c, [run_id], None, None))}
+        assert days == {int(MIDNIGHT // 86400) - 1: 10, int(MIDNIGHT // 86400): 1}
+        # ... and the sums given are the ones used: no read of the intervals behind them
+        doctored = {k: ([{**r, "intervals": 7} for r in rows], raw) for k, (rows, raw) in data.day_sums.items()}
+        with cq.summed_streams(doctored):
+            assert {r["intervals"] for r in led.read(lambda c: cq.interval_days(c, [run_id], None, None))} == {7}

@@ -10,8 +10,11 @@ their results are used for the arithmetic only, never shown.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Collection, Iterable, Sequence
+import math
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import sqlalchemy as sa
@@ -38,6 +41,8 @@ __all__ = [
     "rollup_days",
     "rollup_group_sums",
     "run_rows",
+    "stream_day_sums",
+    "summed_streams",
     "tenants_of",
     "unrolled_runs",
     "with_intervals",
@@ -348,6 +353,7 @@ def _in_seq_order(conn: Connection, run_ids: Sequence[str]) -> tuple[list[dict[s
     g = gpu_intervals.c
     sums: dict[tuple[str, str, int], dict[str, Any]] = {}
     raw_rows: list[dict[str, Any]] = []
+    known = _SUMMED.get()
     for run_id in sorted(set(run_ids)):
         uuid: str | None = None
         while True:  # the run's streams, one index seek each (no scan of its intervals)
@@ -357,9 +363,77 @@ def _in_seq_order(conn: Connection, run_ids: Sequence[str]) -> tuple[list[dict[s
             uuid = _fetch(conn, q)[0][0]
             if uuid is None:
                 break
-            if _stream_in_seq_order(conn, run_id, uuid, sums, raw_rows) is None:
+            summed = known.get((run_id, uuid))
+            if summed is not None:  # the run report summed this stream already (store/series_queries.py)
+                sums.update({(run_id, uuid, row["day"]): dict(row) for row in summed[0]})
+                raw_rows += summed[1]
+            elif _stream_in_seq_order(conn, run_id, uuid, sums, raw_rows) is None:
                 return None
     return list(sums.values()), raw_rows
+
+
+# (run_id, uuid) -> that stream's (day rows, raw rows), as _stream_in_seq_order would add them.
+StreamDays = dict[tuple[str, str], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+_SUMMED: ContextVar[StreamDays] = ContextVar("summed_streams", default={})  # noqa: B039 (never mutated)
+
+
+@contextlib.contextmanager
+def summed_streams(streams: StreamDays) -> Iterator[None]:
+    """Within the block, ``interval_sums`` of whole runs takes these streams' day sums as given
+    instead of reading their intervals again: the run report sums each stream's buckets in one
+    pass and prices the run from the same pass (``stream_day_sums``)."""
+    token = _SUMMED.set(streams)
+    try:
+        yield
+    finally:
+        _SUMMED.reset(token)
+
+
+# One seq range of a stream: a, last seq, least t0, a bound above every t0 in it, greatest t1,
+# busy sum and count, energy sum and count, rows.
+Range = tuple[int, int, float, float, float, float | None, int, float | None, int, int]
+
+
+def stream_day_sums(
+    run_id: str, uuid: str, ranges: Iterable[Range], rows_of: Callable[[int, int], list[tuple[Any, ...]]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One stream's (day rows, raw rows), as ``_stream_in_seq_order`` makes them, from sums over
+    consecutive seq ranges that cover the stream: a range inside one day (its t0 bound and its
+    greatest t1 say so) is added whole; the few others (around a midnight) are read row by row
+    with ``rows_of(a, last)``: (t0, t1, busy_s, energy_j) tuples."""
+    sums: dict[tuple[str, str, int], dict[str, Any]] = {}
+    raw_rows: list[dict[str, Any]] = []
+    for a, last, t0, below, t1, busy, busy_n, energy, energy_n, n in ranges:
+        day = int(t0 / DAY_S)  # as SQL's CAST(t0 / 86400 AS INTEGER), which may round up to a midnight
+        if int(math.nextafter(below, -math.inf) / DAY_S) == day and t1 <= (day + 1) * DAY_S:
+            _add_sums(sums, run_id, uuid, day, t0, t1, busy, busy_n, energy, energy_n, n)
+            continue
+        for r0, r1, r_busy, r_energy in rows_of(a, last):
+            _add_row(sums, raw_rows, run_id, uuid, r0, r1, r_busy, r_energy)
+    return list(sums.values()), raw_rows
+
+
+def _add_row(
+    sums: dict[tuple[str, str, int], dict[str, Any]],
+    raw_rows: list[dict[str, Any]],
+    run_id: str,
+    uuid: str,
+    t0: float,
+    t1: float,
+    busy: float | None,
+    energy: float | None,
+) -> None:
+    """One interval added to its day (split in two when it crosses one midnight; raw beyond)."""
+    d0, d1 = int(t0 / DAY_S), int(t1 / DAY_S)
+    if d1 > d0 + 1:
+        raw_rows.append({"run_id": run_id, "device_uuid": uuid, "t0": t0, "t1": t1, "busy_s": busy, "energy_j": energy})
+    elif d1 > d0 and t1 > (d0 + 1) * DAY_S:
+        night = (d0 + 1) * DAY_S
+        first = (night - t0) / (t1 - t0)
+        _add_part(sums, run_id, uuid, d0, t0, night, busy, energy, first, 0)
+        _add_part(sums, run_id, uuid, d0 + 1, night, t1, busy, energy, 1.0 - first, 1)
+    else:
+        _add_sums(sums, run_id, uuid, d0, t0, t1, busy, int(busy is not None), energy, int(energy is not None), 1)
 
 
 def _stream_in_seq_order(
@@ -423,18 +497,7 @@ def _stream_in_seq_order(
             _add_sums(sums, run_id, uuid, day, body[0], body[2], body[3], body[4], body[5], body[6], body[7])
             counted += body[7]
         counted += 1
-        d0, d1 = int(t0 / DAY_S), int(t1 / DAY_S)
-        if d1 > d0 + 1:
-            raw_rows.append(
-                {"run_id": run_id, "device_uuid": uuid, "t0": t0, "t1": t1, "busy_s": busy, "energy_j": energy}
-            )
-        elif d1 > d0 and t1 > (d0 + 1) * DAY_S:
-            night = (d0 + 1) * DAY_S
-            first = (night - t0) / (t1 - t0)
-            _add_part(sums, run_id, uuid, d0, t0, night, busy, energy, first, 0)
-            _add_part(sums, run_id, uuid, d0 + 1, night, t1, busy, energy, 1.0 - first, 1)
-        else:
-            _add_sums(sums, run_id, uuid, d0, t0, t1, busy, int(busy is not None), energy, int(energy is not None), 1)
+        _add_row(sums, raw_rows, run_id, uuid, t0, t1, busy, energy)
     return counted
 
 

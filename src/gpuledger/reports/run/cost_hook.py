@@ -8,7 +8,8 @@ raises, a report still renders: errors here become "no cost block". It provides:
 - ``run_cost(ledger, run_id)``: the priced run; its ``total`` and ``currency`` are used.
 - ``value_for_money(ledger, run_id)``: cost per mAP point and the like; without it, compare
   divides the run cost by the best mAP itself.
-- ``run_cost_and_value(ledger, run_id)``: both from one pricing (the run report asks for both).
+- ``run_cost_and_value(ledger, run_id)``: both from one pricing (the run report asks for both,
+  handing over the GPU day sums its series pass made: store/cost_queries.summed_streams).
 """
 
 from __future__ import annotations
@@ -35,10 +36,25 @@ def rate_card_configured(env: Mapping[str, str] | None = None) -> bool:
     return bool((os.environ if env is None else env).get(RATES_ENV))
 
 
-def _call(name: str, ledger: Ledger, run: RunRecord) -> Any:
-    """``name(ledger, run_id)`` of the cost engine; None when it is absent or fails."""
+def engine() -> Any:
+    """The cost engine's module (imported once), or None when it cannot be imported."""
     try:
-        return getattr(importlib.import_module(MODULE), name)(ledger, run.id)
+        return importlib.import_module(MODULE)
+    except Exception:
+        return None
+
+
+def _call(name: str, ledger: Ledger, run: RunRecord, summed: Mapping[Any, Any] | None = None) -> Any:
+    """``name(ledger, run_id)`` of the cost engine; None when it is absent or fails. ``summed``:
+    GPU streams whose day sums the caller read already (store/cost_queries.summed_streams)."""
+    try:
+        fn = getattr(importlib.import_module(MODULE), name)
+        if not summed:
+            return fn(ledger, run.id)
+        from gpuledger.store.cost_queries import summed_streams
+
+        with summed_streams(dict(summed)):
+            return fn(ledger, run.id)
     except Exception:  # a broken rate card, an engine error: the report renders without money
         return None
 
@@ -95,11 +111,13 @@ def _value(result: Any) -> dict[str, Any] | None:
     return None
 
 
-def run_cost_and_value(ledger: Ledger, run: RunRecord) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def run_cost_and_value(
+    ledger: Ledger, run: RunRecord, summed: Mapping[Any, Any] | None = None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``(run_cost, value_for_money)`` from one pricing of the run when the engine offers it
     (``run_cost_and_value``: a big run's intervals are read once), else from both calls; the value
-    is None whenever the cost is."""
-    both = jsonable(_call("run_cost_and_value", ledger, run))
+    is None whenever the cost is. ``summed``: the day sums of streams the report read already."""
+    both = jsonable(_call("run_cost_and_value", ledger, run, summed))
     if not isinstance(both, dict):
         cost = run_cost(ledger, run)
         return cost, value_for_money(ledger, run) if cost else None

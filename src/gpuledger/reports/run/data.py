@@ -45,6 +45,8 @@ class RunData:
     end: float  # where the measured time stops
     now: float
     summary: dict[str, Any] = field(default_factory=dict)
+    # (run_id, uuid) -> day sums for pricing, of the streams the series pass summed (load(days=True))
+    day_sums: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     @property
     def downsampled(self) -> bool:
@@ -57,7 +59,11 @@ class RunData:
         return [b.merged for b in self.host]
 
 
-def load(ledger: Ledger, run: RunRecord, now: float | None = None, max_points: int = series.MAX_POINTS) -> RunData:
+def load(
+    ledger: Ledger, run: RunRecord, now: float | None = None, max_points: int = series.MAX_POINTS, days: bool = False
+) -> RunData:
+    """``days``: also the day sums the pricing needs, from the same pass over the intervals
+    (``RunData.day_sums``; store/cost_queries.summed_streams hands them to the cost engine)."""
     from gpuledger.store import series_queries
 
     now = time.time() if now is None else now
@@ -66,6 +72,7 @@ def load(ledger: Ledger, run: RunRecord, now: float | None = None, max_points: i
     origin = min(run.started_at, counts["t0"] if counts["t0"] is not None else run.started_at)
     end = _end(run, counts, now)
     plan = series.plan(origin, end, longest, max_points)
+    day_sums: dict[tuple[str, str], Any] = {}
     if plan.width_s is None:
         gpu = series.bucket_gpu(ledger.gpu_intervals(run.id), plan)
         host = series.bucket_host(ledger.host_intervals(run.id), plan)
@@ -73,11 +80,14 @@ def load(ledger: Ledger, run: RunRecord, now: float | None = None, max_points: i
         # The host query runs beside the per-device GPU queries (sqlite3 releases the GIL).
         with ThreadPoolExecutor(max_workers=1) as pool:
             host_future = pool.submit(series_queries.bucketed_host, ledger, run.id, plan)
-            gpu = series_queries.bucketed_gpu(ledger, run.id, plan, sorted(counts["gpu"]))
+            gpu = series_queries.bucketed_gpu(
+                ledger, run.id, plan, sorted(counts["gpu"]), days=day_sums if days else None
+            )
             host = host_future.result()
     data = RunData(
         run, ledger.devices(run.id), plan, gpu, host, ledger.events(run.id), ledger.metrics(run.id), counts, end, now
     )
+    data.day_sums = day_sums
     data.summary = _summary(data)
     return data
 

@@ -63,11 +63,13 @@ def build(
     ledger: Ledger, run: RunRecord, now: float | None = None, with_history: bool = True, with_cost: bool = True
 ) -> dict[str, Any]:
     now = time.time() if now is None else now
-    # The cost engine reads the ledger on its own: let it run beside the series queries.
+    # The series pass also sums each GPU's days, and the cost engine prices the run from those
+    # sums instead of reading every interval again; it is imported meanwhile.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(costhook.run_cost_and_value, ledger, run) if with_cost else None
-        data = rundata.load(ledger, run, now)
-        cost, value = pending.result() if pending is not None else (None, None)
+        if with_cost:
+            pool.submit(costhook.engine)
+        data = rundata.load(ledger, run, now, days=with_cost)
+    cost, value = costhook.run_cost_and_value(ledger, run, data.day_sums) if with_cost else (None, None)
     trace = rundata.trace_of(ledger, data, with_history, cost=cost if with_cost else False)
     findings = diagnose(trace)
     epochs = rundata.epoch_rows(data)
