@@ -86,21 +86,29 @@ _MAX_GONE = 4096  # kept figures of ended processes awaiting a credit; beyond th
 _FULL_SCAN_EVERY = 60
 
 
+# Usage(a, b, c) runs the named tuple's __new__, a Python function; this builds the same tuple
+# in C at a quarter of the cost, and the read path makes several every tick.
+_new = tuple.__new__
+
+
 def _plus(a: Usage, b: Usage) -> Usage:
-    return Usage(a.cpu_s + b.cpu_s, a.read_b + b.read_b, a.write_b + b.write_b)
+    return _new(Usage, (a.cpu_s + b.cpu_s, a.read_b + b.read_b, a.write_b + b.write_b))
 
 
 def _minus(a: Usage, b: Usage) -> Usage:
-    return Usage(a.cpu_s - b.cpu_s, a.read_b - b.read_b, a.write_b - b.write_b)
+    return _new(Usage, (a.cpu_s - b.cpu_s, a.read_b - b.read_b, a.write_b - b.write_b))
 
 
 def _max(a: Usage, b: Usage) -> Usage:
     # Comparisons, not max(): the builtin parses its arguments by keyword at every call (3.11),
     # and this runs at every read.
-    return Usage(
-        a.cpu_s if a.cpu_s >= b.cpu_s else b.cpu_s,
-        a.read_b if a.read_b >= b.read_b else b.read_b,
-        a.write_b if a.write_b >= b.write_b else b.write_b,
+    return _new(
+        Usage,
+        (
+            a.cpu_s if a.cpu_s >= b.cpu_s else b.cpu_s,
+            a.read_b if a.read_b >= b.read_b else b.read_b,
+            a.write_b if a.write_b >= b.write_b else b.write_b,
+        ),
     )
 
 
@@ -321,9 +329,9 @@ class ProcessTreeCollector:
             last = rec.last
             if io:  # never below a figure seen (an unreadable io file reads as 0)
                 read_b, write_b = read_io(rec.pid)
-                rec.last = _max(last, Usage(cpu_s, read_b, write_b))
+                rec.last = _max(last, _new(Usage, (cpu_s, read_b, write_b)))
             elif cpu_s > last.cpu_s:  # a new Usage only when the figure moved
-                rec.last = Usage(cpu_s, last.read_b, last.write_b)
+                rec.last = _new(Usage, (cpu_s, last.read_b, last.write_b))
             rec.ppid, rec.rss_b, rec.threads = ppid, rss_b, threads
         for rec in vanished:
             del self._live[rec.pid]
@@ -427,4 +435,4 @@ class ProcessTreeCollector:
             cpu_s += r.last.cpu_s - r.base.cpu_s
             read_b += r.last.read_b - r.base.read_b
             write_b += r.last.write_b - r.base.write_b
-        return Usage(cpu_s, read_b, write_b)
+        return _new(Usage, (cpu_s, read_b, write_b))
