@@ -86,12 +86,15 @@ def loaded(names: list[str], package: str) -> list[str]:
     return [n for n in names if n == package or n.startswith(package + ".")]
 
 
-def probe_run(tmp_path: Path, *args: str) -> tuple[list[str], list[str], str]:
-    """Modules loaded when the command was exec'd and when the recorder exited, and its stderr."""
+def probe_run(
+    tmp_path: Path, *args: str, command: tuple[str, ...] = (), status: int = 0
+) -> tuple[list[str], list[str], str]:
+    """Modules loaded when the command was exec'd and when the recorder exited, and its stderr.
+    ``command``: another command than ``python -c pass`` (its last word holds the marker)."""
     out = tmp_path / "modules"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
     env["GPULEDGER_HOME"] = str(tmp_path / "home")
-    argv = ["run", "-q", *args, "--", sys.executable, "-c", f"pass  # {MARKER}"]
+    argv = ["run", "-q", *args, "--", *(command or (sys.executable, "-c", f"pass  # {MARKER}"))]
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, str(out), MARKER, *argv],
         env=env,
@@ -100,7 +103,7 @@ def probe_run(tmp_path: Path, *args: str) -> tuple[list[str], list[str], str]:
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == status, proc.stderr
     exec_file, exit_file = Path(f"{out}.exec"), Path(f"{out}.exit")
     assert exec_file.exists(), "the probe never saw the command being started (is it still started by Popen?)"
     return json.loads(exec_file.read_text()), json.loads(exit_file.read_text()), proc.stderr
@@ -148,3 +151,18 @@ def test_the_first_run_creates_the_ledger(tmp_path: Path) -> None:
     _, at_exit, _ = probe_run(tmp_path, "--no-gpu")  # no ledger yet: SQLAlchemy creates its schema
     assert loaded(at_exit, "sqlalchemy")
     assert run_count(f"sqlite:///{tmp_path}/home/ledger.db") == 1
+
+
+def test_a_command_that_cannot_start_is_recorded_without_the_database_layer(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/home/ledger.db"
+    existing_ledger(url)
+    missing = str(tmp_path / f"no-such-program-{MARKER}")
+    _, at_exit, stderr = probe_run(tmp_path, "--no-gpu", command=(missing,), status=127)
+    assert "cannot start" in stderr
+    for package in NEVER:
+        assert not loaded(at_exit, package), f"{package} was imported by a failed launch"
+    from gpuledger.store import Ledger
+
+    with Ledger(url, migrate=False) as led:
+        (run,) = led.list_runs()
+    assert (run.status, run.exit_code) == ("failed", 127)

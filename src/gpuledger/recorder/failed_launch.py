@@ -24,7 +24,7 @@ def record_failed_launch(run: RunRecord, opts: WrapOptions, error: LaunchError) 
     end = {"status": "failed", "ended_at": ended, "exit_code": error.exit_code, "status_reason": error.reason}
     pusher = opts.hooks.start_push(run.id, stderr_line) if opts.hooks.start_push is not None else None
     try:
-        return _write(opts.db_url, run, end)
+        return _write(opts.db_url, run, end, summarize=opts.summary)
     except Exception as exc:
         stderr_line(f"gpuledger: could not write the failed run {run.id} to the ledger: {exc}")
         _spool(run, end, opts.db_url)
@@ -35,14 +35,18 @@ def record_failed_launch(run: RunRecord, opts: WrapOptions, error: LaunchError) 
             pusher.finish(stderr_line)
 
 
-def _write(db_url: str | None, run: RunRecord, end: dict) -> dict:
-    from gpuledger.store import Ledger
+def _write(db_url: str | None, run: RunRecord, end: dict, *, summarize: bool = True) -> dict:
+    """The summary, or {} when nobody shows it (-q: reading it back would load the database layer)."""
+    from gpuledger.store.run_writer import open_run_ledger
 
-    with Ledger(db_url) as ledger:
+    ledger = open_run_ledger(db_url)  # a local ledger: the standard sqlite3 module (store/run_writer.py)
+    try:
         ledger.create_run(run)  # as a recorded run: created running, then ended (rollups, outbox)
         ledger.set_log(run.id, b"")
         ledger.update_run(run.id, **end)
-        return run_summary(ledger, run.id, now=end["ended_at"])
+        return run_summary(ledger, run.id, now=end["ended_at"]) if summarize else {}
+    finally:
+        ledger.close()
 
 
 def _spool(run: RunRecord, end: dict, db_url: str | None) -> None:
