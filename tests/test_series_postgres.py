@@ -157,6 +157,22 @@ def test_codec_round_trip_of_any_row(r: dict[str, Any], stream_reserved: int | N
 
 
 @pytest.mark.postgres
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(any_row(), min_size=1, max_size=6, unique_by=lambda r: r["seq"]))
+def test_any_rows_read_back_through_the_database(store: PostgresSeries, rows: list[dict[str, Any]]) -> None:
+    """The same through PostgreSQL (``extra`` as jsonb, the shapes table, NULL and empty throttles),
+    read by another store, as another server process would, which knows no key or shape yet."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    assert store.write(run_id, rows, [], run_id) == len(rows)
+    reader = PostgresSeries(PG_URL, store.schema)
+    try:
+        got = reader.gpu_intervals(run_id)
+    finally:
+        reader.close()
+    assert got == sorted((quantum.quantize_gpu(r) for r in rows), key=lambda r: r["seq"])
+
+
+@pytest.mark.postgres
 def test_bad_rows_are_refused_whole(store: PostgresSeries, schema: str) -> None:
     good = [row("GPU-a", 0, T)]
     bad_rows = [
