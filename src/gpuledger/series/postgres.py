@@ -1,6 +1,6 @@
 """The compact raw-interval store on PostgreSQL (docs/SCALE.md, step 2): a series/base.SeriesStore
 in a schema of its own (default ``series``) of any PostgreSQL database, given a ``postgresql://``
-URL. About 100 B per GPU interval at rest with its index, against 505 B as ledger rows.
+URL. 104-114 B per GPU interval at rest with its index, against 505 B as ledger rows.
 
 - Layout: series/postgres_ddl.py (tables, day partitions), series/postgres_codec.py (the row).
 - ``write``: one COPY (binary) into a temporary staging table, then per day an
