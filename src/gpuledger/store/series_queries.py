@@ -244,19 +244,19 @@ def _device_by_ranges(
     g = gpu_intervals.c
     if plan.width_s is None:
         return None
-    mine = (g.run_id == sa.literal_column(":run"), g.device_uuid == sa.literal_column(":uuid"))
+    mine = (g.run_id == _PARAM, g.device_uuid == _PARAM)  # positional: run, uuid, then as each query says
     aggs = _gpu_aggregates("sqlite")
     names = [c.name for c in aggs]
     extra = [sa.func.count(g.busy_s), sa.func.count(g.energy_j), sa.func.max(g.t1)] if days is not None else []
     walk_q = sa.select(sa.func.count(), sa.func.max(g.seq), sa.func.min(g.t0), *extra, *aggs).where(
-        *mine, g.seq >= sa.literal_column(":a"), g.seq < sa.literal_column(":b"), g.t0 < sa.literal_column(":edge")
+        *mine, g.seq >= _PARAM, g.seq < _PARAM, g.t0 < _PARAM
     )
-    seqs = (g.seq >= sa.literal_column(":a"), g.seq <= sa.literal_column(":last"))
+    seqs = (g.seq >= _PARAM, g.seq <= _PARAM)
     range_q = sa.select(*_throttle_sums()).where(*mine, *seqs, *_throttled_rows())
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    params = {"run": run_id, "uuid": uuid}
+    params = (run_id, uuid)
     try:
-        where = "run_id = :run AND device_uuid = :uuid"
+        where = "run_id = ? AND device_uuid = ?"
         found = series_ranges.stream(cur, _sqlite(walk_q), "gpu_intervals", where, params, plan)
         if found is None:
             return None
@@ -266,7 +266,7 @@ def _device_by_ranges(
             r = dict(zip(names, row[3 + len(extra) :], strict=True), key=k)
             rows.append(r)
             if r["throttled"]:
-                sums = cur.execute(throttle_sql, {**params, "a": a, "last": row[1]}).fetchone()
+                sums = cur.execute(throttle_sql, (*params, a, row[1])).fetchone()
                 throttled[k] = {name: float(v) for name, v in zip(THROTTLE_REASONS, sums, strict=True) if v is not None}
         if days is not None:
             buckets = series_ranges.Buckets(plan.origin, plan.width_s)
@@ -274,7 +274,7 @@ def _device_by_ranges(
             read_sql = _sqlite(read_q)
 
             def rows_of(a: int, last: int) -> list[tuple[Any, ...]]:
-                return cur.execute(read_sql, {**params, "a": a, "last": last}).fetchall()
+                return cur.execute(read_sql, (*params, a, last)).fetchall()
 
             ranges = [
                 (a, row[1], row[2], buckets.edge(k + 1), row[5], r["busy_s"], row[3], r["energy_j"], row[4], row[0])
@@ -286,8 +286,11 @@ def _device_by_ranges(
         cur.close()
 
 
+_PARAM = sa.literal_column("?")  # a driver parameter in _sqlite's text, bound by position
+
+
 def _sqlite(q: sa.Select[Any]) -> str:
-    """``q`` as SQLite text, its constants inline and ``:name`` parameters left for the driver."""
+    """``q`` as SQLite text, its constants inline and ``?`` parameters left for the driver."""
     from sqlalchemy.dialects import sqlite
 
     return str(q.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
@@ -359,14 +362,11 @@ def _host_by_ranges(conn: Connection, run_id: str, plan: Plan) -> list[dict[str,
     aggs = _host_aggregates("sqlite")
     names = [c.name for c in aggs]
     q = sa.select(sa.func.count(), sa.func.max(h.seq), sa.func.min(h.t0), *aggs).where(
-        h.run_id == sa.literal_column(":run"),
-        h.seq >= sa.literal_column(":a"),
-        h.seq < sa.literal_column(":b"),
-        h.t0 < sa.literal_column(":edge"),
+        h.run_id == _PARAM, h.seq >= _PARAM, h.seq < _PARAM, h.t0 < _PARAM
     )
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
-        found = series_ranges.stream(cur, _sqlite(q), "host_intervals", "run_id = :run", {"run": run_id}, plan)
+        found = series_ranges.stream(cur, _sqlite(q), "host_intervals", "run_id = ?", (run_id,), plan)
     finally:
         cur.close()
     if found is None:

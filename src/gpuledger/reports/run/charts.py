@@ -29,6 +29,10 @@ def _r(value: float | int | None, digits: int) -> float | None:
     return value if value - value == 0 else None  # NaN and inf are not JSON numbers: a gap
 
 
+def _finite(value: float) -> float | None:
+    return value if value - value == 0 else None
+
+
 def _series(
     label: str,
     unit: str,
@@ -62,8 +66,12 @@ class _GpuGrid:
 
     def column(self, uuid: str, get: Callable[[GpuBucket], Any], digits: int) -> list[Any]:
         out: list[Any] = [None] * len(self.x)
+        # _r inlined: 100 columns of 2,000 buckets in a big run's report
         for i, b in zip(self.pos.get(uuid, []), self.data.gpu.get(uuid, []), strict=True):
-            out[i] = _r(get(b), digits)
+            value = get(b)
+            if value is not None:
+                value = round(float(value), digits)
+                out[i] = value if value - value == 0 else None
         return out
 
     def label(self, uuid: str) -> tuple[str, int | None]:
@@ -170,7 +178,8 @@ def host_charts(data: RunData, cpu_cores: int | None) -> list[dict[str, Any]]:
     x = [round(x_of(b, plan), 3) for b in data.host]
 
     def col(get: Callable[[HostBucket], Any], digits: int) -> list[Any]:
-        return [_r(get(b), digits) for b in data.host]
+        values = [get(b) for b in data.host]
+        return [None if v is None else _finite(round(float(v), digits)) for v in values]
 
     def rate(get: Callable[[HostBucket], Any], scale: float = 1.0) -> Callable[[HostBucket], Any]:
         def f(b: HostBucket) -> float | None:
