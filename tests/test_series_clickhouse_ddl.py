@@ -41,7 +41,10 @@ def test_cluster_tables_have_the_single_node_columns() -> None:
     one = Layout("gpuledger").statements()
     cluster = Layout("gpuledger", cluster="gpuledger").statements()
     assert _columns(one) == _columns(cluster)
-    assert set(_columns(one)) == {"gpu_intervals", "host_intervals", "series_names", "gpu_day_rollups"}
+    assert set(_columns(one)) == {"gpu_intervals", "host_intervals", "series_names", "run_dims", "gpu_day_rollups"}
+    # the run dimensions are whole on every node (one replication group), so each shard joins locally
+    every_node = "ReplicatedReplacingMergeTree('/clickhouse/tables/all/gpuledger/run_dims', '{replica}', version)"
+    assert every_node in "\n".join(cluster)
     text = "\n".join(cluster)
     assert "Distributed('gpuledger', gpuledger, gpu_intervals_local, gpu)" in text
     assert "Distributed('gpuledger', gpuledger, gpu_day_rollups_local, gpu)" in text

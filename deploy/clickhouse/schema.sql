@@ -86,6 +86,18 @@ SETTINGS replicated_deduplication_window = 100000, replicated_deduplication_wind
 CREATE TABLE IF NOT EXISTS gpuledger.series_names ON CLUSTER 'gpuledger' AS gpuledger.series_names_local
 ENGINE = Distributed('gpuledger', gpuledger, series_names_local, hash);
 
+CREATE TABLE IF NOT EXISTS gpuledger.run_dims_local ON CLUSTER 'gpuledger'
+(
+    run UInt64,
+    run_id String,
+    team LowCardinality(String),
+    project LowCardinality(String),
+    user LowCardinality(String),
+    version UInt64
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/gpuledger/run_dims', '{replica}', version)
+ORDER BY run;
+
 CREATE TABLE IF NOT EXISTS gpuledger.gpu_day_rollups_local ON CLUSTER 'gpuledger'
 (
     run UInt64,

@@ -246,6 +246,33 @@ class ClickHouseSeries:
         out.sort(key=lambda r: (r.run_id, r.device_uuid, r.day))
         return out
 
+    # -- chargeback from the rollups ------------------------------------------------------------
+
+    def put_runs(self, runs: Iterable[tuple[str, str, str, str]], version_ms: int) -> None:
+        """(run id, team, project, user) of runs into ``run_dims``, as the server learns or
+        relabels them; for a run put twice, the higher ``version_ms`` wins."""
+        rows = [dict(zip(("run_id", "team", "project", "user"), r, strict=True)) for r in runs]
+        keys = self._keys("run", (r["run_id"] for r in rows))
+        for r in rows:
+            r.update(run=keys[r["run_id"]], version=int(version_ms))
+        columns = ("run", "run_id", "team", "project", "user", "version")
+        self.client.insert(self.layout.table("run_dims"), rows, columns, {})
+
+    def monthly_chargeback(self, first: date, last: date) -> list[tuple[str, str, str, date, int, int, int]]:
+        """(team, project, user, month, allocated ms, busy ms, energy mJ) of the rollups of the
+        days ``first``..``last``, from the rollups alone (no raw row is read). A run without
+        ``run_dims`` falls under team, project and user ''."""
+        rows = self.client.query(
+            "SELECT d.team, d.project, d.user, toStartOfMonth(r.day) AS month, sum(r.allocated_ms), "
+            "sum(r.busy_ms), sum(r.energy_mj) "
+            f"FROM {self.layout.table('gpu_day_rollups')} AS r "
+            f"LEFT JOIN (SELECT run, team, project, user FROM {self.layout.local('run_dims')} FINAL) AS d "
+            "ON r.run = d.run WHERE r.day >= {a:Date} AND r.day <= {b:Date} "
+            "GROUP BY d.team, d.project, d.user, month ORDER BY d.team, d.project, d.user, month",
+            {"a": first.isoformat(), "b": last.isoformat()},
+        )
+        return [(t, p, u, date.fromisoformat(m), int(a), int(b), int(e)) for t, p, u, m, a, b, e in rows]
+
     # -- retention and size ---------------------------------------------------------------------
 
     def drop_days_before(self, day: date) -> int:

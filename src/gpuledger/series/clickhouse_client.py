@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -84,7 +85,9 @@ def _decode(text: str | bytes) -> list[list[Any]]:
 
 
 class ChdbClient:
-    """The engine in-process. chDB holds one open folder per process: open one store at a time."""
+    """The engine in-process. chDB holds one open folder per process: open one store at a time.
+    Its session is one connection whose query parameters are session state, so calls from several
+    threads take turns (a lock): without it, one thread's parameters vanish under another's query."""
 
     def __init__(self, path: str) -> None:
         try:
@@ -93,6 +96,7 @@ class ChdbClient:
             raise ClickHouseError(f"chdb:// needs the chdb package: {EXTRA_HINT}") from e
         self.database = CHDB_DATABASE
         self.path = path
+        self._lock = threading.Lock()
         try:
             self._session = session.Session(path)
         except Exception as e:  # chdb raises its own errors, not one base class
@@ -102,7 +106,8 @@ class ChdbClient:
     def _run(self, sql: str, fmt: str = "CSV", params: Mapping[str, Any] | None = None) -> Any:
         try:
             text = {k: _param_text(v) for k, v in params.items()} if params else None
-            return self._session.query(sql, fmt, params=text)
+            with self._lock:
+                return self._session.query(sql, fmt, params=text)
         except RuntimeError as e:
             raise ClickHouseError(f"ClickHouse (chdb) refused: {e}") from e
 

@@ -7,6 +7,10 @@ single-node DDL with only the engines changed.
 - ``host_intervals``: likewise, ``ORDER BY (run, t0)``;
 - ``series_names``: the 64-bit keys (``cityHash64`` of the GPU UUID / run id) back to their names.
   A hash needs no key-allocation table that replicas would have to agree on;
+- ``run_dims``: run key -> run id, team, project, user (a ``ReplacingMergeTree`` the server fills
+  from its runs; the newest version of a run wins), so chargeback groups the rollups without
+  PostgreSQL. On a cluster it is replicated whole to every node (not sharded): each shard joins
+  its own rollups to its local copy;
 - ``gpu_day_rollups``: per run, GPU and UTC day, summed on insert by a materialised view. An
   interval crossing a UTC midnight is split at it in proportion to its time in each day (the
   ledger's rule, store/cost_queries.py), in integers: the part up to an instant x of a value v is
@@ -91,6 +95,15 @@ NAMES_COLUMNS: tuple[tuple[str, str], ...] = (
     ("name", "String"),
 )
 
+DIMS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run", "UInt64"),  # cityHash64(run id), as in the other tables
+    ("run_id", "String"),
+    ("team", "LowCardinality(String)"),
+    ("project", "LowCardinality(String)"),
+    ("user", "LowCardinality(String)"),
+    ("version", "UInt64"),  # the run's last change (ms): the highest wins
+)
+
 # Per run, GPU and day; the _n columns count the intervals that measured the value, so a day
 # whose GPU measured no busy time stays told apart from one that was idle (as the ledger's sums).
 ROLLUP_SUMS = (
@@ -167,10 +180,11 @@ class Layout:
         """Where the engine lists the tables' parts: every replica's on a cluster."""
         return f"clusterAllReplicas('{self.cluster}', system.parts)" if self.cluster else "system.parts"
 
-    def _engine(self, kind: str, name: str, args: str = "") -> str:
+    def _engine(self, kind: str, name: str, args: str = "", every_node: bool = False) -> str:
         if not self.cluster:
             return f"{kind}({args})"
-        path = f"'/clickhouse/tables/{{shard}}/{self.database}/{name}', '{{replica}}'"
+        shard = "all" if every_node else "{shard}"  # one replication group over every node of every shard
+        path = f"'/clickhouse/tables/{shard}/{self.database}/{name}', '{{replica}}'"
         return f"Replicated{kind}({path}{', ' + args if args else ''})"
 
     def _dedup(self) -> str:
@@ -220,6 +234,13 @@ class Layout:
             )
         )
         out += self._distributed("series_names", "hash")
+        out.append(
+            self._create(
+                "run_dims",
+                DIMS_COLUMNS,
+                f"ENGINE = {self._engine('ReplacingMergeTree', 'run_dims', 'version', every_node=True)}\nORDER BY run",
+            )
+        )
         out.append(
             self._create(
                 "gpu_day_rollups",
