@@ -25,7 +25,6 @@ report it. Pure functions, no I/O, no clock (core/ is where correctness lives: d
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
@@ -169,6 +168,8 @@ class SamplePeriod:
             prev_ts, prev_pct = ts, pct
         if not added:
             return
+        import statistics  # here, not at the top: it loads fractions and decimal, a cost at every run's start
+
         smallest = min(self._spacings)
         regular = [s for s in self._spacings if s <= smallest * _CLUSTER]
         estimate = min(max(statistics.median(regular) * _JITTER, PERIOD_MIN_S), PERIOD_MAX_S * _JITTER)
