@@ -153,3 +153,16 @@ def test_redacting_a_large_text_through_hyperscan_equals_the_plain_engine(data: 
     text = quiet + data + b"\n" + quiet + data
     assert len(text) >= redact_search.FAST_MIN_B
     assert R._redact(text, _State()) == R._redact(text, _State(), prefilter=False)
+
+
+def test_a_failing_hyperscan_scan_leaves_the_reference_to_answer() -> None:
+    # A scratch space made for another database: Hyperscan itself refuses the scan (HS_INVALID).
+    flt = redact_search.line_filter([(r.keywords, r.anchor) for r in R.rules], extra=(b"\x1b",))
+    ends = flt.match_ends()
+    assert ends is not None
+    other = fastfilter.match_ends_finder([(b"x", None)])
+    assert other is not None
+    ends._local.scratch = fastfilter.database_scratch(other._database)  # type: ignore[attr-defined]
+    data = (b"step 1 | tokens/s 45\n" * 1000 + b"export HF_TOKEN=hf_x\n").lower()
+    assert redact_search.keyword_lines(data, flt) == redact_search.keyword_lines(data, flt.search)
+    assert flt.match_ends() is None  # the reference from now on

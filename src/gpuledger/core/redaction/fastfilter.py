@@ -64,10 +64,10 @@ def match_ends_finder(entries: Sequence[tuple[bytes, bytes | None]]) -> MatchEnd
         if rest is None and len(set(literal)) == 1:  # "--": a rule of dashes reports at its end, not at each byte
             expression += b"(?:[^%s]|\\z)" % _literal(literal[:1])
         expressions.append(expression)
-    database = hs.Database(mode=hs.HS_MODE_BLOCK)
     try:
+        database = hs.Database(mode=hs.HS_MODE_BLOCK)
         database.compile(expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions))
-    except hs.error:  # a construct Hyperscan does not support (a look-behind, a back reference)
+    except hs.error:  # a construct it does not support (a look-behind), or a CPU it does not run on
         return None
     return _Finder(database)
 
@@ -79,13 +79,16 @@ def present_finder(keywords: frozenset[bytes]) -> Callable[[bytes], frozenset[by
     hs = _hyperscan()
     if hs is None or not words or any(0 in k for k in words):
         return None
-    database = hs.Database(mode=hs.HS_MODE_BLOCK)
-    database.compile(
-        expressions=[_literal(k) for k in words],
-        ids=list(range(len(words))),
-        elements=len(words),
-        flags=hs.HS_FLAG_SINGLEMATCH,
-    )
+    try:
+        database = hs.Database(mode=hs.HS_MODE_BLOCK)
+        database.compile(
+            expressions=[_literal(k) for k in words],
+            ids=list(range(len(words))),
+            elements=len(words),
+            flags=hs.HS_FLAG_SINGLEMATCH,
+        )
+    except hs.error:  # a CPU it does not run on
+        return None
     local = threading.local()
 
     def present(low: bytes) -> frozenset[bytes]:
@@ -93,7 +96,7 @@ def present_finder(keywords: frozenset[bytes]) -> Callable[[bytes], frozenset[by
         if scratch is None:
             scratch = local.scratch = database_scratch(database)
         found: list[int] = []
-        database.scan(low, match_event_handler=lambda i, *_: found.append(i), scratch=scratch)  # type: ignore[attr-defined]
+        _scan(database, low, lambda i, *_: found.append(i), scratch)
         return frozenset(words[i] for i in found)
 
     return present
@@ -121,8 +124,21 @@ class _Finder:
         def on_match(_id: int, _start: int, end: int, _flags: int, _context: object) -> None:
             add(end)
 
-        self._database.scan(low, match_event_handler=on_match, scratch=scratch)  # type: ignore[attr-defined]
+        _scan(self._database, low, on_match, scratch)
         return sorted(set(ends))  # Hyperscan promises no order across expressions
+
+
+class ScanError(Exception):
+    """A Hyperscan scan failed (its memory, a damaged scratch): the caller uses the reference."""
+
+
+def _scan(database: object, data: bytes, on_match: Callable[..., object], scratch: object) -> None:
+    hs = _hyperscan()
+    assert hs is not None
+    try:
+        database.scan(data, match_event_handler=on_match, scratch=scratch)  # type: ignore[attr-defined]
+    except hs.error as exc:
+        raise ScanError(f"hyperscan: {exc!r}") from exc
 
 
 def stays_on_its_line(source: bytes) -> bool:

@@ -22,7 +22,7 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from gpuledger.core.redaction.fastfilter import MatchEnds, match_ends_finder, present_finder
+from gpuledger.core.redaction.fastfilter import MatchEnds, ScanError, match_ends_finder, present_finder
 
 EOL = re.compile(rb"[\r\n]")
 _EOL_BYTES = (0x0A, 0x0D)
@@ -65,6 +65,9 @@ class LineFilter:
         if self._fast is None:
             self._fast = match_ends_finder(self._kept) or False
         return self._fast or None
+
+    def give_up_fast(self) -> None:
+        self._fast = False
 
 
 _NOTHING = re.compile(rb"(?!)")
@@ -198,7 +201,10 @@ def keyword_lines(low: bytes, search: LineFilter | Search) -> list[tuple[int, in
     stops where it began, so every byte is looked at a bounded number of times.
     """
     if isinstance(search, LineFilter) and len(low) >= FAST_MIN_B and (ends := search.match_ends()) is not None:
-        return lines_from_match_ends(low, ends(low))
+        try:
+            return lines_from_match_ends(low, ends(low))
+        except ScanError:  # Hyperscan failed at run time: the reference regex, from now on
+            search.give_up_fast()
     ranges: list[tuple[int, int]] = []
     rfind = low.rfind
     run_start = run_end = -1  # the lines found so far that follow each other
@@ -286,7 +292,10 @@ def present_keywords(keywords: frozenset[bytes], low: bytes, *, fast: bool = Fal
     starts at the hit, and search on from there for the rest (nothing is missed: no keyword still
     looked for starts before the hit). Each new set of keywords left compiles a regex."""
     if (fast or len(low) >= FAST_MIN_B) and (present := _present_finder(keywords)) is not None:
-        return present(low)
+        try:
+            return present(low)
+        except ScanError:  # Hyperscan failed at run time: the regex engine answers the same
+            pass
     return reference_present_keywords(keywords, low)
 
 

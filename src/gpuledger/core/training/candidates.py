@@ -74,10 +74,13 @@ def _database() -> object | None:
             for word in _ANY_CASE_WORDS:
                 expressions.append(_literal(word))
                 flags.append(hs.HS_FLAG_CASELESS)
-            db = hs.Database(mode=hs.HS_MODE_BLOCK)
-            db.compile(
-                expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
-            )
+            db: object | None = hs.Database(mode=hs.HS_MODE_BLOCK)
+            try:
+                db.compile(  # type: ignore[union-attr]
+                    expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
+                )
+            except hs.error:  # a CPU it does not run on: every line is read
+                db = None
             _state["db"] = db
         return _state["db"]
 
@@ -110,7 +113,7 @@ def candidate_lines(data: bytes, min_b: int = MIN_B) -> tuple[list[tuple[int, by
 
     try:
         db.scan(data, match_event_handler=on_match, scratch=scratch)  # type: ignore[attr-defined]
-    except hs.ScanTerminated:
+    except hs.error:  # ScanTerminated: a line that says read them all; or Hyperscan failed
         return None
     out: list[tuple[int, bytes]] = []
     count, find, size = data.count, data.find, len(data)
