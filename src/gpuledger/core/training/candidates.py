@@ -14,7 +14,8 @@ not printable ASCII (Unicode blanks, and any non-ASCII first byte may start a Un
 and the draws after the last one taken may be blank in that sense. Outputs the fast reader does
 not claim to handle return None, and the caller reads every line: no Hyperscan, an OSC escape
 (which may run across lines, so the screen's lines are not the raw lines), or a character that
-IGNORECASE matches with ``i``, ``k`` or ``s`` (failures.py lower-cases ASCII only).
+IGNORECASE matches with ``i`` or ``s`` (failures.py lower-cases ASCII only). The failure words
+are failures.py's own, so a word added there is found here too.
 tests/test_relay_parse.py checks the result against reading every line.
 """
 
@@ -32,10 +33,7 @@ _TO_LINE_END = rb"[^\r\n]*(?:\r[^!-~\r\n]*)*(?:\n|\z)"
 _FIRST_WORD = (rb"[0-9\x80-\xff]", rb"(?:Epoch|all|Class|classes)")
 _PHRASES = (b" completed in", b"recovering from last.pt")
 _SEQUENCES = (b"\x1b",)
-# failures.py's words: these as they are, the others in any case.
-_CASE_WORDS = (b"out of memory", b"OutOfMemoryError", b"CUBLAS_STATUS_ALLOC_FAILED", b"DataLoader worker", b"Killed")
-_ANY_CASE_WORDS = (b"nan", b"non-finite", b"dataset")
-_UNHANDLED = (b"\x1b]", "\u0130".encode(), "\u0131".encode(), "\u017f".encode())
+_OSC = b"\x1b]"
 
 
 @functools.cache
@@ -62,16 +60,18 @@ def _database() -> object | None:
     hs = _hyperscan()
     if hs is None:
         return None
+    from gpuledger.core.training import failures  # here: failures.py imports this module
+
     with _lock:
         if "db" not in _state:
-            # The first expressions (ids below len(_UNHANDLED)) say: read every line.
-            expressions = [_literal(seq) for seq in _UNHANDLED]
+            # The first expressions (ids below _unhandled()) say: read every line.
+            expressions = [_literal(seq) for seq in _unhandled()]
             expressions += [_DRAW + first + _TO_LINE_END for first in _FIRST_WORD]
             flags = [0] * len(expressions)
-            for word in (*_PHRASES, *_SEQUENCES, *_CASE_WORDS):
+            for word in (*_PHRASES, *_SEQUENCES, *failures._WORDS):
                 expressions.append(_literal(word))
                 flags.append(0)
-            for word in _ANY_CASE_WORDS:
+            for word in failures._WORDS_ANY_CASE:
                 expressions.append(_literal(word))
                 flags.append(hs.HS_FLAG_CASELESS)
             db: object | None = hs.Database(mode=hs.HS_MODE_BLOCK)
@@ -86,6 +86,12 @@ def _database() -> object | None:
 
 
 _local = threading.local()
+
+
+def _unhandled() -> tuple[bytes, ...]:
+    from gpuledger.core.training import failures
+
+    return (_OSC, *(c.encode() for c in failures._CASE_SPECIALS))
 
 
 def candidate_lines(data: bytes, min_b: int = MIN_B) -> tuple[list[tuple[int, bytes]], int] | None:
@@ -103,7 +109,7 @@ def candidate_lines(data: bytes, min_b: int = MIN_B) -> tuple[list[tuple[int, by
         scratch = _local.scratch = hs.Scratch(db)
     ends: list[int] = []
     add = ends.append
-    unhandled = len(_UNHANDLED)
+    unhandled = len(_unhandled())
 
     def on_match(pattern: int, _start: int, end: int, _flags: int, _context: object) -> bool:
         if pattern < unhandled:
