@@ -57,6 +57,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
+    if name.startswith("__"):  # probes such as __wrapped__ name no submodule
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:  # ``gpuledger.store.schema`` and its siblings, as the eager import used to bind them
         return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as exc:
