@@ -20,15 +20,14 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpuledger.series.base import DayRollup, Row
 from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
+from gpuledger.series.clickhouse_columns import gpu_columns
 from gpuledger.series.clickhouse_ddl import ROLLUP_SUMS, Layout
 from gpuledger.series.clickhouse_rows import (
-    GPU_INSERT,
     GPU_SELECT,
     HOST_INSERT,
     HOST_SELECT,
     BadRow,
     gpu_back,
-    gpu_row,
     host_back,
     host_row,
 )
@@ -45,9 +44,8 @@ _WRITE_SETTINGS = {
 }
 
 
-def _t0_range(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """The first and last t0 of converted rows, as the engine's DateTime64 text."""
-    times = [r["t0"] for r in rows]
+def _t0_range(times: list[str]) -> dict[str, str]:
+    """The first and last of converted t0s, as the engine's DateTime64 text."""
     return {"a": min(times, key=float), "b": max(times, key=float)}
 
 
@@ -136,38 +134,35 @@ class ClickHouseSeries:
                 raise BadRow(f"run {run_id} GPU interval seq {r.get('seq')}: device_uuid is required")
         run = self._key("run", run_id)
         gpus = self._keys("gpu", (str(r.get("device_uuid")) for r in gpu))
-        gpu_rows = [
-            gpu_row(r, gpus[r["device_uuid"]], run, f"run {run_id} GPU {r['device_uuid']} seq {r.get('seq')}")
-            for r in gpu
-        ]
+        gpu_cols = gpu_columns(gpu, gpus, run, run_id) if gpu else None  # numpy, column by column
         host_rows = [host_row(r, run, f"run {run_id} host seq {r.get('seq')}") for r in host]
-        before = self._count(run, gpu_rows, host_rows)
-        if gpu_rows:
+        before = self._count(run, gpu_cols, host_rows)
+        if gpu_cols:
             settings = {**self._write_settings, "insert_deduplication_token": f"{token}:gpu"}
-            self.client.insert(self.layout.table("gpu_intervals"), gpu_rows, GPU_INSERT, settings)
+            self.client.insert_columns(self.layout.table("gpu_intervals"), gpu_cols, settings)
         if host_rows:
             settings = {**self._write_settings, "insert_deduplication_token": f"{token}:host"}
             self.client.insert(self.layout.table("host_intervals"), host_rows, HOST_INSERT, settings)
-        return self._count(run, gpu_rows, host_rows) - before
+        return self._count(run, gpu_cols, host_rows) - before
 
-    def _count(self, run: int, gpu_rows: list[dict[str, Any]], host_rows: list[dict[str, Any]]) -> int:
+    def _count(self, run: int, gpu_cols: dict[str, list[Any]] | None, host_rows: list[dict[str, Any]]) -> int:
         """Rows stored in the key ranges of a batch (by key: no scan): the difference before and
         after an insert is what it stored, a resent batch's 0. (The engine does not say whether
         it dropped a block; another writer of the same run and times at the same moment would
         shift the figure, never the rows.)"""
         n = 0
-        if gpu_rows:
+        if gpu_cols:
             n += self.client.query(
                 f"SELECT count() FROM {self.layout.table('gpu_intervals')} WHERE gpu IN {{g:Array(UInt64)}} "
                 "AND t0 >= toDateTime64({a:String}, 3, 'UTC') AND t0 <= toDateTime64({b:String}, 3, 'UTC') "
                 "AND run = {r:UInt64}",
-                {"g": sorted({r["gpu"] for r in gpu_rows}), "r": run, **_t0_range(gpu_rows)},
+                {"g": sorted(set(gpu_cols["gpu"])), "r": run, **_t0_range(gpu_cols["t0"])},
             )[0][0]
         if host_rows:
             n += self.client.query(
                 f"SELECT count() FROM {self.layout.table('host_intervals')} WHERE run = {{r:UInt64}} "
                 "AND t0 >= toDateTime64({a:String}, 3, 'UTC') AND t0 <= toDateTime64({b:String}, 3, 'UTC')",
-                {"r": run, **_t0_range(host_rows)},
+                {"r": run, **_t0_range([r["t0"] for r in host_rows])},
             )[0][0]
         return int(n)
 

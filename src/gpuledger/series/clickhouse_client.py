@@ -36,6 +36,10 @@ class Client(Protocol):
     ) -> None:
         """Insert ``rows`` (dicts of JSON-ready values) as one INSERT with ``settings``."""
 
+    def insert_columns(self, table: str, columns: Mapping[str, Sequence[Any]], settings: Mapping[str, Any]) -> None:
+        """Insert a block given column by column (JSONColumns: one JSON object of lists, no per-row
+        objects to build or encode) as one INSERT with ``settings``."""
+
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[list[Any]]:
         """Rows of a SELECT; ``{name:Type}`` placeholders bound from ``params`` by the engine."""
 
@@ -65,6 +69,10 @@ def settings_clause(settings: Mapping[str, Any] | None) -> str:
 
 def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(json.dumps(r, separators=(",", ":"), allow_nan=False) for r in rows)
+
+
+def json_columns(columns: Mapping[str, Sequence[Any]]) -> str:
+    return json.dumps(columns, separators=(",", ":"), allow_nan=False)
 
 
 def _param_text(value: Any, nested: bool = False) -> str:
@@ -122,6 +130,10 @@ class ChdbClient:
         head = f"INSERT INTO {table} ({', '.join(columns)}){settings_clause(settings)} FORMAT JSONEachRow\n"
         self._run(head + json_rows(rows))
 
+    def insert_columns(self, table: str, columns: Mapping[str, Sequence[Any]], settings: Mapping[str, Any]) -> None:
+        head = f"INSERT INTO {table} ({', '.join(columns)}){settings_clause(settings)} FORMAT JSONColumns\n"
+        self._run(head + json_columns(columns))
+
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[list[Any]]:
         res = self._run(sql + settings_clause(_READ_SETTINGS), "JSONCompact", params)
         return _decode(res.bytes() if hasattr(res, "bytes") else str(res))
@@ -163,6 +175,10 @@ class HttpClient:
         if rows:
             block = json_rows(rows).encode()
             self._call("raw_insert", table, list(columns), block, settings=dict(settings), fmt="JSONEachRow")
+
+    def insert_columns(self, table: str, columns: Mapping[str, Sequence[Any]], settings: Mapping[str, Any]) -> None:
+        block = json_columns(columns).encode()
+        self._call("raw_insert", table, list(columns), block, settings=dict(settings), fmt="JSONColumns")
 
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[list[Any]]:
         return _decode(
