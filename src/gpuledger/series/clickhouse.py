@@ -257,13 +257,17 @@ class ClickHouseSeries:
         """(team, project, user, month, allocated ms, busy ms, energy mJ) of the rollups of the
         days ``first``..``last``, from the rollups alone (no raw row is read). A run without
         ``run_dims`` falls under team, project and user ''."""
+        # Summed per run and month first (a run's GPUs and days: 8-30x fewer rows), then joined
+        # to the run dimensions by a plain hash join: measured 3.4-4.8 s -> 0.9 s on 11 M rollup
+        # rows (chDB 26.9, 2 cores; the default join algorithm took 3.4-4.8 s).
         rows = self.client.query(
-            "SELECT d.team, d.project, d.user, toStartOfMonth(r.day) AS month, sum(r.allocated_ms), "
-            "sum(r.busy_ms), sum(r.energy_mj) "
-            f"FROM {self.layout.table('gpu_day_rollups')} AS r "
+            "SELECT d.team, d.project, d.user, r.month, sum(r.a), sum(r.b), sum(r.e) "
+            "FROM (SELECT run, toStartOfMonth(day) AS month, sum(allocated_ms) AS a, sum(busy_ms) AS b, "
+            f"sum(energy_mj) AS e FROM {self.layout.table('gpu_day_rollups')} "
+            "WHERE day >= {a:Date} AND day <= {b:Date} GROUP BY run, month) AS r "
             f"LEFT JOIN (SELECT run, team, project, user FROM {self.layout.local('run_dims')} FINAL) AS d "
-            "ON r.run = d.run WHERE r.day >= {a:Date} AND r.day <= {b:Date} "
-            "GROUP BY d.team, d.project, d.user, month ORDER BY d.team, d.project, d.user, month",
+            "ON r.run = d.run GROUP BY d.team, d.project, d.user, r.month "
+            "ORDER BY d.team, d.project, d.user, r.month SETTINGS join_algorithm = 'hash'",
             {"a": first.isoformat(), "b": last.isoformat()},
         )
         return [(t, p, u, date.fromisoformat(m), int(a), int(b), int(e)) for t, p, u, m, a, b, e in rows]
