@@ -6,8 +6,8 @@ part that cannot be read is None, absent rather than zero, and never stops the r
 own figures.
 
 On Linux it reads /proc/stat, meminfo, diskstats and net/dev through kept-open files re-read with
-pread: ~0.2 ms a read in the real 1 s loop on a 2-core VM, against ~1-2 ms with psutil's host
-functions, which stay as the portable reader (benchmarks/host_tick.py measures it).
+pread: ~0.15 ms a read in the recorder's real 1 s loop on a 2-core VM (benchmarks/recorder_tick.py,
+"host counters"), against ~1-2 ms with psutil's host functions, which stay as the portable reader.
 """
 
 from __future__ import annotations
