@@ -14,6 +14,32 @@ from gpuledger.cli.common import FiniteFloat, cli_errors, echo_json, rate_card
 from gpuledger.cli.server_cmds import db_required, server_ledger
 
 
+def series_option(help_text: str):  # type: ignore[no-untyped-def]
+    return click.option("--series", envvar="GPULEDGER_SERIES", metavar="URL", help=help_text)
+
+
+series_days_option = click.option(
+    "--series-days", type=click.IntRange(1), default=366, show_default=True, envvar="GPULEDGER_SERIES_DAYS",
+    help="ClickHouse series store: how long it keeps raw rows (its TTL); longer than --raw-days.",
+)  # fmt: skip
+
+
+def open_tier(url: str, series_days: int = 366, *, create: bool = True):  # type: ignore[no-untyped-def]
+    """The series store --series names (created where missing, with ``create``): a URL that names
+    none is a usage error (exit 2), a store that cannot be reached a failure (exit 1)."""
+    from gpuledger.series.open import BadSeriesUrl
+    from gpuledger.store.series_tier import Tier, shown_url
+
+    try:
+        return Tier.open(url, series_days=series_days, create=create)
+    except BadSeriesUrl as exc:
+        raise click.BadParameter(str(exc), param_hint="--series") from None
+    except (ValueError, ImportError) as exc:
+        raise click.BadParameter(f"{shown_url(url)}: {exc}", param_hint="--series") from None
+    except Exception as exc:  # the store's own errors: unreachable, refused
+        raise click.ClickException(f"--series {shown_url(url)}: {type(exc).__name__}: {exc}") from None
+
+
 @click.group("audit")
 def audit_group() -> None:
     """The signed, tamper-evident audit trail of a team ledger (docs/AUDIT.md)."""
@@ -94,21 +120,38 @@ def _assurance(result) -> str:  # type: ignore[no-untyped-def]
     envvar="GPULEDGER_CLOSE_AFTER_DAYS",
     help="When months close, as the server has it: runs created after their month closed are named.",
 )  # fmt: skip
+@series_option(
+    "The series store days were tiered into (gpuledger retention run --series): each must still hold "
+    "exactly the rows the trail records (or GPULEDGER_SERIES)."
+)
 @click.option("--json", "as_json", is_flag=True)
 @_account_errors
 def verify_cmd(
     db: str | None, public_keys: tuple[str, ...], expect_head: str | None, all_signatures: bool,
-    checkpoint: str | None, close_after_days: float, as_json: bool,
+    checkpoint: str | None, close_after_days: float, series: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Check the signatures, the hash chain, every sealed run and the access, ownership and rollup
     tables against the audit trail, and that nothing was cut from its end since the checkpoint;
-    name each row that differs. Exit 1 on any."""
+    with --series, that the series store still holds every tiered day; name each row that differs.
+    Exit 1 on any."""
     from gpuledger.store import audit
 
     keyring = _keyring(public_keys)
     ledger = server_ledger(db)
     result = audit.verify(ledger, expect_head=expect_head, keyring=keyring, all_signatures=all_signatures,
                           checkpoint=_checkpoint(db, checkpoint), close_after_days=close_after_days)  # fmt: skip
+    if series:
+        from gpuledger.store import series_verify
+
+        tier = open_tier(series, create=False)  # a check changes nothing, not even a TTL
+        try:
+            found = series_verify.check(ledger, tier.store, series)
+        except Exception as exc:  # the store's own errors: a table gone, unreachable
+            raise click.ClickException(f"--series {tier.url}: {type(exc).__name__}: {exc}") from None
+        finally:
+            tier.store.close()
+        result.problems += found.problems
+        result.notes += [*found.notes, f"series store {tier.url}: {found.days_checked} tiered run days checked"]
     if as_json:
         echo_json({**result.__dict__, "ok": result.ok})
     else:
@@ -222,6 +265,12 @@ def retention_group() -> None:
     help="PostgreSQL: drop whole days of raw intervals older than --raw-days (their day partitions), "
     "instead of rewriting them as 1-minute and 1-hour intervals; runs keep their cost rollups and seals.",
 )
+@series_option(
+    "With --drop-partitions: copy each day into this series store (chdb:///folder, clickhouse://..., "
+    "postgresql://...?schema=NAME), read it back and check it before its partition is dropped; reads of a "
+    "run then merge it back (or GPULEDGER_SERIES)."
+)
+@series_days_option
 @click.option("--run-days", type=FiniteFloat(0), help="Delete whole runs ended longer ago (default: never).")
 @click.option(
     "--capacity-days",
@@ -240,7 +289,8 @@ def retention_group() -> None:
 @cli_errors
 def retention_run_cmd(
     db: str | None, raw_days: float, minute_days: float, log_days: float, keep_logs: bool, drop_partitions: bool,
-    run_days: float | None, capacity_days: float, keep_capacity: bool, rates: str | None,
+    series: str | None, series_days: int, run_days: float | None, capacity_days: float, keep_capacity: bool,
+    rates: str | None,
 ) -> None:  # fmt: skip
     """Apply the retention policy once (schedule it daily, e.g. with cron or a systemd timer)."""
     from gpuledger.store.retention import Policy, run_retention
@@ -261,9 +311,18 @@ def retention_run_cmd(
             "--drop-partitions is for PostgreSQL ledgers (day partitions); SQLite keeps rewriting old intervals "
             "as 1-minute and 1-hour rollups: leave the option out"
         )
-    report = run_retention(
-        ledger, policy, actor=_actor(), cost_rollups=materialise_rollups, price_changes=card.change_points
-    )
+    typed = click.get_current_context().get_parameter_source("series") == click.core.ParameterSource.COMMANDLINE
+    if series and typed and not drop_partitions:
+        raise click.UsageError("--series tiers the days --drop-partitions drops: give both")
+    tier = open_tier(series, series_days) if series and drop_partitions else None
+    try:
+        report = run_retention(
+            ledger, policy, actor=_actor(), cost_rollups=materialise_rollups, price_changes=card.change_points,
+            tier=tier,
+        )  # fmt: skip
+    finally:
+        if tier is not None:
+            tier.store.close()
     levels = ", ".join(f"{n} runs to {lvl} s" for lvl, n in sorted(report.rolled_up.items())) or "nothing"
     click.echo(
         f"rolled up {levels} ({report.rows_before} -> {report.rows_after} interval rows); "
@@ -275,7 +334,8 @@ def retention_run_cmd(
         held = f"; {kept} kept until a team server acknowledges them" if kept else ""
         click.echo(f"capacity: {report.capacity.rows} raw intervals before {cut} deleted (day sums kept){held}")
     if report.days is not None:
-        click.echo(f"raw intervals: {len(report.days.dropped)} days dropped ({report.days.rows} rows)"
+        into = f", tiered into {tier.url} first" if tier is not None else ""
+        click.echo(f"raw intervals: {len(report.days.dropped)} days dropped ({report.days.rows} rows){into}"
                    + "".join(f"\nkept {day}: {why}" for day, why in report.days.kept.items()))  # fmt: skip
     for run_id, why in report.skipped.items():
         click.echo(f"SKIPPED {run_id}: {why}", err=True)

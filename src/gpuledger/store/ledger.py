@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -32,7 +32,11 @@ from gpuledger.store import (
 )
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import AmbiguousRun, RunNotFound
+from gpuledger.store.series_read import TieredReads
 from gpuledger.store.url import default_url
+
+if TYPE_CHECKING:
+    from gpuledger.series.base import SeriesStore
 
 T = TypeVar("T")
 
@@ -58,7 +62,10 @@ class Ledger:
         migrate: bool = True,
         busy_timeout_s: float = 30.0,
         retries: int = 4,
+        series: str | SeriesStore | None = None,
     ) -> None:
+        # series: a store some days were tiered into; run reads merge them back (store/series_read.py)
+        self._tiered = TieredReads(series) if series else None
         self._db = Database(
             default_url() if url is None else os.fspath(url), busy_timeout_s=busy_timeout_s, retries=retries
         )
@@ -103,6 +110,8 @@ class Ledger:
 
     def close(self) -> None:
         self._db.close()
+        if self._tiered is not None:
+            self._tiered.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -270,12 +279,14 @@ class Ledger:
         q = sa.select(schema.gpu_intervals).where(g.run_id == run_id)
         if device_uuid is not None:
             q = q.where(g.device_uuid == device_uuid)
-        return [codec.gpu_from_row(r) for r in self._rows(q.order_by(g.device_uuid, g.seq))]
+        held = [codec.gpu_from_row(r) for r in self._rows(q.order_by(g.device_uuid, g.seq))]
+        return held if self._tiered is None else self._tiered.gpu(run_id, device_uuid, held)
 
     def host_intervals(self, run_id: str) -> list[HostInterval]:
         h = schema.host_intervals.c
         q = sa.select(schema.host_intervals).where(h.run_id == run_id).order_by(h.seq)
-        return [codec.host_from_row(r) for r in self._rows(q)]
+        held = [codec.host_from_row(r) for r in self._rows(q)]
+        return held if self._tiered is None else self._tiered.host(run_id, held)
 
     def events(self, run_id: str, kind: str | None = None) -> list[Event]:
         """In the order they were appended (seq)."""

@@ -42,6 +42,7 @@ from gpuledger.core.training.epochs import BOUNDARY_KINDS
 from gpuledger.store import audit, codec, cost_queries, liveness_sweep, schema, writes
 from gpuledger.store.capacity_retention import Pruned, prune_capacity
 from gpuledger.store.retention_days import DayReport, drop_old_days
+from gpuledger.store.series_tier import Tier
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -252,11 +253,13 @@ def run_retention(
     now: float | None = None,
     cost_rollups: Callable[[Ledger], dict[str, int]] | None = None,
     price_changes: Sequence[float] = (),
+    tier: Tier | None = None,
 ) -> Report:
     """Apply ``policy`` to every finished run; ``cost_rollups`` writes the cost engine's day
     rollups first (reports/cost/rollups.materialise_rollups when installed). ``price_changes``:
     the instants the rate card's prices change (RateCard.change_points), which no rolled-up
-    interval straddles, so reports priced with that card cut busy time there exactly."""
+    interval straddles, so reports priced with that card cut busy time there exactly. ``tier``: the
+    series store each dropped day is first copied into (store/series_tier.py)."""
     price_changes = sorted(price_changes)
     now = time.time() if now is None else now
     report = Report()
@@ -264,7 +267,7 @@ def run_retention(
         report.cost_rollups = cost_rollups(ledger)
     read = ledger.database.read
     if policy.drop_partitions and ledger.dialect == "postgresql":
-        report.days = drop_old_days(ledger, now - policy.raw_days * DAY_S, actor=actor, tampered=_tampered)
+        report.days = drop_old_days(ledger, now - policy.raw_days * DAY_S, actor=actor, tampered=_tampered, tier=tier)
     else:
         for level_s, days in ((60, policy.raw_days), (3600, policy.minute_days)):
             for run_id in read(lambda c, t=now - days * DAY_S: _ended_before(c, t)):

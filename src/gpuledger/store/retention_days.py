@@ -7,6 +7,10 @@ dropped rows), and its rows match its seal (a tampered run is not laundered into
 run nobody sealed waits for an admin's ``gpuledger audit seal``; a run lost by the liveness sweep
 waits for its agent). Otherwise the day is kept and the report says which run held it and why.
 
+With a series store (``tier``), the day's rows are first copied into it run by run and read back
+(store/series_tier.py); a day the store does not hold exactly is kept, and ``run.raw_tiered``
+records what it holds.
+
 In the transaction of the ``DROP TABLE``: each run's ``rollup_marks`` take the highest seq dropped
 per device (a late replay of those rows is then dropped at ingest, store/bulk.unreplaced) at level
 ``DROPPED_LEVEL``, which also freezes its cost rollups (store/rollup_stale.py: their source rows are
@@ -25,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import run_is_open
-from gpuledger.store import audit, partitions, schema
+from gpuledger.store import audit, partitions, schema, series_tier
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -83,11 +87,11 @@ def _mark(conn: Connection, run_id: str, series: str, uuid: str, n: int, upto: i
     conn.execute(sa.insert(m), values)
 
 
-def _drop_day(
-    conn: Connection, day: int, names: list[tuple[str, bool]], cut: float, actor: str,
-    tampered: Callable[[Connection, str], list[str]],
-) -> str | int:  # fmt: skip
-    """Drop the day's partitions (name, is gpu) when every run in them is safe: the rows dropped, or why not."""
+def locked_day_check(
+    conn: Connection, names: list[tuple[str, bool]], cut: float, tampered: Callable[[Connection, str], list[str]]
+) -> str | dict[str, list[Any]]:
+    """Lock the day's partitions (name, is gpu) against writers and check every run in them may
+    lose its rows there: the rows per partition counted per run and device, or why not."""
     conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'")
     for name, _ in names:  # no row of the day may arrive between the checks and the drop
         conn.exec_driver_sql(f"LOCK TABLE {name} IN SHARE MODE")
@@ -97,6 +101,34 @@ def _drop_day(
         why = _why_unsafe(conn, run_id, cut, tampered)
         if why:
             return f"run {run_id}: {why}"
+    return counted
+
+
+def tier_day(conn: Connection, day: int, names: list[tuple[str, bool]], tier: series_tier.Tier) -> str | dict[str, Any]:
+    """Copy each run's rows of the day into the series store, checked (store/series_tier.py): the
+    ``run.raw_tiered`` payload per run, or why the day must stay."""
+    date = date_of(day)
+    out = {}
+    for run_id, (gpu, host) in series_tier.day_rows(conn, names).items():
+        try:
+            out[run_id] = series_tier.copy_run(tier, date, run_id, gpu, host)
+        except series_tier.TierError as exc:
+            return f"run {run_id}: not tiered into {tier.url}: {exc}"
+    return out
+
+
+def _drop_day(
+    conn: Connection, day: int, names: list[tuple[str, bool]], cut: float, actor: str,
+    tampered: Callable[[Connection, str], list[str]], tier: series_tier.Tier | None = None,
+) -> str | int:  # fmt: skip
+    """Drop the day's partitions (name, is gpu) when every run in them is safe, after copying them
+    into the series store when there is one: the rows dropped, or why not."""
+    counted = locked_day_check(conn, names, cut, tampered)
+    if isinstance(counted, str):
+        return counted
+    tiered = tier_day(conn, day, names, tier) if tier is not None else {}
+    if isinstance(tiered, str):
+        return tiered
     now = time.time()
     per_run: dict[str, dict[str, int]] = {}
     for (_name, gpu), rows in zip(names, counted.values(), strict=True):
@@ -109,17 +141,31 @@ def _drop_day(
         conn.exec_driver_sql(f"DROP TABLE {name}")
     date = date_of(day)
     for run_id, tally in per_run.items():
+        if run_id in tiered:  # what the store holds instead, checked by audit verify --series
+            audit.append(conn, actor=actor, action=series_tier.ACTION, obj=f"run:{run_id}", payload=tiered[run_id])
         payload = {"day": date, **tally}
         audit.append(conn, actor=actor, action="run.raw_dropped", obj=f"run:{run_id}", payload=payload)
         audit.seal_run(conn, run_id, actor=actor, reason=f"raw intervals of {date} dropped by retention")
     return sum(sum(t.values()) for t in per_run.values())
 
 
+def old_days(ledger: Ledger, cut: float) -> dict[int, list[tuple[str, bool]]]:
+    """Day -> its partitions (name, is gpu) of the days that end at or before ``cut``."""
+    by_day: dict[int, list[tuple[str, bool]]] = {}
+    for table, gpu in (("gpu_intervals", True), ("host_intervals", False)):
+        for day, name in ledger.read(lambda c, t=table: partitions.day_partitions(c, t)).items():  # type: ignore[misc]
+            if (day + 1) * partitions.DAY_S <= cut:
+                by_day.setdefault(day, []).append((name, gpu))
+    return by_day
+
+
 def drop_old_days(
-    ledger: Ledger, cut: float, *, actor: str, tampered: Callable[[Connection, str], list[str]]
-) -> DayReport:
+    ledger: Ledger, cut: float, *, actor: str, tampered: Callable[[Connection, str], list[str]],
+    tier: series_tier.Tier | None = None,
+) -> DayReport:  # fmt: skip
     """Drop the day partitions that end at or before ``cut`` and hold only intervals of runs safe
-    to drop; one transaction per day."""
+    to drop; one transaction per day. With ``tier``, each day is first copied into that series
+    store and read back (a day the store does not hold exactly is kept)."""
     report = DayReport()
     if ledger.dialect != "postgresql":
         return report
@@ -128,14 +174,10 @@ def drop_old_days(
     except sa.exc.OperationalError as exc:
         if not _lock_timeout(exc):
             raise  # else: strays stay in the default partition until the next maintenance
-    by_day: dict[int, list[tuple[str, bool]]] = {}
-    for table, gpu in (("gpu_intervals", True), ("host_intervals", False)):
-        for day, name in ledger.read(lambda c, t=table: partitions.day_partitions(c, t)).items():  # type: ignore[misc]
-            if (day + 1) * partitions.DAY_S <= cut:
-                by_day.setdefault(day, []).append((name, gpu))
+    by_day = old_days(ledger, cut)
     for day in sorted(by_day):
         try:
-            outcome = ledger.write(lambda c, d=day: _drop_day(c, d, by_day[d], cut, actor, tampered))  # type: ignore[misc]
+            outcome = ledger.write(lambda c, d=day: _drop_day(c, d, by_day[d], cut, actor, tampered, tier))  # type: ignore[misc]
         except sa.exc.OperationalError as exc:
             if not _lock_timeout(exc):
                 raise

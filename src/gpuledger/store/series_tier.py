@@ -1,0 +1,187 @@
+"""Tiering (docs/SCALE.md, "Tiering"): a day of raw intervals copied into a series store, read
+back and checked, before PostgreSQL drops its day partition (store/retention_days.py).
+
+A run's rows of one day go in one ``write()`` with the token ``tier:<YYYY-MM-DD>:<run id>``, so a
+retry after a crash stores nothing twice. What the store returns is compared with
+``quantum.quantize_*`` of the PostgreSQL rows: per GPU and for the host, the row count, the sums
+of the counted columns in the store's integer units and a sha256 over the quantized rows in
+(device, seq) order. That summary is the ``run.raw_tiered`` payload, which ``audit verify
+--series`` (store/series_verify.py) later checks the store against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gpuledger.series import quantum
+from gpuledger.series.base import SeriesStore
+from gpuledger.store import schema
+
+ACTION = "run.raw_tiered"
+# How long a ClickHouse tier store keeps raw rows (its TTL): tiered days are already past the
+# ledger's raw window, so the store's own window must be far longer than that.
+DEFAULT_SERIES_DAYS = 366
+GPU_COLUMNS = tuple(c.name for c in schema.gpu_intervals.c if c.name != "run_id")
+HOST_COLUMNS = tuple(c.name for c in schema.host_intervals.c if c.name != "run_id")
+# Summed column -> (payload name, its scale to the store's integer unit; 1: an exact integer)
+GPU_SUMS = {"samples": ("samples", 1), "busy_s": ("busy_ms", 1000), "energy_j": ("energy_mj", 1000)}
+HOST_SUMS = {"samples": ("samples", 1), "cpu_s": ("cpu_ms", 1000), "read_b": ("read_b", 1), "write_b": ("write_b", 1)}
+
+
+class TierError(RuntimeError):
+    """The series store does not hold what was copied into it: the day stays in PostgreSQL."""
+
+
+def shown_url(url: str) -> str:
+    """``url`` without its password, as the audit trail and the output name the store."""
+    return re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", url)
+
+
+def open_store(url: str, *, series_days: int = DEFAULT_SERIES_DAYS, create: bool = True) -> SeriesStore:
+    """The tier store ``url`` names; ValueError (series.open.BadSeriesUrl) for one gpuledger has not."""
+    from gpuledger.series.open import open_series
+
+    store = open_series(url, raw_days=series_days)
+    if create:
+        try:
+            store.create()
+        except BaseException:
+            store.close()
+            raise
+    return store
+
+
+@dataclass
+class Tier:
+    """Where days go before they are dropped: the open store and its URL as recorded."""
+
+    store: SeriesStore
+    url: str  # without the password
+
+    @classmethod
+    def open(cls, url: str, *, series_days: int = DEFAULT_SERIES_DAYS, create: bool = True) -> Tier:
+        return cls(open_store(url, series_days=series_days, create=create), shown_url(url))
+
+
+# -- the summary of rows ---------------------------------------------------------------------------
+
+
+def _canon(value: Any) -> Any:
+    """One spelling per value, whatever type a backend hands back (97 and 97.0 are one value)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < 2**53 else repr(value)
+    if isinstance(value, Mapping):
+        return {str(k): _canon(v) for k, v in sorted(value.items())}
+    return str(value)
+
+
+def digest(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(json.dumps([_canon(row.get(c)) for c in columns], sort_keys=True).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def summary(rows: Sequence[Mapping[str, Any]], sums: Mapping[str, tuple[str, int]], columns: Sequence[str]) -> dict:  # type: ignore[type-arg]
+    """Count, seq range, integer sums and digest of quantized ``rows`` (already in seq order)."""
+    totals = {name: 0 for name, _ in sums.values()}
+    for r in rows:
+        for column, (name, scale) in sums.items():
+            if r.get(column) is not None:
+                totals[name] += quantum.to_units(r[column], scale) if scale != 1 else int(r[column])
+    seqs = [int(r["seq"]) for r in rows]
+    return {
+        "rows": len(rows), "seq": [min(seqs), max(seqs)] if seqs else None, "sums": totals,
+        "sha256": digest(rows, columns),
+    }  # fmt: skip
+
+
+def day_summary(gpu: Sequence[Mapping[str, Any]], host: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The quantized summary of one run's rows of one day: per GPU, and the host's."""
+    by_device: dict[str, list[Mapping[str, Any]]] = {}
+    for r in gpu:
+        by_device.setdefault(str(r["device_uuid"]), []).append(r)
+    return {
+        "gpu_rows": len(gpu), "host_rows": len(host),
+        "gpu": {d: summary(rows, GPU_SUMS, GPU_COLUMNS) for d, rows in sorted(by_device.items())},
+        "host": summary(host, HOST_SUMS, HOST_COLUMNS) if host else None,
+    }  # fmt: skip
+
+
+# -- copying and checking --------------------------------------------------------------------------
+
+
+def _in(seq_range: Sequence[int] | None, seq: int) -> bool:
+    return seq_range is not None and seq_range[0] <= seq <= seq_range[1]
+
+
+def stored_summary(store: SeriesStore, run_id: str, expected: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``store`` now holds of the rows ``expected`` (a day_summary) describes: per GPU the rows
+    in its seq range, the host's in its range."""
+    ranges = {d: s["seq"] for d, s in expected["gpu"].items()}
+    gpu = [r for r in store.gpu_intervals(run_id) if _in(ranges.get(str(r["device_uuid"])), int(r["seq"]))]
+    host_range = expected["host"]["seq"] if expected.get("host") else None
+    host = [r for r in store.host_intervals(run_id) if _in(host_range, int(r["seq"]))] if host_range else []
+    gpu.sort(key=lambda r: (str(r["device_uuid"]), int(r["seq"])))
+    host.sort(key=lambda r: int(r["seq"]))
+    return day_summary(gpu, host)
+
+
+def differences(run_id: str, expected: Mapping[str, Any], found: Mapping[str, Any]) -> list[str]:
+    """One line per GPU (and the host) whose rows in the store differ from those tiered."""
+    out = []
+    parts = [(f"GPU {d}", s, found["gpu"].get(d)) for d, s in expected["gpu"].items()]
+    if expected.get("host"):
+        parts.append(("host", expected["host"], found.get("host")))
+    for what, want, got in parts:
+        if got == want:
+            continue
+        lo, hi = want["seq"]
+        if got is None:
+            why = "missing from the series store"
+        elif got["rows"] != want["rows"]:
+            why = f"{got['rows']} rows in the series store, {want['rows']} tiered"
+        elif got["sums"] != want["sums"]:
+            changed = [k for k in want["sums"] if want["sums"][k] != got["sums"].get(k)]
+            why = f"sums of {', '.join(changed)} differ from those tiered"
+        else:
+            why = "rows changed (sha256 differs from the one tiered)"
+        out.append(f"run {run_id} {what} seq {lo}-{hi}: {why}")
+    return out
+
+
+def day_rows(conn: Connection, names: Sequence[tuple[str, bool]]) -> dict[str, tuple[list[dict], list[dict]]]:  # type: ignore[type-arg]
+    """Each run's GPU and host rows held in these day partitions (name, is gpu), in seq order."""
+    out: dict[str, tuple[list[dict], list[dict]]] = {}  # type: ignore[type-arg]
+    for name, gpu in names:
+        table = schema.gpu_intervals if gpu else schema.host_intervals
+        q = sa.select(table).where(sa.text(f"tableoid = '{name}'::regclass"))
+        order = (table.c.run_id, table.c.device_uuid, table.c.seq) if gpu else (table.c.run_id, table.c.seq)
+        for r in conn.execute(q.order_by(*order)).mappings():
+            row = {k: v for k, v in r.items() if k != "run_id"}
+            out.setdefault(r["run_id"], ([], []))[0 if gpu else 1].append(row)
+    return out
+
+
+def copy_run(tier: Tier, date: str, run_id: str, gpu: list[dict], host: list[dict]) -> dict[str, Any]:  # type: ignore[type-arg]
+    """Copy one run's rows of ``date`` into the store and read them back: the ``run.raw_tiered``
+    payload; TierError when the store does not hold exactly their quantized values."""
+    expected = day_summary([quantum.quantize_gpu(r) for r in gpu], [quantum.quantize_host(r) for r in host])
+    written = tier.store.write(run_id, gpu, host, token=f"tier:{date}:{run_id}")
+    problems = differences(run_id, expected, stored_summary(tier.store, run_id, expected))
+    if problems:
+        raise TierError("; ".join(problems))
+    return {"day": date, "series": tier.url, "written": written, **expected}

@@ -1,0 +1,245 @@
+"""Tiering (store/series_tier.py): a raw day retention drops from PostgreSQL is first copied into a
+series store, read back and checked, on the real PostgreSQL server, into the compact PostgreSQL
+store (a schema of its own) and into ClickHouse on chDB (a tmp folder).
+
+A run spanning a midnight is tiered and dropped day by day and reads back whole, equal to the
+quantized original; a crash after the copy leaves the day in PostgreSQL and the rerun copies
+nothing twice; a tampered tiered row is named by ``audit verify --series``; a bad ``--series``
+drops nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from gpuledger.cli.main import cli
+from gpuledger.reports.cost.rollups import materialise_rollups
+from gpuledger.series import quantum
+from gpuledger.store import Ledger, audit, partitions, series_tier, series_verify
+from gpuledger.store.retention import DAY_S, Policy, run_retention
+from server_support import NOW, backend_url, bearer, devices_doc, gpu_rows, host_rows, run_doc, setup_accounts
+from test_pg_partitions import OPEN_DAYS, TODAY, _client, _exists
+
+pytestmark = pytest.mark.postgres
+
+PG = os.environ.get("GPULEDGER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+N = 60  # 5 s intervals per device: 150 s either side of a midnight
+NO_CHDB = importlib.util.find_spec("chdb") is None
+SKIP_CHDB = pytest.mark.skipif(NO_CHDB, reason="pip install 'gpuledger[clickhouse]'")
+KINDS = ["postgres", pytest.param("chdb", marks=SKIP_CHDB)]
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> Iterator[str]:
+    with backend_url("postgres", tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(params=KINDS)
+def series_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "chdb":
+        yield f"chdb://{tmp_path}/series"
+        return
+    name = f"tier_t_{uuid.uuid4().hex[:12]}"
+    yield f"{PG}?schema={name}"
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '30s'")
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+def _body(start: float, devices: int = 2) -> dict[str, Any]:
+    gpu = gpu_rows(N, devices=devices, start=start)
+    for r in gpu:  # values finer than the store's units: what comes back is quantized
+        r["busy_s"] += 0.0004
+        r["energy_j"] += 0.00071
+    host = host_rows(N, start=start)
+    for r in host:
+        r["cpu_s"] += 0.00049
+    return {
+        "run": run_doc(started_at=start, status="succeeded", ended_at=start + N * 5.0, exit_code=0),
+        "devices": devices_doc(devices),
+        "gpu_intervals": gpu,
+        "host_intervals": host,
+        "final": True,
+    }
+
+
+def _ingested(pg_url: str, devices: int = 2) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """A finished run ten days ago across a midnight, rolled up and sealed; its rows as stored."""
+    tokens = setup_accounts(pg_url)
+    body = _body((TODAY - 10) * DAY_S - N / 2 * 5.0, devices)
+    with _client(pg_url) as client, Ledger(pg_url) as led:
+        assert client.post("/api/v1/ingest", json=body, headers=bearer(tokens.agent_a)).status_code == 200
+        materialise_rollups(led)
+        partitions.maintain(led.database)
+        run_id = body["run"]["id"]
+        return run_id, _rows(led.gpu_intervals(run_id)), _rows(led.host_intervals(run_id))
+
+
+def _rows(items: list[Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in dataclasses.asdict(i).items() if k != "run_id"} for i in items]
+
+
+def _days() -> list[str]:
+    return [partitions.day_name(t, d) for t in partitions.KEYS for d in (TODAY - 11, TODAY - 10)]
+
+
+def _retention(led: Ledger, tier: series_tier.Tier | None) -> Any:
+    return run_retention(led, Policy(raw_days=7, drop_partitions=True), actor="test", now=NOW, tier=tier)
+
+
+def test_a_tiered_run_is_dropped_from_postgresql_and_reads_back_whole(pg_url: str, series_url: str) -> None:
+    run_id, gpu, host = _ingested(pg_url)
+    tier = series_tier.Tier.open(series_url)
+    try:
+        with Ledger(pg_url) as led:
+            report = _retention(led, tier)
+            assert report.days is not None and len(report.days.dropped) == 2, report.days
+            assert not any(_exists(led, n) for n in _days())
+            assert led.gpu_intervals(run_id) == []  # gone from PostgreSQL
+            # The store holds the whole run, both days, as the quantized original.
+            assert tier.store.gpu_intervals(run_id) == [quantum.quantize_gpu(r) for r in gpu]
+            assert tier.store.host_intervals(run_id) == [quantum.quantize_host(r) for r in host]
+            assert tier.store.gpu_intervals(run_id) != gpu  # the values were finer than the store's units
+            trail = [p for r, p in led.read(lambda c: list(series_verify.tiered(c))) if r == run_id]
+            assert sorted(p["day"] for p in trail) == [_date(TODAY - 11), _date(TODAY - 10)]
+            assert sum(p["gpu_rows"] for p in trail) == 2 * N and sum(p["host_rows"] for p in trail) == N
+            busy = sum(quantum.to_units(r["busy_s"], 1000) for r in gpu)
+            assert sum(s["sums"]["busy_ms"] for p in trail for s in p["gpu"].values()) == busy
+            assert all(p["series"] == series_tier.shown_url(series_url) for p in trail)
+            verified = audit.verify(led, close_after_days=OPEN_DAYS)
+            assert verified.ok, verified.problems
+            checked = series_verify.check(led, tier.store, series_url)
+            assert checked.problems == [] and checked.days_checked == 2
+        # Opened with the store, the ledger reads the tiered days back (export, show, report run).
+        with Ledger(pg_url, series=series_url) as led:
+            assert _rows(led.gpu_intervals(run_id)) == [quantum.quantize_gpu(r) for r in gpu]
+            assert _rows(led.host_intervals(run_id)) == [quantum.quantize_host(r) for r in host]
+            one = gpu[0]["device_uuid"]
+            mine = [quantum.quantize_gpu(r) for r in gpu if r["device_uuid"] == one]
+            assert _rows(led.gpu_intervals(run_id, one)) == mine
+    finally:
+        tier.store.close()
+
+
+def _date(day: int) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(day * DAY_S))
+
+
+class _Crashing:
+    """The real store, but the process dies (raises) right after a write has stored its rows."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def write(self, *args: Any, **kwargs: Any) -> int:
+        self.store.write(*args, **kwargs)
+        raise RuntimeError("killed after the copy")
+
+
+class _Counting(_Crashing):
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.written: list[int] = []
+
+    def write(self, *args: Any, **kwargs: Any) -> int:
+        self.written.append(self.store.write(*args, **kwargs))
+        return self.written[-1]
+
+
+def test_a_crash_between_copy_and_drop_keeps_the_day_and_the_rerun_copies_nothing_twice(
+    pg_url: str, series_url: str
+) -> None:
+    run_id, gpu, _ = _ingested(pg_url)
+    tier = series_tier.Tier.open(series_url)
+    try:
+        with Ledger(pg_url) as led:
+            with pytest.raises(RuntimeError, match="killed after the copy"):
+                _retention(led, series_tier.Tier(_Crashing(tier.store), tier.url))  # type: ignore[arg-type]
+            assert all(_exists(led, n) for n in _days())  # nothing dropped
+            assert len(led.gpu_intervals(run_id)) == 2 * N
+            assert list(led.read(lambda c: list(series_verify.tiered(c)))) == []  # nothing recorded
+            counting = _Counting(tier.store)
+            report = _retention(led, series_tier.Tier(counting, tier.url))  # type: ignore[arg-type]
+            assert report.days is not None and len(report.days.dropped) == 2, report.days
+            # The first day's rows were in the store already: its token stored nothing again.
+            assert counting.written[0] == 0 and sum(counting.written) == N + N // 2  # the second day's rows
+            assert tier.store.gpu_intervals(run_id) == [quantum.quantize_gpu(r) for r in gpu]  # each once
+            assert audit.verify(led, close_after_days=OPEN_DAYS).ok
+    finally:
+        tier.store.close()
+
+
+def _tamper(url: str, store: Any, seq: int) -> None:
+    if url.startswith("chdb"):
+        table = store.layout.local("gpu_intervals")
+        store.client.command(f"ALTER TABLE {table} UPDATE energy_mj = energy_mj + 1 WHERE seq = {seq}",
+                             {"mutations_sync": 2})  # fmt: skip
+        return
+    schema = url.rsplit("schema=", 1)[1]
+    with psycopg.connect(PG, autocommit=True) as conn:
+        assert conn.execute(f"UPDATE {schema}.gpu_iv SET energy_mj = energy_mj + 1 WHERE seq = {seq}").rowcount == 1
+
+
+def test_audit_verify_series_names_a_changed_tiered_row(pg_url: str, series_url: str, tmp_path: Path) -> None:
+    run_id, gpu, _ = _ingested(pg_url, devices=1)
+    tier = series_tier.Tier.open(series_url)
+    with Ledger(pg_url) as led:
+        _retention(led, tier)
+    env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(OPEN_DAYS)}
+    args = ["audit", "verify", "--db", pg_url, "--series", series_url]
+    try:
+        ok = CliRunner().invoke(cli, args, env=env)
+        assert ok.exit_code == 0, ok.output
+        assert "2 tiered run days checked" in ok.output
+        _tamper(series_url, tier.store, N // 2 + 3)  # a row of the second day (the first seq after midnight)
+    finally:
+        tier.store.close()
+    bad = CliRunner().invoke(cli, args, env=env)
+    assert bad.exit_code == 1, bad.output
+    device = gpu[0]["device_uuid"]
+    line = f"TAMPERED  run {run_id} GPU {device} seq {N // 2}-{N - 1}: sums of energy_mj differ from those tiered"
+    assert line in bad.output, bad.output
+    assert bad.output.count("TAMPERED") == 1  # the first day and the host are as tiered
+    # Without --series the ledger alone still verifies.
+    plain = CliRunner().invoke(cli, args[:4], env=env)
+    assert plain.exit_code == 0, plain.output
+
+
+@pytest.mark.parametrize(
+    "url, code, words",
+    [
+        ("ftp://host/x", 2, "no series store for scheme 'ftp'"),
+        ("postgresql://nobody:secret@127.0.0.1:1/none", 1, "--series postgresql://nobody:***@127.0.0.1:1/none"),
+    ],
+)
+def test_a_bad_series_url_is_a_clear_error_and_drops_nothing(
+    pg_url: str, tmp_path: Path, url: str, code: int, words: str
+) -> None:
+    run_id, _, _ = _ingested(pg_url, devices=1)
+    env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home")}
+    args = ["retention", "run", "--db", pg_url, "--drop-partitions", "--keep-logs", "--keep-capacity", "--series", url]
+    out = CliRunner().invoke(cli, args, env=env)
+    assert out.exit_code == code, out.output
+    assert out.output.startswith("Error: ") or "Error: " in out.output, out.output
+    assert words in out.output and "secret" not in out.output, out.output
+    with Ledger(pg_url) as led:
+        assert all(_exists(led, n) for n in _days())
+        assert len(led.gpu_intervals(run_id)) == N
+    without = [a for a in args if a != "--drop-partitions"]
+    missing = CliRunner().invoke(cli, without, env=env)
+    assert missing.exit_code == 2 and "--series tiers the days --drop-partitions drops" in missing.output
