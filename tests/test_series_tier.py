@@ -75,12 +75,16 @@ def _body(start: float, devices: int = 2) -> dict[str, Any]:
     }
 
 
-def _ingested(pg_url: str, devices: int = 2) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
-    """A finished run ten days ago across a midnight, rolled up and sealed; its rows as stored."""
+def _ingested(
+    pg_url: str, devices: int = 2, *more: dict[str, Any]
+) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """A finished run ten days ago across a midnight (and the ``more`` bodies), rolled up and
+    sealed; its rows as stored."""
     tokens = setup_accounts(pg_url)
     body = _body((TODAY - 10) * DAY_S - N / 2 * 5.0, devices)
     with _client(pg_url) as client, Ledger(pg_url) as led:
-        assert client.post("/api/v1/ingest", json=body, headers=bearer(tokens.agent_a)).status_code == 200
+        for b in (body, *more):
+            assert client.post("/api/v1/ingest", json=b, headers=bearer(tokens.agent_a)).status_code == 200
         materialise_rollups(led)
         partitions.maintain(led.database)
         run_id = body["run"]["id"]
@@ -243,3 +247,44 @@ def test_a_bad_series_url_is_a_clear_error_and_drops_nothing(
     without = [a for a in args if a != "--drop-partitions"]
     missing = CliRunner().invoke(cli, without, env=env)
     assert missing.exit_code == 2 and "--series tiers the days --drop-partitions drops" in missing.output
+
+
+def test_db_migrate_series_tiers_a_populated_ledger_resumably(pg_url: str, series_url: str, tmp_path: Path) -> None:
+    later = _body((TODAY - 9) * DAY_S + 3600, devices=1)  # a second finished run two days on
+    running = _body((TODAY - 8) * DAY_S + 3600, devices=1)
+    running["run"].update(status="running", ended_at=None, exit_code=None)
+    running["final"] = False
+    run_id, gpu, host = _ingested(pg_url, 2, later, running)
+    env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home")}
+    env["GPULEDGER_CLOSE_AFTER_DAYS"] = str(OPEN_DAYS)
+    verify = ["audit", "verify", "--db", pg_url]
+    assert CliRunner().invoke(cli, verify, env=env).exit_code == 0
+    migrate = ["db", "migrate", "--db", pg_url, "--series", series_url]
+    dry = CliRunner().invoke(cli, [*migrate, "--dry-run"], env=env)
+    assert dry.exit_code == 0, dry.output
+    assert f"would copy 3 days ({5 * N} rows)" in dry.stdout, dry.output
+    assert "still recording" in dry.stderr and f"{_date(TODAY - 11)}: would copy {N + N // 2} rows" in dry.stderr
+    tier = series_tier.Tier.open(series_url)
+    try:
+        assert tier.store.gpu_intervals(run_id) == []  # a dry run copies nothing
+    finally:
+        tier.store.close()
+    first = CliRunner().invoke(cli, migrate, env=env)
+    assert first.exit_code == 0, first.output
+    assert "copied and checked 3 days" in first.stdout and "[1/4]" in first.stderr, first.output
+    tier = series_tier.Tier.open(series_url)
+    try:
+        assert tier.store.gpu_intervals(run_id) == [quantum.quantize_gpu(r) for r in gpu]
+        assert tier.store.host_intervals(run_id) == [quantum.quantize_host(r) for r in host]
+        assert tier.store.gpu_intervals(running["run"]["id"]) == []  # retention may not drop its day
+    finally:
+        tier.store.close()
+    with Ledger(pg_url) as led:  # nothing dropped: PostgreSQL still holds every row
+        assert len(led.gpu_intervals(run_id)) == 2 * N and all(_exists(led, n) for n in _days())
+    again = CliRunner().invoke(cli, migrate, env=env)
+    assert again.exit_code == 0, again.output
+    assert "copied and checked 0 days (0 rows); 3 days already tiered" in again.stdout, again.output
+    for args in (verify, [*verify, "--series", series_url]):
+        after = CliRunner().invoke(cli, args, env=env)
+        assert after.exit_code == 0, after.output
+    assert "3 tiered run days checked" in after.output  # each run's day once, though migrate ran twice

@@ -145,15 +145,36 @@ def db_group() -> None:
 
 @db_group.command("migrate")
 @db_required
+@click.option(
+    "--series", metavar="URL",
+    help="Then copy every raw day retention may drop (older than --raw-days, runs ended, rolled up and sealed) "
+    "into this series store, checked, and record it (docs/SCALE.md, Tiering); days already tiered are skipped.",
+)  # fmt: skip
+@click.option("--raw-days", type=FiniteFloat(0), default=7.0, show_default=True, help="With --series: days kept raw.")
+@click.option(
+    "--series-days", type=click.IntRange(1), default=366, show_default=True,
+    help="With --series, ClickHouse: how long the store keeps raw rows (its TTL).",
+)  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="With --series: say what would be copied; change nothing.")
 @cli_errors
-def db_migrate_cmd(db: str | None) -> None:
-    """Apply pending schema migrations (safe with several processes; each runs once)."""
+def db_migrate_cmd(db: str | None, series: str | None, raw_days: float, series_days: int, dry_run: bool) -> None:
+    """Apply pending schema migrations (safe with several processes; each runs once); with
+    --series, tier the existing raw days into a series store."""
     from gpuledger.store import migrations
     from gpuledger.store.engine import Database
 
     if not db:
         raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
     check_ledger_url(db)
+    if dry_run and not series:
+        raise click.UsageError("--dry-run says what --series would copy: give --series URL")
+    if series:
+        from gpuledger.cli.db_tier import tier_existing_days
+
+        if not dry_run:
+            db_migrate_cmd.callback(db=db, series=None, raw_days=raw_days, series_days=series_days, dry_run=False)  # type: ignore[misc]
+        tier_existing_days(db, series, raw_days, series_days, dry_run)
+        return
     database = Database(db)
     try:
         before = database.read(migrations.current_version)

@@ -104,12 +104,16 @@ def locked_day_check(
     return counted
 
 
-def tier_day(conn: Connection, day: int, names: list[tuple[str, bool]], tier: series_tier.Tier) -> str | dict[str, Any]:
-    """Copy each run's rows of the day into the series store, checked (store/series_tier.py): the
-    ``run.raw_tiered`` payload per run, or why the day must stay."""
+def tier_day(
+    conn: Connection, day: int, names: list[tuple[str, bool]], tier: series_tier.Tier, only: set[str] | None = None
+) -> str | dict[str, Any]:
+    """Copy each run's rows of the day (of the runs in ``only``, if given) into the series store,
+    checked (store/series_tier.py): the ``run.raw_tiered`` payload per run, or why the day must stay."""
     date = date_of(day)
     out = {}
     for run_id, (gpu, host) in series_tier.day_rows(conn, names).items():
+        if only is not None and run_id not in only:
+            continue
         try:
             out[run_id] = series_tier.copy_run(tier, date, run_id, gpu, host)
         except series_tier.TierError as exc:

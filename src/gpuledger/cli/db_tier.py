@@ -1,0 +1,44 @@
+"""``gpuledger db migrate --series URL``: the existing raw days of a PostgreSQL ledger copied into
+a series store (store/series_migrate.py), progress on stderr."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+
+def tier_existing_days(db: str, series: str, raw_days: float, series_days: int, dry_run: bool) -> None:
+    from gpuledger.cli.admin_cmds import _actor
+    from gpuledger.cli.audit_cmds import open_tier
+    from gpuledger.cli.server_cmds import server_ledger
+    from gpuledger.store import series_migrate
+    from gpuledger.store.retention import DAY_S, _tampered
+
+    ledger = server_ledger(db)
+    try:
+        if ledger.dialect != "postgresql":
+            raise click.UsageError("--series copies PostgreSQL day partitions: a SQLite ledger has none")
+        tier = open_tier(series, series_days)
+        try:
+            if not dry_run:  # retention drops only rolled-up runs: write the rollups first, as it does
+                try:
+                    from gpuledger.reports.cost.rollups import materialise_rollups
+                except ImportError:
+                    pass
+                else:
+                    materialise_rollups(ledger)
+            done = series_migrate.tier_existing(
+                ledger, tier, time.time() - raw_days * DAY_S, actor=_actor(), tampered=_tampered, dry_run=dry_run,
+                progress=lambda line: click.echo(line, err=True),
+            )  # fmt: skip
+        finally:
+            tier.store.close()
+    finally:
+        ledger.close()
+    rows = sum(done.copied.values())
+    verb = "would copy" if dry_run else "copied and checked"
+    click.echo(
+        f"series {tier.url}: {verb} {len(done.copied)} days ({rows} rows); {len(done.done)} days already tiered; "
+        f"{len(done.kept)} days retention may not drop yet"
+    )
