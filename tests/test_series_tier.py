@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import time
 import uuid
@@ -103,8 +104,20 @@ def _retention(led: Ledger, tier: series_tier.Tier | None) -> Any:
     return run_retention(led, Policy(raw_days=7, drop_partitions=True), actor="test", now=NOW, tier=tier)
 
 
-def test_a_tiered_run_is_dropped_from_postgresql_and_reads_back_whole(pg_url: str, series_url: str) -> None:
+def _report_gpus(pg_url: str, run_id: str, tmp_path: Path, series: str | None = None) -> list[dict[str, Any]]:
+    """``report run``'s per-GPU figures, without the count of rows PostgreSQL holds (read in SQL)."""
+    env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_SERIES": series or ""}
+    out = CliRunner().invoke(cli, ["report", "run", run_id, "--db", pg_url, "--format", "json"], env=env)
+    assert out.exit_code == 0, out.output
+    return [{k: v for k, v in g.items() if k != "intervals"} for g in json.loads(out.output)["gpus"]]
+
+
+def test_a_tiered_run_is_dropped_from_postgresql_and_reads_back_whole(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
     run_id, gpu, host = _ingested(pg_url)
+    before = _report_gpus(pg_url, run_id, tmp_path)
+    assert before[0]["busy"] != "n/a"
     tier = series_tier.Tier.open(series_url)
     try:
         with Ledger(pg_url) as led:
@@ -133,6 +146,9 @@ def test_a_tiered_run_is_dropped_from_postgresql_and_reads_back_whole(pg_url: st
             one = gpu[0]["device_uuid"]
             mine = [quantum.quantize_gpu(r) for r in gpu if r["device_uuid"] == one]
             assert _rows(led.gpu_intervals(run_id, one)) == mine
+        # report run reads the run through Ledger.gpu_intervals: whole with GPULEDGER_SERIES, empty without
+        assert _report_gpus(pg_url, run_id, tmp_path)[0]["busy"] == "n/a"
+        assert _report_gpus(pg_url, run_id, tmp_path, series_url) == before
     finally:
         tier.store.close()
 

@@ -172,13 +172,16 @@ def open_ledger(url: str | None, create: bool = False):  # type: ignore[no-untyp
     """The ledger at ``url``: a URL that can never work is a usage error (exit 2), a ledger that
     cannot be reached or read a failure (exit 1). A ledger named with --db or GPULEDGER_DB must
     exist unless ``create`` (a command that writes runs); the default one is created on first use."""
+    from os import environ
+
     from gpuledger.store import Ledger, LedgerError
 
     check_ledger_url(url)
     if url and not create:
         refuse_missing_ledger(url)
     try:
-        return Ledger(url)
+        # a series store raw days were tiered into: a run's intervals read whole (store/series_read.py)
+        return Ledger(url, series=environ.get("GPULEDGER_SERIES") or None)
     except LedgerError as exc:
         raise click.ClickException(str(exc)) from exc
 

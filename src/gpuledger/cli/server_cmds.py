@@ -92,10 +92,15 @@ def _close_after_days(_ctx: click.Context, _param: click.Parameter, days: float)
     "--checkpoint", envvar="GPULEDGER_AUDIT_CHECKPOINT", type=click.Path(dir_okay=False), metavar="FILE",
     help="The signed audit checkpoint kept outside the database (default: one per ledger under the data dir).",
 )  # fmt: skip
+@click.option(
+    "--series", envvar="GPULEDGER_SERIES", metavar="URL",
+    help="The series store raw days were tiered into (retention run --series): a run's intervals are read "
+    "whole from it and the ledger.",
+)  # fmt: skip
 @cli_errors
 def serve_cmd(
     db: str | None, host: str, port: int, workers: int, rates: str | None, max_body_mb: float, log_level: str,
-    unsigned: bool, checkpoint: str | None,
+    unsigned: bool, checkpoint: str | None, series: str | None,
 ) -> None:  # fmt: skip
     """Serve the team API (docs/SERVER.md). Stateless: run several behind a load balancer.
 
@@ -123,6 +128,11 @@ def serve_cmd(
     os.environ["GPULEDGER_MAX_BODY_B"] = str(int(max_body_mb * 1024 * 1024))
     if rates:
         os.environ["GPULEDGER_RATES"] = os.path.abspath(rates)
+    if series:  # refused here, before serving, when it names no store or cannot be reached
+        from gpuledger.cli.audit_cmds import open_tier
+
+        open_tier(series, create=False).store.close()
+        os.environ["GPULEDGER_SERIES"] = series  # the workers read it (Settings.series)
     click.echo(f"gpuledger: serving {display_url(db)} on http://{host}:{port} ({workers} worker(s))", err=True)
     uvicorn.run(
         "gpuledger.server.app:app_from_env",

@@ -63,7 +63,8 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     )
 
     settings = settings or Settings()
-    ledger = Ledger(db_url, migrate=migrate)  # SchemaOutdated unless migrated (gpuledger db migrate)
+    # SchemaOutdated unless migrated (gpuledger db migrate); tiered days read back from settings.series
+    ledger = Ledger(db_url, migrate=migrate, series=settings.series)
     keeper = checkpoint_keeper.from_env(ledger, settings)  # the audit checkpoint outside the database
 
     @contextlib.asynccontextmanager

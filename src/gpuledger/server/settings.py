@@ -44,6 +44,8 @@ class Settings:
     close_after_days: float = 3.0
     checkpoint_every_s: float = 5.0  # how often the audit checkpoint is brought up to the signed head
     rates: str | None = None  # rate card file for /reports/chargeback (None: the default card)
+    # a series store raw days were tiered into (store/series_tier.py): run reads merge them back
+    series: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
