@@ -304,3 +304,11 @@ def test_db_migrate_series_tiers_a_populated_ledger_resumably(pg_url: str, serie
         after = CliRunner().invoke(cli, args, env=env)
         assert after.exit_code == 0, after.output
     assert "3 tiered run days checked" in after.output  # each run's day once, though migrate ran twice
+
+
+def test_serve_refuses_a_series_url_that_names_no_store(pg_url: str, tmp_path: Path) -> None:
+    setup_accounts(pg_url)
+    env = {"GPULEDGER_HOME": str(tmp_path / "home")}
+    args = ["serve", "--db", pg_url, "--unsigned", "--checkpoint", str(tmp_path / "cp"), "--series", "ftp://x/y"]
+    out = CliRunner().invoke(cli, args, env=env)
+    assert out.exit_code == 2 and "no series store for scheme 'ftp'" in out.output, out.output
