@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from datetime import datetime, timezone
 
 from gpuledger.core.ids import short_id
@@ -20,12 +21,19 @@ def summary(ledger, run: RunRecord, now: float | None = None) -> dict:
 
     A run still recording is summed up to its latest written interval (``measured_until``), as
     ``gpuledger cost`` prices it: the recorder writes every few seconds, and time it has not
-    written yet would otherwise count as idle GPU time."""
+    written yet would otherwise count as idle GPU time. A run with raw days tiered into the
+    ledger's series store (``Ledger.tiered``) is summed from its intervals read whole."""
     from gpuledger.core.metering.summary import summarize
 
     now = time.time() if now is None else now
-    gpu, counts = ledger.gpu_rollups(run.id)
-    host, host_count = ledger.host_rollup(run.id)
+    if ledger.tiered(run.id):  # raw days in the ledger's series store: the SQL rollups miss them
+        gpu_ivs, host_ivs = ledger.gpu_intervals(run.id), ledger.host_intervals(run.id)
+        counts = dict(Counter(g.device_uuid for g in gpu_ivs))
+        gpu, hosts, host_count = gpu_ivs, host_ivs, len(host_ivs)
+    else:
+        gpu, counts = ledger.gpu_rollups(run.id)
+        host, host_count = ledger.host_rollup(run.id)
+        hosts = [host] if host is not None else []
     measured_until = None
     if run_is_open(run.status, run.ended_at):
         measured_until = ledger.last_flush_t(run.id)
@@ -33,7 +41,7 @@ def summary(ledger, run: RunRecord, now: float | None = None) -> dict:
         run,
         ledger.devices(run.id),
         gpu,
-        [host] if host is not None else [],
+        hosts,
         now=measured_until if measured_until is not None else now,
         counts={**counts, "host": host_count},
     )

@@ -288,6 +288,16 @@ class Ledger:
         held = [codec.host_from_row(r) for r in self._rows(q)]
         return held if self._tiered is None else self._tiered.host(run_id, held)
 
+    def tiered(self, run_id: str) -> bool:
+        """Whether the run has raw days in the series store this ledger reads (``run.raw_tiered``,
+        store/series_tier.py): SQL over the interval tables then misses rows, and a read goes
+        through gpu_intervals()/host_intervals(). False without a store, with no query."""
+        if self._tiered is None:
+            return False
+        from gpuledger.store.series_tier import run_was_tiered
+
+        return self._db.read(lambda conn: run_was_tiered(conn, run_id))
+
     def events(self, run_id: str, kind: str | None = None) -> list[Event]:
         """In the order they were appended (seq)."""
         e = schema.events.c

@@ -14,10 +14,15 @@ fields against the pure reference. Each GPU bucket carries its intervals' unmeas
 interval's stored figure, or for rows stored before it the per-interval rule of
 ``core.metering.busy.unmeasured_seconds``: ``store.queries.unmeasured_sql``), so a big run's report
 tells unmeasured time from idle time as ``gpuledger show`` does.
+
+A run with raw days tiered into the ledger's series store (``Ledger.tiered``: PostgreSQL dropped
+them, store/series_tier.py) is read whole through ``Ledger.gpu_intervals``/``host_intervals`` and
+bucketed by the pure reference instead: SQL would miss those days. Other runs keep the SQL path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.metering.intervals import merge_methods
-from gpuledger.core.metering.series import THROTTLE_REASONS, GpuBucket, HostBucket, Plan
+from gpuledger.core.metering.series import THROTTLE_REASONS, GpuBucket, HostBucket, Plan, bucket_gpu, bucket_host
 from gpuledger.core.model import GpuInterval, HostInterval
 from gpuledger.store import cost_queries, series_ranges
 from gpuledger.store.cost_queries import StreamDays
@@ -35,14 +40,35 @@ from gpuledger.store.schema import devices, gpu_intervals, host_intervals
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
 
-__all__ = ["bucketed_gpu", "bucketed_host", "stream_counts"]
+__all__ = ["bucketed_gpu", "bucketed_host", "counts_of", "stream_counts"]
+
+
+def counts_of(gpu: Sequence[GpuInterval], host: Sequence[HostInterval]) -> dict[str, Any]:
+    """``stream_counts`` of intervals already read (a run with tiered days): each stream's count,
+    and the span from each stream's first and last interval by seq."""
+    streams: dict[str | None, list[Any]] = {}
+    for iv in gpu:
+        streams.setdefault(iv.device_uuid, []).append(iv)
+    if host:
+        streams[None] = list(host)
+    starts = [min(ivs, key=lambda i: i.seq).t0 for ivs in streams.values()]
+    ends = [max(ivs, key=lambda i: i.seq).t1 for ivs in streams.values()]
+    return {
+        "gpu": {uuid: len(ivs) for uuid, ivs in streams.items() if uuid is not None},
+        "host": len(streams.get(None, [])),
+        "t0": min(starts) if starts else None,
+        "t1": max(ends) if ends else None,
+    }
 
 
 def stream_counts(ledger: Ledger, run_id: str) -> dict[str, Any]:
     """``gpu``: intervals per device uuid; ``host``: host intervals; ``t0``/``t1``: the span measured.
 
     From each stream's first and last seq (index lookups), not a count of its rows: seq numbers
-    are consecutive per stream, and counting 2 million index entries costs a third of a second."""
+    are consecutive per stream, and counting 2 million index entries costs a third of a second.
+    A run with tiered days is counted from its intervals read whole (``counts_of``)."""
+    if ledger.tiered(run_id):
+        return counts_of(ledger.gpu_intervals(run_id), ledger.host_intervals(run_id))
 
     def tx(conn: Connection) -> dict[str, Any]:
         g, h, d = gpu_intervals.c, host_intervals.c, devices.c
@@ -116,6 +142,9 @@ def bucketed_gpu(
     one); ``threads`` of them run at once (sqlite3 releases the GIL). ``days``: filled with the
     day sums for pricing of each stream summed by seq ranges (see ``_device_by_ranges``).
     """
+    if ledger.tiered(run_id):  # read whole from the ledger and its series store; no day sums
+        found = bucket_gpu(ledger.gpu_intervals(run_id), plan)
+        return {uuid: b for uuid, b in found.items() if devices is None or uuid in devices}
     if devices is None:
         devices = sorted(stream_counts(ledger, run_id)["gpu"])
     if not devices:
@@ -375,6 +404,9 @@ def _host_by_ranges(conn: Connection, run_id: str, plan: Plan) -> list[dict[str,
 
 
 def bucketed_host(ledger: Ledger, run_id: str, plan: Plan) -> list[HostBucket]:
+    if ledger.tiered(run_id):  # read whole from the ledger and its series store
+        return bucket_host(ledger.host_intervals(run_id), plan)
+
     def tx(conn: Connection) -> list[Any]:
         found = _host_by_ranges(conn, run_id, plan) if ledger.dialect == "sqlite" else None
         if found is not None:

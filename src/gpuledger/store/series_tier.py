@@ -121,6 +121,13 @@ def day_summary(gpu: Sequence[Mapping[str, Any]], host: Sequence[Mapping[str, An
     }  # fmt: skip
 
 
+def run_was_tiered(conn: Connection, run_id: str) -> bool:
+    """Whether some raw day of ``run_id`` was tiered (a ``run.raw_tiered`` entry; an index lookup)."""
+    a = schema.audit_log.c
+    q = sa.select(a.seq).where(a.object == f"run:{run_id}", a.action == ACTION).limit(1)
+    return conn.scalar(q) is not None
+
+
 # -- copying and checking --------------------------------------------------------------------------
 
 

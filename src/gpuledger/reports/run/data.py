@@ -5,6 +5,8 @@ and bucketed one interval per bucket: exact in every field. Bigger runs are buck
 database (store/series_queries.py), so a 72-hour, 8-GPU, 1-second run reads 16,000 buckets
 instead of 2 million rows. The summary, epoch figures and diagnosis then work on the buckets
 (exact sums and peaks; per-epoch shares proportional where a boundary falls inside a bucket).
+A run with raw days tiered into the ledger's series store (``Ledger.tiered``) is read whole once,
+through the ledger, and bucketed in Python: the SQL paths would miss the tiered days.
 """
 
 from __future__ import annotations
@@ -67,13 +69,20 @@ def load(
     from gpuledger.store import series_queries
 
     now = time.time() if now is None else now
-    counts = series_queries.stream_counts(ledger, run.id)
+    tiered = ledger.tiered(run.id)
+    if tiered:  # raw days in the ledger's series store: SQL misses them, so read the run whole once
+        gpu_ivs, host_ivs = ledger.gpu_intervals(run.id), ledger.host_intervals(run.id)
+        counts = series_queries.counts_of(gpu_ivs, host_ivs)
+    else:
+        counts = series_queries.stream_counts(ledger, run.id)
     longest = max([counts["host"], *counts["gpu"].values()])
     origin = min(run.started_at, counts["t0"] if counts["t0"] is not None else run.started_at)
     end = _end(run, counts, now)
     plan = series.plan(origin, end, longest, max_points)
     day_sums: dict[tuple[str, str], Any] = {}
-    if plan.width_s is None:
+    if tiered:
+        gpu, host = series.bucket_gpu(gpu_ivs, plan), series.bucket_host(host_ivs, plan)
+    elif plan.width_s is None:
         gpu = series.bucket_gpu(ledger.gpu_intervals(run.id), plan)
         host = series.bucket_host(ledger.host_intervals(run.id), plan)
     else:

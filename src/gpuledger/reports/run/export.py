@@ -8,7 +8,8 @@ is checked against it by the tests); a column that does not apply to a row is em
 at a time, and ``write_csv`` / ``write_jsonl`` / ``write_parquet_stream`` write each piece before
 the next is read (Parquet in row groups of ``PARQUET_GROUP_ROWS``), so a run of any length costs
 the memory of one piece: a 72-hour, 8-GPU run at 1 s (2.3 million rows) took 4.4 GB for CSV and
-8.2 GB for JSON Lines when the rows were gathered first (BENCHMARKS.md).
+8.2 GB for JSON Lines when the rows were gathered first (BENCHMARKS.md). A run whose raw days
+were tiered into a series store is the exception: it is read whole (store/series_tier.py).
 """
 
 from __future__ import annotations
@@ -201,8 +202,16 @@ def export_query(run_id: str) -> Any:
 def stream_rows(ledger: Ledger, run_id: str, per_fetch: int = FETCH_ROWS) -> Iterator[list[Any]]:
     """The run's rows as lists in COLUMN_NAMES order (``throttle_s`` as sorted JSON text), in the
     order of ``interval_rows``, read ``per_fetch`` at a time from one query in one read transaction.
-    Exhaust or close the iterator: it holds a database connection."""
+    Exhaust or close the iterator: it holds a database connection. A run with raw days tiered
+    into the ledger's series store (``Ledger.tiered``) is read whole through the ledger instead:
+    the query would miss those days."""
     from gpuledger.store.server_queries import stream
+
+    if ledger.tiered(run_id):
+        gpu, host = ledger.gpu_intervals(run_id), ledger.host_intervals(run_id)
+        for row in interval_rows(run_id, ledger.devices(run_id), gpu, host):
+            yield [row[c] for c in COLUMN_NAMES]
+        return
 
     rows = stream(ledger.database, export_query(run_id), per_fetch)
     try:

@@ -1,0 +1,182 @@
+"""Every read of one run's raw intervals sees the days tiered into the ledger's series store
+(store/series_tier.py) once PostgreSQL dropped them: ``report run``, ``export`` (CSV and JSON
+Lines), ``show --json`` and the SQL bucketing of big runs (store/series_queries.py) give the
+figures they gave before the drop, to the store's units (series/quantum.py). Without the store
+they show the rows gone, as before. On the real PostgreSQL server, into the compact PostgreSQL
+store and ClickHouse on chDB (the fixtures of test_series_tier.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import test_series_tier as tiers
+from gpuledger.cli.main import cli
+from gpuledger.core.metering import series
+from gpuledger.reports.run import data as run_data
+from gpuledger.reports.run.export import COLUMNS
+from gpuledger.series import quantum
+from gpuledger.store import Ledger, series_queries, series_tier
+
+pytestmark = pytest.mark.postgres
+
+# The fixtures and the run of test_series_tier.py: PostgreSQL, and each series store to tier into.
+pg_url, series_url = tiers.pg_url, tiers.series_url
+N, _ingested, _retention = tiers.N, tiers._ingested, tiers._retention
+
+NUMERIC = {c.name for c in COLUMNS if c.kind != "str"}
+# Quantizing moves a figure by at most half a unit (1/1000 of a second or joule) per interval summed.
+SLACK = 2 * N * 0.0005
+
+
+def _cli(pg_url: str, tmp_path: Path, args: list[str], series_url: str | None) -> str:
+    env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_SERIES": series_url or ""}
+    out = CliRunner().invoke(cli, [*args, "--db", pg_url], env=env)
+    assert out.exit_code == 0, out.output
+    return out.output
+
+
+def _reads(pg_url: str, run_id: str, tmp_path: Path, series_url: str | None = None) -> dict[str, Any]:
+    """What a user reads of the run: report run and show as JSON, export as CSV and JSON Lines."""
+    csv_text = _cli(pg_url, tmp_path, ["export", run_id, "--format", "csv"], series_url)
+    jsonl = _cli(pg_url, tmp_path, ["export", run_id, "--format", "jsonl"], series_url)
+    report = json.loads(_cli(pg_url, tmp_path, ["report", "run", run_id, "--format", "json"], series_url))
+    report.pop("generated_at")
+    return {
+        "report": report,
+        "show": json.loads(_cli(pg_url, tmp_path, ["show", run_id, "--json"], series_url)),
+        "csv": [_typed(r) for r in csv.DictReader(io.StringIO(csv_text))],
+        "jsonl": [json.loads(line) for line in jsonl.splitlines()],
+    }
+
+
+def _typed(row: dict[str, str]) -> dict[str, Any]:
+    return {k: (None if v == "" else float(v) if k in NUMERIC else v) for k, v in row.items()}
+
+
+def _quantized(row: dict[str, Any]) -> dict[str, Any]:
+    """An export row as the store's units have it."""
+    out = dict(row)
+    if out.get("throttle_s") is not None:
+        out["throttle_s"] = json.loads(out["throttle_s"])
+    out = quantum.quantize_gpu(out) if out["series"] == "gpu" else quantum.quantize_host(out)
+    for k in ("samples", *(c for c in NUMERIC if c.endswith("_b"))):
+        out[k] = None if out.get(k) is None else float(out[k])  # CSV and JSON spell 3 and 3.0 alike
+    return out
+
+
+def _export(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [_quantized(r) for r in rows]
+
+
+def _close(before: Any, after: Any, where: str = "") -> None:
+    """Equal, numbers within the quantizing slack."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        assert before.keys() == after.keys(), where
+        for k in before:
+            _close(before[k], after[k], f"{where}.{k}")
+    elif isinstance(before, list) and isinstance(after, list):
+        assert len(before) == len(after), where
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            _close(b, a, f"{where}[{i}]")
+    elif isinstance(before, float | int) and isinstance(after, float | int) and not isinstance(before, bool):
+        assert math.isclose(before, after, rel_tol=1e-9, abs_tol=SLACK), (where, before, after)
+    else:
+        assert before == after, (where, before, after)
+
+
+def _drop(pg_url: str, series_url: str) -> None:
+    tier = series_tier.Tier.open(series_url)
+    try:
+        with Ledger(pg_url) as led:
+            report = _retention(led, tier)
+            assert report.days is not None and len(report.days.dropped) == 2, report.days
+    finally:
+        tier.store.close()
+
+
+def test_report_export_and_show_of_a_tiered_run_give_the_figures_they_gave_before_the_drop(
+    pg_url: str,
+    series_url: str,
+    tmp_path: Path,
+) -> None:
+    run_id, _, _ = _ingested(pg_url)
+    before = _reads(pg_url, run_id, tmp_path)
+    _drop(pg_url, series_url)
+    after = _reads(pg_url, run_id, tmp_path, series_url)
+    gone = _reads(pg_url, run_id, tmp_path)
+    assert len(before["csv"]) == len(before["jsonl"]) == 3 * N  # 2 GPUs and the host
+    # export: the same rows, to the store's units
+    assert _export(after["csv"]) == _export(before["csv"])
+    assert _export(after["jsonl"]) == _export(before["jsonl"])
+    assert after["csv"] != before["csv"]  # the values were finer than the store's units
+    # report run and show: the same figures and interval counts
+    _close(before["report"], after["report"], "report")
+    _close(before["show"], after["show"], "show")
+    assert [g["intervals"] for g in after["report"]["gpus"]] == [N, N]
+    assert after["show"]["intervals"] == N and after["show"]["busy_gpu_hours"] > 0
+    # Without the store the rows are gone, as before this read knew of tiers.
+    assert gone["csv"] == gone["jsonl"] == []
+    assert [g["intervals"] for g in gone["show"]["gpus"]] == [0, 0] and gone["show"]["busy_gpu_hours"] is None
+    assert [(g["intervals"], g["busy"]) for g in gone["report"]["gpus"]] == [(0, "n/a"), (0, "n/a")]
+
+
+GPU_FIGURES = ("busy_s", "energy_j", "util_max_pct", "power_max_w", "mem_used_max_b", "temp_max_c")
+HOST_FIGURES = ("cpu_s", "read_b", "write_b", "rss_max_b")
+
+
+def _buckets(led: Ledger, run_id: str) -> dict[str, Any]:
+    """A big run's report reads (store/series_queries.py): counts, and 10 buckets per stream."""
+    counts = series_queries.stream_counts(led, run_id)
+    plan = series.plan(counts["t0"], counts["t1"], max([counts["host"], *counts["gpu"].values()]), max_points=10)
+    assert plan.width_s is not None  # downsampled: the SQL path for PostgreSQL rows
+    gpu = series_queries.bucketed_gpu(led, run_id, plan)
+    host = series_queries.bucketed_host(led, run_id, plan)
+    return {
+        "counts": counts,
+        "gpu": {
+            uuid: [(b.key, b.n, b.covered_s, *(getattr(b.merged, f) for f in GPU_FIGURES)) for b in found]
+            for uuid, found in gpu.items()
+        },
+        "host": [(b.key, b.n, b.covered_s, *(getattr(b.merged, f) for f in HOST_FIGURES)) for b in host],
+    }
+
+
+def _big_report(led: Ledger, run_id: str) -> dict[str, Any]:
+    """The run report's summary of a run read as a big one (downsampled to 10 points per stream)."""
+    loaded = run_data.load(led, led.get_run(run_id), now=0.0, max_points=10)
+    assert loaded.downsampled
+    return loaded.summary
+
+
+def test_a_big_tiered_runs_buckets_and_counts_are_those_sql_gave_before_the_drop(
+    pg_url: str,
+    series_url: str,
+) -> None:
+    run_id, _, _ = _ingested(pg_url)
+    with Ledger(pg_url) as led:
+        before, report = _buckets(led, run_id), _big_report(led, run_id)
+    _drop(pg_url, series_url)
+    with Ledger(pg_url, series=series_url) as led:
+        assert led.tiered(run_id)
+        after, report_after = _buckets(led, run_id), _big_report(led, run_id)
+    assert after["counts"] == before["counts"] and before["counts"]["gpu"] == {"GPU-0": N, "GPU-1": N}
+    assert len(before["host"]) >= 5 and sorted(before["gpu"]) == ["GPU-0", "GPU-1"]
+    _close([list(b) for b in before["host"]], [list(b) for b in after["host"]], "host")
+    _close(
+        {u: [list(b) for b in v] for u, v in before["gpu"].items()},
+        {u: [list(b) for b in v] for u, v in after["gpu"].items()},
+        "gpu",
+    )
+    _close(report, report_after, "summary")
+    with Ledger(pg_url) as led:  # without the store: nothing left to count
+        assert not led.tiered(run_id)
+        assert series_queries.stream_counts(led, run_id) == {"gpu": {}, "host": 0, "t0": None, "t1": None}
