@@ -66,7 +66,8 @@ _IO_READ = 512  # /proc/<pid>/io: seven "name: number" lines
 
 # getpid is a system call (glibc >= 2.25), and sample() asks at every read: known once per process.
 _own_pid = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _own_pid.__setitem__(0, os.getpid()))
+if hasattr(os, "register_at_fork"):  # not on Windows, where the /proc reader is not used either
+    os.register_at_fork(after_in_child=lambda: _own_pid.__setitem__(0, os.getpid()))
 
 
 class Gone(Exception):
