@@ -9,6 +9,7 @@ store and ClickHouse on chDB (the fixtures of test_series_tier.py).
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import math
@@ -45,17 +46,26 @@ def _cli(pg_url: str, tmp_path: Path, args: list[str], series_url: str | None) -
 
 
 def _reads(pg_url: str, run_id: str, tmp_path: Path, series_url: str | None = None) -> dict[str, Any]:
-    """What a user reads of the run: report run and show as JSON, export as CSV and JSON Lines."""
+    """What a user reads of the run: report run and show as JSON, export as CSV, JSON Lines and
+    Parquet (where pyarrow is installed)."""
     csv_text = _cli(pg_url, tmp_path, ["export", run_id, "--format", "csv"], series_url)
     jsonl = _cli(pg_url, tmp_path, ["export", run_id, "--format", "jsonl"], series_url)
     report = json.loads(_cli(pg_url, tmp_path, ["report", "run", run_id, "--format", "json"], series_url))
     report.pop("generated_at")
-    return {
+    out = {
         "report": report,
         "show": json.loads(_cli(pg_url, tmp_path, ["show", run_id, "--json"], series_url)),
         "csv": [_typed(r) for r in csv.DictReader(io.StringIO(csv_text))],
         "jsonl": [json.loads(line) for line in jsonl.splitlines()],
+        "parquet": [],
     }
+    if importlib.util.find_spec("pyarrow") is not None:
+        import pyarrow.parquet as pq
+
+        path = tmp_path / f"export-{len(list(tmp_path.glob('export-*')))}.parquet"
+        _cli(pg_url, tmp_path, ["export", run_id, "--format", "parquet", "-o", str(path)], series_url)
+        out["parquet"] = pq.read_table(path).to_pylist()
+    return out
 
 
 def _typed(row: dict[str, str]) -> dict[str, Any]:
@@ -114,9 +124,11 @@ def test_report_export_and_show_of_a_tiered_run_give_the_figures_they_gave_befor
     after = _reads(pg_url, run_id, tmp_path, series_url)
     gone = _reads(pg_url, run_id, tmp_path)
     assert len(before["csv"]) == len(before["jsonl"]) == 3 * N  # 2 GPUs and the host
+    assert len(before["parquet"]) in (0, 3 * N)  # 0: no pyarrow here
     # export: the same rows, to the store's units
     assert _export(after["csv"]) == _export(before["csv"])
     assert _export(after["jsonl"]) == _export(before["jsonl"])
+    assert _export(after["parquet"]) == _export(before["parquet"])
     assert after["csv"] != before["csv"]  # the values were finer than the store's units
     # report run and show: the same figures and interval counts
     _close(before["report"], after["report"], "report")
@@ -124,7 +136,7 @@ def test_report_export_and_show_of_a_tiered_run_give_the_figures_they_gave_befor
     assert [g["intervals"] for g in after["report"]["gpus"]] == [N, N]
     assert after["show"]["intervals"] == N and after["show"]["busy_gpu_hours"] > 0
     # Without the store the rows are gone, as before this read knew of tiers.
-    assert gone["csv"] == gone["jsonl"] == []
+    assert gone["csv"] == gone["jsonl"] == gone["parquet"] == []
     assert [g["intervals"] for g in gone["show"]["gpus"]] == [0, 0] and gone["show"]["busy_gpu_hours"] is None
     assert [(g["intervals"], g["busy"]) for g in gone["report"]["gpus"]] == [(0, "n/a"), (0, "n/a")]
 
@@ -150,6 +162,24 @@ def _buckets(led: Ledger, run_id: str) -> dict[str, Any]:
     }
 
 
+class _Reads:
+    """The real store, its reads of raw rows noted."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.calls = store, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def gpu_intervals(self, *args: Any) -> Any:
+        self.calls.append("gpu_intervals")
+        return self.store.gpu_intervals(*args)
+
+    def host_intervals(self, *args: Any) -> Any:
+        self.calls.append("host_intervals")
+        return self.store.host_intervals(*args)
+
+
 def _big_report(led: Ledger, run_id: str) -> dict[str, Any]:
     """The run report's summary of a run read as a big one (downsampled to 10 points per stream)."""
     loaded = run_data.load(led, led.get_run(run_id), now=0.0, max_points=10)
@@ -165,9 +195,13 @@ def test_a_big_tiered_runs_buckets_and_counts_are_those_sql_gave_before_the_drop
     with Ledger(pg_url) as led:
         before, report = _buckets(led, run_id), _big_report(led, run_id)
     _drop(pg_url, series_url)
-    with Ledger(pg_url, series=series_url) as led:
+    store = _Reads(series_tier.open_store(series_url, create=False))
+    with Ledger(pg_url, series=store) as led:  # type: ignore[arg-type]
         assert led.tiered(run_id)
-        after, report_after = _buckets(led, run_id), _big_report(led, run_id)
+        after = _buckets(led, run_id)
+        store.calls.clear()
+        report_after = _big_report(led, run_id)
+        assert store.calls == ["gpu_intervals", "host_intervals"]  # the report reads the store once
     assert after["counts"] == before["counts"] and before["counts"]["gpu"] == {"GPU-0": N, "GPU-1": N}
     assert len(before["host"]) >= 5 and sorted(before["gpu"]) == ["GPU-0", "GPU-1"]
     _close([list(b) for b in before["host"]], [list(b) for b in after["host"]], "host")
