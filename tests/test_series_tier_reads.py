@@ -58,6 +58,7 @@ def _reads(pg_url: str, run_id: str, tmp_path: Path, series_url: str | None = No
         "csv": [_typed(r) for r in csv.DictReader(io.StringIO(csv_text))],
         "jsonl": [json.loads(line) for line in jsonl.splitlines()],
         "parquet": [],
+        "runs": [r for r in json.loads(_cli(pg_url, tmp_path, ["runs", "--json"], series_url)) if r["id"] == run_id],
     }
     if importlib.util.find_spec("pyarrow") is not None:
         import pyarrow.parquet as pq
@@ -133,12 +134,15 @@ def test_report_export_and_show_of_a_tiered_run_give_the_figures_they_gave_befor
     # report run and show: the same figures and interval counts
     _close(before["report"], after["report"], "report")
     _close(before["show"], after["show"], "show")
+    _close(before["runs"], after["runs"], "runs")  # from the audit trail's sums, not the store
+    assert after["runs"][0]["gpus"] == 2 and after["runs"][0]["busy_gpu_hours"] > 0
     assert [g["intervals"] for g in after["report"]["gpus"]] == [N, N]
     assert after["show"]["intervals"] == N and after["show"]["busy_gpu_hours"] > 0
     # Without the store the rows are gone, as before this read knew of tiers.
     assert gone["csv"] == gone["jsonl"] == gone["parquet"] == []
     assert [g["intervals"] for g in gone["show"]["gpus"]] == [0, 0] and gone["show"]["busy_gpu_hours"] is None
     assert [(g["intervals"], g["busy"]) for g in gone["report"]["gpus"]] == [(0, "n/a"), (0, "n/a")]
+    assert (gone["runs"][0]["gpus"], gone["runs"][0]["busy_gpu_hours"]) == (0, None)
 
 
 GPU_FIGURES = ("busy_s", "energy_j", "util_max_pct", "power_max_w", "mem_used_max_b", "temp_max_c")
@@ -194,6 +198,7 @@ def test_a_big_tiered_runs_buckets_and_counts_are_those_sql_gave_before_the_drop
     run_id, _, _ = _ingested(pg_url)
     with Ledger(pg_url) as led:
         before, report = _buckets(led, run_id), _big_report(led, run_id)
+        facts = run_data.facts_of(led, led.get_run(run_id), cost=False)  # a later run's history line
     _drop(pg_url, series_url)
     store = _Reads(series_tier.open_store(series_url, create=False))
     with Ledger(pg_url, series=store) as led:  # type: ignore[arg-type]
@@ -202,6 +207,9 @@ def test_a_big_tiered_runs_buckets_and_counts_are_those_sql_gave_before_the_drop
         store.calls.clear()
         report_after = _big_report(led, run_id)
         assert store.calls == ["gpu_intervals", "host_intervals"]  # the report reads the store once
+        facts_after = run_data.facts_of(led, led.get_run(run_id), cost=False)
+    assert facts.busy_gpu_h is not None and facts_after.busy_gpu_h is not None
+    assert math.isclose(facts.busy_gpu_h, facts_after.busy_gpu_h, abs_tol=SLACK / 3600)
     assert after["counts"] == before["counts"] and before["counts"]["gpu"] == {"GPU-0": N, "GPU-1": N}
     assert len(before["host"]) >= 5 and sorted(before["gpu"]) == ["GPU-0", "GPU-1"]
     _close([list(b) for b in before["host"]], [list(b) for b in after["host"]], "host")

@@ -73,14 +73,17 @@ def run_row(run: RunRecord, gpus: int, busy_s: float | None, now: float) -> dict
 
 
 def list_rows(ledger, runs: list[RunRecord], now: float | None = None) -> list[dict]:
-    """Rows for ``gpuledger runs`` (no interval scan), with dead recorders' runs marked lost."""
+    """Rows for ``gpuledger runs`` (no interval scan), with dead recorders' runs marked lost; a
+    run's days tiered into the ledger's series store counted from the audit trail's sums."""
+    from gpuledger.store.tiered_totals import gpu_busy
+
     now = time.time() if now is None else now
     rows = []
     for run in runs:
         run = reconcile(ledger, run)
-        totals = ledger.gpu_totals(run.id)
-        busy = [t["busy_s"] for t in totals.values() if t.get("busy_s") is not None]
-        rows.append(run_row(run, len(totals), sum(busy) if busy else None, now))
+        per_gpu = gpu_busy(ledger, run.id)
+        busy = [b for b in per_gpu.values() if b is not None]
+        rows.append(run_row(run, len(per_gpu), sum(busy) if busy else None, now))
     return rows
 
 

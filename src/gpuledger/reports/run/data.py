@@ -276,7 +276,9 @@ def facts_of(
     metrics = ledger.metrics(run.id) if metrics is None else metrics
     n, per_epoch = sec_per_epoch(events, run.started_at, end)
     if busy_gpu_h is None:
-        busy = [t["busy_s"] for t in ledger.gpu_totals(run.id).values() if t.get("busy_s") is not None]
+        from gpuledger.store.tiered_totals import gpu_busy  # tiered days included
+
+        busy = [b for b in gpu_busy(ledger, run.id).values() if b is not None]
         busy_gpu_h = sum(busy) / 3600 if busy else None
     if cost is True:
         value = costhook.run_cost_value(ledger, run)
