@@ -317,8 +317,13 @@ def year_postgres(args: argparse.Namespace) -> dict[str, Any]:
         counts = cbb.load(url, args.pg_runs) if fresh else {}
         loaded = time.perf_counter() - t
         card = parse_rate_card(cbb.RATES, "benchmark card")
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            rollups = conn.exec_driver_sql("SELECT count(*) FROM gpu_rollups").scalar()
+        engine.dispose()
         led = Ledger(url)
-        rollups = led.engine.connect().exec_driver_sql("SELECT count(*) FROM gpu_rollups").scalar()
         times = []
         groups = 0
         for _ in range(args.rounds):
