@@ -20,7 +20,8 @@ def series_option(help_text: str):  # type: ignore[no-untyped-def]
 
 series_days_option = click.option(
     "--series-days", type=click.IntRange(1), default=366, show_default=True, envvar="GPULEDGER_SERIES_DAYS",
-    help="ClickHouse series store: how long it keeps raw rows (its TTL); longer than --raw-days.",
+    help="How long the series store keeps raw rows: retention run --series drops its whole days older than "
+    "this (ClickHouse: also its TTL); longer than --raw-days.",
 )  # fmt: skip
 
 
@@ -236,6 +237,15 @@ def seal_cmd(db: str | None, yes: bool, runs: tuple[str, ...], adopt: tuple[str,
         click.echo(line)
 
 
+def _window_line(w) -> str:  # type: ignore[no-untyped-def]
+    """What retention did to the tier store (store/series_window.py), in one line."""
+    days = w.dropped if len(w.dropped) <= 6 else [w.dropped[0], "...", w.dropped[-1]]
+    dropped = f"{len(w.dropped)} days before {w.before} dropped ({', '.join(days)})" if w.dropped else (
+        f"no day before {w.before} to drop")  # fmt: skip
+    made = f"; {len(w.made)} day partitions and indexes made" if w.made else ""
+    return f"series store {w.url}: {dropped}{made}"
+
+
 @click.group("retention")
 def retention_group() -> None:
     """Roll old intervals up, delete old logs (and runs, if asked)."""
@@ -314,6 +324,10 @@ def retention_run_cmd(
     typed = click.get_current_context().get_parameter_source("series") == click.core.ParameterSource.COMMANDLINE
     if series and typed and not drop_partitions:
         raise click.UsageError("--series tiers the days --drop-partitions drops: give both")
+    if series and drop_partitions and series_days <= raw_days:  # it would drop the days just tiered
+        raise click.BadParameter(
+            f"{series_days} days is not longer than --raw-days {raw_days:g}", param_hint="--series-days"
+        )
     tier = open_tier(series, series_days) if series and drop_partitions else None
     try:
         report = run_retention(
@@ -337,6 +351,8 @@ def retention_run_cmd(
         into = f", tiered into {tier.url} first" if tier is not None else ""
         click.echo(f"raw intervals: {len(report.days.dropped)} days dropped ({report.days.rows} rows){into}"
                    + "".join(f"\nkept {day}: {why}" for day, why in report.days.kept.items()))  # fmt: skip
+    if report.series is not None:
+        click.echo(_window_line(report.series))
     for run_id, why in report.skipped.items():
         click.echo(f"SKIPPED {run_id}: {why}", err=True)
     if report.skipped:

@@ -51,6 +51,9 @@ class SeriesStore(Protocol):
     def drop_days_before(self, day: date) -> int:
         """Drop every raw day before ``day`` whole (no row-by-row DELETE); the number of days dropped."""
 
+    def raw_days(self) -> list[date]:
+        """The UTC days the store holds raw rows of (or a partition for), oldest first."""
+
     def bytes_at_rest(self) -> int:
         """Bytes the GPU intervals take on disk, compressed, indexes included."""
 

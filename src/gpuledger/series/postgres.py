@@ -254,6 +254,11 @@ class PostgresSeries:
         self._parts = {t: {} for t in ddl.TABLES}
         return len(ddl.drop_before(self._conn, self.schema, (day - _EPOCH).days))
 
+    def raw_days(self) -> list[date]:
+        """The UTC days that have a day partition (of GPU or host intervals; made ahead ones too)."""
+        found = {d for t in ddl.TABLES for d in ddl.days(self._conn, self.schema, t)}
+        return [date.fromordinal(_EPOCH.toordinal() + d) for d in sorted(found)]
+
     def bytes_at_rest(self) -> int:
         """The GPU intervals' day partitions (heap, indexes, TOAST) and the key tables they need."""
         names = list(ddl.days(self._conn, self.schema, "gpu_iv").values())

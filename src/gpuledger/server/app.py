@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Request
@@ -22,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from gpuledger import __version__
+from gpuledger.series.open import POSTGRES_SCHEMES
 from gpuledger.server.auth import Authenticator
 from gpuledger.server.limits import Guard
 from gpuledger.server.settings import Settings
@@ -72,7 +74,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
         sweeper = asyncio.create_task(_sweep_forever(ledger, settings)) if settings.lost_after_s > 0 else None
         keep_days = ledger.dialect == "postgresql" and settings.partition_every_s > 0
         if keep_days:  # before the first request: a read planned while strays move could miss them
-            await _maintain_partitions(ledger)
+            await _maintain_partitions(ledger, settings.series)
         partitioner = asyncio.create_task(_partition_forever(ledger, settings)) if keep_days else None
         async with checkpoint_keeper.keeping(keeper):
             yield
@@ -128,22 +130,39 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     return app
 
 
-async def _maintain_partitions(ledger: Ledger) -> None:
+async def _maintain_partitions(ledger: Ledger, series: str | None = None) -> None:
     """PostgreSQL: the raw tables' day partitions from yesterday to two days ahead, and strays moved
-    out of the default partitions (store/partitions.py)."""
+    out of the default partitions (store/partitions.py); with ``--series`` on a compact PostgreSQL
+    store, that store's own days ahead and closed days' indexes (store/series_window.py)."""
     from gpuledger.store import partitions
 
     try:
         await run_in_threadpool(partitions.maintain, ledger.database)
     except Exception as exc:  # a lock held too long or the database away: next time (rows land in DEFAULT)
         logging.getLogger("gpuledger.server").warning("partition maintenance failed: %s", exc)
+    if series and urlsplit(series).scheme.lower() in POSTGRES_SCHEMES:
+        try:
+            await run_in_threadpool(_maintain_series, series)
+        except Exception as exc:  # the store away or not created yet (retention run --series creates it)
+            logging.getLogger("gpuledger.server").warning("series store maintenance failed: %s", exc)
+
+
+def _maintain_series(url: str) -> None:
+    """On a connection of its own: the store the ledger reads from is not shared across threads."""
+    from gpuledger.store import series_tier, series_window
+
+    store = series_tier.open_store(url, create=False)
+    try:
+        series_window.maintain(store)
+    finally:
+        store.close()
 
 
 async def _partition_forever(ledger: Ledger, settings: Settings) -> None:
     """The maintenance every partition_every_s after the one at start (which the lifespan awaits)."""
     while True:
         await asyncio.sleep(settings.partition_every_s)
-        await _maintain_partitions(ledger)
+        await _maintain_partitions(ledger, settings.series)
 
 
 async def _sweep_forever(ledger: Ledger, settings: Settings) -> None:

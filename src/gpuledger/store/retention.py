@@ -43,6 +43,7 @@ from gpuledger.store import audit, codec, cost_queries, liveness_sweep, schema, 
 from gpuledger.store.capacity_retention import Pruned, prune_capacity
 from gpuledger.store.retention_days import DayReport, drop_old_days
 from gpuledger.store.series_tier import Tier
+from gpuledger.store.series_window import WindowReport, keep_window
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -73,6 +74,7 @@ class Report:
     capacity: Pruned | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # run id -> why
     days: DayReport | None = None  # PostgreSQL with drop_partitions: the day partitions dropped and kept
+    series: WindowReport | None = None  # with a tier store: its days past its own window dropped
 
 
 def _ended_before(conn: Connection, t: float) -> list[str]:
@@ -259,7 +261,8 @@ def run_retention(
     rollups first (reports/cost/rollups.materialise_rollups when installed). ``price_changes``:
     the instants the rate card's prices change (RateCard.change_points), which no rolled-up
     interval straddles, so reports priced with that card cut busy time there exactly. ``tier``: the
-    series store each dropped day is first copied into (store/series_tier.py)."""
+    series store each dropped day is first copied into (store/series_tier.py), whose own days past
+    ``tier.series_days`` are then dropped (store/series_window.py)."""
     price_changes = sorted(price_changes)
     now = time.time() if now is None else now
     report = Report()
@@ -268,6 +271,8 @@ def run_retention(
     read = ledger.database.read
     if policy.drop_partitions and ledger.dialect == "postgresql":
         report.days = drop_old_days(ledger, now - policy.raw_days * DAY_S, actor=actor, tampered=_tampered, tier=tier)
+        if tier is not None:  # the store's own window (tier.series_days), and its maintenance
+            report.series = keep_window(ledger, tier, actor=actor, now=now)
     else:
         for level_s, days in ((60, policy.raw_days), (3600, policy.minute_days)):
             for run_id in read(lambda c, t=now - days * DAY_S: _ended_before(c, t)):
@@ -296,5 +301,7 @@ def run_retention(
     if report.days is not None:
         summary["raw_days_dropped"] = report.days.dropped
         summary["raw_days_kept"] = report.days.kept
+    if report.series is not None:
+        summary["series_days_dropped"] = report.series.dropped
     ledger.write(lambda c: audit.append(c, actor=actor, action="retention.run", obj="retention", payload=summary))
     return report

@@ -61,14 +61,16 @@ def open_store(url: str, *, series_days: int = DEFAULT_SERIES_DAYS, create: bool
 
 @dataclass
 class Tier:
-    """Where days go before they are dropped: the open store and its URL as recorded."""
+    """Where days go before they are dropped: the open store, its URL as recorded, and the store's
+    own window (retention drops its whole days older than that: store/series_window.py)."""
 
     store: SeriesStore
     url: str  # without the password
+    series_days: int = DEFAULT_SERIES_DAYS
 
     @classmethod
     def open(cls, url: str, *, series_days: int = DEFAULT_SERIES_DAYS, create: bool = True) -> Tier:
-        return cls(open_store(url, series_days=series_days, create=create), shown_url(url))
+        return cls(open_store(url, series_days=series_days, create=create), shown_url(url), series_days)
 
 
 # -- the summary of rows ---------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """``gpuledger audit verify --series URL``: every day the audit trail says was tiered into that
 series store (``run.raw_tiered``, store/series_tier.py) must still be there exactly: the same
 rows per GPU and host, the same sums, the same digest. A changed or missing row is named by run,
-device and seq range."""
+device and seq range. A day the store dropped on purpose, past its own window (a later
+``series.days_dropped`` entry for that store, store/series_window.py), is named as expired instead
+and not read; a day gone without such an entry is still missing."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -14,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.series.base import SeriesStore
-from gpuledger.store import schema, series_tier
+from gpuledger.store import schema, series_tier, series_window
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -25,14 +28,37 @@ class SeriesCheck:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     days_checked: int = 0  # (run, day) pairs compared with the store
+    days_expired: int = 0  # (run, day) pairs the store dropped past its window, by retention
 
 
 def tiered(conn: Connection) -> Iterator[tuple[str, dict[str, Any]]]:
     """(run id, payload) of every ``run.raw_tiered`` entry, oldest first."""
+    for _seq, run_id, payload in _tiered(conn):
+        yield run_id, payload
+
+
+def _tiered(conn: Connection) -> Iterator[tuple[int, str, dict[str, Any]]]:
     a = schema.audit_log.c
-    q = sa.select(a.object, a.payload).where(a.action == series_tier.ACTION).order_by(a.seq)
-    for obj, payload in conn.execute(q):
-        yield obj.removeprefix("run:"), json.loads(payload)
+    q = sa.select(a.seq, a.object, a.payload).where(a.action == series_tier.ACTION).order_by(a.seq)
+    for seq, obj, payload in conn.execute(q):
+        yield seq, obj.removeprefix("run:"), json.loads(payload)
+
+
+def _expiries(conn: Connection, shown: str) -> list[tuple[int, str, str]]:
+    """(seq, first day kept, date of the run) of each ``series.days_dropped`` entry for the store."""
+    a = schema.audit_log.c
+    q = sa.select(a.seq, a.t, a.payload).where(a.object == series_window.OBJECT, a.action == series_window.ACTION)
+    out = []
+    for seq, t, payload in conn.execute(q.order_by(a.seq)):
+        found = json.loads(payload)
+        if found.get("series") == shown:
+            out.append((seq, str(found["before"]), time.strftime("%Y-%m-%d", time.gmtime(t))))
+    return out
+
+
+def _expired_by(expiries: list[tuple[int, str, str]], seq: int, day: str) -> str | None:
+    """The date of the first retention run after the tier entry ``seq`` that dropped ``day``."""
+    return next((on for at, before, on in expiries if at > seq and day < before), None)
 
 
 def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
@@ -41,14 +67,24 @@ def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
     out = SeriesCheck()
     shown = series_tier.shown_url(url)
     others: set[str] = set()
-    for run_id, payload in ledger.read(lambda c: list(tiered(c))):
+    expiries = ledger.read(lambda c: _expiries(c, shown))
+    expired: dict[str, list[str]] = {}  # retention's date -> the tiered days it dropped
+    for seq, run_id, payload in ledger.read(lambda c: list(_tiered(c))):
         if payload.get("series") != shown:
             others.add(str(payload.get("series")))
+            continue
+        on = _expired_by(expiries, seq, payload["day"])
+        if on is not None:
+            expired.setdefault(on, []).append(payload["day"])
+            out.days_expired += 1
             continue
         found = series_tier.stored_summary(store, run_id, payload)
         lines = series_tier.differences(run_id, payload, found)
         out.problems += [f"{line} (tiered {payload['day']})" for line in lines]
         out.days_checked += 1
+    for on, days in sorted(expired.items()):
+        span = min(days) if min(days) == max(days) else f"{min(days)} to {max(days)}"
+        out.notes.append(f"{len(days)} tiered run days ({span}) expired from the series store by retention on {on}")
     for other in sorted(others):
         out.notes.append(f"days tiered into {other} were not checked (give that store with --series)")
     return out
