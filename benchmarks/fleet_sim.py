@@ -421,8 +421,9 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
               f"over {len(ch['times'])} rounds", flush=True)  # fmt: skip
     if not args.skip_pg:
         pg = year_postgres(args)
-        print(f"year PG  1,024 GPUs, {pg['rollup_rows']:,} gpu_rollups rows ({pg['counts'].get('runs', '?')} runs, "
-              f"loaded in {pg['loaded_s']:.0f} s); gpuledger chargeback by team, project, user, each month of 2026 "
+        loaded = f"{pg['counts']['runs']:,} runs loaded in {pg['loaded_s']:.0f} s" if pg["counts"] else "kept schema"
+        print(f"year PG  1,024 GPUs, {pg['rollup_rows']:,} gpu_rollups rows ({loaded}); "
+              "gpuledger chargeback by team, project, user, each month of 2026 "
               f"({pg['groups']:,} rows): {_mmm(pg['times'])} s over {len(pg['times'])} rounds", flush=True)  # fmt: skip
         if not args.skip_year:
             per_ch = statistics.median(ch["times"]) / ch["rollup_rows"] * 1e9
