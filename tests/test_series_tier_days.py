@@ -27,7 +27,7 @@ from gpuledger.store import Ledger, partitions, schema, series_tier, series_wind
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 from server_support import backend_url
 from test_pg_partitions import OPEN_DAYS, TODAY, _exists
-from test_series_tier import KINDS, PG, N, _date, _ingested
+from test_series_tier import KINDS, PG, SKIP_CHDB, N, _date, _ingested
 
 pytestmark = pytest.mark.postgres
 
@@ -85,13 +85,14 @@ def _entries(pg_url: str) -> list[dict[str, Any]]:
 
 
 def _a_year_on(pg_url: str, series_url: str) -> series_window.WindowReport:
-    """Retention run 356 days from now with the default window of 366 days: the store's window then
-    starts at TODAY - 10 (a TTL of 366 days, on the real clock, has removed nothing)."""
+    """Retention run 355 days from now with the default window of 366 days: the store's window then
+    starts at TODAY - 10 (a day goes once it began 366 days ago; a TTL of 366 days, on the real
+    clock, has removed nothing)."""
     tier = series_tier.Tier.open(series_url)
     policy = Policy(raw_days=7, log_days=None, capacity_days=None, drop_partitions=True)
     try:
         with Ledger(pg_url) as led:
-            report = run_retention(led, policy, actor="test", now=time.time() + 356 * DAY_S, tier=tier)
+            report = run_retention(led, policy, actor="test", now=time.time() + 355 * DAY_S, tier=tier)
     finally:
         tier.store.close()
     assert report.series is not None
@@ -111,7 +112,7 @@ def test_retention_drops_the_store_days_past_its_window_and_verify_names_them_ex
     out = _retention(pg_url, series_url, tmp_path)  # tiers both days; the store's window is a year
     assert out.exit_code == 0, out.output
     shown = series_tier.shown_url(series_url)
-    assert f"series store {shown}: no day before {_date(TODAY - 366)} to drop" in out.output, out.output
+    assert f"series store {shown}: no day before {_date(TODAY - 365)} to drop" in out.output, out.output
 
     window = _a_year_on(pg_url, series_url)
     assert (window.before, window.dropped) == (second, [first])
@@ -154,6 +155,24 @@ def test_verify_still_fails_for_a_day_deleted_behind_retentions_back(
     assert f"seq 0-{N // 2 - 1}" not in bad.output
 
 
+@SKIP_CHDB
+def test_tiered_days_a_clickhouse_ttl_removed_first_are_recorded_as_expired(pg_url: str, tmp_path: Path) -> None:
+    series_url = f"chdb://{tmp_path}/series"
+    run_id, _, _ = _ingested(pg_url, devices=1)
+    assert _retention(pg_url, series_url, tmp_path).exit_code == 0  # tiered under a TTL of a year
+    tier = series_tier.Tier.open(series_url, series_days=10)  # the window shortened: the TTL follows
+    try:
+        tier.store.expire()  # what the engine's TTL merges do in the background, now
+        assert tier.store.gpu_intervals(run_id) == [] and tier.store.raw_days() == []
+        with Ledger(pg_url) as led:
+            window = series_window.keep_window(led, tier, actor="test")
+    finally:
+        tier.store.close()
+    assert window.dropped == [_date(TODAY - 11), _date(TODAY - 10)]  # as tiered, though the TTL was first
+    ok = _verify(pg_url, series_url, tmp_path)
+    assert ok.exit_code == 0 and "2 tiered run days (" in ok.output and "TAMPERED" not in ok.output, ok.output
+
+
 def _store_days(url: str) -> dict[str, set[int]]:
     name = url.rsplit("schema=", 1)[1]
     with psycopg.connect(PG, autocommit=True) as conn:
@@ -174,7 +193,7 @@ def test_retention_and_the_server_make_the_compact_stores_days_ahead(
 ) -> None:
     _ingested(pg_url, devices=1)
     secret = pg_series_url.replace("postgres@", "postgres:hunter2@")  # trust auth ignores it
-    out = _retention(pg_url, secret, tmp_path, "--series-days", "10")  # no TTL: tiered, then dropped at once
+    out = _retention(pg_url, secret, tmp_path, "--series-days", "11")  # no TTL: tiered, then dropped at once
     assert out.exit_code == 0, out.output
     shown = series_tier.shown_url(secret)
     assert "hunter2" not in out.output and ":***@" in shown

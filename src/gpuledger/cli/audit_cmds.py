@@ -20,8 +20,8 @@ def series_option(help_text: str):  # type: ignore[no-untyped-def]
 
 series_days_option = click.option(
     "--series-days", type=click.IntRange(1), default=366, show_default=True, envvar="GPULEDGER_SERIES_DAYS",
-    help="How long the series store keeps raw rows: retention run --series drops its whole days older than "
-    "this (ClickHouse: also its TTL); longer than --raw-days.",
+    help="How long the series store keeps raw rows: retention run --series drops its whole days that began "
+    "this long ago (ClickHouse: also its TTL); longer than --raw-days.",
 )  # fmt: skip
 
 

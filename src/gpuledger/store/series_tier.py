@@ -26,8 +26,8 @@ from gpuledger.series.base import SeriesStore
 from gpuledger.store import schema
 
 ACTION = "run.raw_tiered"
-# How long a ClickHouse tier store keeps raw rows (its TTL): tiered days are already past the
-# ledger's raw window, so the store's own window must be far longer than that.
+# How long a tier store keeps raw rows (store/series_window.py; on ClickHouse also its TTL): tiered
+# days are already past the ledger's raw window, so the store's own window must be far longer.
 DEFAULT_SERIES_DAYS = 366
 GPU_COLUMNS = tuple(c.name for c in schema.gpu_intervals.c if c.name != "run_id")
 HOST_COLUMNS = tuple(c.name for c in schema.host_intervals.c if c.name != "run_id")

@@ -41,9 +41,9 @@ class WindowReport:
 
 
 def cut_day(now: float, series_days: int) -> date:
-    """The first day kept: a day goes once it ended ``series_days`` days ago (as a ClickHouse TTL
-    of ``series_days`` expires it, and as the ledger's own raw window cuts)."""
-    return date.fromordinal(_EPOCH.toordinal() + int(now // _DAY_S) - series_days)
+    """The first day kept: a day goes once it began ``series_days`` days ago, when a ClickHouse TTL
+    of ``series_days`` may start to expire its rows, so what the TTL removes is always recorded."""
+    return date.fromordinal(_EPOCH.toordinal() + int(now // _DAY_S) - series_days + 1)
 
 
 def maintain(store: SeriesStore, now: float | None = None) -> list[str]:
