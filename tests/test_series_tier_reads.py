@@ -24,8 +24,10 @@ from gpuledger.cli.main import cli
 from gpuledger.core.metering import series
 from gpuledger.reports.run import data as run_data
 from gpuledger.reports.run.export import COLUMNS
+from gpuledger.runs.attempts import attempt_chain
 from gpuledger.series import quantum
-from gpuledger.store import Ledger, series_queries, series_tier
+from gpuledger.store import Ledger, series_queries, series_tier, tiered_totals
+from gpuledger.store.retention import DAY_S, Policy, run_retention
 
 pytestmark = pytest.mark.postgres
 
@@ -199,6 +201,7 @@ def test_a_big_tiered_runs_buckets_and_counts_are_those_sql_gave_before_the_drop
     with Ledger(pg_url) as led:
         before, report = _buckets(led, run_id), _big_report(led, run_id)
         facts = run_data.facts_of(led, led.get_run(run_id), cost=False)  # a later run's history line
+        chain = attempt_chain(led, run_id)["attempts"]  # show's attempts line
     _drop(pg_url, series_url)
     store = _Reads(series_tier.open_store(series_url, create=False))
     with Ledger(pg_url, series=store) as led:  # type: ignore[arg-type]
@@ -208,6 +211,9 @@ def test_a_big_tiered_runs_buckets_and_counts_are_those_sql_gave_before_the_drop
         report_after = _big_report(led, run_id)
         assert store.calls == ["gpu_intervals", "host_intervals"]  # the report reads the store once
         facts_after = run_data.facts_of(led, led.get_run(run_id), cost=False)
+        chain_after = attempt_chain(led, run_id)["attempts"]
+    _close(chain, chain_after, "attempts")
+    assert chain_after[0]["gpu_busy_seconds"] and chain_after[0]["cpu_seconds"]
     assert facts.busy_gpu_h is not None and facts_after.busy_gpu_h is not None
     assert math.isclose(facts.busy_gpu_h, facts_after.busy_gpu_h, abs_tol=SLACK / 3600)
     assert after["counts"] == before["counts"] and before["counts"]["gpu"] == {"GPU-0": N, "GPU-1": N}
@@ -222,3 +228,36 @@ def test_a_big_tiered_runs_buckets_and_counts_are_those_sql_gave_before_the_drop
     with Ledger(pg_url) as led:  # without the store: nothing left to count
         assert not led.tiered(run_id)
         assert series_queries.stream_counts(led, run_id) == {"gpu": {}, "host": 0, "t0": None, "t1": None}
+
+
+def test_sums_count_each_row_once_when_its_day_is_tiered_twice_or_kept(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """``db migrate --series`` tiers both days and drops none; retention then tiers and drops the
+    first only: one day is recorded twice and one is tiered but still held."""
+    run_id, _, _ = _ingested(pg_url)
+    with Ledger(pg_url) as led:
+        chain = attempt_chain(led, run_id)["attempts"]
+    before = _reads(pg_url, run_id, tmp_path)
+    env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(tiers.OPEN_DAYS)}
+    migrated = CliRunner().invoke(cli, ["db", "migrate", "--db", pg_url, "--series", series_url], env=env)
+    assert migrated.exit_code == 0 and "copied and checked 2 days" in migrated.stdout, migrated.output
+    cut = (tiers.TODAY - 10) * DAY_S + 3600.0  # after the run's end, before its second day ends
+    tier = series_tier.Tier.open(series_url)
+    try:
+        with Ledger(pg_url) as led:
+            policy = Policy(raw_days=(tiers.NOW - cut) / DAY_S, drop_partitions=True)
+            report = run_retention(led, policy, actor="test", now=tiers.NOW, tier=tier)
+            assert report.days is not None and len(report.days.dropped) == 1, report.days
+            assert 0 < len(led.gpu_intervals(run_id)) < 2 * N
+    finally:
+        tier.store.close()
+    with Ledger(pg_url, series=series_url) as led:
+        assert len(led.gpu_intervals(run_id)) == 2 * N
+        _close(chain, attempt_chain(led, run_id)["attempts"], "attempts")
+        assert tiered_totals.gpu_sums(led, run_id)["GPU-0"]["count"] == N
+        assert tiered_totals.host_sums(led, run_id)["count"] == N
+    after = _reads(pg_url, run_id, tmp_path, series_url)
+    for read in ("report", "show", "runs"):
+        _close(before[read], after[read], read)
+    assert _export(after["csv"]) == _export(before["csv"])

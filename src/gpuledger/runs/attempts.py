@@ -69,12 +69,14 @@ def attempt_chain(ledger: Ledger, run_id: str, now: float | None = None) -> dict
     ``position`` is the index of ``run_id`` in ``attempts``. Usage sums come from the ledger's
     interval totals; ``epochs`` counts distinct epoch numbers with metrics over all attempts.
     """
+    from gpuledger.store.tiered_totals import gpu_sums, host_sums  # tiered days included
+
     now = time.time() if now is None else now
     runs = chain_runs(ledger, run_id)
     attempts, all_epochs = [], set()
     for run in runs:
-        gpu = ledger.gpu_totals(run.id)
-        host = ledger.host_totals(run.id)
+        gpu = gpu_sums(ledger, run.id)
+        host = host_sums(ledger, run.id)
         epochs = sorted({m.epoch for m in ledger.metrics(run.id) if m.epoch is not None})
         all_epochs.update(epochs)
         end = run.ended_at if run.ended_at is not None else now

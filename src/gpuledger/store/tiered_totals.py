@@ -1,9 +1,10 @@
-"""Busy GPU seconds of a run some of whose raw days were tiered into a series store and dropped
-(store/series_tier.py), without reading the store: the ``run.raw_tiered`` entries' per-GPU sums
+"""A run's interval sums when some of its raw days were tiered into a series store and dropped
+(store/series_tier.py), without reading the store: the ``run.raw_tiered`` entries' per-stream sums
 (checked against the store when they were tiered, and by ``audit verify --series``) of the seq
 ranges the ledger no longer holds (``rollup_marks`` at the dropped level), added to the sums of
-the rows it still holds. For ``gpuledger runs`` and a report's earlier runs, which read many runs
-and need one figure per GPU, not the rows.
+the rows it still holds. For ``gpuledger runs``, a report's earlier runs and ``show``'s attempts,
+which read many runs and need a few sums per run, not its rows. Only the counted columns the
+entries sum are added (rows, samples, busy, energy; CPU, read and write bytes), to the store's units.
 """
 
 from __future__ import annotations
@@ -16,38 +17,72 @@ from sqlalchemy.engine import Connection
 
 from gpuledger.store import schema
 from gpuledger.store.partitions import DROPPED_LEVEL
-from gpuledger.store.series_tier import ACTION, GPU_SUMS
+from gpuledger.store.series_tier import ACTION, GPU_SUMS, HOST_SUMS
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
 
-_BUSY_NAME, _BUSY_SCALE = GPU_SUMS["busy_s"]
+_HOST = ""  # the device_uuid of the host stream's rollup mark
 
 
-def gpu_busy(ledger: Ledger, run_id: str) -> dict[str, float | None]:
-    """Per device uuid, the run's busy seconds (None where no interval held measured it), as
-    ``Ledger.gpu_totals`` sums them, with the tiered and dropped days added when the ledger reads a
-    series store (``Ledger.tiered``), to the store's units."""
-    out = {uuid: t.get("busy_s") for uuid, t in ledger.gpu_totals(run_id).items()}
+def gpu_sums(ledger: Ledger, run_id: str) -> dict[str, dict[str, Any]]:
+    """``Ledger.gpu_totals`` with the tiered and dropped days' count, samples, busy_s and energy_j
+    added when the ledger reads a series store (``Ledger.tiered``)."""
+    out = ledger.gpu_totals(run_id)
     if not ledger.tiered(run_id):
         return out
     marks, payloads = ledger.read(lambda conn: _dropped(conn, run_id))
-    seen: set[tuple[str, int, int]] = set()
-    for payload in payloads:
-        for uuid, part in payload.get("gpu", {}).items():
-            lo, hi = part["seq"]
-            # Still held by the ledger (tiered, not dropped), or the same day recorded twice.
-            if uuid not in marks or hi > marks[uuid] or (uuid, lo, hi) in seen:
-                continue
-            seen.add((uuid, lo, hi))
-            out[uuid] = (out.get(uuid) or 0.0) + part["sums"][_BUSY_NAME] / _BUSY_SCALE
+    for uuid, part in _parts(payloads, marks, "gpu"):
+        _add(out.setdefault(uuid, {"count": 0}), part, GPU_SUMS)
     return dict(sorted(out.items()))
 
 
-def _dropped(conn: Connection, run_id: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """The highest seq dropped per GPU, and the run's ``run.raw_tiered`` payloads."""
+def host_sums(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    """``Ledger.host_totals`` with the tiered and dropped days' count, samples, cpu_s, read_b and
+    write_b added when the ledger reads a series store."""
+    out = ledger.host_totals(run_id)
+    if not ledger.tiered(run_id):
+        return out
+    marks, payloads = ledger.read(lambda conn: _dropped(conn, run_id))
+    for _, part in _parts(payloads, marks, "host"):
+        _add(out, part, HOST_SUMS)
+    return out
+
+
+def gpu_busy(ledger: Ledger, run_id: str) -> dict[str, float | None]:
+    """Per device uuid, the run's busy seconds (None where nothing measured it)."""
+    return {uuid: t.get("busy_s") for uuid, t in gpu_sums(ledger, run_id).items()}
+
+
+def _parts(payloads: list[dict[str, Any]], marks: dict[tuple[str, str], int], series: str) -> list[tuple[str, Any]]:
+    """(device uuid, summary) of each tiered seq range the ledger dropped, each range once."""
+    out, seen = [], set()
+    for payload in payloads:
+        found = payload.get("gpu", {}).items() if series == "gpu" else [(_HOST, payload.get("host"))]
+        for uuid, part in found:
+            if not part:
+                continue
+            lo, hi = part["seq"]
+            upto = marks.get((series, uuid))
+            # Still held by the ledger (tiered, not dropped), or the same day recorded twice.
+            if upto is None or hi > upto or (uuid, lo, hi) in seen:
+                continue
+            seen.add((uuid, lo, hi))
+            out.append((uuid, part))
+    return out
+
+
+def _add(totals: dict[str, Any], part: dict[str, Any], sums: dict[str, tuple[str, int]]) -> None:
+    totals["count"] = int(totals.get("count") or 0) + int(part["rows"])
+    for column, (name, scale) in sums.items():
+        value = part["sums"][name]
+        totals[column] = (totals.get(column) or 0) + (value / scale if scale != 1 else value)
+
+
+def _dropped(conn: Connection, run_id: str) -> tuple[dict[tuple[str, str], int], list[dict[str, Any]]]:
+    """The highest seq dropped per (series, device), and the run's ``run.raw_tiered`` payloads."""
     m, a = schema.rollup_marks.c, schema.audit_log.c
-    q = sa.select(m.device_uuid, m.upto_seq).where(m.run_id == run_id, m.series == "gpu", m.level_s == DROPPED_LEVEL)
-    marks = {str(uuid): int(upto) for uuid, upto in conn.execute(q)}
+    q = sa.select(m.series, m.device_uuid, m.upto_seq).where(m.run_id == run_id, m.level_s == DROPPED_LEVEL)
+    marks = {(str(s), str(uuid)): int(upto) for s, uuid, upto in conn.execute(q)}
     tq = sa.select(a.payload).where(a.object == f"run:{run_id}", a.action == ACTION).order_by(a.seq)
     return marks, [json.loads(p) for p in conn.scalars(tq)]
