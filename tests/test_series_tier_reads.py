@@ -26,7 +26,7 @@ from gpuledger.reports.run import data as run_data
 from gpuledger.reports.run.export import COLUMNS
 from gpuledger.runs.attempts import attempt_chain
 from gpuledger.series import quantum
-from gpuledger.store import Ledger, series_queries, series_tier, tiered_totals
+from gpuledger.store import Ledger, series_queries, series_tier, series_window, tiered_totals
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 
 pytestmark = pytest.mark.postgres
@@ -261,3 +261,22 @@ def test_sums_count_each_row_once_when_its_day_is_tiered_twice_or_kept(
     for read in ("report", "show", "runs"):
         _close(before[read], after[read], read)
     assert _export(after["csv"]) == _export(before["csv"])
+
+
+def test_days_the_store_dropped_past_its_window_are_gone_from_every_read(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    run_id, _, _ = _ingested(pg_url)
+    _drop(pg_url, series_url)
+    tier = series_tier.Tier.open(series_url, series_days=5)  # the run's days are 10 and 11 days old
+    try:
+        with Ledger(pg_url) as led:
+            assert len(series_window.keep_window(led, tier, actor="test", now=tiers.NOW).dropped) == 2
+    finally:
+        tier.store.close()
+    after = _reads(pg_url, run_id, tmp_path, series_url)
+    assert after["csv"] == [] and after["show"]["busy_gpu_hours"] is None
+    assert (after["runs"][0]["gpus"], after["runs"][0]["busy_gpu_hours"]) == (0, None)
+    with Ledger(pg_url, series=series_url) as led:
+        assert attempt_chain(led, run_id)["attempts"][0]["gpu_busy_seconds"] is None
+        assert attempt_chain(led, run_id)["attempts"][0]["cpu_seconds"] is None

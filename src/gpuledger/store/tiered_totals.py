@@ -2,9 +2,11 @@
 (store/series_tier.py), without reading the store: the ``run.raw_tiered`` entries' per-stream sums
 (checked against the store when they were tiered, and by ``audit verify --series``) of the seq
 ranges the ledger no longer holds (``rollup_marks`` at the dropped level), added to the sums of
-the rows it still holds. For ``gpuledger runs``, a report's earlier runs and ``show``'s attempts,
-which read many runs and need a few sums per run, not its rows. Only the counted columns the
-entries sum are added (rows, samples, busy, energy; CPU, read and write bytes), to the store's units.
+the rows it still holds; a day the store itself has since dropped past its window
+(``series.days_dropped``, store/series_window.py) is gone, as a read of the store finds it.
+For ``gpuledger runs``, a report's earlier runs and ``show``'s attempts, which read many runs and
+need a few sums per run, not its rows. Only the counted columns the entries sum are added (rows,
+samples, busy, energy; CPU, read and write bytes), to the store's units.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.store import schema
+from gpuledger.store import schema, series_window
 from gpuledger.store.partitions import DROPPED_LEVEL
 from gpuledger.store.series_tier import ACTION, GPU_SUMS, HOST_SUMS
 
@@ -58,6 +60,8 @@ def _parts(payloads: list[dict[str, Any]], marks: dict[tuple[str, str], int], se
     """(device uuid, summary) of each tiered seq range the ledger dropped, each range once."""
     out, seen = [], set()
     for payload in payloads:
+        if payload.get("expired"):
+            continue
         found = payload.get("gpu", {}).items() if series == "gpu" else [(_HOST, payload.get("host"))]
         for uuid, part in found:
             if not part:
@@ -80,9 +84,17 @@ def _add(totals: dict[str, Any], part: dict[str, Any], sums: dict[str, tuple[str
 
 
 def _dropped(conn: Connection, run_id: str) -> tuple[dict[tuple[str, str], int], list[dict[str, Any]]]:
-    """The highest seq dropped per (series, device), and the run's ``run.raw_tiered`` payloads."""
+    """The highest seq dropped per (series, device), and the run's ``run.raw_tiered`` payloads, each
+    marked ``expired`` when its store has dropped its day since."""
     m, a = schema.rollup_marks.c, schema.audit_log.c
     q = sa.select(m.series, m.device_uuid, m.upto_seq).where(m.run_id == run_id, m.level_s == DROPPED_LEVEL)
     marks = {(str(s), str(uuid)): int(upto) for s, uuid, upto in conn.execute(q)}
     tq = sa.select(a.payload).where(a.object == f"run:{run_id}", a.action == ACTION).order_by(a.seq)
-    return marks, [json.loads(p) for p in conn.scalars(tq)]
+    payloads = [json.loads(p) for p in conn.scalars(tq)]
+    wq = sa.select(a.payload).where(a.object == series_window.OBJECT, a.action == series_window.ACTION)
+    kept_from: dict[str, str] = {}  # store URL -> the first day it still keeps
+    for window in map(json.loads, conn.scalars(wq)):
+        kept_from[window["series"]] = max(kept_from.get(window["series"], ""), window["before"])
+    for p in payloads:
+        p["expired"] = p["day"] < kept_from.get(p.get("series", ""), "")
+    return marks, payloads
