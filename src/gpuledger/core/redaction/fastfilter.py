@@ -21,10 +21,10 @@ tests/test_redaction_fast_filter.py checks both give the same ranges on generate
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Sequence
-from types import ModuleType
+
+from gpuledger.core.hyperscan_lib import hyperscan as _hyperscan
 
 try:  # Python 3.11+ names the regex parser re._parser; 3.10 has only sre_parse
     import re._parser as _sre_parse
@@ -35,17 +35,6 @@ except ImportError:  # pragma: no cover - Python 3.10
 MatchEnds = Callable[[bytes], list[int]]  # where matches of any entry end, sorted, each once
 _EOL_BYTES = (0x0A, 0x0D)
 _LINE_SAFE_CATEGORIES = frozenset({"CATEGORY_DIGIT", "CATEGORY_WORD"})  # \d, \w: never a line end
-
-
-@functools.cache
-def _hyperscan() -> ModuleType | None:
-    """The hyperscan module, imported on first use (about 25 ms, which a process that never scans a
-    large text does not pay); None where it has no wheel."""
-    try:
-        import hyperscan
-    except ImportError:
-        return None
-    return hyperscan
 
 
 def match_ends_finder(entries: Sequence[tuple[bytes, bytes | None]]) -> MatchEnds | None:

@@ -21,9 +21,9 @@ tests/test_relay_parse.py checks the result against reading every line.
 
 from __future__ import annotations
 
-import functools
 import threading
-from types import ModuleType
+
+from gpuledger.core.hyperscan_lib import hyperscan as _hyperscan
 
 MIN_B = 64 << 10  # a shorter output is read line by line at once (no Hyperscan to load for it)
 # A draw start (the output's start, or after \r or \n), blanks in the widest sense, then the
@@ -34,17 +34,6 @@ _FIRST_WORD = (rb"[0-9\x80-\xff]", rb"(?:Epoch|all|Class|classes)")
 _PHRASES = (b" completed in", b"recovering from last.pt")
 _SEQUENCES = (b"\x1b",)
 _OSC = b"\x1b]"
-
-
-@functools.cache
-def _hyperscan() -> ModuleType | None:
-    """The hyperscan module, imported on first use (about 25 ms, which a process that never scans a
-    large text does not pay); None where it has no wheel."""
-    try:
-        import hyperscan
-    except ImportError:
-        return None
-    return hyperscan
 
 
 _lock = threading.Lock()
