@@ -127,9 +127,17 @@ async def run_intervals(
     settings = request.app.state.settings
     _, run = await run_in_threadpool(visible, request, principal, run_id)
     limit = min(limit, settings.max_page)
-    db = ledger_of(request).database
+    ledger = ledger_of(request)
+    db = ledger.database
+    # Raw days tiered into the server's series store (serve --series): SQL misses them, so the run
+    # is read whole through the ledger, each page alike (docs/SCALE.md, "Tiering").
+    tiered = await run_in_threadpool(ledger.tiered, run.id)
 
     def rows(series: str) -> Any:
+        if tiered:
+            return lambda: server_queries.tiered_interval_rows(
+                ledger, run.id, series=(series,), after_t=after_t, limit=limit
+            )
         q = server_queries.interval_export_query(run.id, COLUMN_NAMES, series=(series,), after_t=after_t, limit=limit)
         return lambda: server_queries.stream(db, q, settings.stream_rows)
 
@@ -201,8 +209,12 @@ async def run_export(
 
     settings = request.app.state.settings
     _, run = await run_in_threadpool(visible, request, principal, run_id)
-    query = server_queries.interval_export_query(run.id, COLUMN_NAMES)
-    rows = server_queries.stream(ledger_of(request).database, query, settings.stream_rows)
+    ledger = ledger_of(request)
+    if await run_in_threadpool(ledger.tiered, run.id):  # raw days in the series store: read whole
+        rows: Any = server_queries.tiered_interval_rows(ledger, run.id)
+    else:
+        query = server_queries.interval_export_query(run.id, COLUMN_NAMES)
+        rows = server_queries.stream(ledger.database, query, settings.stream_rows)
     if format == "csv":
         parts = streaming.csv_parts(rows, list(COLUMN_NAMES))
         return await streaming.respond(request, parts, "text/csv; charset=utf-8")

@@ -4,6 +4,7 @@ intervals) are streamed from a server-side cursor (``stream``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ from gpuledger.core.model import RunRecord
 from gpuledger.store import codec, queries, schema
 
 if TYPE_CHECKING:
+    from gpuledger.store import Ledger
     from gpuledger.store.engine import Database
 
 Scope = frozenset[str] | None
@@ -149,6 +151,34 @@ def interval_export_query(
     key = [both.c.t0, both.c.series, sa.func.coalesce(both.c.gpu_index, -1), both.c.seq]
     q = sa.select(*both.c).order_by(*key)
     return q if limit is None else q.limit(limit)
+
+
+def tiered_interval_rows(
+    ledger: Ledger,
+    run_id: str,
+    *,
+    series: Sequence[str] = ("gpu", "host"),
+    after_t: float | None = None,
+    limit: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The rows ``interval_export_query`` gives, for a run with raw days tiered into the ledger's
+    series store (``Ledger.tiered``), where that query misses the dropped days: the run read whole
+    through the ledger's merged reads (store/series_read.py), in the same order, filtered and cut
+    alike. Tiered rows come back quantized to the store's units (series/quantum.py)."""
+    from gpuledger.reports.run.export import interval_rows
+
+    gpu = ledger.gpu_intervals(run_id) if "gpu" in series else []
+    host = ledger.host_intervals(run_id) if "host" in series else []
+    n = 0
+    for row in interval_rows(run_id, ledger.devices(run_id), gpu, host):
+        if after_t is not None and row["t1"] <= after_t:  # type: ignore[operator]
+            continue
+        if limit is not None and n >= limit:
+            return
+        n += 1
+        if row["throttle_s"] is not None:  # as the database hands it over: streaming.export_row writes it
+            row["throttle_s"] = json.loads(row["throttle_s"])  # type: ignore[arg-type]
+        yield row
 
 
 def stream(db: Database, query: sa.Select[Any], per_fetch: int) -> Iterator[Mapping[str, Any]]:
