@@ -56,6 +56,11 @@ def gpu_busy(ledger: Ledger, run_id: str) -> dict[str, float | None]:
     return {uuid: t.get("busy_s") for uuid, t in gpu_sums(ledger, run_id).items()}
 
 
+def expired(ledger: Ledger, run_id: str) -> bool:
+    """Whether the store has dropped a tiered day of the run past its window: its reads miss it."""
+    return any(p["expired"] for p in ledger.read(lambda conn: _dropped(conn, run_id))[1])
+
+
 def _parts(payloads: list[dict[str, Any]], marks: dict[tuple[str, str], int], series: str) -> list[tuple[str, Any]]:
     """(device uuid, summary) of each tiered seq range the ledger dropped, each range once."""
     out, seen = [], set()

@@ -28,6 +28,7 @@ from gpuledger.core.pricing.ratecard import RateCard
 from gpuledger.core.pricing.ratecard_load import RateCardError, default_rate_card, parse_rate_card
 from gpuledger.core.pricing.usage import PARTIAL_STATUSES, partial_flag
 from gpuledger.reports.cost.replayed import REPLAYED_FLAG, replayed_warning
+from gpuledger.reports.cost.tiered import tiered_intervals
 from gpuledger.reports.cost.usage import Scope, collect_report, collect_runs, read
 from gpuledger.store.audit_approve import unsealed_among
 from gpuledger.store.cost_queries import replayed_in_window
@@ -309,9 +310,12 @@ def run_costs(
         members = [r for r in chain_runs(ledger, rid) if scope is None or r.labels.get("project") in scope]
         chains[rid] = [r.id for r in members] or [rid]
     wanted = sorted({m for chain in chains.values() for m in chain} | set(run_ids))
+    tiered = tiered_intervals(ledger, wanted)  # read through the ledger's series store: per GPU as before the drop
     usage = read(
         ledger,
-        lambda conn: collect_runs(conn, wanted, scope=scope, instance_type=instance_type, cuts=card.change_points),
+        lambda conn: collect_runs(
+            conn, wanted, scope=scope, instance_type=instance_type, cuts=card.change_points, tiered=tiered
+        ),
     )
     for rid in run_ids:
         if rid not in usage.runs:

@@ -16,7 +16,7 @@ import functools
 import itertools
 import math
 import operator
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -105,17 +105,27 @@ def _clip(span: tuple[float, float], start: float | None, end: float | None) -> 
 
 
 def interval_day_usage(
-    conn: Connection, rows: Sequence[RunRow], start: float | None, end: float | None, cuts: Sequence[float] = ()
+    conn: Connection,
+    rows: Sequence[RunRow],
+    start: float | None,
+    end: float | None,
+    cuts: Sequence[float] = (),
+    intervals: Sequence[dict[str, Any]] | None = None,
 ) -> tuple[list[DayUsage], dict[tuple[str, str], dict[str, Any]]]:
     """Day rows of ``rows`` (runs read from their intervals) inside [start, end), whole days.
     ``cuts``: times inside a day (price changes) where rows are split too, exactly: the intervals
-    of those days are read one by one instead of summed in SQL."""
+    of those days are read one by one instead of summed in SQL. ``intervals``: the runs' GPU
+    intervals already read (run_id, device_uuid, t0, t1, busy_s, energy_j; the whole runs, for
+    runs whose raw days were tiered and dropped: ``Ledger.tiered``), summed here instead."""
     start, end = _day_window(start, end)
     cut_list = sorted({c for c in cuts if c % DAY_S})
     cut_days = sorted({day_of(c) for c in cut_list})
     ids = [r.id for r in rows]
     devices = {(d["run_id"], d["uuid"]): d for d in cq.device_rows(conn, ids)}
-    day_rows, raw_rows = cq.interval_sums(conn, ids, start, end, cut_days)
+    if intervals is None:
+        day_rows, raw_rows = cq.interval_sums(conn, ids, start, end, cut_days)
+    else:
+        day_rows, raw_rows = [], [iv for iv in intervals if _inside(iv, start, end)]
     if start is None and end is None:  # every interval was read: their last end is among them
         last = cq.last_interval_ends(conn, ids, intervals=False)
         for row in itertools.chain(day_rows, raw_rows):
@@ -142,6 +152,10 @@ def interval_day_usage(
             d.gpu_name, d.mig_profile = devices[(run_id, uuid)].get("name"), devices[(run_id, uuid)].get("mig_profile")
         out.extend(rows_)
     return out, devices
+
+
+def _inside(iv: dict[str, Any], start: float | None, end: float | None) -> bool:
+    return (start is None or iv["t1"] > start) and (end is None or iv["t0"] < end)
 
 
 def _add_raw(periods: dict[tuple[int, int], dict[str, Any]], iv: dict[str, Any], cuts: Sequence[float]) -> None:
@@ -299,15 +313,24 @@ def collect_runs(
     scope: Scope,
     instance_type: str | None = None,
     cuts: Sequence[float] = (),
+    tiered: Mapping[str, Sequence[dict[str, Any]]] | None = None,
 ) -> UsageSet:
     """The runs ``ids`` (those in scope, replayed or not: they were asked for by name) and their
     Usages per GPU and day, from their intervals. ``cuts``: the rate card's price changes, where a
     day's busy time and energy are split exactly (as the chargeback splits them), not in
-    proportion to held time."""
+    proportion to held time. ``tiered``: run id -> its GPU intervals read whole through the
+    ledger (raw days tiered into its series store and dropped): priced from those, per GPU,
+    instead of from the SQL (which misses the dropped days) or the run's frozen rollups (per model)."""
     rows = cq.run_rows(conn, scope=scope, replayed=True, ids=ids)
     runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type", ids=ids), instance_type), scope)
-    days, devices = interval_day_usage(conn, list(runs.values()), None, None, cuts)
-    frozen = cq.frozen_rollups(conn, list(runs))  # runs whose raw days were dropped: their final rollups
+    read_whole = {rid: ivs for rid, ivs in (tiered or {}).items() if rid in runs}
+    days, devices = interval_day_usage(conn, [r for r in runs.values() if r.id not in read_whole], None, None, cuts)
+    if read_whole:  # tiered runs, their intervals read through the ledger: per GPU, as before the drop
+        whole = [runs[rid] for rid in read_whole]
+        more, more_devices = interval_day_usage(conn, whole, None, None, cuts, [*itertools.chain(*read_whole.values())])
+        days, devices = [*days, *more], {**devices, **more_devices}
+    # Runs whose raw days were dropped (and not read whole above): their final rollups, per model.
+    frozen = cq.frozen_rollups(conn, [rid for rid in runs if rid not in read_whole])
     if not frozen:
         return UsageSet(runs, _usages(days, devices, runs), devices)
     gone = {row.run_id for row in frozen}
