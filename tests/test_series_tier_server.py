@@ -160,3 +160,25 @@ def test_cost_of_a_tiered_run_keeps_its_per_gpu_lines_with_the_store(
         tier.store.close()
     expired = _cost(pg_url, tmp_path, run_id, series_url)
     assert expired["gpus"] == rollups["gpus"] and _money(expired["total"]) == _money(before["total"])
+
+
+def test_cost_of_a_tiered_run_that_shared_a_gpu_is_priced_from_its_rollups(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """Another run held GPU-0 at the same time: the split needs both runs' rows, gone with the day,
+    so the rollups (split while the rows were there) price it, the same total as before."""
+    start = (tiers.TODAY - 10) * tiers.DAY_S - N / 2 * 5.0
+    neighbour = {
+        "run": run_doc(started_at=start, status="succeeded", ended_at=start + N * 5.0, exit_code=0),
+        "devices": devices_doc(1),
+        "gpu_intervals": gpu_rows(N, devices=1, start=start),
+        "host_intervals": host_rows(N, start=start),
+        "final": True,
+    }
+    run_id, _, _ = tiers._ingested(pg_url, 2, neighbour)
+    before = _cost(pg_url, tmp_path, run_id, None)
+    assert [g["gpu_uuid"] for g in before["gpus"]] == ["GPU-0", "GPU-1"]
+    _drop(pg_url, series_url)
+    after = _cost(pg_url, tmp_path, run_id, series_url)
+    assert len(after["gpus"]) == 1 and after["gpus"][0]["gpu_uuid"] is None
+    assert _money(after["total"]) == _money(before["total"])

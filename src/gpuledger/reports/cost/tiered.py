@@ -3,7 +3,8 @@ ledger's series store and dropped (store/series_tier.py, docs/SCALE.md "Tiering"
 through the ledger's merged reads (store/series_read.py), so the run keeps one line per GPU, as
 before the drop, where its frozen rollups give one per GPU model. A run of which the store has
 since dropped a tiered day past its own window (store/series_window.py) no longer reads back
-whole: it is priced from its rollups, which still hold every day."""
+whole: it is priced from its rollups, which still hold every day; so is a run that shared a GPU
+with another run at the time (reports/cost/usage.collect_runs: the split needs both runs' rows)."""
 
 from __future__ import annotations
 

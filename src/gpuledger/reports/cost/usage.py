@@ -323,7 +323,9 @@ def collect_runs(
     instead of from the SQL (which misses the dropped days) or the run's frozen rollups (per model)."""
     rows = cq.run_rows(conn, scope=scope, replayed=True, ids=ids)
     runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type", ids=ids), instance_type), scope)
-    read_whole = {rid: ivs for rid, ivs in (tiered or {}).items() if rid in runs}
+    # A GPU shared with another run is split from both runs' SQL intervals, gone with the day: such
+    # a run keeps its rollups, which were split while the rows were there.
+    read_whole = {rid: ivs for rid, ivs in (tiered or {}).items() if rid in runs and not _shared(conn, runs[rid])}
     days, devices = interval_day_usage(conn, [r for r in runs.values() if r.id not in read_whole], None, None, cuts)
     if read_whole:  # tiered runs, their intervals read through the ledger: per GPU, as before the drop
         whole = [runs[rid] for rid in read_whole]
@@ -341,6 +343,17 @@ def collect_runs(
         for row in frozen
     ]  # fmt: skip
     return UsageSet(runs, usages, devices)
+
+
+def _shared(conn: Connection, run: RunRow) -> bool:
+    """Whether another run held one of ``run``'s GPUs while it ran (by their start and end)."""
+    end = math.inf if run.ended_at is None else run.ended_at
+    return any(
+        t["run_id"] != run.id
+        and t["started_at"] < end
+        and (math.inf if t["ended_at"] is None else t["ended_at"]) > run.started_at
+        for t in cq.tenants_of(conn, [run.id], None, None)
+    )
 
 
 def collect_report(
