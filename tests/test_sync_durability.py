@@ -48,6 +48,17 @@ def _fast(self, url, *, busy_timeout_s=30.0, retries=4):
 
 
 engine.Database.__init__ = _fast
+
+from gpuledger.store import run_writer  # a local run's own sqlite3 writer: the same short wait
+
+_open = run_writer.RunWriter.open.__func__
+
+
+def _fast_open(cls, url, *, busy_timeout_s=30.0, retries=4):
+    return _open(cls, url, busy_timeout_s=min(busy_timeout_s, 0.5), retries=min(retries, 1))
+
+
+run_writer.RunWriter.open = classmethod(_fast_open)
 signal_file = os.environ.get("TEST_FINAL_FLUSH_FAILED")
 if signal_file:
     from gpuledger.recorder.recorder import Recorder
