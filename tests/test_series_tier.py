@@ -28,7 +28,7 @@ from ci_support import in_ci
 from gpuledger.cli.main import cli
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.series import quantum
-from gpuledger.store import Ledger, audit, partitions, series_tier, series_verify
+from gpuledger.store import Ledger, audit, partitions, series_tier, series_verify, series_window
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 from server_support import NOW, backend_url, bearer, devices_doc, gpu_rows, host_rows, run_doc, setup_accounts
 from test_pg_partitions import OPEN_DAYS, TODAY, _client, _exists
@@ -49,16 +49,31 @@ def pg_url(tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=KINDS)
-def series_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "chdb":
+def store_url(kind: str, tmp_path: Path, prefix: str) -> Iterator[str]:
+    """A fresh series store of ``kind``: a chDB folder, or a PostgreSQL schema dropped afterwards."""
+    if kind == "chdb":
         yield f"chdb://{tmp_path}/series"
         return
-    name = f"tier_t_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     yield f"{PG}?schema={name}"
     with psycopg.connect(PG, autocommit=True) as conn:
         conn.execute("SET lock_timeout = '30s'")
         conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+@pytest.fixture(params=KINDS)
+def series_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    yield from store_url(request.param, tmp_path, "tier_t")
+
+
+def expire_store_days(pg_url: str, series_url: str, series_days: int, now: float) -> int:
+    """Let the store drop its whole days past a window of ``series_days`` (as retention does): how many."""
+    tier = series_tier.Tier.open(series_url, series_days=series_days)
+    try:
+        with Ledger(pg_url) as led:
+            return len(series_window.keep_window(led, tier, actor="test", now=now).dropped)
+    finally:
+        tier.store.close()
 
 
 def _body(start: float, devices: int = 2) -> dict[str, Any]:

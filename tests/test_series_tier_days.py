@@ -27,7 +27,7 @@ from gpuledger.store import Ledger, partitions, schema, series_tier, series_wind
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 from server_support import backend_url
 from test_pg_partitions import OPEN_DAYS, TODAY, _exists
-from test_series_tier import KINDS, PG, SKIP_CHDB, N, _date, _ingested
+from test_series_tier import KINDS, PG, SKIP_CHDB, N, _date, _ingested, store_url
 
 pytestmark = pytest.mark.postgres
 
@@ -46,12 +46,7 @@ def _drop_schema(name: str) -> None:
 
 @pytest.fixture(params=KINDS)
 def series_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "chdb":
-        yield f"chdb://{tmp_path}/series"
-        return
-    name = f"tier_d_{uuid.uuid4().hex[:12]}"
-    yield f"{PG}?schema={name}"
-    _drop_schema(name)
+    yield from store_url(request.param, tmp_path, "tier_d")
 
 
 @pytest.fixture
