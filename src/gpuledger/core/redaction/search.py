@@ -205,36 +205,53 @@ def keyword_lines(low: bytes, search: LineFilter | Search) -> list[tuple[int, in
             return lines_from_match_ends(low, ends(low))
         except ScanError:  # Hyperscan failed at run time: the reference regex, from now on
             search.give_up_fast()
-    ranges: list[tuple[int, int]] = []
-    rfind = low.rfind
-    run_start = run_end = -1  # the lines found so far that follow each other
-    pos = covered = hits = 0
+    found = _Lines()
+    rfind, pos = low.rfind, 0
     while (m := search(low, pos)) is not None:
         i, end = m.span()
         nl, cr = rfind(b"\n", pos, i), rfind(b"\r", pos, i)
         start = (nl if nl > cr else cr) + 1 or pos  # the line starts at pos when no line end comes first
-        if start != run_end:
-            if run_end >= 0:
-                ranges.append((run_start, run_end))
-            run_start = start
-        run_end = pos = end
-        covered += end - start
-        hits += 1
-        if hits >= DENSE_LINES and covered * 2 > pos:
+        if found.add(start, end):
             return None
-    if run_end >= 0:
-        ranges.append((run_start, run_end))
-    return ranges
+        pos = end
+    return found.ranges()
+
+
+class _Lines:
+    """The lines found so far, adjacent ones merged, and whether they are most of the text: the
+    bookkeeping both ways of finding them share."""
+
+    __slots__ = ("_ranges", "covered", "hits", "run_end", "run_start")
+
+    def __init__(self) -> None:
+        self._ranges: list[tuple[int, int]] = []
+        self.run_start = self.run_end = -1  # the lines found so far that follow each other
+        self.covered = self.hits = 0
+
+    def add(self, start: int, end: int) -> bool:
+        """Add the line [start, end); True when the lines found are most of the text up to ``end``."""
+        if start != self.run_end:
+            if self.run_end >= 0:
+                self._ranges.append((self.run_start, self.run_end))
+            self.run_start = start
+        self.run_end = end
+        self.covered += end - start
+        self.hits += 1
+        return self.hits >= DENSE_LINES and self.covered * 2 > end
+
+    def ranges(self) -> list[tuple[int, int]]:
+        if self.run_end >= 0:
+            self._ranges.append((self.run_start, self.run_end))
+        return self._ranges
 
 
 def lines_from_match_ends(low: bytes, ends: list[int]) -> list[tuple[int, int]] | None:
     """``keyword_lines`` from where the filter's entries match (their ends, sorted): the same
     ranges, and the same "most lines" judgement line by line. An entry never reaches past its
     line (fastfilter.py), so a match's line is the one holding its last byte."""
-    ranges: list[tuple[int, int]] = []
+    found = _Lines()
     rfind, size = low.rfind, len(low)
-    run_start = run_end = -1
-    pos = covered = hits = 0  # pos: the end of the last line found
+    pos = 0  # the end of the last line found
     for to in ends:
         if low[to - 1] in _EOL_BYTES:  # an entry that runs to its line's end: the terminator is its last byte
             to -= 1
@@ -244,18 +261,10 @@ def lines_from_match_ends(low: bytes, ends: list[int]) -> list[tuple[int, int]] 
         start = (nl if nl > cr else cr) + 1 or pos
         eol = EOL.search(low, to)
         end = eol.end() if eol else size
-        if start != run_end:
-            if run_end >= 0:
-                ranges.append((run_start, run_end))
-            run_start = start
-        run_end = pos = end
-        covered += end - start
-        hits += 1
-        if hits >= DENSE_LINES and covered * 2 > pos:
+        if found.add(start, end):
             return None
-    if run_end >= 0:
-        ranges.append((run_start, run_end))
-    return ranges
+        pos = end
+    return found.ranges()
 
 
 # -- keywords -----------------------------------------------------------------------------------
