@@ -44,6 +44,22 @@ def _pg_schema_url() -> Iterator[str]:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+@pytest.fixture(autouse=True)
+def _gpuledger_environment_kept() -> Iterator[None]:
+    """A test that leaves a GPULEDGER_* variable changed fails, and the variable is put back: every
+    later test's subprocesses inherit this process's environment (a leaked audit checkpoint once
+    made later servers refuse to start and later audits report tampering)."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("GPULEDGER_")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("GPULEDGER_")}
+    if after != before:
+        for key in after.keys() - before.keys():
+            del os.environ[key]
+        os.environ.update(before)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        pytest.fail(f"the test left the environment changed: {', '.join(changed)}")
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def ledger_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterator[str]:
     if request.param == "sqlite":

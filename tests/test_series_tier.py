@@ -327,5 +327,8 @@ def test_serve_refuses_a_series_url_that_names_no_store(pg_url: str, tmp_path: P
     setup_accounts(pg_url)
     env = {"GPULEDGER_HOME": str(tmp_path / "home")}
     args = ["serve", "--db", pg_url, "--unsigned", "--checkpoint", str(tmp_path / "cp"), "--series", "ftp://x/y"]
+    before = dict(os.environ)
     out = CliRunner().invoke(cli, args, env=env)
     assert out.exit_code == 2 and "no series store for scheme 'ftp'" in out.output, out.output
+    # refused before it set anything: later servers and audit runs in this process would inherit the checkpoint
+    assert dict(os.environ) == before

@@ -62,8 +62,8 @@ def _proxy_options() -> dict[str, object]:
     return proxies.uvicorn_options(click.get_current_context().meta.get("gpuledger.trusted_proxies", []))
 
 
-def _close_after_days(_ctx: click.Context, _param: click.Parameter, days: float) -> None:
-    os.environ["GPULEDGER_CLOSE_AFTER_DAYS"] = repr(days)  # the workers read it (server/settings.py)
+def _close_after_days(ctx: click.Context, _param: click.Parameter, days: float) -> None:
+    ctx.meta["gpuledger.close_after_days"] = days  # exported with the rest once serve is past its checks
 
 
 @click.command("serve")
@@ -123,16 +123,21 @@ def serve_cmd(
         click.echo(serve_audit.check(ledger, db, unsigned=unsigned, checkpoint=path), err=True)
     finally:
         ledger.close()
+    if series:  # refused here, before serving, when it names no store or cannot be reached
+        from gpuledger.cli.audit_cmds import open_tier
+
+        open_tier(series, create=False).store.close()
+    # the workers read these (server/settings.py); set only now, so a refused serve leaves the
+    # caller's environment as it was (an in-process caller would otherwise inherit this checkpoint)
+    days = click.get_current_context().meta.get("gpuledger.close_after_days", 3.0)
+    os.environ["GPULEDGER_CLOSE_AFTER_DAYS"] = repr(days)
     os.environ[audit_checkpoint.ENV_PATH] = str(path)  # the workers keep this file
     os.environ["GPULEDGER_SERVER_DB"] = db
     os.environ["GPULEDGER_MAX_BODY_B"] = str(int(max_body_mb * 1024 * 1024))
     if rates:
         os.environ["GPULEDGER_RATES"] = os.path.abspath(rates)
-    if series:  # refused here, before serving, when it names no store or cannot be reached
-        from gpuledger.cli.audit_cmds import open_tier
-
-        open_tier(series, create=False).store.close()
-        os.environ["GPULEDGER_SERIES"] = series  # the workers read it (Settings.series)
+    if series:
+        os.environ["GPULEDGER_SERIES"] = series  # Settings.series
     click.echo(f"gpuledger: serving {display_url(db)} on http://{host}:{port} ({workers} worker(s))", err=True)
     uvicorn.run(
         "gpuledger.server.app:app_from_env",
