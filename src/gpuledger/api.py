@@ -102,9 +102,11 @@ def track(
         status, reason = "failed", f"{type(exc).__name__}: {exc}"[:500]
         raise
     finally:
-        handle.summary = session.finish(status, exit_code=0 if status == "succeeded" else None, reason=reason)
-        session.close()
-        if previous_run_env is None:
-            os.environ.pop("GPULEDGER_RUN_ID", None)
-        else:
-            os.environ["GPULEDGER_RUN_ID"] = previous_run_env
+        try:
+            handle.summary = session.finish(status, exit_code=0 if status == "succeeded" else None, reason=reason)
+            session.close()
+        finally:  # even when finishing failed: later code in this process is no longer in the run
+            if previous_run_env is None:
+                os.environ.pop("GPULEDGER_RUN_ID", None)
+            else:
+                os.environ["GPULEDGER_RUN_ID"] = previous_run_env
