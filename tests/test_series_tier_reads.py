@@ -26,7 +26,7 @@ from gpuledger.reports.run import data as run_data
 from gpuledger.reports.run.export import COLUMNS
 from gpuledger.runs.attempts import attempt_chain
 from gpuledger.series import quantum
-from gpuledger.store import Ledger, series_queries, series_tier, tiered_totals
+from gpuledger.store import Ledger, series_queries, series_tier, series_verify, tiered_totals
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 
 pytestmark = pytest.mark.postgres
@@ -276,3 +276,64 @@ def test_days_the_store_dropped_past_its_window_are_gone_from_every_read(
     with Ledger(pg_url, series=series_url) as led:
         assert attempt_chain(led, run_id)["attempts"][0]["gpu_busy_seconds"] is None
         assert attempt_chain(led, run_id)["attempts"][0]["cpu_seconds"] is None
+
+
+def _unmeasured(run_id: str) -> dict[str, Any]:
+    """A second run on the same GPUs and days whose busy time, energy and CPU nothing measured."""
+    body = tiers._body((tiers.TODAY - 10) * DAY_S - N / 2 * 5.0)
+    body["run"]["id"] = run_id
+    for r in body["gpu_intervals"]:
+        r.update(busy_s=None, util_method=None, util_max_pct=None, energy_j=None, energy_method=None)
+    for r in body["host_intervals"]:
+        r["cpu_s"] = None
+    return body
+
+
+def _busy_read(pg_url: str, run_id: str, tmp_path: Path, series_url: str | None) -> dict[str, Any]:
+    runs = json.loads(_cli(pg_url, tmp_path, ["runs", "--json"], series_url))
+    show = json.loads(_cli(pg_url, tmp_path, ["show", run_id, "--json"], series_url))
+    row = next(r for r in runs if r["id"] == run_id)
+    with Ledger(pg_url, series=series_url) as led:
+        attempt = attempt_chain(led, run_id)["attempts"][0]
+    return {
+        "runs": (row["gpus"], row["busy_gpu_hours"]),
+        "show": show["busy_gpu_hours"],
+        "attempt": (attempt["gpu_busy_seconds"], attempt["gpu_energy_joules"], attempt["cpu_seconds"]),
+    }
+
+
+def test_a_tiered_run_whose_busy_time_was_not_measured_reads_n_a_not_zero(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """``runs``, ``show`` and its attempts of a run nothing measured give None (n/a) after its days
+    were tiered and dropped, as the ledger's own rows gave before: unmeasured is never idle."""
+    unmeasured = "0b5e55ed-0000-4000-8000-000000000001"
+    _ingested(pg_url, 2, _unmeasured(unmeasured))
+    before = _busy_read(pg_url, unmeasured, tmp_path, None)
+    assert before == {"runs": (2, None), "show": None, "attempt": (None, None, None)}
+    _drop(pg_url, series_url)
+    with Ledger(pg_url, series=series_url) as led:
+        assert led.tiered(unmeasured) and tiered_totals.gpu_sums(led, unmeasured)["GPU-0"]["count"] == N
+    assert _busy_read(pg_url, unmeasured, tmp_path, series_url) == before
+
+
+def test_a_tier_payload_from_before_measured_counts_still_verifies(pg_url: str, series_url: str) -> None:
+    """Days tiered before the summary counted measured rows: their entries have no ``measured``;
+    ``audit verify --series`` still finds the store equal."""
+    run_id, _, _ = _ingested(pg_url)
+    _drop(pg_url, series_url)
+    store = series_tier.open_store(series_url, create=False)
+    try:
+        with Ledger(pg_url, series=store) as led:
+            payloads = [p for r, p in led.read(lambda c: list(series_verify.tiered(c))) if r == run_id]
+            assert payloads and all("measured" in s for p in payloads for s in p["gpu"].values())
+            for p in payloads:
+                old = {**p, "gpu": {d: _without_measured(s) for d, s in p["gpu"].items()}}
+                old["host"] = _without_measured(p["host"])
+                assert series_tier.differences(run_id, old, series_tier.stored_summary(store, run_id, old)) == []
+    finally:
+        store.close()
+
+
+def _without_measured(part: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if part is None else {k: v for k, v in part.items() if k != "measured"}

@@ -6,7 +6,9 @@ the rows it still holds; a day the store itself has since dropped past its windo
 (``series.days_dropped``, store/series_window.py) is gone, as a read of the store finds it.
 For ``gpuledger runs``, a report's earlier runs and ``show``'s attempts, which read many runs and
 need a few sums per run, not its rows. Only the counted columns the entries sum are added (rows,
-samples, busy, energy; CPU, read and write bytes), to the store's units.
+samples, busy, energy; CPU, read and write bytes), to the store's units; a column none of a day's
+rows measured adds nothing, so a run never measured stays None (n/a), not 0. Entries tiered before
+the summary counted measured rows (no ``measured``) add their sums as they are.
 """
 
 from __future__ import annotations
@@ -83,7 +85,10 @@ def _parts(payloads: list[dict[str, Any]], marks: dict[tuple[str, str], int], se
 
 def _add(totals: dict[str, Any], part: dict[str, Any], sums: dict[str, tuple[str, int]]) -> None:
     totals["count"] = int(totals.get("count") or 0) + int(part["rows"])
+    measured = part.get("measured")  # absent from payloads tiered before it was recorded
     for column, (name, scale) in sums.items():
+        if measured is not None and not measured.get(name):
+            continue  # no row measured it: not measured, as the ledger's SUM of NULLs reads, never 0
         value = part["sums"][name]
         totals[column] = (totals.get(column) or 0) + (value / scale if scale != 1 else value)
 
