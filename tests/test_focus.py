@@ -21,6 +21,7 @@ from focus_spec_rules import COLUMNS as SPEC_COLUMNS
 from focus_spec_rules import violations
 from focus_support import CHANGE_RUN, LABELLED_RUN, month_ledger, read_csv, read_parquet
 from gpuledger.core.chargeback.focus import FocusIdentity, build_focus
+from gpuledger.core.chargeback.focus_columns import COLUMNS  # FOCUS 1.0, the rules this file holds them to
 from gpuledger.core.money import money_decimal
 from gpuledger.core.pricing.cost import Pricer, Usage, compact
 from gpuledger.reports.cost.costing import chargeback
@@ -44,8 +45,8 @@ def month(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         export = chargeback_focus(led, scope=None, card=CARD, start=START, end=END)
         cb = chargeback(led, scope=None, card=CARD, start=START, end=END, by=("gpu_model",), trend_months=0)
         csv_path, parquet_path = root / f"{source}.csv", root / f"{source}.parquet"
-        csv_path.write_text(focus_csv(export))
-        write_focus_parquet(export, str(parquet_path))
+        csv_path.write_text(focus_csv(export, COLUMNS))
+        write_focus_parquet(export, str(parquet_path), COLUMNS)
         out[source] = {"export": export, "chargeback": cb, "csv": csv_path, "parquet": parquet_path}
     led.close()
     return out

@@ -123,20 +123,20 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     led = month_ledger(root / "month.db")
     start, end = ts(MONTH[0]), ts(MONTH[1])
     export = chargeback_focus(led, scope=None, card=CARD, start=start, end=end)
-    (root / "month.csv").write_text(focus_csv(export))
-    write_focus_parquet(export, str(root / "month.parquet"))
+    (root / "month.csv").write_text(focus_csv(export, COLUMNS))
+    write_focus_parquet(export, str(root / "month.parquet"), COLUMNS)
     # The same month with the fleet's unbilled cost shared by busy hours: Adjustment rows too.
     cb = chargeback(led, scope=None, card=CARD, start=start, end=end, by=("team", "project"), trend_months=0)
     cb = add_shared_idle(cb, fleet_cost(led, card=CARD, pools=Pools(), start=start, end=end), "busy")
     shared = add_shared_idle_rows(export, cb, card=CARD, start=start, end=end, identity=default_identity(CARD))
     assert any(r["ChargeCategory"] == "Adjustment" for r in shared.rows)
-    (root / "shared.csv").write_text(focus_csv(shared))
+    (root / "shared.csv").write_text(focus_csv(shared, COLUMNS))
     led.close()
     # The capacity report's rows of a simulated fleet (tests/capacity_sim.py).
     load(str(root / "fleet.db"))
     with Ledger(root / "fleet.db") as fleet_led:
         fleet = capacity_focus(fleet_led, card=FLEET_CARD, pools=parse_pools(POOLS_TEXT), start=start, end=end)
-    (root / "capacity.csv").write_text(focus_csv(fleet))
+    (root / "capacity.csv").write_text(focus_csv(fleet, COLUMNS))
     # The same month and fleet as the CLI writes them with --focus-version 1.0.
     header = '[card]\nname = "Vision cluster, 2026"\ncurrency = "USD"\nbasis = "busy"\n'
     (root / "rates.toml").write_text(header + CARD_TEXT)
