@@ -67,20 +67,6 @@ def visible_run(conn: Connection, run_id: str, scope: Scope) -> RunRecord | None
     return None if row is None else codec.run_from_row(row)
 
 
-def intervals_page(
-    conn: Connection, run_id: str, after_t: float | None, limit: int
-) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
-    """GPU and host interval rows with t1 > after_t, oldest first, at most ``limit`` per series."""
-    out = []
-    for table, order in ((schema.gpu_intervals, ("t0", "device_uuid")), (schema.host_intervals, ("t0",))):
-        q = sa.select(table).where(table.c.run_id == run_id)
-        if after_t is not None:
-            q = q.where(table.c.t1 > after_t)
-        q = q.order_by(*(table.c[k] for k in order)).limit(limit)
-        out.append([dict(r) for r in conn.execute(q).mappings()])
-    return out[0], out[1]
-
-
 def recent_alerts(
     conn: Connection, scope: Scope, *, since: float | None, limit: int, kinds: tuple[str, ...] = ALERT_KINDS
 ) -> list[dict[str, Any]]:
