@@ -188,6 +188,38 @@ def test_bad_rows_are_refused_whole(store: PostgresSeries, schema: str) -> None:
 
 
 @pytest.mark.postgres
+def test_rows_on_days_no_partition_can_name_are_refused_clearly_and_the_batch_kept(
+    store: PostgresSeries, schema: str
+) -> None:
+    """A day partition is FOR VALUES FROM (day) TO (day + 1) in int2: the first day and the day
+    before the last are stored; a row before or after them (the last int2 day too, whose upper bound
+    overflows) is a ValueError naming the row and the days, before anything of its batch is stored;
+    the same token then stores the batch without it."""
+    first, last = date(1880, 4, 14), date(2059, 9, 17)
+    fit = [_epoch(first) + 1.0, _epoch(last) + DAY - 10.0]
+    refused = [_epoch(first) - 10.0, _epoch(last) + DAY, _epoch(date(2100, 1, 1))]
+    for i, t0 in enumerate(fit + refused):
+        for kind, what in (("gpu", "GPU interval GPU-a seq=1"), ("host", "host interval seq=1")):
+            run_id, token = f"run-edge-{i}-{kind}", f"edge-{i}-{kind}"
+            good = ([row("GPU-a", 0, T)], [host_row(0, T)])
+            edge = ([row("GPU-a", 1, t0)], []) if kind == "gpu" else ([], [host_row(1, t0)])
+            batch = ([*good[0], *edge[0]], [*good[1], *edge[1]])
+            if t0 in fit:
+                assert store.write(run_id, *batch, token) == 3
+                read = store.gpu_intervals(run_id) if kind == "gpu" else store.host_intervals(run_id)
+                assert [r["t0"] for r in read] == [T, t0]
+                continue
+            with pytest.raises(ValueError, match=f"{what}: t0 = .* outside the days a partition can name"):
+                store.write(run_id, *batch, token)
+            assert store.gpu_intervals(run_id) == [] and store.host_intervals(run_id) == []
+            assert store.write(run_id, *good, token) == 2  # the token was not spent
+
+
+def _epoch(day: date) -> float:
+    return (day - date(1970, 1, 1)).days * DAY
+
+
+@pytest.mark.postgres
 def test_a_resent_batch_stores_nothing(store: PostgresSeries, schema: str) -> None:
     rows = [row(f"GPU-{d}", i, T + 5 * i) for d in range(2) for i in range(100)]
     hosts = [host_row(i, T + 5 * i) for i in range(100)]

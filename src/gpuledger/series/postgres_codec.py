@@ -28,6 +28,8 @@ from gpuledger.series import quantum
 DAY_MS = 86_400_000
 INT2 = (-(2**15), 2**15 - 1)
 INT4 = (-(2**31), 2**31 - 1)
+# The days a row can be on: its day partition is FOR VALUES FROM (day) TO (day + 1), both int2.
+DAYS = (INT2[0], INT2[1] - 1)
 MIB = 2**20
 
 # Every key of a ledger GPU row (store/schema.py gpu_intervals, without run_id).
@@ -175,8 +177,8 @@ def split_time(t0: Any, t1: Any, what: str) -> tuple[int, int, int]:
     dur = b - a
     if not 0 <= dur <= INT4[1]:
         raise ValueError(f"{what}: t1 - t0 = {dur} ms, outside 0..{INT4[1]} ms (24.8 days)")
-    if not INT2[0] <= day <= INT2[1]:
-        raise ValueError(f"{what}: t0 = {t0!r} is outside the days 1880-2059 a partition can name")
+    if not DAYS[0] <= day <= DAYS[1]:
+        raise ValueError(f"{what}: t0 = {t0!r} is outside the days a partition can name (1880-04-14 to 2059-09-17)")
     return day, t_ms, dur
 
 
