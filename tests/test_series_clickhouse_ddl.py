@@ -41,7 +41,9 @@ def test_cluster_tables_have_the_single_node_columns() -> None:
     one = Layout("gpuledger").statements()
     cluster = Layout("gpuledger", cluster="gpuledger").statements()
     assert _columns(one) == _columns(cluster)
-    assert set(_columns(one)) == {"gpu_intervals", "host_intervals", "series_names", "run_dims", "gpu_day_rollups"}
+    assert set(_columns(one)) == {
+        "gpu_intervals", "host_intervals", "series_names", "run_dims", "gpu_day_rollups", "run_day_rollups",
+    }  # fmt: skip
     # the run dimensions are whole on every node (one replication group), so each shard joins locally
     every_node = "ReplicatedReplacingMergeTree('/clickhouse/tables/all/gpuledger/run_dims', '{replica}', version)"
     assert every_node in "\n".join(cluster)
@@ -51,6 +53,8 @@ def test_cluster_tables_have_the_single_node_columns() -> None:
     assert text.count("ReplicatedMergeTree(") == 2 and "ReplicatedSummingMergeTree(" in text
     # the view reads and writes each shard's own tables
     assert "TO gpuledger.gpu_day_rollups_local\nAS SELECT" in text and "FROM gpuledger.gpu_intervals_local)))" in text
+    # chargeback's per run and day sums: a view on each shard's own day rollups
+    assert "TO gpuledger.run_day_rollups_local\nAS SELECT" in text and "FROM gpuledger.gpu_day_rollups_local\n" in text
 
 
 def test_every_cluster_statement_parses_in_the_engine(tmp_path: Path) -> None:

@@ -93,7 +93,8 @@ CREATE TABLE IF NOT EXISTS gpuledger.run_dims_local ON CLUSTER 'gpuledger'
     team LowCardinality(String),
     project LowCardinality(String),
     user LowCardinality(String),
-    version UInt64
+    version UInt64,
+    dims UInt64 MATERIALIZED cityHash64(team, project, user)
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/all/gpuledger/run_dims', '{replica}', version)
 ORDER BY run;
@@ -145,3 +146,25 @@ FROM (SELECT *, greatest(a0, d * 86400000) AS pa, least(a1, (d + 1) * 86400000) 
     FROM (SELECT run, gpu, a0, dur, a1, arrayJoin(range(intDiv(a0, 86400000), intDiv(if(dur = 0, a0, a1 - 1), 86400000) + 1)) AS d, in_samples, in_busy_ms, in_idle_ms, in_unknown_ms, in_unmeasured_ms, in_energy_mj
         FROM (SELECT run, gpu, toUnixTimestamp64Milli(t0) AS a0, toInt64(dur_ms) AS dur, a0 + dur AS a1,
             samples AS in_samples, busy_ms AS in_busy_ms, idle_ms AS in_idle_ms, unknown_ms AS in_unknown_ms, unmeasured_ms AS in_unmeasured_ms, energy_mj AS in_energy_mj FROM gpuledger.gpu_intervals_local)));
+
+CREATE TABLE IF NOT EXISTS gpuledger.run_day_rollups_local ON CLUSTER 'gpuledger'
+(
+    day Date,
+    run UInt64,
+    allocated_ms Int64,
+    busy_ms Int64,
+    energy_mj Int64
+)
+ENGINE = ReplicatedSummingMergeTree('/clickhouse/tables/{shard}/gpuledger/run_day_rollups', '{replica}')
+PARTITION BY toYYYYMM(day)
+ORDER BY (day, run)
+SETTINGS replicated_deduplication_window = 100000, replicated_deduplication_window_seconds = 604800;
+
+CREATE TABLE IF NOT EXISTS gpuledger.run_day_rollups ON CLUSTER 'gpuledger' AS gpuledger.run_day_rollups_local
+ENGINE = Distributed('gpuledger', gpuledger, run_day_rollups_local, run);
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS gpuledger.run_day_rollups_mv_local ON CLUSTER 'gpuledger'
+TO gpuledger.run_day_rollups_local
+AS SELECT day, run, sum(allocated_ms) AS allocated_ms, sum(busy_ms) AS busy_ms, sum(energy_mj) AS energy_mj
+FROM gpuledger.gpu_day_rollups_local
+GROUP BY day, run;

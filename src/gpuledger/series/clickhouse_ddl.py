@@ -15,7 +15,13 @@ single-node DDL with only the engines changed.
   interval crossing a UTC midnight is split at it in proportion to its time in each day (the
   ledger's rule, store/cost_queries.py), in integers: the part up to an instant x of a value v is
   round(v * (x - t0) / dur), so the parts of one interval always add up to v exactly; the interval
-  itself counts on the day it ends.
+  itself counts on the day it ends;
+- ``run_day_rollups``: per UTC day and run, what chargeback sums (held, busy, energy), summed on
+  insert by a second view from the rows the first writes into ``gpu_day_rollups``: a run's GPUs
+  folded together, so a year's chargeback reads one row per run and day (13.7 M for 100,000 GPUs
+  at three jobs a node a day) instead of one per run, GPU and day (109.5 M), and joins the run's
+  team, project and user as one integer (``run_dims.dims``) at query time, so a relabelled run is
+  charged to its new owners at once.
 """
 
 from __future__ import annotations
@@ -102,6 +108,8 @@ DIMS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("project", "LowCardinality(String)"),
     ("user", "LowCardinality(String)"),
     ("version", "UInt64"),  # the run's last change (ms): the highest wins
+    # team x project x user as one integer, computed on insert: chargeback joins and groups it, not three strings
+    ("dims", "UInt64 MATERIALIZED cityHash64(team, project, user)"),
 )
 
 # Per run, GPU and day; the _n columns count the intervals that measured the value, so a day
@@ -115,6 +123,14 @@ ROLLUP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("gpu", "UInt64"),
     ("day", "Date"),
     *((c, "Int64" if c.endswith(("_ms", "_mj")) else "UInt64") for c in ROLLUP_SUMS),
+)
+
+# Per UTC day and run: what chargeback sums, the run's GPUs folded together.
+CHARGE_SUMS = ("allocated_ms", "busy_ms", "energy_mj")
+RUN_DAY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("day", "Date"),
+    ("run", "UInt64"),
+    *((c, "Int64") for c in CHARGE_SUMS),
 )
 
 
@@ -256,7 +272,28 @@ class Layout:
             f"CREATE MATERIALIZED VIEW IF NOT EXISTS {self.local('gpu_day_rollups_mv')}{self.on()}\n"
             f"TO {self.local('gpu_day_rollups')}\nAS {rollup_select(self.local('gpu_intervals'))}"
         )
+        out += self.run_day_statements()
         return out
+
+    def run_day_statements(self) -> list[str]:
+        """``run_day_rollups`` and its view, fed by what the first view writes into each shard's
+        ``gpu_day_rollups`` (a view on a view's target table runs on the same insert, with the same
+        deduplication of a resent block)."""
+        return [
+            self._create(
+                "run_day_rollups",
+                RUN_DAY_COLUMNS,
+                f"ENGINE = {self._engine('SummingMergeTree', 'run_day_rollups')}\nPARTITION BY toYYYYMM(day)\n"
+                f"ORDER BY (day, run)\nSETTINGS {self._dedup()}",
+            ),
+            *self._distributed("run_day_rollups", "run"),
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {self.local('run_day_rollups_mv')}{self.on()}\n"
+            f"TO {self.local('run_day_rollups')}\nAS {self.run_day_select()}",
+        ]
+
+    def run_day_select(self) -> str:
+        sums = ", ".join(f"sum({c}) AS {c}" for c in CHARGE_SUMS)
+        return f"SELECT day, run, {sums}\nFROM {self.local('gpu_day_rollups')}\nGROUP BY day, run"
 
     def script(self) -> str:
         return ";\n\n".join(self.statements()) + ";\n"
