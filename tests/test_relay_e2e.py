@@ -128,16 +128,18 @@ def _screen(argv: list[str], env: dict[str, str], *, raw: bool) -> tuple[int, by
 
 
 def test_on_a_pty_the_terminal_gets_what_it_would_get_without_gpuledger(env: dict[str, str]) -> None:
-    """Without gpuledger the command writes to a terminal (a pty, \n shown as \r\n); under
-    gpuledger it writes to gpuledger's pty, and the relay passes those bytes on unchanged (so
-    gpuledger's own terminal is raw here, to see exactly what the relay wrote)."""
+    """Without gpuledger the command writes to a terminal (a cooked pty, \n shown as \r\n); under
+    gpuledger it writes to gpuledger's pty, which passes its bytes as written, and the relay
+    copies them to the same kind of terminal, which processes them once: the screen gets the
+    same bytes (not \r\r\n), and the log the command's own \n."""
     code, bare = _screen(py(CHATTY), env, raw=False)
     assert code == 0 and b"\r\n" in bare
-    code, wrapped = _screen([*GPULEDGER, "run", "-q", "--", *py(CHATTY)], env, raw=True)
+    code, wrapped = _screen([*GPULEDGER, "run", "-q", "--", *py(CHATTY)], env, raw=False)
     assert code == 0
     assert wrapped == bare
     log = run_cli(["logs", only_run(env)["id"]], env).stdout
     assert not any(s in log for s in SECRETS) and find_cut(log) is not None
+    assert b"\r\n" not in log and b"\nstep 69 | loss" in log
 
 
 def test_a_bad_log_cap_is_refused_before_the_command_starts(env: dict[str, str], tmp_path: Path) -> None:

@@ -66,6 +66,19 @@ def copy_window_size(from_fd: int, to_fd: int) -> None:
         fcntl.ioctl(to_fd, termios.TIOCSWINSZ, size)
 
 
+def pass_output_as_written(slave: int) -> None:
+    """Turn off output processing (OPOST: ``\n`` to ``\r\n`` and the like) on CMD's pty.
+
+    The relay copies CMD's bytes to gpuledger's own terminal, and that terminal processes them as
+    it would CMD's own output: so the screen gets what it gets without gpuledger (not ``\r\r\n``
+    from processing twice), the log keeps the bytes CMD wrote (``\n``, as on pipes), and CMD's
+    writes skip the kernel's byte-by-byte output pass (about 0.05 s of CMD's CPU per 50 MB)."""
+    with contextlib.suppress(OSError, termios.error):
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.OPOST
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+
+
 def launch(argv: list[str], env: Mapping[str, str], log_path: str, use_pty: bool | None = None) -> Launched:
     """Fork the relay, then start CMD as a new session whose output the relay copies.
 
@@ -77,6 +90,7 @@ def launch(argv: list[str], env: Mapping[str, str], log_path: str, use_pty: bool
     if use_pty:
         master, slave = pty.openpty()
         copy_window_size(1, slave)
+        pass_output_as_written(slave)
         sources, child_out, child_err, writers = {master: 1}, slave, slave, [slave]
     else:
         out_r, out_w = os.pipe()
