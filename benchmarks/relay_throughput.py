@@ -35,11 +35,18 @@ Printed per variant: medians of wall and CPU, and three throughputs:
   tee          MB / (CPU of `printer | tee COPY` - the printer's own CPU)
 min / median / max over the rounds, each round's figures from the same round's runs; and what is
 kept on disk per run (the ledger's growth and the logs folder).
+
+The gpuledger package the runs import is byte-compiled first and the runs get no
+PYTHONDONTWRITEBYTECODE (as benchmarks/wrapper_overhead.py does): an installed gpuledger runs from
+bytecode, and a dev shell's PYTHONDONTWRITEBYTECODE=1 would make every run compile the ~40
+modules the end of a chatty run imports (about 0.04 s of CPU that is no cost of gpuledger's).
+To measure another tree, run this script with PYTHONPATH=TREE/src: that tree is compiled and run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import pty
 import random
@@ -252,6 +259,15 @@ def _drain(fd: int) -> None:
         os.close(fd)
 
 
+def compile_package() -> str:
+    """Byte-compile the gpuledger package the runs import (what pip install does for a wheel)."""
+    spec = importlib.util.find_spec("gpuledger")
+    assert spec is not None and spec.submodule_search_locations, "gpuledger is not importable here"
+    folder = next(iter(spec.submodule_search_locations))
+    subprocess.run([sys.executable, "-m", "compileall", "-q", folder], check=True, stdout=subprocess.DEVNULL)
+    return folder
+
+
 def _size(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
@@ -304,6 +320,8 @@ def main() -> None:
         home = os.path.join(tmp, "home")
         db = os.path.join(tmp, "ledger.db")
         env = {**os.environ, "GPULEDGER_HOME": home}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # from bytecode, as an installed gpuledger runs
+        print(f"\n# bytecode compiled for {compile_package()}; the runs' environment has no PYTHONDONTWRITEBYTECODE")
         copy = os.path.join(tmp, "tee-copy.out")
         variants = {
             "bare": [sys.executable, "-c", PRINTER, path],
