@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -24,8 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuledger.series import quantum
-from gpuledger.series.postgres import PostgresSeries, gpu_run_query
+from gpuledger.series.postgres import PostgresSeries, gpu_run_query, gpu_window_query, host_window_query, window_params
 from gpuledger.series.postgres_codec import THROTTLE_REASONS, decode_gpu, encode_gpu, reserved_extra
+from gpuledger.store.partitions import day_name
 
 PG_URL = os.environ.get("GPULEDGER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 DAY = 86400
@@ -469,3 +471,68 @@ def test_window_of_days() -> None:
     assert day_range(T + 1, T + DAY + 1) == (T // DAY, T // DAY + 1)
     assert day_range(T, T) is None
     assert date(1970, 1, 1) + timedelta(days=T // DAY) == date(2024, 10, 4)
+
+
+@st.composite
+def window_run(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[float, float]]]:
+    """Rows of two GPUs and the host over a few days, some lasting days (crossing midnights), some
+    of no length, some on a midnight; and windows [t_from, t_to) over and around them."""
+    grid = st.integers(-2 * DAY * 1000, 6 * DAY * 1000).map(lambda ms: T + ms / 1000)
+    dur = st.one_of(st.sampled_from([0.0, 5.0, DAY, 3.5 * DAY]), st.floats(0, 24.8 * DAY, allow_nan=False))
+    starts = st.one_of(grid, st.sampled_from([T, T + DAY, T + DAY - 0.001]))
+    gpu, host = [], []
+    for i, (t0, d) in enumerate(draw(st.lists(st.tuples(starts, dur), min_size=1, max_size=12))):
+        gpu.append(row(f"GPU-{i % 2}", i, t0, d))
+        host.append(host_row(i, t0, t1=t0 + d))
+    windows = draw(st.lists(st.tuples(grid, st.floats(0, 4 * DAY, allow_nan=False)), min_size=1, max_size=4))
+    return gpu, host, [(a, a + w) for a, w in windows]
+
+
+@pytest.mark.postgres
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(window_run())
+def test_a_time_window_reads_the_rows_a_filter_of_the_whole_run_gives(
+    store: PostgresSeries, drawn: tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[float, float]]]
+) -> None:
+    """``gpu_intervals_between`` / ``host_intervals_between``: the rows with t1 > t_from and t0 < t_to,
+    those of earlier days reaching into the window too (up to the longest interval the store keeps)."""
+    gpu, host, windows = drawn
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    store.write(run_id, gpu, host, run_id)
+    whole_gpu, whole_host = store.gpu_intervals(run_id), store.host_intervals(run_id)
+    assert len(whole_gpu) == len(whole_host) == len(gpu)
+    for t_from, t_to in windows:
+        assert store.gpu_intervals_between(run_id, t_from, t_to) == _inside(whole_gpu, t_from, t_to)
+        assert store.host_intervals_between(run_id, t_from, t_to) == _inside(whole_host, t_from, t_to)
+    assert store.gpu_intervals_between("no-such-run", T, T + DAY) == []
+    assert store.host_intervals_between("no-such-run", T, T + DAY) == []
+
+
+def _inside(rows: list[dict[str, Any]], t_from: float, t_to: float) -> list[dict[str, Any]]:
+    return [r for r in rows if r["t1"] > t_from and r["t0"] < t_to]
+
+
+@pytest.mark.postgres
+def test_a_time_window_scans_only_its_days_and_the_odd_rows_before(store: PostgresSeries, schema: str) -> None:
+    """The plan of a window read: the window's day partitions, and the days before it only through
+    their partial index of odd rows (those crossing a midnight); no day after it."""
+    store.write("run-w", [row("GPU-a", i, T + i * DAY / 4) for i in range(40)], [], "w")  # 10 days
+    store.write("run-w", [], [host_row(i, T + i * DAY / 4) for i in range(40)], "w-host")
+    lo = T + 5 * DAY + 100
+    assert [r["seq"] for r in store.gpu_intervals_between("run-w", lo, lo + DAY / 4)] == [21]
+    assert [r["seq"] for r in store.host_intervals_between("run-w", lo, lo + DAY / 4)] == [21]
+    day = int(lo // DAY)
+    run = store.keys.run_key("run-w", create=False)
+    stream = store.keys.run_streams(run)[0][0]  # type: ignore[arg-type]
+    own, before = window_params(lo, lo + DAY / 4)
+    for table, q, key in (("gpu_iv", gpu_window_query(schema), [stream]), ("host_iv", host_window_query(schema), run)):
+        with _connect() as conn:
+            plan = [r[0] for r in conn.execute(f"EXPLAIN {q}", [key, *own, key, *before])]
+        scans = [line for line in plan if f"{table}_p" in line]
+        assert {m for line in scans for m in re.findall(rf"{table}_p\d+", line)} == {
+            day_name(table, d) for d in range(day - 5, day + 1)
+        }, plan  # the 5 earlier days and the window's, not the 4 after
+        earlier = [line for line in scans if day_name(table, day) not in line]
+        assert not any("Seq Scan" in line for line in earlier), plan  # by index, on tables of 4 rows too
+        assert all("_odd" in line for line in earlier if "Index" in line), plan
+        assert len([line for line in earlier if "Index" in line]) == 5, plan

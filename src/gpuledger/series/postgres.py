@@ -15,6 +15,7 @@ One connection per store, used by one thread at a time; open one store per worke
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from datetime import date
@@ -32,6 +33,7 @@ from gpuledger.series.postgres_codec import (
     GPU_NAMES,
     HOST_COLUMNS,
     HOST_NAMES,
+    INT2,
     INT4,
     Encoded,
     decode_gpu,
@@ -52,6 +54,38 @@ _EPOCH = date(1970, 1, 1)
 def gpu_run_query(schema: str) -> str:
     """One run's GPU rows, given its stream keys: an index scan of each day's (stream, seq) key."""
     return f"SELECT {', '.join(GPU_NAMES)} FROM {schema}.gpu_iv WHERE stream = ANY(%s)"
+
+
+_T0_MS = f"(day::int8 * {DAY_MS} + t_ms)"
+_WINDOW = f"{_T0_MS} + dur_ms > %s AND {_T0_MS} < %s"
+
+
+def gpu_window_query(schema: str) -> str:
+    """One run's GPU rows in a time window (``window_params``): the window's days by their key
+    index, and the odd rows (crossing a midnight) of the days before it by their partial index."""
+    one = gpu_run_query(schema)
+    return (
+        f"{one} AND day BETWEEN %s AND %s AND {_WINDOW} UNION ALL "
+        f"{one} AND day BETWEEN %s AND %s AND ({ddl.ODD}) AND {_WINDOW}"
+    )
+
+
+def host_window_query(schema: str) -> str:
+    """One run's host rows in a time window, as gpu_window_query, in seq order."""
+    one = f"SELECT {', '.join(HOST_NAMES)} FROM {schema}.host_iv WHERE run = %s"
+    return (
+        f"{one} AND day BETWEEN %s AND %s AND {_WINDOW} UNION ALL "
+        f"{one} AND day BETWEEN %s AND %s AND ({ddl.HOST_ODD}) AND {_WINDOW} ORDER BY seq"
+    )
+
+
+def window_params(t_from: float, t_to: float) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The parameters of a window query's two parts after the run's key: (its days, t_from ms,
+    t_to ms), then (the earlier days whose rows can reach into it, the same ms)."""
+    lo_ms, hi_ms = t_from * 1000, t_to * 1000
+    lo, hi = math.floor(lo_ms / DAY_MS), math.floor(hi_ms / DAY_MS)
+    lo, hi = max(lo, INT2[0]), min(hi, INT2[1])  # no day outside int2 has a row
+    return (lo, hi, lo_ms, hi_ms), (first_day_reaching(lo, INT4[1]), lo - 1, lo_ms, hi_ms)
 
 
 def _conninfo(url: str) -> str:
@@ -181,6 +215,26 @@ class PostgresSeries:
     # -- reading ------------------------------------------------------------------------------
 
     def gpu_intervals(self, run_id: str, device_uuid: str | None = None) -> list[dict[str, Any]]:
+        return self._gpu(run_id, device_uuid, gpu_run_query(self.schema), ())
+
+    def host_intervals(self, run_id: str) -> list[dict[str, Any]]:
+        q = f"SELECT {', '.join(HOST_NAMES)} FROM {self.schema}.host_iv WHERE run = %s ORDER BY seq"
+        return self._host(run_id, q, ())
+
+    def gpu_intervals_between(self, run_id: str, t_from: float, t_to: float) -> list[dict[str, Any]]:
+        """The run's GPU intervals with t1 > ``t_from`` and t0 < ``t_to`` (seconds), in (device, seq)
+        order: the day partitions of that window and the rows of earlier days crossing into it
+        (gpu_window_query), not the whole run."""
+        return self._gpu(run_id, None, gpu_window_query(self.schema), window_params(t_from, t_to))
+
+    def host_intervals_between(self, run_id: str, t_from: float, t_to: float) -> list[dict[str, Any]]:
+        """The run's host intervals with t1 > ``t_from`` and t0 < ``t_to``, in seq order."""
+        return self._host(run_id, host_window_query(self.schema), window_params(t_from, t_to))
+
+    def _gpu(
+        self, run_id: str, device_uuid: str | None, q: str, parts: tuple[tuple[Any, ...], ...]
+    ) -> list[dict[str, Any]]:
+        """Decoded rows of ``q``: one ``gpu_run_query`` part per tuple of further parameters, or one."""
         run = self.keys.run_key(run_id, create=False)
         if run is None:
             return []
@@ -189,8 +243,9 @@ class PostgresSeries:
             streams = {k: v for k, v in streams.items() if v[0] == device_uuid}
         if not streams:
             return []
+        params = [p for part in parts or ((),) for p in (list(streams), *part)]
         with self._conn.cursor(row_factory=dict_row) as cur:
-            rows = cur.execute(gpu_run_query(self.schema), (list(streams),)).fetchall()
+            rows = cur.execute(q, params).fetchall()
         out = []
         for r in rows:
             uuid, reserved = streams[r["stream"]]
@@ -198,13 +253,13 @@ class PostgresSeries:
         out.sort(key=lambda r: (r["device_uuid"], r["seq"]))
         return out
 
-    def host_intervals(self, run_id: str) -> list[dict[str, Any]]:
+    def _host(self, run_id: str, q: str, parts: tuple[tuple[Any, ...], ...]) -> list[dict[str, Any]]:
         run = self.keys.run_key(run_id, create=False)
         if run is None:
             return []
-        q = f"SELECT {', '.join(HOST_NAMES)} FROM {self.schema}.host_iv WHERE run = %s ORDER BY seq"
+        params = [p for part in parts or ((),) for p in (run, *part)]
         with self._conn.cursor(row_factory=dict_row) as cur:
-            return [decode_host(r) for r in cur.execute(q, (run,))]
+            return [decode_host(r) for r in cur.execute(q, params)]
 
     def day_rollups(self, t_from: float, t_to: float) -> list[DayRollup]:
         days = day_range(t_from, t_to)
@@ -271,4 +326,4 @@ class PostgresSeries:
         self._conn.close()
 
 
-__all__ = ["DAY_MS", "PostgresSeries", "gpu_run_query"]
+__all__ = ["DAY_MS", "PostgresSeries", "gpu_run_query", "gpu_window_query", "host_window_query", "window_params"]

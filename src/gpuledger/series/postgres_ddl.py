@@ -30,6 +30,7 @@ _LOCK_KEY = 0x67707502  # first key of this store's advisory lock (store/partiti
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 TABLES = {"gpu_iv": (GPU_COLUMNS, GPU_NOT_NULL), "host_iv": (HOST_COLUMNS, HOST_NOT_NULL)}
 ODD = f"extra IS NOT NULL OR dur_ms > {DAY_MS} - t_ms"  # the GPU rows the day sums read one by one
+HOST_ODD = f"dur_ms > {DAY_MS} - t_ms"  # host rows crossing a midnight: a time window's read reaches back for them
 KEY_COLUMNS = {"gpu_iv": "stream, seq", "host_iv": "run, seq"}
 
 
@@ -110,6 +111,8 @@ def ensure_days(conn: psycopg.Connection, schema: str, wanted: set[int]) -> list
                 conn.execute(f"CREATE UNIQUE INDEX {name}_key ON {s}.{name} ({KEY_COLUMNS[table]})")
                 if table == "gpu_iv":
                     conn.execute(f"CREATE INDEX {name}_odd ON {s}.{name} (stream) WHERE {ODD}")
+                else:
+                    conn.execute(f"CREATE INDEX {name}_odd ON {s}.{name} (run) WHERE {HOST_ODD}")
                 conn.execute(f"ALTER TABLE {s}.{name} ADD CONSTRAINT {name}_bound CHECK (day = {day})")
                 conn.execute(
                     f"ALTER TABLE {s}.{table} ATTACH PARTITION {s}.{name} FOR VALUES FROM ({day}) TO ({day + 1})"

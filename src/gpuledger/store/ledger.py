@@ -288,6 +288,11 @@ class Ledger:
         held = [codec.host_from_row(r) for r in self._rows(q)]
         return held if self._tiered is None else self._tiered.host(run_id, held)
 
+    @property
+    def series_reads(self) -> TieredReads | None:
+        """The reads of the series store tiered days went to (store/series_read.py); None without one."""
+        return self._tiered
+
     def tiered(self, run_id: str) -> bool:
         """Whether the run has raw days in the series store this ledger reads (``run.raw_tiered``,
         store/series_tier.py): SQL over the interval tables then misses rows, and a read goes

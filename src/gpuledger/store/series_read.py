@@ -43,6 +43,23 @@ class TieredReads:
         ]
         return sorted([*held, *tiered], key=lambda h: h.seq) if tiered else list(held)
 
+    @property
+    def windowed(self) -> bool:
+        """Whether the store reads a time window of a run (``gpu_intervals_between``,
+        ``host_intervals_between``: series/postgres.py), not only the whole run."""
+        return callable(getattr(self.store, "gpu_intervals_between", None)) and callable(
+            getattr(self.store, "host_intervals_between", None)
+        )
+
+    def gpu_between(self, run_id: str, t_from: float, t_to: float) -> list[GpuInterval]:
+        """The store's GPU rows of the run with t1 > t_from and t0 < t_to (``windowed`` stores)."""
+        rows = self.store.gpu_intervals_between(run_id, t_from, t_to)  # type: ignore[attr-defined]
+        return [codec.gpu_from_row(_with_run(r, run_id)) for r in rows]
+
+    def host_between(self, run_id: str, t_from: float, t_to: float) -> list[HostInterval]:
+        rows = self.store.host_intervals_between(run_id, t_from, t_to)  # type: ignore[attr-defined]
+        return [codec.host_from_row(_with_run(r, run_id)) for r in rows]
+
     def close(self) -> None:
         if self._store is not None:
             self._store.close()

@@ -134,6 +134,14 @@ def run_was_tiered(conn: Connection, run_id: str) -> bool:
     return conn.scalar(q) is not None
 
 
+def tiered_days(conn: Connection, run_id: str) -> list[str]:
+    """The days (YYYY-MM-DD) of ``run_id`` tiered into a series store, oldest first: the store holds
+    no row of the run on another day that the ledger does not hold too."""
+    a = schema.audit_log.c
+    q = sa.select(a.payload).where(a.object == f"run:{run_id}", a.action == ACTION)
+    return sorted({json.loads(p)["day"] for p in conn.scalars(q)})
+
+
 # -- copying and checking --------------------------------------------------------------------------
 
 

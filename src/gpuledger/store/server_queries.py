@@ -4,7 +4,9 @@ intervals) are streamed from a server-side cursor (``stream``)."""
 
 from __future__ import annotations
 
+import calendar
 import json
+import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -148,23 +150,119 @@ def tiered_interval_rows(
     limit: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The rows ``interval_export_query`` gives, for a run with raw days tiered into the ledger's
-    series store (``Ledger.tiered``), where that query misses the dropped days: the run read whole
-    through the ledger's merged reads (store/series_read.py), in the same order, filtered and cut
-    alike. Tiered rows come back quantized to the store's units (series/quantum.py)."""
+    series store (``Ledger.tiered``), where that query misses the dropped days: the ledger's rows
+    merged with the store's (store/series_read.py), in the same order, filtered and cut alike.
+    Tiered rows come back quantized to the store's units (series/quantum.py). A page (``limit``)
+    from a store that reads a time window (``TieredReads.windowed``) reads growing windows from
+    ``after_t`` until the page is full, not the whole run; otherwise the run is read whole."""
     from gpuledger.reports.run.export import interval_rows
 
-    gpu = ledger.gpu_intervals(run_id) if "gpu" in series else []
-    host = ledger.host_intervals(run_id) if "host" in series else []
+    reads = ledger.series_reads
+    if limit is not None and reads is not None and reads.windowed:
+        rows = _windows(ledger, reads, run_id, series, after_t)
+    else:
+        gpu = ledger.gpu_intervals(run_id) if "gpu" in series else []
+        host = ledger.host_intervals(run_id) if "host" in series else []
+        rows = interval_rows(run_id, ledger.devices(run_id), gpu, host)
+    if limit is not None and limit <= 0:
+        return
     n = 0
-    for row in interval_rows(run_id, ledger.devices(run_id), gpu, host):
+    for row in rows:
         if after_t is not None and row["t1"] <= after_t:  # type: ignore[operator]
             continue
-        if limit is not None and n >= limit:
-            return
         n += 1
         if row["throttle_s"] is not None:  # as the database hands it over: streaming.export_row writes it
             row["throttle_s"] = json.loads(row["throttle_s"])  # type: ignore[arg-type]
         yield row
+        if n == limit:  # before asking for another row: that could read the next window
+            return
+
+
+FIRST_WINDOW_S = 3600.0  # a page's first window from after_t; each next one is 4 times longer
+_MS = 0.001  # the store's time unit
+
+
+def _windows(
+    ledger: Ledger, reads: Any, run_id: str, series: Sequence[str], after_t: float | None
+) -> Iterator[dict[str, Any]]:
+    """The run's rows in export order, window after window: window k reads the rows with t1 past
+    its start (less a unit, so a row of no length on the boundary is not missed) and t0 before its
+    end, from the ledger (SQL) and from the store. After window k every row with t1 > after_t and
+    t0 before its end has been read, so its new rows (each key once) sort after those given."""
+    from gpuledger.reports.run.export import interval_rows
+
+    span = ledger.read(lambda conn: _span(conn, run_id))
+    if span is None:
+        return
+    devices = ledger.devices(run_id)
+    start = span[0] if after_t is None else after_t
+    seen: set[tuple[str, int]] = set()
+    t_from, width = start, FIRST_WINDOW_S
+    while t_from <= span[1]:
+        t_to = t_from + width
+        lo = t_from if t_from == start else t_from - _MS
+        gpu = _new(ledger, reads, run_id, lo, t_to, seen, True) if "gpu" in series else []
+        host = _new(ledger, reads, run_id, lo, t_to, seen, False) if "host" in series else []
+        yield from interval_rows(run_id, devices, gpu, host)  # type: ignore[arg-type]
+        t_from, width = t_to, width * 4
+
+
+def _new(
+    ledger: Ledger, reads: Any, run_id: str, lo: float, hi: float, seen: set[tuple[str, int]], gpu: bool
+) -> list[Any]:
+    """The window's rows not given yet: the ledger's, and the store's it does not hold (as the whole
+    read, store/series_read.py, the ledger's copy of an interval wins wherever its times put it)."""
+    table = schema.gpu_intervals if gpu else schema.host_intervals
+    q = sa.select(table).where(table.c.run_id == run_id, table.c.t1 > lo, table.c.t0 < hi)
+    decode = codec.gpu_from_row if gpu else codec.host_from_row
+    held = [decode(r) for r in ledger.read(lambda conn: list(conn.execute(q).mappings()))]
+    tiered = reads.gpu_between(run_id, lo, hi) if gpu else reads.host_between(run_id, lo, hi)
+    also_held = ledger.read(lambda conn: _held_keys(conn, run_id, [_key(iv, gpu) for iv in tiered], gpu))
+    out = []
+    for iv in [*held, *(t for t in tiered if _key(t, gpu) not in also_held)]:
+        if _key(iv, gpu) not in seen:
+            seen.add(_key(iv, gpu))
+            out.append(iv)
+    return sorted(out, key=lambda iv: _key(iv, gpu))  # the order of Ledger.gpu_intervals / host_intervals
+
+
+def _key(iv: Any, gpu: bool) -> tuple[str, int]:
+    return (iv.device_uuid if gpu else "", iv.seq)
+
+
+def _held_keys(conn: Connection, run_id: str, keys: list[tuple[str, int]], gpu: bool) -> set[tuple[str, int]]:
+    """Which of ``keys`` the ledger holds: per device, its seqs in their range (the key index)."""
+    table = schema.gpu_intervals if gpu else schema.host_intervals
+    by_device: dict[str, list[int]] = {}
+    for device, seq in keys:
+        by_device.setdefault(device, []).append(seq)
+    out = set()
+    for device, seqs in by_device.items():
+        q = sa.select(table.c.seq).where(table.c.run_id == run_id, table.c.seq.between(min(seqs), max(seqs)))
+        if gpu:
+            q = q.where(table.c.device_uuid == device)
+        out |= {(device, int(seq)) for seq in conn.scalars(q)}
+    return out
+
+
+def _span(conn: Connection, run_id: str) -> tuple[float, float] | None:
+    """Bounds of the run's rows in the ledger and the series store: no t0 before the first, and
+    none at or after the second (the store holds rows only on tiered days, or the ledger's too)."""
+    from gpuledger.store.series_tier import tiered_days
+
+    lows, highs = [], []
+    for table in (schema.gpu_intervals, schema.host_intervals):
+        lo, hi = conn.execute(
+            sa.select(sa.func.min(table.c.t0), sa.func.max(table.c.t1)).where(table.c.run_id == run_id)
+        ).one()
+        if lo is not None:
+            lows.append(float(lo) - 1.0)
+            highs.append(float(hi))
+    days = tiered_days(conn, run_id)
+    if days:
+        lows.append(calendar.timegm(time.strptime(days[0], "%Y-%m-%d")) - 1.0)
+        highs.append(calendar.timegm(time.strptime(days[-1], "%Y-%m-%d")) + 86400.0)
+    return (min(lows), max(highs)) if lows else None
 
 
 def stream(db: Database, query: sa.Select[Any], per_fetch: int) -> Iterator[Mapping[str, Any]]:
