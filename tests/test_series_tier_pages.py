@@ -112,7 +112,8 @@ def test_a_page_reads_the_windows_after_after_t_not_the_whole_run(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """From the compact PostgreSQL store a page of 5 rows from the middle of the run reads a window
-    of 20 s (4 rows per stream), and never the whole run."""
+    of 20 s (4 rows per stream), and a longer page a next window sized for the rows it still wants;
+    never the whole run."""
     run_id, _, _ = tiers._ingested(pg_url)
     for url in tiers.store_url("postgres", tmp_path, "tier_pages"):
         _drop(pg_url, url)
@@ -127,6 +128,10 @@ def test_a_page_reads_the_windows_after_after_t_not_the_whole_run(
                 assert store.rows["gpu_intervals"] == store.rows["host_intervals"] == 0
                 assert 5 <= store.rows["gpu_intervals_between"] <= 2 * 5  # 2 GPUs, at most 5 rows each in 20 s
                 assert 5 <= store.rows["host_intervals_between"] <= 5
+                store.rows.clear()
+                # 60 GPU rows from the start: 8 in the first 20 s, then a window for about the 52 left
+                assert len(_rows(led, run_id, "gpu", None, 60)) == 60
+                assert 60 <= store.rows["gpu_intervals_between"] <= 1.3 * 60 + 8, store.rows
                 store.rows.clear()
                 assert len(_rows(led, run_id, "gpu")) == 2 * N  # no limit: read whole, as before
                 assert store.rows["gpu_intervals"] == 2 * N and not store.rows["gpu_intervals_between"]

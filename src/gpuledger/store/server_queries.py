@@ -159,7 +159,7 @@ def tiered_interval_rows(
 
     reads = ledger.series_reads
     if limit is not None and reads is not None and reads.windowed:
-        rows = _windows(ledger, reads, run_id, series, after_t)
+        rows = _windows(ledger, reads, run_id, series, after_t, limit)
     else:
         gpu = ledger.gpu_intervals(run_id) if "gpu" in series else []
         host = ledger.host_intervals(run_id) if "host" in series else []
@@ -178,17 +178,20 @@ def tiered_interval_rows(
             return
 
 
-FIRST_WINDOW_S = 3600.0  # a page's first window from after_t; each next one is 4 times longer
+FIRST_WINDOW_S = 3600.0  # a page's first window from after_t
+GROWTH = 4.0  # a next window is at most this many times longer (after an empty one, exactly)
 _MS = 0.001  # the store's time unit
 
 
 def _windows(
-    ledger: Ledger, reads: Any, run_id: str, series: Sequence[str], after_t: float | None
+    ledger: Ledger, reads: Any, run_id: str, series: Sequence[str], after_t: float | None, limit: int
 ) -> Iterator[dict[str, Any]]:
     """The run's rows in export order, window after window: window k reads the rows with t1 past
     its start (less a unit, so a row of no length on the boundary is not missed) and t0 before its
     end, from the ledger (SQL) and from the store. After window k every row with t1 > after_t and
-    t0 before its end has been read, so its new rows (each key once) sort after those given."""
+    t0 before its end has been read, so its new rows (each key once) sort after those given. The
+    next window is as long as the rows still wanted take at the rate the last one found (a quarter
+    more), so a page reads about its own rows."""
     from gpuledger.reports.run.export import interval_rows
 
     span = ledger.read(lambda conn: _span(conn, run_id))
@@ -196,15 +199,22 @@ def _windows(
         return
     devices = ledger.devices(run_id)
     start = span[0] if after_t is None else after_t
+    # The first page's first window ends where the run started: before it there is seldom a row,
+    # and windows grown over that empty stretch would read far more than the page.
+    first_end = ledger.get_run(run_id).started_at if after_t is None else start
     seen: set[tuple[str, int]] = set()
-    t_from, width = start, FIRST_WINDOW_S
-    while t_from <= span[1]:
-        t_to = t_from + width
+    t_from, width, wanted = start, FIRST_WINDOW_S, limit
+    while t_from <= span[1] and wanted > 0:
+        before_start = t_from == start and first_end > start + width
+        t_to = first_end if before_start else t_from + width
         lo = t_from if t_from == start else t_from - _MS
         gpu = _new(ledger, reads, run_id, lo, t_to, seen, True) if "gpu" in series else []
         host = _new(ledger, reads, run_id, lo, t_to, seen, False) if "host" in series else []
+        found = len(gpu) + len(host)  # each one given: new rows end after after_t
         yield from interval_rows(run_id, devices, gpu, host)  # type: ignore[arg-type]
-        t_from, width = t_to, width * 4
+        wanted -= found
+        grow = 1.0 if before_start else GROWTH if not found else min(GROWTH, 1.25 * wanted / found)
+        t_from, width = t_to, max(1.0, width * grow)
 
 
 def _new(
