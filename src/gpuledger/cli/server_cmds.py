@@ -97,10 +97,16 @@ def _close_after_days(ctx: click.Context, _param: click.Parameter, days: float) 
     help="The series store raw days were tiered into (retention run --series): a run's intervals are read "
     "whole from it and the ledger.",
 )  # fmt: skip
+@click.option(
+    "--series-live", is_flag=True, envvar="GPULEDGER_SERIES_LIVE",
+    help="Also write each push's new GPU and host intervals into the --series store (created where missing), "
+    "acknowledged only once the ledger and the store both hold them; a store that fails: 503, nothing kept, the "
+    "agent sends again. Needs a PostgreSQL --db. Env GPULEDGER_SERIES_LIVE=1.",
+)  # fmt: skip
 @cli_errors
 def serve_cmd(
     db: str | None, host: str, port: int, workers: int, rates: str | None, max_body_mb: float, log_level: str,
-    unsigned: bool, checkpoint: str | None, series: str | None,
+    unsigned: bool, checkpoint: str | None, series: str | None, series_live: bool,
 ) -> None:  # fmt: skip
     """Serve the team API (docs/SERVER.md). Stateless: run several behind a load balancer.
 
@@ -118,6 +124,12 @@ def serve_cmd(
 
     ledger = server_ledger(db)  # refuses an outdated schema with the command to fix it
     assert db is not None
+    if series_live and not series:
+        ledger.close()
+        raise click.UsageError("--series-live writes into the series store: give it with --series URL")
+    if series_live and ledger.dialect != "postgresql":
+        ledger.close()
+        raise click.UsageError("--series-live needs a PostgreSQL ledger (--db postgresql://...)")
     path = Path(checkpoint).expanduser().absolute() if checkpoint else audit_checkpoint.default_path(db).absolute()
     try:  # no key on a signed ledger, a key others can read, a chain below its checkpoint: refused here
         click.echo(serve_audit.check(ledger, db, unsigned=unsigned, checkpoint=path), err=True)
@@ -126,7 +138,7 @@ def serve_cmd(
     if series:  # refused here, before serving, when it names no store or cannot be reached
         from gpuledger.cli.audit_cmds import open_tier
 
-        open_tier(series, create=False).store.close()
+        open_tier(series, create=series_live).store.close()  # live writes need its tables
     # the workers read these (server/settings.py); set only now, so a refused serve leaves the
     # caller's environment as it was (an in-process caller would otherwise inherit this checkpoint)
     days = click.get_current_context().meta.get("gpuledger.close_after_days", 3.0)
@@ -138,6 +150,8 @@ def serve_cmd(
         os.environ["GPULEDGER_RATES"] = os.path.abspath(rates)
     if series:
         os.environ["GPULEDGER_SERIES"] = series  # Settings.series
+    if series_live:
+        os.environ["GPULEDGER_SERIES_LIVE"] = "1"  # Settings.series_live
     click.echo(f"gpuledger: serving {display_url(db)} on http://{host}:{port} ({workers} worker(s))", err=True)
     uvicorn.run(
         "gpuledger.server.app:app_from_env",

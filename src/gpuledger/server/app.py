@@ -65,8 +65,10 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     )
 
     settings = settings or Settings()
+    # with series_live, each push's intervals are written into settings.series (store/series_live.py)
+    live = _live_series(settings)
     # SchemaOutdated unless migrated (gpuledger db migrate); tiered days read back from settings.series
-    ledger = Ledger(db_url, migrate=migrate, series=settings.series)
+    ledger = Ledger(db_url, migrate=migrate, series=live.reader if live else settings.series)
     keeper = checkpoint_keeper.from_env(ledger, settings)  # the audit checkpoint outside the database
 
     @contextlib.asynccontextmanager
@@ -84,6 +86,8 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         ledger.close()
+        if live is not None:
+            live.close()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -96,6 +100,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     )
     app.state.ledger = ledger
     app.state.settings = settings
+    app.state.series_live = live
     app.state.auth = Authenticator(ledger, settings.token_cache_s, settings.token_cache_size)
     app.state.rate_card = None
     app.include_router(routes_misc.health)
@@ -128,6 +133,17 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     app.add_middleware(checkpoint_keeper.Halt, keeper=keeper)  # a shortened audit trail: 503, inside the guard
     app.add_middleware(Guard, settings=settings, auth=app.state.auth)
     return app
+
+
+def _live_series(settings: Settings) -> Any:
+    """The store pushes are written into (``serve --series URL --series-live``), or None."""
+    if not settings.series_live:
+        return None
+    if not settings.series:
+        raise ValueError("series_live (GPULEDGER_SERIES_LIVE) writes into the series store: give series (--series URL)")
+    from gpuledger.store.series_live import LiveSeries
+
+    return LiveSeries(settings.series)
 
 
 async def _maintain_partitions(ledger: Ledger, series: str | None = None) -> None:

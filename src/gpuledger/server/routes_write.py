@@ -24,7 +24,7 @@ from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.models import IngestBatch, IngestResult, QuarantinedItem
 from gpuledger.server.redaction import redact_batch, redact_refused, redactor
 from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, gpu_tuple, host_tuple
-from gpuledger.store import closed_months, liveness_sweep, quarantine, server_queries
+from gpuledger.store import closed_months, liveness_sweep, quarantine, series_live, server_queries
 from gpuledger.store import ingest as store_ingest
 
 router = APIRouter(prefix="/api/v1", tags=["ingest"])
@@ -50,6 +50,12 @@ def _authorize_fn(principal: Principal) -> Any:
             raise HTTPException(status_code=403, detail=f"this token cannot write runs of {where}")
 
     return authorize
+
+
+def _live_write(request: Request) -> store_ingest.LiveWrite | None:
+    """``serve --series-live``: the push's new intervals into the series store, before it commits."""
+    live = getattr(request.app.state, "series_live", None)
+    return None if live is None else live.write
 
 
 def _to_run(batch: IngestBatch) -> RunRecord:
@@ -87,7 +93,11 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
             writer=writer,
             authorize=_authorize_fn(principal),
             closed_before=closed_months.boundary(time.time(), request.app.state.settings.close_after_days),
+            live=_live_write(request),
         )
+    except series_live.SeriesUnavailable as exc:  # nothing of the push kept: the agent sends it again
+        retry = {"Retry-After": str(series_live.RETRY_AFTER_S)}
+        raise HTTPException(status_code=503, detail=f"{exc}; nothing was stored, retry later", headers=retry) from None
     except store_ingest.NotYours:
         raise HTTPException(status_code=404, detail=f"no run {batch.run.id!r} in your projects") from None
     except store_ingest.HostRefused as exc:  # a host-bound token speaking for another host
@@ -135,6 +145,7 @@ def _span_refusals(batch: IngestBatch, refused: list[store_ingest.RefusedRow]) -
     responses={
         413: {"description": "body over the size limit, or more rows than one push may carry"},
         422: {"description": "invalid run record"},
+        503: {"description": "the ledger or (serve --series-live) the series store is unavailable: nothing stored"},
     },
 )
 async def ingest(request: Request, principal: Caller) -> IngestResult:

@@ -46,6 +46,8 @@ class Settings:
     rates: str | None = None  # rate card file for /reports/chargeback (None: the default card)
     # a series store raw days were tiered into (store/series_tier.py): run reads merge them back
     series: str | None = None
+    # write each push's new intervals into that store before acknowledging it (store/series_live.py)
+    series_live: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -58,11 +60,26 @@ class Settings:
             if text is None or text == "":
                 continue
             kind = type(f.default) if f.default is not None else str
+            if kind is bool:
+                values[f.name] = _flag(name, text)
+                continue
             try:
                 values[f.name] = kind(float(text)) if kind in (int, float) else text
             except ValueError:
                 raise SystemExit(f"{name}={text!r}: expected a number") from None
         return cls(**values)  # type: ignore[arg-type]
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _flag(name: str, text: str) -> bool:
+    """An on/off variable: 1/true/yes/on or 0/false/no/off (any case); anything else names it."""
+    if text.strip().lower() in _TRUE:
+        return True
+    if text.strip().lower() in _FALSE:
+        return False
+    raise SystemExit(f"{name}={text!r}: expected 1 or 0 (true/false, yes/no, on/off)")
 
 
 # Read by the environment-only code path (the HTTP protocol class, which uvicorn creates itself).

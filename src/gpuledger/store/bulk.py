@@ -68,10 +68,17 @@ def _stored(conn: Connection, table: sa.Table, run_id: str, seqs: list[int], gpu
 
 
 def insert_intervals(
-    db: Database, conn: Connection, series: str, run_id: str, rows: Sequence[Row], columns: Sequence[str]
+    db: Database,
+    conn: Connection,
+    series: str,
+    run_id: str,
+    rows: Sequence[Row],
+    columns: Sequence[str],
+    inserted: list[Row] | None = None,
 ) -> tuple[int, int]:
     """Insert the new ``rows`` (``series`` "gpu" or "host", values in ``columns`` order) of one
-    run. Returns (inserted, dropped because a rollup already replaced them)."""
+    run. Returns (inserted, dropped because a rollup already replaced them). ``inserted``
+    (PostgreSQL): extended by the rows this call inserted, for live ingest (store/series_live.py)."""
     if not rows:
         return 0, 0
     gpu = series == "gpu"
@@ -96,6 +103,8 @@ def insert_intervals(
         fresh = new
     if fresh:
         _copy(conn, table, run_id, fresh, columns)
+        if inserted is not None:
+            inserted.extend(fresh)
     return len(fresh), dropped
 
 

@@ -79,6 +79,10 @@ class IngestOutcome:
     refused: list[RefusedRow] = field(default_factory=list)
 
 
+# live ingest (store/series_live.py): (run id, new GPU rows, new host rows), ledger rows without run_id
+LiveWrite = Callable[[str, list[dict[str, Any]], list[dict[str, Any]]], object]
+
+
 class NotYours(Exception):
     """The run exists but belongs to a project the writer may not write (answered as 404)."""
 
@@ -270,9 +274,13 @@ def ingest(
     writer: Writer,
     authorize: Callable[[str | None, str | None], None],
     closed_before: float | None = None,
+    live: LiveWrite | None = None,
 ) -> IngestOutcome:
     """Store one push of ``writer``. Raises PushRefused (nothing stored; the attempt audited).
-    ``closed_before``: the months before it are closed (store/closed_months.py; None: none is)."""
+    ``closed_before``: the months before it are closed (store/closed_months.py; None: none is).
+    ``live(run_id, gpu, host)``: PostgreSQL, the rows the ledger newly inserted (ledger rows
+    without run_id), written to a series store before the push commits; what it raises rolls
+    the push back (store/series_live.py)."""
     times = [_times(r, c) for rows, c in ((gpu, gpu_columns), (host, host_columns)) for r in rows]
 
     def tx(conn: Connection) -> IngestOutcome:
@@ -284,7 +292,9 @@ def ingest(
         host_in = _keep_intervals(conn, run.id, "host", host, host_columns, span, None, out.refused)
         events_in = _keep_timed("events", events, span, out.refused)
         metrics_in = _keep_timed("metrics", metrics, span, out.refused)
-        out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns)
+        new_gpu: list[Sequence[Any]] | None = [] if live is not None else None
+        new_host: list[Sequence[Any]] | None = [] if live is not None else None
+        out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns, new_gpu)
         if out.gpu_intervals:  # new rows only: a resent batch changes nothing
             at = [gpu_columns.index(c) for c in ("device_uuid", "t0", "t1")]
             rollup_stale.drop_after_append(conn, run.id, [(r[at[0]], r[at[1]], r[at[2]]) for r in gpu_in])
@@ -292,7 +302,7 @@ def ingest(
             # Only a change a rollup summed: devices sent again as stored, or rows all dropped as
             # rolled up (a late replay), leave the rollups standing.
             rollup_stale.drop_rollups(conn, [run.id])
-        out.host_intervals, d2 = bulk.insert_intervals(db, conn, "host", run.id, host_in, host_columns)
+        out.host_intervals, d2 = bulk.insert_intervals(db, conn, "host", run.id, host_in, host_columns, new_host)
         out.dropped_rolled_up = d1 + d2
         out.events = _insert_numbered(db, conn, schema.events, run.id, events_in)
         out.metrics = _insert_numbered(db, conn, schema.metrics, run.id, metrics_in)
@@ -301,9 +311,17 @@ def ingest(
         if ended and (final or (wrote and audit.latest_seal(conn, run.id) is not None)):
             reason = "final push" if final and audit.latest_seal(conn, run.id) is None else _late_reason(out)
             out.sealed = audit.seal_run(conn, run.id, actor=writer.actor, reason=reason) is not None
+        if live is not None and (new_gpu or new_host):  # last: the store's write, then the commit
+            live(run.id, _dicts(new_gpu, gpu_columns), _dicts(new_host, host_columns))
         return out
 
+    if live is not None and db.dialect != "postgresql":
+        raise ValueError("live ingest into a series store needs a PostgreSQL ledger (it knows which rows are new)")
     return _refusals_audited(db, run.id, writer, lambda: db.write(tx))
+
+
+def _dicts(rows: Sequence[Sequence[Any]] | None, columns: Sequence[str]) -> list[dict[str, Any]]:
+    return [dict(zip(columns, r, strict=True)) for r in rows or ()]
 
 
 def _refusals_audited(db: Database, run_id: str, writer: Writer, attempt: Callable[[], Any]) -> Any:

@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import run_is_open
-from gpuledger.store import audit, partitions, schema, series_tier
+from gpuledger.store import audit, partitions, schema, series_live, series_tier
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -108,8 +108,10 @@ def tier_day(
     conn: Connection, day: int, names: list[tuple[str, bool]], tier: series_tier.Tier, only: set[str] | None = None
 ) -> str | dict[str, Any]:
     """Copy each run's rows of the day (of the runs in ``only``, if given) into the series store,
-    checked (store/series_tier.py): the ``run.raw_tiered`` payload per run, or why the day must stay."""
+    checked (store/series_tier.py): the ``run.raw_tiered`` payload per run, or why the day must stay.
+    Rows the store holds already (written live by ``serve --series-live``) are not copied again."""
     date = date_of(day)
+    tier = series_live.fill_only(tier)
     out = {}
     for run_id, (gpu, host) in series_tier.day_rows(conn, names).items():
         if only is not None and run_id not in only:

@@ -1,0 +1,195 @@
+"""Live ingest into a series store (docs/SCALE.md, "Live ingest"): ``serve --series URL
+--series-live`` writes each push's new GPU and host intervals into the store inside the push's
+ledger transaction (store/ingest.py), after the ledger took them and before it commits, so the
+agent is acknowledged only when both hold them; a store that fails rolls the ledger back and the
+push is answered 503 (the agent keeps its outbox and sends again).
+
+Exactly once, on both stores:
+
+- only the rows the ledger newly inserted go to the store: a resent batch the ledger already
+  holds writes nothing, and the run's row lock (store/ingest.py) keeps two replicas' pushes of one
+  run from writing the store at once;
+- each write carries the token ``<run>:<device>:<first seq>-<last seq>`` (several devices or
+  the host: their ranges joined, hashed when long), the store's dedup token (series/clickhouse.py);
+- a store write that succeeded under a ledger transaction that then failed (a replica killed
+  between the two) leaves rows the ledger lacks; the agent's resend, possibly batched otherwise,
+  would carry another token. The compact PostgreSQL store drops those rows on its (stream, seq)
+  key; ClickHouse has no unique key, so the rows it already holds are looked up by key first
+  (``_held``) and left out.
+
+Retention later tiers these days without copying them again (``fill_only``): what the store holds
+is read back and checked as any tiered day, and ``run.raw_tiered`` recorded (store/series_tier.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from gpuledger.series.base import SeriesStore
+from gpuledger.series.open import CLICKHOUSE_SCHEMES
+from gpuledger.store import series_tier
+
+Row = Mapping[str, Any]
+MAX_TOKEN = 200  # longer descriptions of a batch are hashed
+RETRY_AFTER_S = 5
+
+
+class SeriesUnavailable(RuntimeError):
+    """The series store did not take a push's rows: nothing of the push was kept; send it again."""
+
+
+def batch_token(run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> str:
+    """``run:device:first-last`` for one device; every device's range and the host's (``host:``)
+    joined for more, hashed past MAX_TOKEN characters. The same rows give the same token."""
+    spans: dict[str, list[int]] = {}
+    for r in gpu:
+        s = spans.setdefault(str(r["device_uuid"]), [int(r["seq"]), int(r["seq"])])
+        s[0], s[1] = min(s[0], int(r["seq"])), max(s[1], int(r["seq"]))
+    parts = [f"{d}:{a}-{b}" for d, (a, b) in sorted(spans.items())]
+    if host:
+        seqs = [int(r["seq"]) for r in host]
+        parts.append(f"host:{min(seqs)}-{max(seqs)}")
+    text = f"{run_id}:{','.join(parts)}"
+    if len(text) <= MAX_TOKEN:
+        return text
+    return f"{run_id}:sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+def _clickhouse(url: str) -> bool:
+    return urlsplit(url).scheme.lower() in CLICKHOUSE_SCHEMES
+
+
+def _ms_range(rows: Sequence[Row]) -> dict[str, int]:
+    return {
+        "a": math.floor(min(float(r["t0"]) for r in rows) * 1000),
+        "b": math.ceil(max(float(r["t0"]) for r in rows) * 1000),
+    }
+
+
+def _held(store: Any, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[set[tuple[str, int]], set[int]]:
+    """ClickHouse: the (device, seq) of ``gpu`` and the seqs of ``host`` the store already holds,
+    read by key ((gpu, t0) and (run, t0) ranges of the batch): no scan."""
+    table, run = store.layout.table, store._key("run", run_id)
+    gpu_held: set[tuple[str, int]] = set()
+    host_held: set[int] = set()
+    if gpu:
+        keys = store._keys("gpu", {str(r["device_uuid"]) for r in gpu})
+        names = {k: n for n, k in keys.items()}
+        rows = store.client.query(
+            f"SELECT gpu, seq FROM {table('gpu_intervals')} WHERE gpu IN {{g:Array(UInt64)}} "
+            "AND t0 >= fromUnixTimestamp64Milli({a:Int64}, 'UTC') AND t0 <= fromUnixTimestamp64Milli({b:Int64}, 'UTC') "
+            "AND run = {r:UInt64}",
+            {"g": sorted(keys.values()), "r": run, **_ms_range(gpu)},
+        )
+        gpu_held = {(names[int(g)], int(s)) for g, s in rows if int(g) in names}
+    if host:
+        rows = store.client.query(
+            f"SELECT seq FROM {table('host_intervals')} WHERE run = {{r:UInt64}} "
+            "AND t0 >= fromUnixTimestamp64Milli({a:Int64}, 'UTC') AND t0 <= fromUnixTimestamp64Milli({b:Int64}, 'UTC')",
+            {"r": run, **_ms_range(host)},
+        )
+        host_held = {int(s) for (s,) in rows}
+    return gpu_held, host_held
+
+
+def _unheld(store: Any, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[list[Row], list[Row]]:
+    gpu_held, host_held = _held(store, run_id, gpu, host)
+    return (
+        [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in gpu_held],
+        [r for r in host if int(r["seq"]) not in host_held],
+    )
+
+
+class LiveSeries:
+    """The series store a server writes pushes into. ClickHouse: one store shared by the
+    process's threads (chDB holds one folder per process), writes taking turns; the compact
+    PostgreSQL store: one store (a connection of its own) per concurrent writer, at most
+    ``connections``, a broken one replaced."""
+
+    def __init__(self, url: str, *, connections: int = 8) -> None:
+        self.url = url
+        self.shown = series_tier.shown_url(url)
+        self.shared = _clickhouse(url)
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(1 if self.shared else connections)
+        self._idle: list[SeriesStore] = [self._open()]
+        self.reader: str | SeriesStore = self._idle[0] if self.shared else url  # for Ledger(series=)
+
+    def _open(self) -> SeriesStore:
+        try:
+            return series_tier.open_store(self.url, create=True)
+        except Exception as exc:
+            raise SeriesUnavailable(f"the series store {self.shown} cannot be opened: {exc}") from exc
+
+    def write(self, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> int:
+        """Store the rows (ledger rows without run_id) once: the rows stored by this call.
+        SeriesUnavailable when the store does not take them."""
+        if not gpu and not host:
+            return 0
+        with self._slots:
+            with self._lock:
+                store = self._idle.pop() if self._idle else None
+            try:
+                store = store or self._open()
+                if self.shared:
+                    gpu, host = _unheld(store, run_id, gpu, host)
+                    if not gpu and not host:
+                        return 0
+                n = store.write(run_id, gpu, host, token=batch_token(run_id, gpu, host))
+            except SeriesUnavailable:
+                raise
+            except Exception as exc:
+                if store is not None and not self.shared:  # its connection may be broken: not reused
+                    store.close()
+                    store = None
+                raise SeriesUnavailable(f"the series store {self.shown} did not take the push: {exc}") from exc
+            finally:
+                if store is not None:
+                    with self._lock:
+                        self._idle.append(store)
+            return n
+
+    def close(self) -> None:
+        """Close the stores of the PostgreSQL pool; a shared ClickHouse store is the reader the
+        ledger was given, and the ledger closes it."""
+        with self._lock:
+            stores, self._idle = self._idle, []
+        for store in stores:
+            if store is not self.reader:
+                store.close()
+
+
+class _FillOnly:
+    """A store whose ``write`` leaves out the rows it already holds (by run, device and seq), so
+    tiering a day that live ingest wrote copies nothing again, on ClickHouse too, where another
+    token would store the rows twice. Everything else is the store's."""
+
+    def __init__(self, store: SeriesStore) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def write(self, run_id: str, gpu: Sequence[Row], host: Sequence[Row], token: str) -> int:
+        devices = {str(r["device_uuid"]) for r in gpu}
+        gpu_held = {
+            (str(r["device_uuid"]), int(r["seq"]))
+            for r in self.store.gpu_intervals(run_id)
+            if r["device_uuid"] in devices
+        }
+        host_held = {int(r["seq"]) for r in self.store.host_intervals(run_id)} if host else set()
+        gpu = [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in gpu_held]
+        host = [r for r in host if int(r["seq"]) not in host_held]
+        return self.store.write(run_id, gpu, host, token)  # nothing left: stores nothing, returns 0
+
+
+def fill_only(tier: series_tier.Tier) -> series_tier.Tier:
+    """``tier`` writing only what its store lacks (``_FillOnly``)."""
+    if isinstance(tier.store, _FillOnly):
+        return tier
+    return series_tier.Tier(_FillOnly(tier.store), tier.url, tier.series_days)  # type: ignore[arg-type]
