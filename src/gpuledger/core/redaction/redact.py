@@ -33,10 +33,10 @@ from gpuledger.core.redaction.search import EOL as _EOL
 from gpuledger.core.redaction.search import (
     FAST_MIN_B,
     anchor_parts,
-    keyword_lines,
     line_filter,
     present_keywords,
     search_windows,
+    text_lines,
 )
 
 if sys.version_info >= (3, 11):
@@ -275,19 +275,20 @@ class Redactor:
         in progress, or one starting here, needs the lines around it: the whole text is searched
         then, as it is when such lines are most lines anyway.
         """
-        low = data.lower()
         fast = len(data) >= FAST_MIN_B  # a large text: Hyperscan's searches are worth building (search.py)
         if state.pem_lines_left:
-            return self._cuts(data, state, low=low, fast=fast) or []
-        ranges = keyword_lines(low, self._line_filter)
+            return self._cuts(data, state, fast=fast) or []
+        # Lower-cased only where the filter cannot match caselessly: the usual 128 KiB batch of
+        # the relay is scanned as it is (search.text_lines).
+        ranges = text_lines(data, self._line_filter)
         if ranges is None or ranges == [(0, len(data))]:
-            return self._cuts(data, state, low=low, fast=fast) or []
+            return self._cuts(data, state, fast=fast) or []
         if not ranges:
             return []
         picked = b"".join([data[a:b] for a, b in ranges])
         found = self._cuts(picked, state, whole_for_pem=True, fast=fast)
         if found is None:
-            return self._cuts(data, state, low=low, fast=fast) or []
+            return self._cuts(data, state, fast=fast) or []
         if not found:
             return found
         # Each redaction lies inside one line, so inside one range: shift it by that range's offset.

@@ -7,6 +7,8 @@ training's output is never handed to the rules at all.
   the other rules it is their keywords. The reference is one regex, a trie on the first words
   (Python's regex engine then tries one branch per byte); where Hyperscan is installed the same
   entries are matched by it, several times faster, with the same lines found (fastfilter.py).
+- ``text_lines``: the same lines of a text not lower-cased yet, lower-casing it only when the
+  filter's Hyperscan cannot match caselessly.
 - ``present_keywords``: which keywords occur in a text, in about one pass.
 - ``search_windows``: the lines one rule must search, by its anchor or keywords.
 - ``anchor_parts``: an anchor starting with a choice of words as one search per word (the engine
@@ -190,6 +192,19 @@ def _top_level_alternation(source: bytes) -> bool:
 def _leading_words(source: bytes) -> tuple[list[bytes], bytes] | None:
     m = _LEADING_WORDS.match(source)
     return (_WORD.findall(m.group(1)), source[m.end() :]) if m else None
+
+
+def text_lines(text: bytes, search: LineFilter) -> list[tuple[int, int]] | None:
+    """``keyword_lines`` of ``text`` lower-cased, without lower-casing it where the filter's
+    Hyperscan finder matches caselessly: it then finds the same ends in ``text`` itself
+    (fastfilter.case_blind), and a line's bounds are the same in both (lower-casing keeps every
+    byte's place and every line end)."""
+    if len(text) >= FAST_MIN_B and (ends := search.match_ends()) is not None and getattr(ends, "caseless", False):
+        try:
+            return lines_from_match_ends(text, ends(text))
+        except ScanError:  # Hyperscan failed at run time: the reference regex, from now on
+            search.give_up_fast()
+    return keyword_lines(text.lower(), search)
 
 
 def keyword_lines(low: bytes, search: LineFilter | Search) -> list[tuple[int, int]] | None:
