@@ -13,12 +13,14 @@ through ``gpuledger serve``, which is not wired to the store.
    the writer process is SIGKILLed (inserts in flight), restarted on the same store, and resends
    what was logged and not acknowledged, then goes on. Printed: sustained intervals/s, p50/p99
    write latency per batch, bytes per interval at rest; then per run the stored count and sums
-   against what the agents sent (nothing lost, nothing doubled), raw rows and rollups both.
+   against what the agents sent (nothing lost, nothing doubled): raw rows, the per GPU day
+   rollups and the per run day rollups chargeback reads.
 2. A year's chargeback (ClickHouse): a year of ``gpu_day_rollups`` for ``--year-gpus`` GPUs
    (default ``--gpus``) made in the engine (``INSERT ... SELECT FROM numbers()``: nodes of 8 GPUs,
    ``--runs-per-day`` jobs per node a day, each on all 8 GPUs, 60-95 % of the day allocated, busy
-   and power per job), ``run_dims`` for every run, then ``monthly_chargeback()`` (team x project x
-   user x month: allocated GPU-h, busy GPU-h, energy) timed over 3 rounds.
+   and power per job; the store's view sums them per run and day into ``run_day_rollups`` as
+   they go in), ``run_dims`` for every run, then ``monthly_chargeback()`` (team x project x user x
+   month: allocated GPU-h, busy GPU-h, energy) timed over 3 rounds.
 3. The same year on today's PostgreSQL layout: gpuledger's own chargeback (reports/cost) over the
    ledger's ``runs`` + ``gpu_rollups``, loaded as benchmarks/chargeback.py loads them (1,024 GPUs,
    ``--pg-runs`` runs), by team, project and user for each month of the year, timed over 3 rounds.
@@ -237,6 +239,11 @@ def check(args: argparse.Namespace, sent: list[int]) -> dict[str, Any]:
             f"AS g JOIN (SELECT hash, any(name) AS name FROM {store.layout.table('series_names')} WHERE kind = 'run' "
             "GROUP BY hash) AS n ON g.run = n.hash GROUP BY n.name"
         )
+        by_day = store.client.query(
+            f"SELECT n.name, sum(busy_ms), sum(energy_mj) FROM {store.layout.table('run_day_rollups')} AS g "
+            f"JOIN (SELECT hash, any(name) AS name FROM {store.layout.table('series_names')} WHERE kind = 'run' "
+            "GROUP BY hash) AS n ON g.run = n.hash GROUP BY n.name"
+        )
         store.compact()
         at_rest = store.bytes_at_rest()
     finally:
@@ -244,7 +251,9 @@ def check(args: argparse.Namespace, sent: list[int]) -> dict[str, Any]:
     got_raw = {r[0]: [int(x) for x in r[1:]] for r in raw}
     got_rolled = {r[0]: [int(x) for x in r[1:]] for r in rolled}
     bad_raw = sorted(r for r in set(want) | set(got_raw) if want.get(r) != got_raw.get(r))
+    got_by_day = {r[0]: [int(x) for x in r[1:]] for r in by_day}
     bad_rolled = sorted(r for r in set(want) | set(got_rolled) if want.get(r) != got_rolled.get(r))
+    bad_rolled += sorted(r for r in set(want) | set(got_by_day) if want[r][1:] != got_by_day.get(r))
     intervals = sum(v[0] for v in want.values())
     return {"runs": len(want), "intervals": intervals, "stored": sum(v[0] for v in got_raw.values()),
             "bad_raw": bad_raw, "bad_rollups": bad_rolled, "bytes": at_rest}  # fmt: skip
@@ -297,8 +306,10 @@ def year_clickhouse(args: argparse.Namespace) -> None:
         result = store.monthly_chargeback(date(2026, 1, 1), date(2026, 12, 31))
         times.append(time.perf_counter() - t)
     rows = store.client.query(f"SELECT count(), sum(allocated_ms) FROM {store.layout.table('gpu_day_rollups')}")[0]
+    run_days = store.client.query(f"SELECT count() FROM {store.layout.table('run_day_rollups')}")[0][0]
     store.close()
-    print(json.dumps({"rollup_rows": int(rows[0]), "runs": runs, "made_s": made, "times": times,
+    print(json.dumps({"rollup_rows": int(rows[0]), "run_day_rows": int(run_days), "runs": runs, "made_s": made,
+                      "times": times,
                       "groups": len(result), "allocated_gpu_h": sum(r[4] for r in result) / 3.6e6,
                       "check_allocated_gpu_h": int(rows[1]) / 3.6e6}), flush=True)  # fmt: skip
 
@@ -415,7 +426,8 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
                "--runs-per-day", str(args.runs_per_day), "--rounds", str(args.rounds)]  # fmt: skip
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         ch = json.loads(out.strip().splitlines()[-1])
-        print(f"year CH  {args.year_gpus:,} GPUs, {ch['rollup_rows']:,} rollup rows, {ch['runs']:,} runs, made in "
+        print(f"year CH  {args.year_gpus:,} GPUs, {ch['rollup_rows']:,} rollup rows ({ch['run_day_rows']:,} per run "
+              f"and day, what chargeback reads), {ch['runs']:,} runs, made in "
               f"{ch['made_s']:.0f} s; chargeback team x project x user x month ({ch['groups']:,} rows, "
               f"{ch['allocated_gpu_h']:,.0f} GPU-h = {ch['check_allocated_gpu_h']:,.0f}): {_mmm(ch['times'])} s "
               f"over {len(ch['times'])} rounds", flush=True)  # fmt: skip
