@@ -160,7 +160,7 @@ def test_rows_a_failed_ledger_commit_left_in_the_store_are_not_written_twice(ser
     run_id = whole["run"]["id"]  # ledger rows, every column
     gpu = [{c: r.get(c) for c in series_tier.GPU_COLUMNS} for r in whole["gpu_intervals"]]
     host = [{c: r.get(c) for c in series_tier.HOST_COLUMNS} for r in whole["host_intervals"]]
-    live = series_live.LiveSeries(series_url)
+    live = series_live.LiveSeries(series_url, create=True)
     try:
         assert live.write(run_id, [r for r in gpu if r["seq"] < HALF], host[:HALF]) == 2 * HALF + HALF
         live.write(run_id, gpu, host)

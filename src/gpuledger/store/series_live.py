@@ -111,8 +111,11 @@ class LiveSeries:
     PostgreSQL store: one store (a connection of its own) per concurrent writer, at most
     ``connections``, a broken one replaced."""
 
-    def __init__(self, url: str, *, connections: int = 8) -> None:
+    def __init__(self, url: str, *, connections: int = 8, create: bool = False) -> None:
+        """``create``: make the store's tables first (``serve`` makes them once, before its
+        workers start, so that they do not race each other making them)."""
         self.url = url
+        self._create = create
         self.shown = series_tier.shown_url(url)
         self.shared = _clickhouse(url)
         self._lock = threading.Lock()
@@ -122,7 +125,9 @@ class LiveSeries:
 
     def _open(self) -> SeriesStore:
         try:
-            return series_tier.open_store(self.url, create=True)
+            store = series_tier.open_store(self.url, create=self._create)
+            self._create = False  # once is enough
+            return store
         except Exception as exc:
             raise SeriesUnavailable(f"the series store {self.shown} cannot be opened: {exc}") from exc
 
