@@ -20,13 +20,16 @@ import pytest
 from click.testing import CliRunner
 
 import test_series_tier as tiers
+from gpuledger.agent.client import Client, Unreachable
+from gpuledger.agent.sync import sync
 from gpuledger.cli.main import cli
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.series import quantum
 from gpuledger.server.settings import Settings
-from gpuledger.store import Ledger, audit, partitions, series_live, series_tier, series_verify
+from gpuledger.store import Ledger, audit, partitions, pushes, series_live, series_tier, series_verify
 from gpuledger.store.retention import DAY_S
 from server_support import ServerProcess, bearer, setup_accounts
+from test_agent_outbox import _local_run
 from test_pg_partitions import OPEN_DAYS, TODAY
 
 pytestmark = pytest.mark.postgres
@@ -151,6 +154,42 @@ def test_a_store_that_is_down_refuses_the_push_with_503_and_keeps_nothing(
         assert len(store.gpu_intervals(run_id)) == 2 * N and len(store.host_intervals(run_id)) == N
     finally:
         store.close()
+
+
+def test_the_agent_keeps_its_outbox_while_the_store_is_down_and_sends_it_after(
+    pg_url: str, pg_store_url: str, tmp_path: Path
+) -> None:
+    """The real agent (``gpuledger sync``'s code) against the real server: the 503 is a server
+    that is away (Unreachable, with the server's retry hint), the outbox keeps every row, and the
+    next sync stores the run whole, in the ledger and in the store, once."""
+    token = setup_accounts(pg_url).agent_a
+    local = Ledger(tmp_path / "local.db")
+    run_id = _local_run(local, 300)
+    gpu_sent, host_sent = local.gpu_intervals(run_id), local.host_intervals(run_id)
+    schema = _schema(pg_store_url)
+    with _server(pg_url, pg_store_url, tmp_path) as server, Client(server.url, token) as client:
+        pushes.register(local, server.url, [run_id])
+        _rename(schema, f"{schema}_away")
+        try:
+            with pytest.raises(Unreachable, match="503") as err:
+                sync(local, client, spooled=())
+            assert err.value.retry_after_s == series_live.RETRY_AFTER_S
+            state = pushes.get(local, server.url, run_id)
+            assert state is not None and not state.done and state.gpu_next == {} and state.host_next == 0
+        finally:
+            _rename(f"{schema}_away", schema)
+        assert sync(local, client, spooled=()).done == [run_id]
+    with Ledger(pg_url) as led:
+        assert len(led.gpu_intervals(run_id)) == len(gpu_sent) and len(led.host_intervals(run_id)) == len(host_sent)
+    store = series_tier.open_store(pg_store_url, create=False)
+    try:
+        gpu, host = _stored(store, run_id)
+        assert [(r["device_uuid"], r["seq"]) for r in gpu] == [(g.device_uuid, g.seq) for g in gpu_sent]
+        assert [r["seq"] for r in host] == [h.seq for h in host_sent]
+        assert sum(r["busy_s"] for r in gpu) == pytest.approx(sum(g.busy_s or 0 for g in gpu_sent))
+    finally:
+        store.close()
+        local.close()
 
 
 def test_rows_a_failed_ledger_commit_left_in_the_store_are_not_written_twice(series_url: str) -> None:
