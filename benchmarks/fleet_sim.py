@@ -1,20 +1,23 @@
 """The fleet simulation of docs/SCALE.md (issue 38, step 5), on the series store itself: not yet
 through ``gpuledger serve``, which is not wired to the store.
 
-    python benchmarks/fleet_sim.py [--gpus 100000] [--seconds 60] [--writers 4] [--url chdb:///abs/dir]
+    python benchmarks/fleet_sim.py [--gpus 100000] [--seconds 60] [--writers 4] [--batch-minutes 1]
+                                   [--url chdb:///abs/dir]
                                    [--year-gpus N] [--runs-per-day 3] [--pg-runs 500000]
                                    [--skip-ingest] [--skip-year] [--skip-pg]
 
 1. Ingest. ``--gpus`` / 8 node agents, each sending one minute of its 8 GPUs (96 intervals, the
    realistic telemetry of scale_storage.py: cut from the shipped GPU traces with sensor noise)
-   per batch, time compressed: batches go as fast as the store takes them, from ``--writers``
-   concurrent writers in a writer process that holds the store. Each agent keeps an outbox: a
+   per batch (``--batch-minutes``: more minutes a batch, as an agent that pushes less often),
+   time compressed: batches go as fast as the store takes them, from ``--writers`` concurrent
+   writers in a writer process that holds the store. Each agent keeps an outbox: a
    batch's token is logged before it is sent and acknowledged after ``write()`` returns. Half-way
    the writer process is SIGKILLed (inserts in flight), restarted on the same store, and resends
    what was logged and not acknowledged, then goes on. Printed: sustained intervals/s, p50/p99
-   write latency per batch, bytes per interval at rest; then per run the stored count and sums
-   against what the agents sent (nothing lost, nothing doubled): raw rows, the per GPU day
-   rollups and the per run day rollups chargeback reads.
+   write latency per batch, the restarted writer process's CPU per batch (the engine's
+   included), bytes per interval at rest; then per run the stored count and sums against what
+   the agents sent (nothing lost, nothing doubled): raw rows, the per GPU day rollups and the
+   per run day rollups chargeback reads.
 2. A year's chargeback (ClickHouse): a year of ``gpu_day_rollups`` for ``--year-gpus`` GPUs
    (default ``--gpus``) made in the engine (``INSERT ... SELECT FROM numbers()``: nodes of 8 GPUs,
    ``--runs-per-day`` jobs per node a day, each on all 8 GPUs, 60-95 % of the day allocated, busy
@@ -52,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-GPUS_PER_NODE, PER_BATCH, INTERVAL_S = 8, 12, 5  # one minute of 8 GPUs at 5 s: 96 intervals a batch
+GPUS_PER_NODE, PER_MINUTE, INTERVAL_S = 8, 12, 5  # one minute of 8 GPUs at 5 s: 96 intervals
 TEMPLATE_GPUS, TEMPLATE_HOURS = 64, 2  # realistic telemetry the agents' GPUs are cut from
 PG = os.environ.get("GPULEDGER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -64,8 +67,10 @@ class Fleet:
     """Deterministic batches: agent ``a``'s batch ``b`` is minute ``b`` of its run ``fleet-a``, so
     the writer, its restart and the check all know what an agent sent without shipping it."""
 
-    def __init__(self, gpus: int, start: int) -> None:
+    def __init__(self, gpus: int, start: int, minutes: int = 1) -> None:
         import scale_storage as ss
+
+        self.per_batch = PER_MINUTE * minutes  # intervals per GPU in a batch
 
         self.agents = max(1, gpus // GPUS_PER_NODE)
         self.start = start
@@ -97,13 +102,13 @@ class Fleet:
         rows = []
         for g in range(GPUS_PER_NODE):
             tpl = self.tpl[(agent * GPUS_PER_NODE + g) % TEMPLATE_GPUS]
-            k0 = (agent * 131 + minute * PER_BATCH) % (self.per - PER_BATCH)
-            for i in range(PER_BATCH):
-                seq = minute * PER_BATCH + i
+            k0 = (agent * 131 + minute * self.per_batch) % (self.per - self.per_batch)
+            for i in range(self.per_batch):
+                seq = minute * self.per_batch + i
                 t0 = float(self.start + seq * INTERVAL_S)
                 rows.append({"device_uuid": f"GPU-{agent:06d}-{g}", "seq": seq, "t0": t0, "t1": t0 + INTERVAL_S,
                              **tpl[k0 + i]})  # fmt: skip
-        first, last = minute * PER_BATCH, minute * PER_BATCH + PER_BATCH - 1
+        first, last = minute * self.per_batch, (minute + 1) * self.per_batch - 1
         return run_id, rows, f"{run_id}:{first}-{last}"
 
 
@@ -116,7 +121,7 @@ def writer(args: argparse.Namespace) -> None:
     from gpuledger.series.open import open_series
 
     work = Path(args.work)
-    fleet = Fleet(args.gpus, args.start)
+    fleet = Fleet(args.gpus, args.start, args.batch_minutes)
     store = open_series(args.url, raw_days=args.raw_days)
     store.create()
     logged = _lines(work / "outbox.log")
@@ -127,6 +132,7 @@ def writer(args: argparse.Namespace) -> None:
     outbox = os.open(work / "outbox.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     ack = os.open(work / "acked.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     resent_stored = [0, len(resend)]
+    written = [0]  # batches this process wrote
 
     def take() -> tuple[int, bool] | None:
         nonlocal nxt
@@ -151,13 +157,20 @@ def writer(args: argparse.Namespace) -> None:
                 with lock:
                     resent_stored[0] += n
             os.write(ack, f"{i} {took * 1e6:.0f} {n} {time.time():.3f}\n".encode())
+            with lock:
+                written[0] += 1
 
+    # CPU of the whole process (the engine runs in it) while writing: a figure the machine's load
+    # from other work moves much less than the wall-clock rate.
+    cpu0 = time.process_time()
     threads = [threading.Thread(target=work_loop) for _ in range(args.writers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"resent": resent_stored[1], "resent_rows_stored": resent_stored[0]}), flush=True)
+    cpu = time.process_time() - cpu0
+    print(json.dumps({"resent": resent_stored[1], "resent_rows_stored": resent_stored[0], "cpu_s": cpu,
+                      "cpu_batches": written[0]}), flush=True)  # fmt: skip
     store.close()
 
 
@@ -172,7 +185,8 @@ def _lines(path: Path) -> list[str]:
 def _spawn(args: argparse.Namespace, work: Path, until: float) -> subprocess.Popen[str]:
     cmd = [sys.executable, __file__, "--role", "writer", "--work", str(work), "--url", args.url,
            "--gpus", str(args.gpus), "--writers", str(args.writers), "--start", str(args.start),
-           "--until", f"{until:.3f}", "--raw-days", str(args.raw_days)]  # fmt: skip
+           "--until", f"{until:.3f}", "--raw-days", str(args.raw_days),
+           "--batch-minutes", str(args.batch_minutes)]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
@@ -219,7 +233,7 @@ def check(args: argparse.Namespace, sent: list[int]) -> dict[str, Any]:
     """Per run: stored count and sums (raw rows and rollups) against what the agents sent."""
     from gpuledger.series.open import open_series
 
-    fleet = Fleet(args.gpus, args.start)
+    fleet = Fleet(args.gpus, args.start, args.batch_minutes)
     want: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for i in sent:
         run_id, rows, _ = fleet.batch(*fleet.schedule(i))
@@ -364,6 +378,7 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=100_000, help="simulated GPUs (agents of 8; default 100,000)")
     ap.add_argument("--seconds", type=float, default=60.0, help="ingest wall time, the kill at half (default 60)")
     ap.add_argument("--writers", type=int, default=4, help="concurrent writers in the writer process (default 4)")
+    ap.add_argument("--batch-minutes", type=int, default=1, help="minutes of an agent's 8 GPUs per batch (default 1)")
     ap.add_argument("--url", help="series store URL (default: chdb:// in a new temporary folder)")
     ap.add_argument("--raw-days", type=int, default=7)
     ap.add_argument("--year-gpus", type=int, help="GPUs of the year's chargeback (default --gpus)")
@@ -400,16 +415,22 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         res = ingest(args, tmp)
         got = check(args, res["sent"])
         rate = got["intervals"] / res["wall"]
-        steady = res["n_acked"] * GPUS_PER_NODE * PER_BATCH / max(res["steady_s"], 1e-9)
+        steady = res["n_acked"] * GPUS_PER_NODE * PER_MINUTE * args.batch_minutes / max(res["steady_s"], 1e-9)
         lat = res["lat_ms"]
         p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
         print(f"ingest   {args.gpus:,} GPUs ({args.gpus // GPUS_PER_NODE:,} agents), {args.writers} writers, "
-              f"{res['wall']:.0f} s: {len(res['sent']):,} batches, {got['intervals']:,} intervals sent, "
+              f"{res['wall']:.0f} s: {len(res['sent']):,} batches of {GPUS_PER_NODE * PER_MINUTE * args.batch_minutes} "
+              f"intervals, {got['intervals']:,} intervals sent, "
               f"{got['stored']:,} stored", flush=True)  # fmt: skip
         print(f"         sustained {rate:,.0f} intervals/s over the whole run, kill and restart included "
               f"({rate * INTERVAL_S:,.0f} GPUs at 5 s); {steady:,.0f} intervals/s while writing "
               f"({steady * INTERVAL_S:,.0f} GPUs); per batch p50 {p50:.1f} ms, p99 {p99:.1f} ms",
               flush=True)  # fmt: skip
+        per_cpu = res["cpu_batches"] * GPUS_PER_NODE * PER_MINUTE * args.batch_minutes / max(res["cpu_s"], 1e-9)
+        cpu_ms = res["cpu_s"] * 1000 / max(1, res["cpu_batches"])
+        print(f"         CPU of the restarted writer process (engine included): {cpu_ms:.1f} ms per batch over "
+              f"{res['cpu_batches']:,} batches = {per_cpu:,.0f} "
+              "intervals per CPU-second", flush=True)  # fmt: skip
         print(f"         SIGKILLed with {res['in_flight']} batches in flight; the restart resent {res['resent']}: "
               f"{res['resent_rows_stored']} rows stored by the resend, the rest dropped by token (stored before "
               "the kill)", flush=True)  # fmt: skip
