@@ -82,15 +82,16 @@ def list_runs(
 ) -> list[dict[str, Any]]:
     assert status is None or status in RUN_STATUSES
     since_t = parse_since(since)
-    db = ledger_of(request).database
+    ledger = ledger_of(request)
+    tiered = ledger.series_reads is not None  # serve --series: tiered and dropped days count too
 
     def tx(conn: Any) -> tuple[list[RunRecord], dict[str, tuple[int, float | None]]]:
         runs = server_queries.list_runs(
             conn, principal.scope, project=project, team=team, user=user, status=status, since=since_t, limit=limit
         )
-        return runs, server_queries.busy_by_run(conn, [r.id for r in runs])
+        return runs, server_queries.busy_by_run(conn, [r.id for r in runs], tiered=tiered)
 
-    runs, busy = db.read(tx)
+    runs, busy = ledger.database.read(tx)
     now = time.time()
     from gpuledger.runs.view import run_row
 

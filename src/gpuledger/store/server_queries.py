@@ -50,17 +50,37 @@ def list_runs(
     return [codec.run_from_row(r) for r in conn.execute(q).mappings()]
 
 
-def busy_by_run(conn: Connection, run_ids: Collection[str]) -> dict[str, tuple[int, float | None]]:
-    """run id -> (GPUs with intervals, busy seconds summed; None when none measured)."""
+def busy_by_run(
+    conn: Connection, run_ids: Collection[str], *, tiered: bool = False
+) -> dict[str, tuple[int, float | None]]:
+    """run id -> (GPUs with intervals, busy seconds summed; None when none measured). ``tiered``
+    (the server reads a series store): a run's raw days tiered into it and dropped from the ledger
+    count too, from the audit trail's sums (store/tiered_totals.py) as ``gpuledger runs`` counts
+    them, not from the store; without it those days are gone, as the CLI reads them."""
     if not run_ids:
         return {}
+    from gpuledger.store.tiered_totals import dropped_gpu_sums
+
     g = schema.gpu_intervals.c
     q = (
-        sa.select(g.run_id, sa.func.count(sa.distinct(g.device_uuid)), sa.func.sum(g.busy_s))
+        sa.select(g.run_id, g.device_uuid, sa.func.sum(g.busy_s))
         .where(g.run_id.in_(sorted(run_ids)))
-        .group_by(g.run_id)
+        .group_by(g.run_id, g.device_uuid)
     )
-    return {r[0]: (int(r[1]), None if r[2] is None else float(r[2])) for r in conn.execute(q)}
+    per_gpu: dict[str, dict[str, float | None]] = {}
+    for run_id, uuid, busy in conn.execute(q):
+        per_gpu.setdefault(run_id, {})[uuid] = None if busy is None else float(busy)
+    for run_id, parts in (dropped_gpu_sums(conn, run_ids) if tiered else {}).items():
+        devices = per_gpu.setdefault(run_id, {})
+        for uuid, part in parts.items():
+            held = devices.get(uuid)
+            add = part.get("busy_s")
+            devices[uuid] = held if add is None else (held or 0.0) + add
+    out: dict[str, tuple[int, float | None]] = {}
+    for run_id, devices in per_gpu.items():
+        busy = [b for b in devices.values() if b is not None]
+        out[run_id] = (len(devices), sum(busy) if busy else None)
+    return out
 
 
 def visible_run(conn: Connection, run_id: str, scope: Scope) -> RunRecord | None:

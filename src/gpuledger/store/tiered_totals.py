@@ -5,7 +5,8 @@ ranges the ledger no longer holds (``rollup_marks`` at the dropped level), added
 the rows it still holds; a day the store itself has since dropped past its window
 (``series.days_dropped``, store/series_window.py) is gone, as a read of the store finds it.
 For ``gpuledger runs``, a report's earlier runs and ``show``'s attempts, which read many runs and
-need a few sums per run, not its rows. Only the counted columns the entries sum are added (rows,
+need a few sums per run, not its rows; ``dropped_gpu_sums`` reads a whole list of runs (the team
+server's run list) in three queries. Only the counted columns the entries sum are added (rows,
 samples, busy, energy; CPU, read and write bytes), to the store's units; a column none of a day's
 rows measured adds nothing, so a run never measured stays None (n/a), not 0. Entries tiered before
 the summary counted measured rows (no ``measured``) add their sums as they are.
@@ -14,6 +15,7 @@ the summary counted measured rows (no ``measured``) add their sums as they are.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -93,18 +95,55 @@ def _add(totals: dict[str, Any], part: dict[str, Any], sums: dict[str, tuple[str
         totals[column] = (totals.get(column) or 0) + (value / scale if scale != 1 else value)
 
 
+def dropped_gpu_sums(conn: Connection, run_ids: Collection[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per run of ``run_ids`` with tiered days the ledger dropped, per device uuid: those days'
+    count, samples, busy_s and energy_j (a column no row measured is absent: None, not 0). What
+    ``gpu_sums`` adds to the ledger's own sums, for many runs at once; the store is not read."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for run_id, (marks, payloads) in _dropped_many(conn, run_ids).items():
+        for uuid, part in _parts(payloads, marks, "gpu"):
+            _add(out.setdefault(run_id, {}).setdefault(uuid, {"count": 0}), part, GPU_SUMS)
+    return out
+
+
 def _dropped(conn: Connection, run_id: str) -> tuple[dict[tuple[str, str], int], list[dict[str, Any]]]:
     """The highest seq dropped per (series, device), and the run's ``run.raw_tiered`` payloads, each
     marked ``expired`` when its store has dropped its day since."""
+    return _dropped_many(conn, [run_id]).get(run_id, ({}, []))
+
+
+_CHUNK = 500  # run ids per IN (...) list
+
+
+def _dropped_many(
+    conn: Connection, run_ids: Collection[str]
+) -> dict[str, tuple[dict[tuple[str, str], int], list[dict[str, Any]]]]:
+    """``_dropped`` of each run that has a ``run.raw_tiered`` entry, one query per table and chunk."""
     m, a = schema.rollup_marks.c, schema.audit_log.c
-    q = sa.select(m.series, m.device_uuid, m.upto_seq).where(m.run_id == run_id, m.level_s == DROPPED_LEVEL)
-    marks = {(str(s), str(uuid)): int(upto) for s, uuid, upto in conn.execute(q)}
-    tq = sa.select(a.payload).where(a.object == f"run:{run_id}", a.action == ACTION).order_by(a.seq)
-    payloads = [json.loads(p) for p in conn.scalars(tq)]
+    ids = sorted(set(run_ids))
+    payloads: dict[str, list[dict[str, Any]]] = {}
+    for i in range(0, len(ids), _CHUNK):
+        objects = [f"run:{rid}" for rid in ids[i : i + _CHUNK]]
+        tq = sa.select(a.object, a.payload).where(a.object.in_(objects), a.action == ACTION).order_by(a.seq)
+        for obj, payload in conn.execute(tq):
+            payloads.setdefault(str(obj).removeprefix("run:"), []).append(json.loads(payload))
+    if not payloads:
+        return {}
+    out: dict[str, tuple[dict[tuple[str, str], int], list[dict[str, Any]]]] = {
+        rid: ({}, p) for rid, p in payloads.items()
+    }
+    tiered = sorted(payloads)
+    for i in range(0, len(tiered), _CHUNK):
+        q = sa.select(m.run_id, m.series, m.device_uuid, m.upto_seq).where(
+            m.run_id.in_(tiered[i : i + _CHUNK]), m.level_s == DROPPED_LEVEL
+        )
+        for rid, series, uuid, upto in conn.execute(q):
+            out[str(rid)][0][(str(series), str(uuid))] = int(upto)
     wq = sa.select(a.payload).where(a.object == series_window.OBJECT, a.action == series_window.ACTION)
     kept_from: dict[str, str] = {}  # store URL -> the first day it still keeps
     for window in map(json.loads, conn.scalars(wq)):
         kept_from[window["series"]] = max(kept_from.get(window["series"], ""), window["before"])
-    for p in payloads:
-        p["expired"] = p["day"] < kept_from.get(p.get("series", ""), "")
-    return marks, payloads
+    for _, found in out.values():
+        for p in found:
+            p["expired"] = p["day"] < kept_from.get(p.get("series", ""), "")
+    return out

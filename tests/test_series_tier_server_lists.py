@@ -1,0 +1,121 @@
+"""The team server's run list (``GET /api/v1/runs``, the dashboard's runs page and its running
+runs) of a run whose raw days were tiered into a series store and dropped from PostgreSQL
+(store/series_tier.py): a real ``gpuledger serve --series`` gives the run's GPUs and busy
+GPU-hours that ``gpuledger runs`` gives with the store, and that both gave before the drop, from
+the audit trail's sums (store/tiered_totals.py), not the store; without the store, the days are
+gone, as the CLI reads them; a run nothing measured stays None (n/a), never 0. On the real
+PostgreSQL server, into the compact PostgreSQL store and ClickHouse on chDB.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+import test_series_tier as tiers
+from gpuledger.cli.main import cli
+from gpuledger.store import Ledger, accounts, server_queries
+from server_support import ServerProcess, bearer
+from test_series_tier_reads import SLACK, _drop, _unmeasured
+
+pytestmark = pytest.mark.postgres
+
+pg_url, series_url = tiers.pg_url, tiers.series_url
+UNMEASURED = "0b5e55ed-0000-4000-8000-000000000002"
+
+
+def _cli_rows(pg_url: str, tmp_path: Path, series: str | None) -> dict[str, tuple[int, float | None]]:
+    env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_SERIES": series or ""}
+    out = CliRunner().invoke(cli, ["runs", "--json", "--db", pg_url], env=env)
+    assert out.exit_code == 0, out.output
+    return {r["id"]: (r["gpus"], r["busy_gpu_hours"]) for r in json.loads(out.output)}
+
+
+def _served_rows(pg_url: str, tmp_path: Path, series: str | None) -> dict[str, tuple[int, float | None]]:
+    """The run list of a real ``gpuledger serve`` (with ``--series`` through its environment)."""
+    with Ledger(pg_url) as led:
+        token = accounts.issue_token(led, "lister", role="admin", actor="test", create_user=True)[1]
+    env = {"GPULEDGER_SERIES": series or "", "GPULEDGER_CLOSE_AFTER_DAYS": str(tiers.OPEN_DAYS)}
+    with ServerProcess(pg_url, log=tmp_path / "serve.log", env=env) as server:
+        got = httpx.get(f"{server.url}/api/v1/runs", params={"limit": 100}, headers=bearer(token), timeout=30)
+    assert got.status_code == 200, got.text
+    return {r["id"]: (r["gpus"], r["busy_gpu_hours"]) for r in got.json()}
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    """The same figure: both None, or equal but for the order of a float sum."""
+    return a is None if b is None else a is not None and a == pytest.approx(b, rel=1e-12)
+
+
+def _close(a: tuple[int, float | None], b: tuple[int, float | None]) -> bool:
+    """The same GPUs, and busy hours both None or within the store's quantizing slack."""
+    if a[0] != b[0] or (a[1] is None) != (b[1] is None):
+        return False
+    return a[1] is None or b[1] is None or abs(a[1] - b[1]) <= SLACK / 3600
+
+
+def test_the_server_run_list_counts_a_tiered_runs_dropped_days_as_the_cli_does(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    run_id, _, _ = tiers._ingested(pg_url, 2, _unmeasured(UNMEASURED))
+    before = _cli_rows(pg_url, tmp_path, None)
+    assert before[run_id][0] == 2 and before[run_id][1] > 0
+    assert before[UNMEASURED] == (2, None)
+    assert _served_rows(pg_url, tmp_path, None) == before  # the SQL path, as it was
+    _drop(pg_url, series_url)
+    served = _served_rows(pg_url, tmp_path, series_url)
+    cli_after = _cli_rows(pg_url, tmp_path, series_url)
+    for rid in (run_id, UNMEASURED):
+        assert served[rid][0] == cli_after[rid][0] == before[rid][0], rid
+        assert _same(served[rid][1], cli_after[rid][1]), (rid, served[rid], cli_after[rid])
+        assert _close(served[rid], before[rid]), (rid, served[rid], before[rid])
+    assert served[UNMEASURED] == (2, None)  # nothing measured it: n/a, never 0
+    # Without the store the dropped days are gone, as ``gpuledger runs`` reads them.
+    gone = _served_rows(pg_url, tmp_path, None)
+    assert gone[run_id] == _cli_rows(pg_url, tmp_path, None)[run_id] == (0, None)
+
+
+def test_the_server_run_list_of_a_run_with_one_day_dropped_adds_only_that_day(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """One of the run's two days dropped: the ledger's rows of the other day, and the tiered
+    day's sums once each (a day tiered and still held is not added again)."""
+    from gpuledger.store import series_tier
+    from gpuledger.store.retention import DAY_S, Policy, run_retention
+
+    run_id, _, _ = tiers._ingested(pg_url)
+    before = _cli_rows(pg_url, tmp_path, None)[run_id]
+    migrated = CliRunner().invoke(
+        cli,
+        ["db", "migrate", "--db", pg_url, "--series", series_url],
+        env={"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(tiers.OPEN_DAYS)},
+    )
+    assert migrated.exit_code == 0, migrated.output
+    cut = (tiers.TODAY - 10) * DAY_S + 3600.0  # after the run's end, before its second day ends
+    tier = series_tier.Tier.open(series_url)
+    try:
+        with Ledger(pg_url) as led:
+            policy = Policy(raw_days=(tiers.NOW - cut) / DAY_S, drop_partitions=True)
+            report = run_retention(led, policy, actor="test", now=tiers.NOW, tier=tier)
+            assert report.days is not None and len(report.days.dropped) == 1, report.days
+            held = led.read(lambda c: server_queries.busy_by_run(c, [run_id]))[run_id]
+            assert held[1] is not None and held[1] < before[1] * 3600  # SQL alone misses a day
+    finally:
+        tier.store.close()
+    served = _served_rows(pg_url, tmp_path, series_url)[run_id]
+    assert served[0] == before[0] and _close(served, before), (served, before)
+    assert _same(served[1], _cli_rows(pg_url, tmp_path, series_url)[run_id][1])
+
+
+def test_expired_tiered_days_are_gone_from_the_server_run_list(pg_url: str, series_url: str, tmp_path: Path) -> None:
+    run_id, _, _ = tiers._ingested(pg_url)
+    _drop(pg_url, series_url)
+    # the run's days are 10 and 11 days old
+    assert tiers.expire_store_days(pg_url, series_url, series_days=5, now=tiers.NOW) == 2
+    with Ledger(pg_url) as led:
+        assert led.read(lambda c: server_queries.busy_by_run(c, [run_id], tiered=True)) == {}
+    assert _cli_rows(pg_url, tmp_path, series_url)[run_id] == (0, None)
