@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 
 import test_series_tier as tiers
 from gpuledger.cli.main import cli
+from gpuledger.prom.ledger_source import LedgerSource
 from gpuledger.store import Ledger, accounts, server_queries
 from server_support import ServerProcess, bearer
 from test_series_tier_reads import SLACK, _drop, _unmeasured
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.postgres
 
 pg_url, series_url = tiers.pg_url, tiers.series_url
 UNMEASURED = "0b5e55ed-0000-4000-8000-000000000002"
+GPUS = ("GPU-0", "GPU-1")
+DAY_S = 86400.0
 
 
 def _cli_rows(pg_url: str, tmp_path: Path, series: str | None) -> dict[str, tuple[int, float | None]]:
@@ -85,7 +89,7 @@ def test_the_server_run_list_of_a_run_with_one_day_dropped_adds_only_that_day(
     """One of the run's two days dropped: the ledger's rows of the other day, and the tiered
     day's sums once each (a day tiered and still held is not added again)."""
     from gpuledger.store import series_tier
-    from gpuledger.store.retention import DAY_S, Policy, run_retention
+    from gpuledger.store.retention import Policy, run_retention
 
     run_id, _, _ = tiers._ingested(pg_url)
     before = _cli_rows(pg_url, tmp_path, None)[run_id]
@@ -119,3 +123,37 @@ def test_expired_tiered_days_are_gone_from_the_server_run_list(pg_url: str, seri
     with Ledger(pg_url) as led:
         assert led.read(lambda c: server_queries.busy_by_run(c, [run_id], tiered=True)) == {}
     assert _cli_rows(pg_url, tmp_path, series_url)[run_id] == (0, None)
+
+
+def _scraped(pg_url: str, series: str | None) -> dict[str, Any]:
+    """A fresh server process's first /metrics figures (prom/ledger_source.py) of every run of the
+    last month: per run, its CPU seconds and per GPU (busy s, energy J); and the rows it read."""
+    with Ledger(pg_url, series=series) as led:
+        source = LedgerSource(led, recent_s=30 * DAY_S)
+        figures = source.figures()
+    out: dict[str, Any] = {f.key.run_id: (f.cpu_s, {g.uuid: (g.busy_s, g.energy_j) for g in f.gpus}) for f in figures}
+    return {"runs": out, "rows_read": source.rows_read}
+
+
+def _near(a: float | None, b: float | None) -> bool:
+    return a is None if b is None else a is not None and abs(a - b) <= SLACK
+
+
+def test_metrics_counters_of_a_tiered_run_count_its_dropped_days_with_the_store(pg_url: str, series_url: str) -> None:
+    """Busy time, energy and CPU of a run new to the scraper are summed once, in SQL, plus the
+    dropped days' sums of the audit trail: the counters of before the drop, no row read one by one."""
+    run_id, _, _ = tiers._ingested(pg_url, 2, _unmeasured(UNMEASURED))
+    before = _scraped(pg_url, None)
+    assert before["rows_read"] == 0 and before["runs"][UNMEASURED] == (None, {g: (None, None) for g in GPUS})
+    _drop(pg_url, series_url)
+    after = _scraped(pg_url, series_url)
+    assert after["rows_read"] == 0  # the seqs add up: the summed path, not a row-by-row read from 0
+    for rid in (run_id, UNMEASURED):
+        (cpu_b, gpus_b), (cpu_a, gpus_a) = before["runs"][rid], after["runs"][rid]
+        assert _near(cpu_a, cpu_b) and gpus_a.keys() == gpus_b.keys() == set(GPUS), (rid, before, after)
+        for uuid in GPUS:
+            assert all(_near(a, b) for a, b in zip(gpus_a[uuid], gpus_b[uuid], strict=True)), (rid, uuid)
+    assert before["runs"][run_id][0] > 0 and after["runs"][UNMEASURED] == before["runs"][UNMEASURED]
+    # Without the store the dropped days are gone, as every other read without it finds them.
+    gone = _scraped(pg_url, None)["runs"][run_id]
+    assert gone[0] is None and all(v == (None, None) for v in gone[1].values())

@@ -172,11 +172,12 @@ class LedgerSource:
         new = [i for i in ids if i not in known]
         # A new run is summed in SQL, unless a series has a gap in its seqs: then it is read row by row
         # from seq 0 (rare), so the cursor waits for the missing interval as it would have here.
-        sums = mq.whole_gpu_sums(conn, new, THROTTLE_REASONS) if new else []
+        tiered = self._ledger.series_reads is not None  # serve --series: tiered and dropped days count
+        sums = mq.whole_gpu_sums(conn, new, THROTTLE_REASONS, tiered=tiered) if new else []
         gpu_sums = [g for g in sums if g["count"] == g["last_seq"] + 1]
         gpu_cursors = [c for c in gpu_cursors if c[0] in wanted]
         gpu_cursors += [(g["run_id"], g["device_uuid"], 0) for g in sums if g["count"] != g["last_seq"] + 1]
-        hsums = mq.whole_host_sums(conn, new) if new else []
+        hsums = mq.whole_host_sums(conn, new, tiered=tiered) if new else []
         host_sums = [h for h in hsums if h["count"] == h["last_seq"] + 1]
         host_cursors = [c for c in host_cursors if c[0] in wanted]
         host_cursors += [(h["run_id"], 0) for h in hsums if h["count"] != h["last_seq"] + 1]

@@ -3,7 +3,9 @@
 Per scrape: the runs still recording plus those ended in a recent window (newest first, capped),
 their devices, and the intervals each (run, device) gained since the previous scrape: primary-key
 range reads, so a scrape's cost follows what was recorded since the last one, not the length of
-the runs. A run new to the reader is summed once in SQL (whole_gpu_sums, whole_host_sums).
+the runs. A run new to the reader is summed once in SQL (whole_gpu_sums, whole_host_sums), with,
+where the server reads a series store, its raw days tiered into it and dropped from the ledger
+added from the audit trail's sums (store/tiered_totals.py; the store is not read).
 ``scope`` is the set of projects the reader may see (None: all), in the WHERE clause.
 """
 
@@ -89,11 +91,14 @@ def _units(conn: Connection, expr: sa.ColumnElement[Any], scale: int) -> sa.Colu
     return sa.cast(sa.func.floor(scaled), sa.BigInteger)
 
 
-def whole_gpu_sums(conn: Connection, run_ids: Sequence[str], reasons: Sequence[str]) -> list[dict[str, Any]]:
+def whole_gpu_sums(
+    conn: Connection, run_ids: Sequence[str], reasons: Sequence[str], *, tiered: bool = False
+) -> list[dict[str, Any]]:
     """Per run and device, over all stored intervals: busy_us, energy_mj, ``throttle_<reason>`` (µs)
     sums in integer units (None when never measured), last_seq and count (count == last_seq + 1: no
     gap in the seqs). One grouped read per chunk:
-    the first scrape of a run by a server process."""
+    the first scrape of a run by a server process. ``tiered``: with the tiered and dropped days'
+    count, busy and energy (their summaries keep no throttle time: it counts the ledger's rows)."""
     g = gpu_intervals.c
     cols = [
         g.run_id,
@@ -108,11 +113,15 @@ def whole_gpu_sums(conn: Connection, run_ids: Sequence[str], reasons: Sequence[s
     for chunk in _chunks(run_ids):
         q = sa.select(*cols).where(g.run_id.in_(chunk)).group_by(g.run_id, g.device_uuid)
         out.extend(dict(row) for row in conn.execute(q).mappings())
+    if tiered:
+        blank = {"busy_us": None, "energy_mj": None, **{f"throttle_{r}": None for r in reasons}}
+        _add_dropped(conn, run_ids, "gpu", out, blank, {"busy_us": ("busy_ms", 1000), "energy_mj": ("energy_mj", 1)})
     return out
 
 
-def whole_host_sums(conn: Connection, run_ids: Sequence[str]) -> list[dict[str, Any]]:
-    """Per run, over all stored host intervals: cpu_us (integer µs), last_seq and count."""
+def whole_host_sums(conn: Connection, run_ids: Sequence[str], *, tiered: bool = False) -> list[dict[str, Any]]:
+    """Per run, over all stored host intervals: cpu_us (integer µs), last_seq and count.
+    ``tiered``: with the tiered and dropped days'."""
     h = host_intervals.c
     out = []
     for chunk in _chunks(run_ids):
@@ -127,7 +136,40 @@ def whole_host_sums(conn: Connection, run_ids: Sequence[str]) -> list[dict[str, 
             .group_by(h.run_id)
         )
         out.extend(dict(row) for row in conn.execute(q).mappings())
+    if tiered:
+        _add_dropped(conn, run_ids, "host", out, {"cpu_us": None}, {"cpu_us": ("cpu_ms", 1000)})
     return out
+
+
+def _add_dropped(
+    conn: Connection,
+    run_ids: Sequence[str],
+    series: str,
+    out: list[dict[str, Any]],
+    blank: dict[str, Any],
+    sums: dict[str, tuple[str, int]],
+) -> None:
+    """Add to ``out`` (rows of whole_gpu_sums / whole_host_sums) the summaries of the days tiered
+    and dropped: their rows to count, their last seq to last_seq, and each sum (column: (the
+    summary's name, its factor to the column's unit)) some row of theirs measured; a device only
+    they hold gets a row of its own. Unmeasured stays None, never 0."""
+    from gpuledger.store.tiered_totals import dropped_parts, measured
+
+    key = (lambda r: (r["run_id"], r["device_uuid"])) if series == "gpu" else (lambda r: (r["run_id"], ""))
+    by_key = {key(row): row for row in out}
+    for run_id, parts in dropped_parts(conn, run_ids, series).items():
+        for uuid, part in parts:
+            row = by_key.get((run_id, uuid))
+            if row is None:
+                row = {"run_id": run_id, **({"device_uuid": uuid} if series == "gpu" else {}), **blank}
+                row.update(count=0, last_seq=-1)
+                by_key[(run_id, uuid)] = row
+                out.append(row)
+            row["count"] = int(row["count"]) + int(part["rows"])
+            row["last_seq"] = max(int(row["last_seq"]), int(part["seq"][1]))
+            for column, (name, factor) in sums.items():
+                if measured(part, name):
+                    row[column] = int(row[column] or 0) + int(part["sums"][name]) * factor
 
 
 def gpu_rows_at(conn: Connection, keys: Sequence[tuple[str, str, int]]) -> list[dict[str, Any]]:

@@ -6,7 +6,8 @@ the rows it still holds; a day the store itself has since dropped past its windo
 (``series.days_dropped``, store/series_window.py) is gone, as a read of the store finds it.
 For ``gpuledger runs``, a report's earlier runs and ``show``'s attempts, which read many runs and
 need a few sums per run, not its rows; ``dropped_gpu_sums`` reads a whole list of runs (the team
-server's run list) in three queries. Only the counted columns the entries sum are added (rows,
+server's run list) in three queries, and ``dropped_parts`` gives the days' summaries as they are (the server's
+``/metrics`` counters, in the store's integer units). Only the counted columns the entries sum are added (rows,
 samples, busy, energy; CPU, read and write bytes), to the store's units; a column none of a day's
 rows measured adds nothing, so a run never measured stays None (n/a), not 0. Entries tiered before
 the summary counted measured rows (no ``measured``) add their sums as they are.
@@ -87,9 +88,8 @@ def _parts(payloads: list[dict[str, Any]], marks: dict[tuple[str, str], int], se
 
 def _add(totals: dict[str, Any], part: dict[str, Any], sums: dict[str, tuple[str, int]]) -> None:
     totals["count"] = int(totals.get("count") or 0) + int(part["rows"])
-    measured = part.get("measured")  # absent from payloads tiered before it was recorded
     for column, (name, scale) in sums.items():
-        if measured is not None and not measured.get(name):
+        if not measured(part, name):
             continue  # no row measured it: not measured, as the ledger's SUM of NULLs reads, never 0
         value = part["sums"][name]
         totals[column] = (totals.get(column) or 0) + (value / scale if scale != 1 else value)
@@ -100,10 +100,30 @@ def dropped_gpu_sums(conn: Connection, run_ids: Collection[str]) -> dict[str, di
     count, samples, busy_s and energy_j (a column no row measured is absent: None, not 0). What
     ``gpu_sums`` adds to the ledger's own sums, for many runs at once; the store is not read."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for run_id, (marks, payloads) in _dropped_many(conn, run_ids).items():
-        for uuid, part in _parts(payloads, marks, "gpu"):
+    for run_id, parts in dropped_parts(conn, run_ids, "gpu").items():
+        for uuid, part in parts:
             _add(out.setdefault(run_id, {}).setdefault(uuid, {"count": 0}), part, GPU_SUMS)
     return out
+
+
+def dropped_parts(conn: Connection, run_ids: Collection[str], series: str) -> dict[str, list[tuple[str, Any]]]:
+    """Per run of ``run_ids`` with tiered days the ledger dropped: (device uuid, or "" for the host
+    series; the day's summary) of each such seq range of ``series`` ("gpu" or "host"), each once.
+    A summary has ``rows``, ``seq`` [first, last] and ``sums`` in the store's integer units (see
+    ``measured``)."""
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for run_id, (marks, payloads) in _dropped_many(conn, run_ids).items():
+        found = _parts(payloads, marks, series)
+        if found:
+            out[run_id] = found
+    return out
+
+
+def measured(part: dict[str, Any], name: str) -> bool:
+    """Whether some row of the summary's seq range measured the sum ``name`` (entries tiered before
+    the summary counted measured rows: assumed so, as ``gpu_sums`` adds them)."""
+    counted = part.get("measured")
+    return counted is None or bool(counted.get(name))
 
 
 def _dropped(conn: Connection, run_id: str) -> tuple[dict[tuple[str, str], int], list[dict[str, Any]]]:
