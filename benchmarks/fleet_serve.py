@@ -167,7 +167,7 @@ def _send(agents: list[Agent], replicas: list[Replica], token: str, until: float
                 if ok:
                     lat.append(time.perf_counter() - t0)
                     a.acked += len(minutes)
-                    out["acked"] += len(minutes) * 96
+                    out["acked"] += len(body["gpu_rows"])
                     a.resends = 0
                 else:  # the replica is gone (or said 5xx): the outbox keeps the minutes, the other replica gets them
                     a.resends += 1
@@ -221,7 +221,7 @@ def check(agents: list[Agent], fleet: Any, db: str, series: str | None) -> dict[
                 for found, bad in ((got_ledger, bad_ledger), (got_store, bad_store)):
                     if found is None:
                         continue
-                    have = sums([r for r in found if int(r["seq"]) < a.acked * 12])
+                    have = sums([r for r in found if int(r["seq"]) < a.acked * fleet.per_batch])
                     if have != want or sums(found)[0]:
                         bad.append({"run": a.run_id, "want": want, "got": sums(found)})
             ledger_bytes = led.read(
