@@ -93,6 +93,7 @@ def test_the_server_run_list_of_a_run_with_one_day_dropped_adds_only_that_day(
 
     run_id, _, _ = tiers._ingested(pg_url)
     before = _cli_rows(pg_url, tmp_path, None)[run_id]
+    scraped = _scraped(pg_url, None)["runs"][run_id]
     migrated = CliRunner().invoke(
         cli,
         ["db", "migrate", "--db", pg_url, "--series", series_url],
@@ -113,6 +114,11 @@ def test_the_server_run_list_of_a_run_with_one_day_dropped_adds_only_that_day(
     served = _served_rows(pg_url, tmp_path, series_url)[run_id]
     assert served[0] == before[0] and _close(served, before), (served, before)
     assert _same(served[1], _cli_rows(pg_url, tmp_path, series_url)[run_id][1])
+    # /metrics: the held day's rows summed in SQL and the dropped day's sums, the counters of before.
+    after = _scraped(pg_url, series_url)
+    assert after["rows_read"] == 0 and _near(after["runs"][run_id][0], scraped[0])
+    for uuid in GPUS:
+        assert all(_near(a, b) for a, b in zip(after["runs"][run_id][1][uuid], scraped[1][uuid], strict=True)), uuid
 
 
 def test_expired_tiered_days_are_gone_from_the_server_run_list(pg_url: str, series_url: str, tmp_path: Path) -> None:
