@@ -26,7 +26,10 @@ import select
 import signal
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gpuledger.core.training.lineindex import LineIndexer
 
 DRAIN_LIMIT_B = 1 << 20  # read one source at most this much before serving the others
 PIPE_SIZE_B = 1 << 20  # asked of the kernel for pipe sources (the unprivileged maximum by default)
@@ -102,9 +105,10 @@ class _LogCopy:
     never splits a secret there). A failing log is reported once and dropped; the terminal copy
     goes on."""
 
-    def __init__(self, fd: int, streams: dict[int, Stream]) -> None:
+    def __init__(self, fd: int, streams: dict[int, Stream], indexer: LineIndexer | None = None) -> None:
         self._fd = fd
         self._streams = streams
+        self.indexer = indexer  # sees each byte as written to the file, in order
         self._waiting: list[tuple[int, bytes]] = []
         self._size = 0
         self._since = 0.0
@@ -153,11 +157,16 @@ class _LogCopy:
             self.ok = False
             self._waiting, self._size = [], 0
             _warn(f"gpuledger: cannot write the run log ({exc.strerror}); output still shown")
+            return
+        if self.indexer is not None:
+            self.indexer.feed(data)  # while the bytes are in the CPU's cache
 
 
-def pump(sources: dict[int, int], log_fd: int, new_stream: Callable[[], Stream]) -> None:
+def pump(sources: dict[int, int], log_fd: int, new_stream: Callable[[], Stream], index_path: str | None = None) -> None:
     """Copy each source fd to its destination fd, and each source's redacted stream (one
-    ``new_stream()`` per source) to ``log_fd``, until every source ends.
+    ``new_stream()`` per source) to ``log_fd``, until every source ends. With ``index_path``, the
+    lines the end-of-run reader wants are found in the same pass and saved there
+    (core/training/lineindex.py), when the whole log was written.
 
     A destination that fails (terminal closed) is dropped; the log keeps going, and a failing
     log keeps the terminal going: neither may stop the other or CMD.
@@ -165,7 +174,12 @@ def pump(sources: dict[int, int], log_fd: int, new_stream: Callable[[], Stream])
     live = dict(sources)
     for fd in live:
         _prepare_source(fd)
-    log = _LogCopy(log_fd, {fd: new_stream() for fd in live})
+    indexer = None
+    if index_path is not None:
+        from gpuledger.core.training.lineindex import LineIndexer
+
+        indexer = LineIndexer()
+    log = _LogCopy(log_fd, {fd: new_stream() for fd in live}, indexer)
     reader = _Reader()
     dest_ok = dict.fromkeys(set(live.values()), True)
     # poll, not select: select cannot watch a descriptor numbered 1024 or more, and the relay
@@ -201,6 +215,18 @@ def pump(sources: dict[int, int], log_fd: int, new_stream: Callable[[], Stream])
                 log.write()
     finally:
         log.close()
+    # A log that failed holds what the index saw, or more: gpuledger run then finds the sizes differ.
+    if index_path is not None and log.indexer is not None:
+        _save_index(log.indexer, index_path)
+
+
+def _save_index(indexer: LineIndexer, path: str) -> None:
+    from gpuledger.core.training.lineindex import save
+
+    index = indexer.close()
+    if index is not None:
+        with contextlib.suppress(OSError):  # none: the end-of-run reader scans the log itself
+            save(index, path)
 
 
 def _warn(line: str) -> None:
@@ -209,8 +235,10 @@ def _warn(line: str) -> None:
 
 
 def start_relay(sources: dict[int, int], log_path: str, close_in_child: list[int]) -> int:
-    """Fork the relay; return its pid. ``sources`` maps a readable fd to the fd it is copied to."""
+    """Fork the relay; return its pid. ``sources`` maps a readable fd to the fd it is copied to.
+    The relay leaves the log's line index at ``lineindex.index_path(log_path)``."""
     from gpuledger.core.redaction.redact import Redactor
+    from gpuledger.core.training.lineindex import index_path
 
     redactor = Redactor.default()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -226,7 +254,7 @@ def start_relay(sources: dict[int, int], log_path: str, close_in_child: list[int
         for fd in close_in_child:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        pump(sources, log_fd, redactor.stream)
+        pump(sources, log_fd, redactor.stream, index_path(log_path))
         with contextlib.suppress(OSError):
             os.fsync(log_fd)
     except BaseException as exc:

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuledger.core.ids import uuid7
+from gpuledger.core.training.candidates import attached
+from gpuledger.core.training.lineindex import index_path
+from gpuledger.core.training.lineindex import load as load_index
 from gpuledger.paths import log_dir
 from gpuledger.recorder.clock import SteadyClock
 from gpuledger.recorder.control import ENV_VAR as CONTROL_ENV
@@ -25,6 +28,8 @@ from gpuledger.runs.logfile import log_cap, read_capped, remove_file
 
 if TYPE_CHECKING:
     from gpuledger.core.model import RunRecord
+    from gpuledger.core.training.lineindex import LineIndex
+    from gpuledger.core.training.logcap import CappedLog
     from gpuledger.prom.serve import MetricsServer
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -162,17 +167,19 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     summary = None
     if session is not None:
         capped = read_capped(log_path, log_cap_b)
-        summary = session.finish(
-            status,
-            exit_code=None if sig else code,
-            signal=sig,
-            reason=reason,
-            log=None if capped is None else capped.data,
-            log_truncated=capped is not None and capped.truncated,
-            explain=opts.hooks.explain,
-            log_still_written=not relay_done,
-            summarize=opts.summary,
-        )
+        log = None if capped is None else capped.data
+        with attached(log, _line_index(log_path, relay_done, capped)):
+            summary = session.finish(
+                status,
+                exit_code=None if sig else code,
+                signal=sig,
+                reason=reason,
+                log=log,
+                log_truncated=capped is not None and capped.truncated,
+                explain=opts.hooks.explain,
+                log_still_written=not relay_done,
+                summarize=opts.summary,
+            )
         session.close()
         if summary is not None and capped is not None and relay_done:
             remove_file(log_path)  # archived in the ledger: the file was only the crash-safe copy
@@ -186,6 +193,16 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     if launched.pty_master is not None:
         os.close(launched.pty_master)
     return Outcome(code, status, sig, reason, summary, run_id)
+
+
+def _line_index(log_path: str, relay_done: bool, capped: CappedLog | None) -> LineIndex | None:
+    """The relay's index of the log's lines (core/training/lineindex.py), when it describes the
+    bytes read: the relay has ended and the log is whole (a capped log is read the usual way)."""
+    path = index_path(log_path)
+    index = load_index(path) if relay_done and capped is not None and not capped.truncated else None
+    if relay_done:
+        remove_file(path)
+    return index
 
 
 def _open_edge(opts: WrapOptions, env: Mapping[str, str], clock: SteadyClock) -> Edge | None:

@@ -21,9 +21,15 @@ tests/test_relay_parse.py checks the result against reading every line.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from gpuledger.core.hyperscan_lib import hyperscan as _hyperscan
+
+if TYPE_CHECKING:
+    from gpuledger.core.training.lineindex import LineIndex
 
 MIN_B = 64 << 10  # a shorter output is read line by line at once (no Hyperscan to load for it)
 # A draw start (the output's start, or after \r or \n), blanks in the widest sense, then the
@@ -34,6 +40,9 @@ _FIRST_WORD = (rb"[0-9\x80-\xff]", rb"(?:Epoch|all|Class|classes)")
 _PHRASES = (b" completed in", b"recovering from last.pt")
 _SEQUENCES = (b"\x1b",)
 _OSC = b"\x1b]"
+# What the Ultralytics eval reader looks for (integrations/ultralytics/eval_postrun.py): the relay's
+# scan finds it too, so that reader need not search the whole log again.
+EVAL_MARKER = b"Benchmarks complete for"
 
 
 _lock = threading.Lock()
@@ -44,34 +53,67 @@ def _literal(word: bytes) -> bytes:
     return b"".join(b"\\x%02x" % b for b in word)
 
 
+def _expressions() -> tuple[list[bytes], list[int]]:
+    """The expressions and their flags; ids are the list's indices. The first (ids below
+    ``len(_unhandled())``) say: read every line."""
+    hs = _hyperscan()
+    assert hs is not None
+    from gpuledger.core.training import failures  # here: failures.py imports this module
+
+    expressions = [_literal(seq) for seq in _unhandled()]
+    expressions += [_DRAW + first + _TO_LINE_END for first in _FIRST_WORD]
+    flags = [0] * len(expressions)
+    for word in (*_PHRASES, *_SEQUENCES, *failures._WORDS):
+        expressions.append(_literal(word))
+        flags.append(0)
+    for word in failures._WORDS_ANY_CASE:
+        expressions.append(_literal(word))
+        flags.append(hs.HS_FLAG_CASELESS)
+    return expressions, flags
+
+
+def _compile(mode: int, extra: tuple[bytes, ...] = ()) -> object | None:
+    hs = _hyperscan()
+    assert hs is not None
+    expressions, flags = _expressions()
+    expressions += [_literal(word) for word in extra]
+    flags += [0] * len(extra)
+    db: object | None = hs.Database(mode=mode)
+    try:
+        db.compile(  # type: ignore[union-attr]
+            expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
+        )
+    except hs.error:  # a CPU it does not run on: every line is read
+        db = None
+    return db
+
+
 def _database() -> object | None:
     """The compiled patterns, built once (about 10 ms); None without Hyperscan."""
     hs = _hyperscan()
     if hs is None:
         return None
-    from gpuledger.core.training import failures  # here: failures.py imports this module
-
     with _lock:
         if "db" not in _state:
-            # The first expressions (ids below _unhandled()) say: read every line.
-            expressions = [_literal(seq) for seq in _unhandled()]
-            expressions += [_DRAW + first + _TO_LINE_END for first in _FIRST_WORD]
-            flags = [0] * len(expressions)
-            for word in (*_PHRASES, *_SEQUENCES, *failures._WORDS):
-                expressions.append(_literal(word))
-                flags.append(0)
-            for word in failures._WORDS_ANY_CASE:
-                expressions.append(_literal(word))
-                flags.append(hs.HS_FLAG_CASELESS)
-            db: object | None = hs.Database(mode=hs.HS_MODE_BLOCK)
-            try:
-                db.compile(  # type: ignore[union-attr]
-                    expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
-                )
-            except hs.error:  # a CPU it does not run on: every line is read
-                db = None
-            _state["db"] = db
+            _state["db"] = _compile(hs.HS_MODE_BLOCK)
         return _state["db"]
+
+
+def stream_database() -> tuple[object, int, int] | None:
+    """The same patterns for a stream (the relay scans the log as it writes it: lineindex.py),
+    with ``EVAL_MARKER`` added last: the database, how many first ids say "read every line",
+    and the marker's id. None without Hyperscan."""
+    hs = _hyperscan()
+    if hs is None:
+        return None
+    with _lock:
+        if "stream" not in _state:
+            _state["stream"] = _compile(hs.HS_MODE_STREAM, (EVAL_MARKER,))
+        db = _state["stream"]
+    if db is None:
+        return None
+    count = len(_expressions()[0])
+    return db, len(_unhandled()), count
 
 
 _local = threading.local()
@@ -89,6 +131,9 @@ def candidate_lines(data: bytes, min_b: int = MIN_B) -> tuple[list[tuple[int, by
     read (see the module doc, and outputs shorter than ``min_b``)."""
     if not isinstance(data, bytes) or not data or len(data) < min_b:
         return None
+    index = _index_of(data)
+    if index is not None:
+        return _from_index(data, index)
     db = _database()
     hs = _hyperscan()
     if db is None or hs is None:
@@ -126,3 +171,53 @@ def candidate_lines(data: bytes, min_b: int = MIN_B) -> tuple[list[tuple[int, by
             line_end = size
         out.append((index, data[start:line_end]))
     return out, index + count(b"\n", counted) + 1
+
+
+# Logs whose lines the relay indexed as it wrote them (lineindex.py), by identity: ``gpuledger
+# run`` attaches the index to the bytes it hands the end-of-run readers, which then neither count
+# the lines nor scan the log again. Held by identity and checked with ``is``: equal bytes read
+# elsewhere are scanned as before.
+_attached: dict[int, tuple[bytes, LineIndex]] = {}
+
+
+@contextlib.contextmanager
+def attached(data: bytes | None, index: LineIndex | None) -> Iterator[None]:
+    """While inside, ``candidate_lines(data)`` and ``holds_marker(data)`` answer from ``index``
+    (which must describe exactly these bytes: its size is checked, the rest is trusted)."""
+    if data is None or index is None or index.size != len(data):
+        yield
+        return
+    key = id(data)
+    with _lock:
+        _attached[key] = (data, index)
+    try:
+        yield
+    finally:
+        with _lock:
+            _attached.pop(key, None)
+
+
+def _index_of(data: bytes) -> LineIndex | None:
+    held = _attached.get(id(data))
+    return held[1] if held is not None and held[0] is data else None
+
+
+def _from_index(data: bytes, index: LineIndex) -> tuple[list[tuple[int, bytes]], int] | None:
+    """What the scan above gives, from the lines the relay found: each line's bytes are cut from
+    ``data`` around a byte the relay saw matched, the count is the relay's."""
+    if index.every_line:
+        return None
+    out: list[tuple[int, bytes]] = []
+    rfind, find, size = data.rfind, data.find, len(data)
+    for line, at in index.lines:
+        end = find(b"\n", at)
+        out.append((line, data[rfind(b"\n", 0, at) + 1 : end if end >= 0 else size]))
+    return out, index.newlines + 1
+
+
+def holds_marker(log: bytes) -> bool:
+    """Whether ``EVAL_MARKER`` is in ``log``: the relay's answer when it indexed these bytes."""
+    index = _index_of(log) if isinstance(log, bytes) else None
+    if index is not None and index.marker is not None:
+        return index.marker
+    return EVAL_MARKER in log

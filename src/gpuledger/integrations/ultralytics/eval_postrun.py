@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gpuledger.core.evaluation import console
 from gpuledger.core.evaluation.window import window_usage
 from gpuledger.core.model import GpuInterval
+from gpuledger.core.training.candidates import holds_marker
 from gpuledger.integrations.ultralytics import fingerprint
 from gpuledger.integrations.ultralytics.describe import sha256_file
 from gpuledger.integrations.ultralytics.evaluation import EVALUATION
@@ -108,7 +109,7 @@ def console_record(
     named, args = _yolo_args(command)
     mode = mode or named
     parsed: dict[str, Any] | None = None
-    if mode == "benchmark" or (mode is None and b"Benchmarks complete for" in log):
+    if mode == "benchmark" or (mode is None and holds_marker(log)):
         table = console.parse_benchmark(log)
         if table:
             mode = "benchmark"
