@@ -68,3 +68,27 @@ def test_the_engine_tells_without_counting(store: ClickHouseSeries, monkeypatch:
     assert store.write("run-t", rows, [], "run-t:0") == 10
     assert store.write("run-t", rows, [], "run-t:0") == 0
     assert seen == []
+
+
+def test_a_stream_of_writes_reads_the_count_once_each(store: ClickHouseSeries, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.write("run-u", [_gpu(0, MIDNIGHT)], [], "run-u:0")  # keys registered, the count read
+    calls: list[str] = []
+    session = store.client._session  # type: ignore[attr-defined]
+    real = session.query
+    monkeypatch.setattr(session, "query", lambda sql, *a, **kw: calls.append(sql) or real(sql, *a, **kw))
+    for i in range(1, 4):
+        assert store.write("run-u", [_gpu(i, MIDNIGHT + 5.0 * i)], [], f"run-u:{i}") == 1
+    assert [c.split()[0] for c in calls] == ["INSERT", "SELECT"] * 3  # the insert and the count after it
+
+
+def test_a_statement_between_two_writes_makes_the_next_read_the_count_anew(store: ClickHouseSeries) -> None:
+    """Another statement may drop a block too (an INSERT ... SELECT of rows already stored): the
+    count read after the last write no longer stands for the count before the next."""
+    first = [_gpu(i, MIDNIGHT + 5.0 * i) for i in range(3)]
+    assert store.write("run-v", first, [], "run-v:0") == 3
+    again = f"SELECT * FROM {store.layout.table('gpu_intervals')} WHERE seq < 3"
+    store.client.query(
+        f"INSERT INTO {store.layout.table('gpu_intervals')} SETTINGS insert_deduplication_token = 'run-v:0:gpu' {again}"
+    )  # dropped by the engine: a duplicate block
+    assert store.write("run-v", [_gpu(3, MIDNIGHT + 15.0)], [], "run-v:1") == 1
+    assert _rows(store) == 4
