@@ -46,8 +46,26 @@ def _served_rows(pg_url: str, tmp_path: Path, series: str | None) -> dict[str, t
     env = {"GPULEDGER_SERIES": series or "", "GPULEDGER_CLOSE_AFTER_DAYS": str(tiers.OPEN_DAYS)}
     with ServerProcess(pg_url, log=tmp_path / "serve.log", env=env) as server:
         got = httpx.get(f"{server.url}/api/v1/runs", params={"limit": 100}, headers=bearer(token), timeout=30)
-    assert got.status_code == 200, got.text
+        assert got.status_code == 200, got.text
+        for row in got.json():  # one run as the dashboard's run page reads it: show --json's figures
+            one = httpx.get(f"{server.url}/api/v1/runs/{row['id']}", headers=bearer(token), timeout=30)
+            assert one.status_code == 200, one.text
+            SHOWN[(series, row["id"])] = _shown(one.json())
     return {r["id"]: (r["gpus"], r["busy_gpu_hours"]) for r in got.json()}
+
+
+SHOWN: dict[tuple[str | None, str], tuple[Any, ...]] = {}  # (store, run id) -> _shown of /runs/{id}
+
+
+def _shown(show: dict[str, Any]) -> tuple[Any, ...]:
+    return (show["intervals"], show["busy_gpu_hours"], *(g["intervals"] for g in show["gpus"]))
+
+
+def _cli_show(pg_url: str, tmp_path: Path, run_id: str, series: str | None) -> tuple[Any, ...]:
+    env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_SERIES": series or ""}
+    out = CliRunner().invoke(cli, ["show", run_id, "--json", "--db", pg_url], env=env)
+    assert out.exit_code == 0, out.output
+    return _shown(json.loads(out.output))
 
 
 def _same(a: float | None, b: float | None) -> bool:
@@ -78,6 +96,10 @@ def test_the_server_run_list_counts_a_tiered_runs_dropped_days_as_the_cli_does(
         assert _same(served[rid][1], cli_after[rid][1]), (rid, served[rid], cli_after[rid])
         assert _close(served[rid], before[rid]), (rid, served[rid], before[rid])
     assert served[UNMEASURED] == (2, None)  # nothing measured it: n/a, never 0
+    for rid in (run_id, UNMEASURED):  # the run page: show's figures, the store's rows read whole
+        shown = SHOWN[(series_url, rid)]
+        assert shown[0] == shown[2] == shown[3] == tiers.N and len(shown) == 4, shown
+        assert shown == _cli_show(pg_url, tmp_path, rid, series_url), rid
     # Without the store the dropped days are gone, as ``gpuledger runs`` reads them.
     gone = _served_rows(pg_url, tmp_path, None)
     assert gone[run_id] == _cli_rows(pg_url, tmp_path, None)[run_id] == (0, None)

@@ -303,6 +303,13 @@ class Ledger:
 
         return self._db.read(lambda conn: run_was_tiered(conn, run_id))
 
+    def tiered_dropped(self, run_id: str) -> tuple[dict[tuple[str, str], int], list[dict[str, Any]]]:
+        """The run's tiered days the ledger dropped: the highest seq dropped per (series, device) and
+        its ``run.raw_tiered`` entries (store/tiered_totals.py sums them without the store)."""
+        from gpuledger.store.tiered_totals import dropped
+
+        return self._db.read(lambda conn: dropped(conn, run_id))
+
     def events(self, run_id: str, kind: str | None = None) -> list[Event]:
         """In the order they were appended (seq)."""
         e = schema.events.c

@@ -38,7 +38,7 @@ def gpu_sums(ledger: Ledger, run_id: str) -> dict[str, dict[str, Any]]:
     out = ledger.gpu_totals(run_id)
     if not ledger.tiered(run_id):
         return out
-    marks, payloads = ledger.read(lambda conn: _dropped(conn, run_id))
+    marks, payloads = ledger.tiered_dropped(run_id)
     for uuid, part in _parts(payloads, marks, "gpu"):
         _add(out.setdefault(uuid, {"count": 0}), part, GPU_SUMS)
     return dict(sorted(out.items()))
@@ -50,7 +50,7 @@ def host_sums(ledger: Ledger, run_id: str) -> dict[str, Any]:
     out = ledger.host_totals(run_id)
     if not ledger.tiered(run_id):
         return out
-    marks, payloads = ledger.read(lambda conn: _dropped(conn, run_id))
+    marks, payloads = ledger.tiered_dropped(run_id)
     for _, part in _parts(payloads, marks, "host"):
         _add(out, part, HOST_SUMS)
     return out
@@ -63,7 +63,7 @@ def gpu_busy(ledger: Ledger, run_id: str) -> dict[str, float | None]:
 
 def expired(ledger: Ledger, run_id: str) -> bool:
     """Whether the store has dropped a tiered day of the run past its window: its reads miss it."""
-    return any(p["expired"] for p in ledger.read(lambda conn: _dropped(conn, run_id))[1])
+    return any(p["expired"] for p in ledger.tiered_dropped(run_id)[1])
 
 
 def _parts(payloads: list[dict[str, Any]], marks: dict[tuple[str, str], int], series: str) -> list[tuple[str, Any]]:
@@ -126,9 +126,10 @@ def measured(part: dict[str, Any], name: str) -> bool:
     return counted is None or bool(counted.get(name))
 
 
-def _dropped(conn: Connection, run_id: str) -> tuple[dict[tuple[str, str], int], list[dict[str, Any]]]:
+def dropped(conn: Connection, run_id: str) -> tuple[dict[tuple[str, str], int], list[dict[str, Any]]]:
     """The highest seq dropped per (series, device), and the run's ``run.raw_tiered`` payloads, each
-    marked ``expired`` when its store has dropped its day since."""
+    marked ``expired`` when its store has dropped its day since (``Ledger.tiered_dropped``: a
+    per-run read, which the server's scoped view of the ledger offers too)."""
     return _dropped_many(conn, [run_id]).get(run_id, ({}, []))
 
 
@@ -138,7 +139,7 @@ _CHUNK = 500  # run ids per IN (...) list
 def _dropped_many(
     conn: Connection, run_ids: Collection[str]
 ) -> dict[str, tuple[dict[tuple[str, str], int], list[dict[str, Any]]]]:
-    """``_dropped`` of each run that has a ``run.raw_tiered`` entry, one query per table and chunk."""
+    """``dropped`` of each run that has a ``run.raw_tiered`` entry, one query per table and chunk."""
     m, a = schema.rollup_marks.c, schema.audit_log.c
     ids = sorted(set(run_ids))
     payloads: dict[str, list[dict[str, Any]]] = {}
