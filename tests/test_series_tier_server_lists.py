@@ -15,13 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 import test_series_tier as tiers
 from gpuledger.cli.main import cli
 from gpuledger.prom.ledger_source import LedgerSource
 from gpuledger.store import Ledger, accounts, server_queries
-from server_support import ServerProcess, bearer
+from server_support import ServerProcess, bearer, devices_doc, gpu_rows, host_rows, run_doc
 from test_series_tier_reads import SLACK, _drop, _unmeasured
 
 pytestmark = pytest.mark.postgres
@@ -185,3 +186,30 @@ def test_metrics_counters_of_a_tiered_run_count_its_dropped_days_with_the_store(
     # Without the store the dropped days are gone, as every other read without it finds them.
     gone = _scraped(pg_url, None)["runs"][run_id]
     assert gone[0] is None and all(v == (None, None) for v in gone[1].values())
+
+
+def test_the_run_list_reads_the_tiered_sums_of_all_its_runs_at_once(pg_url: str, series_url: str) -> None:
+    """Two tiered runs and one never tiered: the same few statements as for one, the store unread."""
+    run_id, _, _ = tiers._ingested(pg_url, 2, _unmeasured(UNMEASURED), _today_run())
+    _drop(pg_url, series_url)
+    with Ledger(pg_url) as led:
+        ids = led.read(lambda c: [r.id for r in server_queries.list_runs(c, None)])
+        assert len(ids) == 3
+        statements: list[str] = []
+        sa.event.listen(led.database.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        both = led.read(lambda c: server_queries.busy_by_run(c, ids, tiered=True))
+        many = len(statements)
+        one = led.read(lambda c: server_queries.busy_by_run(c, [run_id], tiered=True))
+    assert both[run_id] == one[run_id] and both[UNMEASURED] == (2, None) and set(both) == set(ids)
+    assert many == len(statements) - many == 4, statements  # intervals, entries, marks, store windows
+
+
+def _today_run() -> dict[str, Any]:
+    start = tiers.NOW - 3600
+    return {
+        "run": run_doc(started_at=start, status="succeeded", ended_at=start + 50.0, exit_code=0),
+        "devices": devices_doc(1),
+        "gpu_intervals": gpu_rows(10, devices=1, start=start),
+        "host_intervals": host_rows(10, start=start),
+        "final": True,
+    }
