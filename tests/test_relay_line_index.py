@@ -141,12 +141,15 @@ def test_an_index_survives_its_file(tmp_path) -> None:
 # -- through the relay: the real redaction, reads cut wherever the pipe cuts them -----------------
 
 
-def _pump(chunks: list[bytes], log_path: str, log_flags: int = os.O_WRONLY | os.O_APPEND) -> None:
+def _pump(
+    chunks: list[bytes], log_path: str, log_flags: int = os.O_WRONLY | os.O_APPEND, max_b: int | None = None
+) -> None:
     read_fd, write_fd = os.pipe()
     sink = os.open(os.devnull, os.O_WRONLY)
     log_fd = os.open(log_path, log_flags | os.O_CREAT, 0o600)
     done = threading.Thread(
-        target=relay.pump, args=({read_fd: sink}, log_fd, Redactor.default().stream, lineindex.index_path(log_path))
+        target=relay.pump,
+        args=({read_fd: sink}, log_fd, Redactor.default().stream, lineindex.index_path(log_path), max_b),
     )
     done.start()
     try:
@@ -197,3 +200,43 @@ def test_a_log_the_relay_could_not_write_gets_no_index(tmp_path) -> None:
     log_path = str(tmp_path / "run.log")
     _pump([_HUGE[0], b"\nEpoch\n"], log_path, os.O_RDONLY)  # every write fails
     assert not os.path.exists(lineindex.index_path(log_path))
+
+
+def test_a_log_over_the_cap_gets_no_index(tmp_path) -> None:
+    """Such a log is stored capped (read the usual way): the relay keeps no index of it in memory."""
+    _need_hyperscan()
+    data = b"  1/3 0.5G\n" * 20_000
+    assert _index([data], hold_b=0) is not None
+    assert _index([data[:100_000], data[100_000:]], hold_b=0) is not None
+    indexer = lineindex.LineIndexer(0, max_b=150_000)
+    indexer.feed(data[:100_000])
+    indexer.feed(data[100_000:])
+    assert indexer.close() is None
+    log_path = str(tmp_path / "run.log")
+    _pump([data], log_path, max_b=len(data) - 1)
+    assert not os.path.exists(lineindex.index_path(log_path))
+    at_cap = str(tmp_path / "at_cap.log")
+    _pump([data], at_cap, max_b=len(data))  # at the cap: stored whole
+    index = lineindex.load(lineindex.index_path(at_cap))
+    assert index is not None and index.size == len(data)
+
+
+@pytest.mark.parametrize(("cap", "indexed"), [("64KiB", False), ("1MiB", True)])
+def test_the_forked_relay_keeps_no_index_of_a_log_over_the_cap(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, cap: str, indexed: bool
+) -> None:
+    _need_hyperscan()
+    monkeypatch.setenv("GPULEDGER_LOG_MAX_B", cap)
+    log_path = str(tmp_path / "run.log")
+    read_fd, write_fd = os.pipe()
+    sink = os.open(os.devnull, os.O_WRONLY)
+    pid = relay.start_relay({read_fd: sink}, log_path, close_in_child=[write_fd])
+    os.close(read_fd)
+    try:
+        os.write(write_fd, b"  1/3 0.5G\n" * 10_000)  # 110,000 bytes
+    finally:
+        os.close(write_fd)
+        _, status = os.waitpid(pid, 0)  # it ends when its source does
+        os.close(sink)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.path.exists(lineindex.index_path(log_path)) is indexed

@@ -162,11 +162,18 @@ class _LogCopy:
             self.indexer.feed(data)  # while the bytes are in the CPU's cache
 
 
-def pump(sources: dict[int, int], log_fd: int, new_stream: Callable[[], Stream], index_path: str | None = None) -> None:
+def pump(
+    sources: dict[int, int],
+    log_fd: int,
+    new_stream: Callable[[], Stream],
+    index_path: str | None = None,
+    index_max_b: int | None = None,
+) -> None:
     """Copy each source fd to its destination fd, and each source's redacted stream (one
     ``new_stream()`` per source) to ``log_fd``, until every source ends. With ``index_path``, the
     lines the end-of-run reader wants are found in the same pass and saved there
-    (core/training/lineindex.py), when the whole log was written.
+    (core/training/lineindex.py), when the whole log was written and is at most ``index_max_b``
+    (the log cap: a longer log is stored capped, and its index would only take memory).
 
     A destination that fails (terminal closed) is dropped; the log keeps going, and a failing
     log keeps the terminal going: neither may stop the other or CMD.
@@ -178,7 +185,7 @@ def pump(sources: dict[int, int], log_fd: int, new_stream: Callable[[], Stream],
     if index_path is not None:
         from gpuledger.core.training.lineindex import LineIndexer
 
-        indexer = LineIndexer()
+        indexer = LineIndexer(max_b=index_max_b)
     log = _LogCopy(log_fd, {fd: new_stream() for fd in live}, indexer)
     reader = _Reader()
     dest_ok = dict.fromkeys(set(live.values()), True)
@@ -239,6 +246,7 @@ def start_relay(sources: dict[int, int], log_path: str, close_in_child: list[int
     The relay leaves the log's line index at ``lineindex.index_path(log_path)``."""
     from gpuledger.core.redaction.redact import Redactor
     from gpuledger.core.training.lineindex import index_path
+    from gpuledger.runs.logfile import cap_or_default
 
     redactor = Redactor.default()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -254,7 +262,7 @@ def start_relay(sources: dict[int, int], log_path: str, close_in_child: list[int
         for fd in close_in_child:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        pump(sources, log_fd, redactor.stream, index_path(log_path))
+        pump(sources, log_fd, redactor.stream, index_path(log_path), cap_or_default(os.environ))
         with contextlib.suppress(OSError):
             os.fsync(log_fd)
     except BaseException as exc:

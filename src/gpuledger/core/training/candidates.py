@@ -209,7 +209,7 @@ def _from_index(data: bytes, index: LineIndex) -> tuple[list[tuple[int, bytes]],
         return None
     out: list[tuple[int, bytes]] = []
     rfind, find, size = data.rfind, data.find, len(data)
-    for line, at in index.lines:
+    for line, at in index.pairs():
         end = find(b"\n", at)
         out.append((line, data[rfind(b"\n", 0, at) + 1 : end if end >= 0 else size]))
     return out, index.newlines + 1

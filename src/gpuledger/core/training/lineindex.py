@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpuledger.core.hyperscan_lib import hyperscan as _hyperscan
@@ -33,17 +34,24 @@ _EVERY_LINE, _MARKER, _MARKER_KNOWN = 1, 2, 4
 class LineIndex:
     size: int  # bytes of log scanned: the index describes exactly these
     newlines: int  # ``\n`` bytes among them
-    lines: list[tuple[int, int]] = field(default_factory=list)  # (line number, offset of a matched byte), in order
+    # line number, offset of a matched byte, line number, ... (16 bytes a line: a chatty output may
+    # have a million such lines), in order; ``pairs`` reads them
+    lines: array = field(default_factory=lambda: array("q"))
     marker: bool | None = None  # candidates.EVAL_MARKER occurs; None: not known
     every_line: bool = False
+
+    def pairs(self) -> Iterator[tuple[int, int]]:
+        it = iter(self.lines)
+        return zip(it, it, strict=True)
 
 
 class LineIndexer:
     """Fed the log's bytes in order; ``close`` gives the index or None (see the module doc).
     Never raises: a problem drops the index, never the relay."""
 
-    def __init__(self, hold_b: int = MIN_B) -> None:
+    def __init__(self, hold_b: int = MIN_B, max_b: int | None = None) -> None:
         self._hold_b = hold_b
+        self._max_b = max_b  # a longer log is stored capped and read the usual way: no index kept
         self._held: list[bytes] | None = []
         self._held_b = 0
         self._stream: object | None = None
@@ -56,7 +64,7 @@ class LineIndexer:
         self.size = 0
         self.newlines = 0
         self._last = b""
-        self._lines: list[tuple[int, int]] = []
+        self._lines = array("q")
         self._last_line = -1
 
     def feed(self, data: bytes) -> None:
@@ -70,6 +78,8 @@ class LineIndexer:
                     return
                 data, self._held = b"".join(self._held), None
             self._scan(data)
+            if self._max_b is not None and self.size > self._max_b:
+                self._drop()
         except Exception:
             self._drop()
 
@@ -88,7 +98,7 @@ class LineIndexer:
         if self._dead:
             return None
         if self._every_line:
-            return LineIndex(self.size, self.newlines, [], None, every_line=True)
+            return LineIndex(self.size, self.newlines, array("q"), None, every_line=True)
         return LineIndex(self.size, self.newlines, self._lines, self._marker)
 
     def _open(self) -> bool:
@@ -147,7 +157,8 @@ class LineIndexer:
             before += count(b"\n", counted, at)
             counted = at
             if before != self._last_line:
-                self._lines.append((before, base + at))
+                self._lines.append(before)
+                self._lines.append(base + at)
                 self._last_line = before
         if not close:
             self.newlines = before + count(b"\n", counted)
@@ -155,7 +166,7 @@ class LineIndexer:
     def _drop(self) -> None:
         self._dead = True
         self._held = None
-        self._lines = []
+        self._lines = array("q")
         opened, self._opened = self._opened, None
         if opened is not None:
             with contextlib.suppress(Exception):
@@ -174,10 +185,8 @@ def save(index: LineIndex, path: str) -> None:
     flags = (_EVERY_LINE if index.every_line else 0) | (
         (_MARKER_KNOWN | (_MARKER if index.marker else 0)) if index.marker is not None else 0
     )
-    words = array("q", [_VERSION, index.size, index.newlines, flags, len(index.lines)])
-    for line, at in index.lines:
-        words.append(line)
-        words.append(at)
+    words = array("q", [_VERSION, index.size, index.newlines, flags, len(index.lines) // 2])
+    words.extend(index.lines)
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as fh:
         words.tofile(fh)
@@ -198,10 +207,8 @@ def load(path: str) -> LineIndex | None:
     if len(words) < 5 or words[0] != _VERSION or len(words) != 5 + 2 * words[4]:
         return None
     _, size, newlines, flags, _count = words[:5]
-    pairs = words[5:]
-    lines = list(zip(pairs[0::2], pairs[1::2], strict=True))
     marker = bool(flags & _MARKER) if flags & _MARKER_KNOWN else None
-    return LineIndex(size, newlines, lines, marker, every_line=bool(flags & _EVERY_LINE))
+    return LineIndex(size, newlines, words[5:], marker, every_line=bool(flags & _EVERY_LINE))
 
 
 def index_path(log_path: str) -> str:
