@@ -23,6 +23,7 @@ from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
 from gpuledger.series.clickhouse_columns import gpu_columns
 from gpuledger.series.clickhouse_ddl import DIMS_COLUMNS, ROLLUP_SUMS, Layout
 from gpuledger.series.clickhouse_hash import city_hash64
+from gpuledger.series.clickhouse_keyed import held
 from gpuledger.series.clickhouse_rows import (
     GPU_SELECT,
     HOST_INSERT,
@@ -250,6 +251,13 @@ class ClickHouseSeries:
             out += [gpu_back(names[int(gpu)], r) for r in rows]
         out.sort(key=lambda r: (r["device_uuid"], r["seq"]))
         return out
+
+    def held(self, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[set[tuple[str, int]], set[int]]:
+        """The (device, seq) of the batch's ``gpu`` rows and the seqs of its ``host`` rows that the
+        store already holds for ``run_id`` (other runs' rows at the same GPU and times are not
+        counted), read by key (series/clickhouse_keyed.py): there is no unique key to drop them on."""
+        gpus = self._keys("gpu", {str(r["device_uuid"]) for r in gpu})
+        return held(self.client, self.layout.table, self._key("run", run_id), gpus, gpu, host)
 
     def host_intervals(self, run_id: str) -> list[dict[str, Any]]:
         rows = self.client.query(

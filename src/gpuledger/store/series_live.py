@@ -15,7 +15,7 @@ Exactly once, on both stores:
   between the two) leaves rows the ledger lacks; the agent's resend, possibly batched otherwise,
   would carry another token. The compact PostgreSQL store drops those rows on its (stream, seq)
   key; ClickHouse has no unique key, so the rows it already holds are looked up by key first
-  (``_held``) and left out.
+  (``ClickHouseSeries.held``) and left out.
 
 Retention later tiers these days without copying them again (``fill_only``): what the store holds
 is read back and checked as any tiered day, and ``run.raw_tiered`` recorded (store/series_tier.py).
@@ -24,7 +24,6 @@ is read back and checked as any tiered day, and ``run.raw_tiered`` recorded (sto
 from __future__ import annotations
 
 import hashlib
-import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -64,41 +63,9 @@ def _clickhouse(url: str) -> bool:
     return urlsplit(url).scheme.lower() in CLICKHOUSE_SCHEMES
 
 
-def _ms_range(rows: Sequence[Row]) -> dict[str, int]:
-    return {
-        "a": math.floor(min(float(r["t0"]) for r in rows) * 1000),
-        "b": math.ceil(max(float(r["t0"]) for r in rows) * 1000),
-    }
-
-
-def _held(store: Any, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[set[tuple[str, int]], set[int]]:
-    """ClickHouse: the (device, seq) of ``gpu`` and the seqs of ``host`` the store already holds,
-    read by key ((gpu, t0) and (run, t0) ranges of the batch): no scan."""
-    table, run = store.layout.table, store._key("run", run_id)
-    gpu_held: set[tuple[str, int]] = set()
-    host_held: set[int] = set()
-    if gpu:
-        keys = store._keys("gpu", {str(r["device_uuid"]) for r in gpu})
-        names = {k: n for n, k in keys.items()}
-        rows = store.client.query(
-            f"SELECT gpu, seq FROM {table('gpu_intervals')} WHERE gpu IN {{g:Array(UInt64)}} "
-            "AND t0 >= fromUnixTimestamp64Milli({a:Int64}, 'UTC') AND t0 <= fromUnixTimestamp64Milli({b:Int64}, 'UTC') "
-            "AND run = {r:UInt64}",
-            {"g": sorted(keys.values()), "r": run, **_ms_range(gpu)},
-        )
-        gpu_held = {(names[int(g)], int(s)) for g, s in rows if int(g) in names}
-    if host:
-        rows = store.client.query(
-            f"SELECT seq FROM {table('host_intervals')} WHERE run = {{r:UInt64}} "
-            "AND t0 >= fromUnixTimestamp64Milli({a:Int64}, 'UTC') AND t0 <= fromUnixTimestamp64Milli({b:Int64}, 'UTC')",
-            {"r": run, **_ms_range(host)},
-        )
-        host_held = {int(s) for (s,) in rows}
-    return gpu_held, host_held
-
-
 def _unheld(store: Any, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[list[Row], list[Row]]:
-    gpu_held, host_held = _held(store, run_id, gpu, host)
+    """The batch less the rows the ClickHouse store already holds (``ClickHouseSeries.held``, by key)."""
+    gpu_held, host_held = store.held(run_id, gpu, host)
     return (
         [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in gpu_held],
         [r for r in host if int(r["seq"]) not in host_held],
