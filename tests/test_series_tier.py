@@ -277,9 +277,41 @@ def test_a_bad_series_url_is_a_clear_error_and_drops_nothing(
     with Ledger(pg_url) as led:
         assert all(_exists(led, n) for n in _days())
         assert len(led.gpu_intervals(run_id)) == N
-    without = [a for a in args if a != "--drop-partitions"]
-    missing = CliRunner().invoke(cli, without, env=env)
-    assert missing.exit_code == 2 and "--series tiers the days --drop-partitions drops" in missing.output
+    without = [a for a in args if a != "--drop-partitions"]  # a series store: days are dropped by default
+    default = CliRunner().invoke(cli, without, env=env)
+    assert default.exit_code == code and words in default.output, default.output
+    rewrite = CliRunner().invoke(cli, [*without, "--rewrite-intervals"], env=env)
+    assert rewrite.exit_code == 2 and "cannot be given with --rewrite-intervals" in rewrite.output, rewrite.output
+    with Ledger(pg_url) as led:
+        assert all(_exists(led, n) for n in _days()) and len(led.gpu_intervals(run_id)) == N
+
+
+def test_a_series_store_in_the_environment_makes_retention_tier_and_drop_days(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """GPULEDGER_SERIES on a PostgreSQL ledger: `retention run` keeps the curves in the store, so it
+    tiers and drops whole days instead of thinning them to 1-minute rows; --rewrite-intervals keeps
+    the old way."""
+    run_id, _, _ = _ingested(pg_url)
+    env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_SERIES": series_url}
+    args = ["retention", "run", "--db", pg_url, "--keep-logs", "--keep-capacity"]
+    kept = CliRunner().invoke(cli, [*args, "--rewrite-intervals"], env=env)
+    assert kept.exit_code == 0, kept.output
+    assert "raw intervals:" not in kept.output and "runs to 60 s" in kept.output  # thinned, not dropped
+    with Ledger(pg_url) as led:
+        assert all(_exists(led, n) for n in _days())
+        gpu = _rows(led.gpu_intervals(run_id))  # the 1-minute rows the store is to receive
+        assert 0 < len(gpu) < N
+    out = CliRunner().invoke(cli, args, env=env)
+    assert out.exit_code == 0, out.output
+    assert "raw intervals: 2 days dropped" in out.output and "tiered into" in out.output, out.output
+    with Ledger(pg_url) as led:
+        assert not any(_exists(led, n) for n in _days()) and led.gpu_intervals(run_id) == []
+    tier = series_tier.Tier.open(series_url)
+    try:
+        assert tier.store.gpu_intervals(run_id) == [quantum.quantize_gpu(r) for r in gpu]
+    finally:
+        tier.store.close()
 
 
 def test_db_migrate_series_tiers_a_populated_ledger_resumably(pg_url: str, series_url: str, tmp_path: Path) -> None:

@@ -270,15 +270,17 @@ def retention_group() -> None:
 )
 @click.option("--keep-logs", is_flag=True, help="Never delete logs.")
 @click.option(
-    "--drop-partitions",
-    is_flag=True,
+    "--drop-partitions/--rewrite-intervals",
+    default=None,
     help="PostgreSQL: drop whole days of raw intervals older than --raw-days (their day partitions), "
-    "instead of rewriting them as 1-minute and 1-hour intervals; runs keep their cost rollups and seals.",
+    "instead of rewriting them as 1-minute and 1-hour intervals; runs keep their cost rollups and seals. "
+    "Default: drop them where a series store keeps their curves (--series or GPULEDGER_SERIES on a "
+    "PostgreSQL ledger), rewrite them otherwise.",
 )
 @series_option(
-    "With --drop-partitions: copy each day into this series store (chdb:///folder, clickhouse://..., "
-    "postgresql://...?schema=NAME), read it back and check it before its partition is dropped; reads of a "
-    "run then merge it back (or GPULEDGER_SERIES)."
+    "Copy each day into this series store (chdb:///folder, clickhouse://..., postgresql://...?schema=NAME), "
+    "read it back and check it before its partition is dropped; reads of a run then merge it back "
+    "(or GPULEDGER_SERIES). PostgreSQL ledgers."
 )
 @series_days_option
 @click.option("--run-days", type=FiniteFloat(0), help="Delete whole runs ended longer ago (default: never).")
@@ -298,7 +300,8 @@ def retention_group() -> None:
 @_account_errors
 @cli_errors
 def retention_run_cmd(
-    db: str | None, raw_days: float, minute_days: float, log_days: float, keep_logs: bool, drop_partitions: bool,
+    db: str | None, raw_days: float, minute_days: float, log_days: float, keep_logs: bool,
+    drop_partitions: bool | None,
     series: str | None, series_days: int, run_days: float | None, capacity_days: float, keep_capacity: bool,
     rates: str | None,
 ) -> None:  # fmt: skip
@@ -311,19 +314,24 @@ def retention_run_cmd(
         from gpuledger.reports.cost.rollups import materialise_rollups
     except ImportError:
         materialise_rollups = None  # type: ignore[assignment]
-    policy = Policy(
-        raw_days, max(minute_days, raw_days), None if keep_logs else log_days, run_days,
-        None if keep_capacity else capacity_days, drop_partitions,
-    )  # fmt: skip
     ledger = server_ledger(db)
-    if drop_partitions and ledger.dialect != "postgresql":
+    postgres = ledger.dialect == "postgresql"
+    if drop_partitions and not postgres:
         raise click.ClickException(
             "--drop-partitions is for PostgreSQL ledgers (day partitions); SQLite keeps rewriting old intervals "
             "as 1-minute and 1-hour rollups: leave the option out"
         )
     typed = click.get_current_context().get_parameter_source("series") == click.core.ParameterSource.COMMANDLINE
-    if series and typed and not drop_partitions:
-        raise click.UsageError("--series tiers the days --drop-partitions drops: give both")
+    if series and typed and drop_partitions is False:
+        raise click.UsageError("--series tiers the days it drops: it cannot be given with --rewrite-intervals")
+    if series and typed and not postgres:
+        raise click.UsageError("--series tiers a PostgreSQL ledger's day partitions; SQLite keeps rewriting")
+    if drop_partitions is None:  # the curves are kept in the store: no reason to thin them to minutes
+        drop_partitions = bool(series) and postgres
+    policy = Policy(
+        raw_days, max(minute_days, raw_days), None if keep_logs else log_days, run_days,
+        None if keep_capacity else capacity_days, drop_partitions,
+    )  # fmt: skip
     if series and drop_partitions and series_days <= raw_days:  # it would drop the days just tiered
         raise click.BadParameter(
             f"{series_days} days is not longer than --raw-days {raw_days:g}", param_hint="--series-days"
