@@ -11,6 +11,7 @@ import time
 import click
 
 from gpuledger.cli.common import FiniteFloat, db_option
+from gpuledger.cli.token_file_check import token_file_given
 from gpuledger.core.metering.owners import DEFAULT_COPY_LABELS
 from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 
@@ -37,6 +38,7 @@ def _say(line: str) -> None:
     "--token-file",
     type=click.Path(exists=True, dir_okay=False),
     help="File holding the server token (default: GPULEDGER_TOKEN).",
+    callback=token_file_given,
 )
 @db_option
 @click.option(

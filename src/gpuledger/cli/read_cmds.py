@@ -17,6 +17,7 @@ from gpuledger.cli.common import (
     resolve_run,
 )
 from gpuledger.cli.output import OutputPath, write_text, write_text_with, write_with
+from gpuledger.cli.token_file_check import token_file_given
 
 STATUSES = ["running", "succeeded", "failed", "killed", "lost", "imported", "discovered"]
 
@@ -31,7 +32,9 @@ STATUSES = ["running", "succeeded", "failed", "killed", "lost", "imported", "dis
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
 @format_option("table", "json")
 @click.option("--server", metavar="URL", help="List from a team server instead of the local ledger.")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="Server token file.")
+@click.option(
+    "--token-file", type=click.Path(exists=True, dir_okay=False), callback=token_file_given, help="Server token file."
+)
 @db_option
 @cli_errors
 def runs_cmd(project, team, user, status, labels, since, limit, fmt, server, token_file, db) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ import sys
 import click
 
 from gpuledger.cli.common import FiniteFloat, check_ledger_url, db_option, labels_with
+from gpuledger.cli.token_file_check import token_file_given
 from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 
 
@@ -50,6 +51,7 @@ from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
     "--token-file",
     type=click.Path(exists=True, dir_okay=False),
     help="File holding the server token (default: GPULEDGER_TOKEN).",
+    callback=token_file_given,
 )
 @click.option("--quiet", "-q", is_flag=True, help="No summary at the end.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

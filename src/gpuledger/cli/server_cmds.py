@@ -18,6 +18,7 @@ from gpuledger.cli.common import (
     format_option,
     refuse_missing_ledger,
 )
+from gpuledger.cli.token_file_check import token_file_given
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -249,7 +250,12 @@ def db_status_cmd(db: str | None, fmt: str) -> None:
 
 @click.command("sync")
 @click.option("--server", envvar="GPULEDGER_SERVER", metavar="URL", required=True, help="The team server.")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="Default: GPULEDGER_TOKEN.")
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False),
+    callback=token_file_given,
+    help="Default: GPULEDGER_TOKEN.",
+)
 @click.option("--all", "all_runs", is_flag=True, help="Also push local runs recorded without --server.")
 @click.option("--retry", is_flag=True, help="Try again runs the server refused before.")
 @click.option("--status", "show_status", is_flag=True, help="Only show the outbox, push nothing.")
