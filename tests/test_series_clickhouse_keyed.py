@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ci_support import need_module
 
@@ -69,3 +71,50 @@ def test_held_reads_only_the_batchs_time_range(store: ClickHouseSeries) -> None:
         {("GPU-r", 7)},
         {7},
     )
+
+
+# -- window reads -----------------------------------------------------------------------------------
+
+_MS_TIMES = st.integers(min_value=0, max_value=40 * DAY * 1000)  # ms after T - 20 days
+_DURS = st.one_of(st.integers(0, 10_000), st.integers(0, 30 * DAY * 1000))  # mostly short, some of days
+_INTERVALS = st.lists(st.tuples(st.sampled_from(["GPU-a", "GPU-b"]), _MS_TIMES, _DURS), min_size=1, max_size=25)
+_EDGE = st.one_of(_MS_TIMES.map(lambda ms: T - 20 * DAY + ms / 1000), st.floats(T - 60 * DAY, T + 60 * DAY))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(intervals=_INTERVALS, windows=st.lists(st.tuples(_EDGE, _EDGE), min_size=1, max_size=4))
+def test_a_window_read_is_the_whole_read_filtered_to_the_window(
+    store: ClickHouseSeries, intervals: list[tuple[str, int, int]], windows: list[tuple[float, float]]
+) -> None:
+    """Rows of any length, crossing midnights, of no length, at a window's edges; another run on the
+    same GPUs and times: the window read is exactly the rows of the whole read with t1 > t_from and
+    t0 < t_to, in the same order."""
+    run, other = _run_id(), _run_id()
+    base = T - 20 * DAY
+    gpu = [_gpu(d, i, base + a / 1000, base + (a + dur) / 1000) for i, (d, a, dur) in enumerate(intervals)]
+    host = [_host(i, base + a / 1000, base + (a + dur) / 1000) for i, (_, a, dur) in enumerate(intervals)]
+    store.write(run, gpu, host, token=f"{run}:all")
+    store.write(other, gpu, host, token=f"{other}:all")
+    whole_gpu, whole_host = store.gpu_intervals(run), store.host_intervals(run)
+    assert len(whole_gpu) == len(whole_host) == len(intervals)
+    # the edges of the rows themselves too: where a wrong comparison would show
+    edges = [(r["t0"], r["t1"]) for r in whole_gpu[:2]] + [(r["t1"], r["t1"] + 1) for r in whole_gpu[:2]]
+    for t_from, t_to in [*windows, *edges]:
+        assert store.gpu_intervals_between(run, t_from, t_to) == [
+            r for r in whole_gpu if r["t1"] > t_from and r["t0"] < t_to
+        ], (t_from, t_to)
+        assert store.host_intervals_between(run, t_from, t_to) == [
+            r for r in whole_host if r["t1"] > t_from and r["t0"] < t_to
+        ], (t_from, t_to)
+
+
+def test_a_window_of_a_run_the_store_does_not_hold_is_empty(store: ClickHouseSeries) -> None:
+    assert store.gpu_intervals_between(_run_id(), T, T + DAY) == []
+    assert store.host_intervals_between(_run_id(), T, T + DAY) == []
+
+
+def test_a_window_needs_finite_bounds(store: ClickHouseSeries) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        store.gpu_intervals_between("r", float("-inf"), T)
+    with pytest.raises(ValueError, match="finite"):
+        store.host_intervals_between("r", T, float("nan"))

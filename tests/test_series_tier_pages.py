@@ -1,10 +1,10 @@
 """The server's ``/runs/{id}/intervals`` pages of a run whose raw days were tiered into a series
 store (``serve --series``; store/server_queries.tiered_interval_rows): each page is the whole run's
 rows after ``after_t``, cut at ``limit``, so pages concatenate to the whole run; and from a store
-that reads a time window (the compact PostgreSQL store) a page reads growing windows from
-``after_t``, not the whole run. Both with the days dropped from PostgreSQL and with one day still
-held there too (the ledger's copy wins). On the real PostgreSQL server, into the compact PostgreSQL
-store and ClickHouse on chDB (which the pages read whole).
+that reads a time window (both: the compact PostgreSQL store and ClickHouse) a page reads growing
+windows from ``after_t``, not the whole run. Both with the days dropped from PostgreSQL and with one
+day still held there too (the ledger's copy wins). On the real PostgreSQL server, into the compact
+PostgreSQL store and ClickHouse on chDB.
 """
 
 from __future__ import annotations
@@ -108,14 +108,15 @@ def test_every_page_is_the_whole_runs_rows_after_after_t_cut_at_limit(
         store.close()
 
 
+@pytest.mark.parametrize("kind", tiers.KINDS)
 def test_a_page_reads_the_windows_after_after_t_not_the_whole_run(
-    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """From the compact PostgreSQL store a page of 5 rows from the middle of the run reads a window
-    of 20 s (4 rows per stream), and a longer page a next window sized for the rows it still wants;
-    never the whole run."""
+    """From either store a page of 5 rows from the middle of the run reads a window of 20 s (4 rows
+    per stream), and a longer page a next window sized for the rows it still wants; never the
+    whole run."""
     run_id, _, _ = tiers._ingested(pg_url)
-    for url in tiers.store_url("postgres", tmp_path, "tier_pages"):
+    for url in tiers.store_url(kind, tmp_path, "tier_pages"):
         _drop(pg_url, url)
         monkeypatch.setattr(server_queries, "FIRST_WINDOW_S", 20.0)
         store = _Counted(series_tier.open_store(url, create=False))

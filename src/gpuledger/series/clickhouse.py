@@ -23,7 +23,7 @@ from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
 from gpuledger.series.clickhouse_columns import gpu_columns
 from gpuledger.series.clickhouse_ddl import DIMS_COLUMNS, ROLLUP_SUMS, Layout
 from gpuledger.series.clickhouse_hash import city_hash64
-from gpuledger.series.clickhouse_keyed import held
+from gpuledger.series.clickhouse_keyed import gpu_between, held, host_between
 from gpuledger.series.clickhouse_rows import (
     GPU_SELECT,
     HOST_INSERT,
@@ -258,6 +258,22 @@ class ClickHouseSeries:
         counted), read by key (series/clickhouse_keyed.py): there is no unique key to drop them on."""
         gpus = self._keys("gpu", {str(r["device_uuid"]) for r in gpu})
         return held(self.client, self.layout.table, self._key("run", run_id), gpus, gpu, host)
+
+    def gpu_intervals_between(self, run_id: str, t_from: float, t_to: float) -> list[dict[str, Any]]:
+        """The run's GPU intervals with t1 > ``t_from`` and t0 < ``t_to`` (seconds), in (device, seq)
+        order, by each GPU's (gpu, t0) key range (series/clickhouse_keyed.py), not the whole run."""
+        run = self._key("run", run_id)
+        spans = self.client.query(
+            f"SELECT gpu, min(day), max(day) FROM {self.layout.table('gpu_day_rollups')} "
+            "WHERE run = {r:UInt64} GROUP BY gpu",
+            {"r": run},
+        )
+        names = self._decode("gpu", (int(s[0]) for s in spans))
+        return gpu_between(self.client, self.layout.table, run, spans, names, t_from, t_to)
+
+    def host_intervals_between(self, run_id: str, t_from: float, t_to: float) -> list[dict[str, Any]]:
+        """The run's host intervals with t1 > ``t_from`` and t0 < ``t_to``, in seq order."""
+        return host_between(self.client, self.layout.table, self._key("run", run_id), t_from, t_to)
 
     def host_intervals(self, run_id: str) -> list[dict[str, Any]]:
         rows = self.client.query(

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from datetime import date
 from typing import Any
 
 from gpuledger.series.clickhouse_client import Client
+from gpuledger.series.clickhouse_rows import GPU_SELECT, HOST_SELECT, gpu_back, host_back
 
 Row = Mapping[str, Any]
 MAX_DUR_MS = 2**32 - 1  # the longest interval the store keeps (dur_ms UInt32)
@@ -59,3 +61,72 @@ def held(
         )
         host_held = {int(s) for (s,) in rows}
     return gpu_held, host_held
+
+
+def _window(t_from: float, t_to: float, first_ms: int = 0) -> dict[str, int]:
+    """The key range [a, b) of t0 (ms) whose rows can overlap the window, and the overlap test's
+    bound f, each wider than exact by a ms (the exact test runs on the decoded rows, as the
+    whole read's rows would be filtered), clamped to the times DateTime64(3) holds."""
+    f = math.floor(t_from * 1000) - 1
+    a = max(f - MAX_DUR_MS, first_ms, 0)
+    b = min(max(math.ceil(t_to * 1000) + 1, 0), LAST_MS)
+    return {"a": min(a, LAST_MS), "b": b, "f": max(min(f, 2**62), -(2**62))}
+
+
+def _finite(t_from: float, t_to: float) -> None:
+    if not (math.isfinite(t_from) and math.isfinite(t_to)):
+        raise ValueError(f"a window needs finite bounds, not {t_from!r}..{t_to!r}")
+
+
+def _in(r: dict[str, Any], t_from: float, t_to: float) -> bool:
+    return r["t1"] > t_from and r["t0"] < t_to
+
+
+_OVERLAPS = (
+    "t0 >= fromUnixTimestamp64Milli({a:Int64}, 'UTC') AND t0 < fromUnixTimestamp64Milli({b:Int64}, 'UTC') "
+    "AND toUnixTimestamp64Milli(t0) + dur_ms > {f:Int64}"
+)
+
+
+def gpu_between(
+    client: Client,
+    table: Callable[[str], str],
+    run: int,
+    spans: Sequence[tuple[int, str, str]],
+    names: Mapping[int, str],
+    t_from: float,
+    t_to: float,
+) -> list[dict[str, Any]]:
+    """The run's GPU rows with t1 > ``t_from`` and t0 < ``t_to``, in (device, seq) order: per GPU
+    of ``spans`` ((gpu key, first day, last day) of the run's rollups) its (gpu, t0) key range."""
+    _finite(t_from, t_to)
+    out: list[dict[str, Any]] = []
+    for gpu, first, _last in spans:
+        p = _window(t_from, t_to, _day_ms(first))
+        rows = client.query(
+            f"SELECT {', '.join(GPU_SELECT)} FROM {table('gpu_intervals')} "
+            f"WHERE gpu = {{g:UInt64}} AND {_OVERLAPS} AND run = {{r:UInt64}} ORDER BY seq",
+            {"g": int(gpu), "r": run, **p},
+        )
+        out += [r for r in (gpu_back(names[int(gpu)], v) for v in rows) if _in(r, t_from, t_to)]
+    out.sort(key=lambda r: (r["device_uuid"], r["seq"]))
+    return out
+
+
+def host_between(
+    client: Client, table: Callable[[str], str], run: int, t_from: float, t_to: float
+) -> list[dict[str, Any]]:
+    """The run's host rows with t1 > ``t_from`` and t0 < ``t_to``, in seq order, by (run, t0)."""
+    _finite(t_from, t_to)
+    p = _window(t_from, t_to)
+    rows = client.query(
+        f"SELECT {', '.join(HOST_SELECT)} FROM {table('host_intervals')} "
+        f"WHERE run = {{r:UInt64}} AND {_OVERLAPS} ORDER BY seq",
+        {"r": run, **p},
+    )
+    return [r for r in (host_back(v) for v in rows) if _in(r, t_from, t_to)]
+
+
+def _day_ms(day: str) -> int:
+    """A rollup's day (YYYY-MM-DD) as the ms of its UTC midnight (no row of the run starts before)."""
+    return (date.fromisoformat(day) - date(1970, 1, 1)).days * DAY_MS

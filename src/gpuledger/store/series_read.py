@@ -46,7 +46,7 @@ class TieredReads:
     @property
     def windowed(self) -> bool:
         """Whether the store reads a time window of a run (``gpu_intervals_between``,
-        ``host_intervals_between``: series/postgres.py), not only the whole run."""
+        ``host_intervals_between``: series/postgres.py, series/clickhouse.py), not only the whole run."""
         return callable(getattr(self.store, "gpu_intervals_between", None)) and callable(
             getattr(self.store, "host_intervals_between", None)
         )
