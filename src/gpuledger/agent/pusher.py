@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from gpuledger.agent.client import Client, Rejected, ServerError, Unreachable
+from gpuledger.agent.client import Client, Forbidden, Rejected, ServerError, Unauthorized, Unreachable
 from gpuledger.agent.outbox import BATCH_ROWS, FAILED, drain_run
 from gpuledger.store import LedgerError, pushes
 
@@ -160,9 +160,11 @@ class Pusher:
             self._next_try = time.monotonic() + wait
             if not self._said_down:
                 self._said_down = True
+                # A refused token is not a server that is away: say what will make the push go through.
+                when = "the token is accepted" if isinstance(exc, (Unauthorized, Forbidden)) else "the server is back"
                 self._warn(
                     f"gpuledger: cannot push to {self.server} ({exc}); the run is kept in the local ledger "
-                    "and pushed when the server is back (or later with: gpuledger sync)"
+                    f"and pushed when {when} (or later with: gpuledger sync)"
                 )
             return
         if self._said_down:
