@@ -70,6 +70,18 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> It
     yield from _pg_schema_url()
 
 
+@pytest.fixture
+def chdb_series(tmp_path: os.PathLike[str]) -> Iterator[object]:
+    """A fresh ClickHouse series store on chDB (the engine in-process) in the test's folder, with a
+    ten-year raw window so no test's rows fall past its TTL."""
+    from gpuledger.series.clickhouse import ClickHouseSeries
+
+    store = ClickHouseSeries(f"chdb://{os.fspath(tmp_path)}/series", raw_days=3650)
+    store.create()
+    yield store
+    store.close()
+
+
 @pytest.fixture(scope="session")
 def docker_engine() -> Iterator[object]:
     """One private Docker engine for the whole session (tests/docker_support.py), shared by every

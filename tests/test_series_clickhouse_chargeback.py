@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Iterator
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,11 +32,8 @@ Charge = dict[tuple[str, str, str, date], list[int]]
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[ClickHouseSeries]:
-    s = ClickHouseSeries(f"chdb://{tmp_path}/series", raw_days=3650)
-    s.create()
-    yield s
-    s.close()
+def store(chdb_series: ClickHouseSeries) -> ClickHouseSeries:
+    return chdb_series
 
 
 def _empty(store: ClickHouseSeries) -> None:

@@ -13,9 +13,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,11 +29,8 @@ AGENTS, GPUS, PER_BATCH, BATCHES = 12, 8, 12, 6  # 96 intervals a batch: one min
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[ClickHouseSeries]:
-    s = ClickHouseSeries(f"chdb://{tmp_path}/series", raw_days=3650)
-    s.create()
-    yield s
-    s.close()
+def store(chdb_series: ClickHouseSeries) -> ClickHouseSeries:
+    return chdb_series
 
 
 def _batch(agent: int, b: int, rng: random.Random) -> list[dict[str, Any]]:

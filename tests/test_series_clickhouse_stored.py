@@ -6,8 +6,6 @@ over two UTC days, whose blocks are stored or dropped one by one). Both give the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +20,8 @@ MIDNIGHT = 1_780_012_800  # 2026-05-29 00:00 UTC
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[ClickHouseSeries]:
-    s = ClickHouseSeries(f"chdb://{tmp_path}/series", raw_days=3650)
-    s.create()
-    yield s
-    s.close()
+def store(chdb_series: ClickHouseSeries) -> ClickHouseSeries:
+    return chdb_series
 
 
 def _gpu(seq: int, t0: float) -> dict[str, Any]:

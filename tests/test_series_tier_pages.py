@@ -15,13 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
 import test_series_tier as tiers
-from gpuledger.cli.main import cli
 from gpuledger.store import Ledger, series_tier, server_queries
-from gpuledger.store.retention import DAY_S, Policy, run_retention
-from test_series_tier_reads import _drop
+from gpuledger.store.retention import DAY_S
+from test_series_tier_reads import _drop, _half_dropped
 
 pytestmark = pytest.mark.postgres
 
@@ -46,23 +44,6 @@ class _Counted:
             return out
 
         return counted
-
-
-def _half_dropped(pg_url: str, series_url: str, tmp_path: Path) -> None:
-    """Both days tiered (``db migrate --series``), then only the first dropped: the second day's
-    rows are in the ledger and the store both."""
-    env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(tiers.OPEN_DAYS)}
-    migrated = CliRunner().invoke(cli, ["db", "migrate", "--db", pg_url, "--series", series_url], env=env)
-    assert migrated.exit_code == 0 and "copied and checked 2 days" in migrated.stdout, migrated.output
-    cut = (tiers.TODAY - 10) * DAY_S + 3600.0
-    tier = series_tier.Tier.open(series_url)
-    try:
-        with Ledger(pg_url) as led:
-            policy = Policy(raw_days=(tiers.NOW - cut) / DAY_S, drop_partitions=True)
-            report = run_retention(led, policy, actor="test", now=tiers.NOW, tier=tier)
-            assert report.days is not None and len(report.days.dropped) == 1, report.days
-    finally:
-        tier.store.close()
 
 
 def _rows(led: Ledger, run_id: str, series: str, after_t: float | None = None, limit: int | None = None) -> list:  # type: ignore[type-arg]

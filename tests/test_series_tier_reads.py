@@ -116,6 +116,23 @@ def _drop(pg_url: str, series_url: str) -> None:
         tier.store.close()
 
 
+def _half_dropped(pg_url: str, series_url: str, tmp_path: Path) -> None:
+    """Both days tiered (``db migrate --series``), then only the first dropped: the second day's
+    rows are in the ledger and the store both."""
+    env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(tiers.OPEN_DAYS)}
+    migrated = CliRunner().invoke(cli, ["db", "migrate", "--db", pg_url, "--series", series_url], env=env)
+    assert migrated.exit_code == 0 and "copied and checked 2 days" in migrated.stdout, migrated.output
+    cut = (tiers.TODAY - 10) * DAY_S + 3600.0  # after the run's end, before its second day ends
+    tier = series_tier.Tier.open(series_url)
+    try:
+        with Ledger(pg_url) as led:
+            policy = Policy(raw_days=(tiers.NOW - cut) / DAY_S, drop_partitions=True)
+            report = run_retention(led, policy, actor="test", now=tiers.NOW, tier=tier)
+            assert report.days is not None and len(report.days.dropped) == 1, report.days
+    finally:
+        tier.store.close()
+
+
 def test_report_export_and_show_of_a_tiered_run_give_the_figures_they_gave_before_the_drop(
     pg_url: str,
     series_url: str,
@@ -239,19 +256,9 @@ def test_sums_count_each_row_once_when_its_day_is_tiered_twice_or_kept(
     with Ledger(pg_url) as led:
         chain = attempt_chain(led, run_id)["attempts"]
     before = _reads(pg_url, run_id, tmp_path)
-    env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(tiers.OPEN_DAYS)}
-    migrated = CliRunner().invoke(cli, ["db", "migrate", "--db", pg_url, "--series", series_url], env=env)
-    assert migrated.exit_code == 0 and "copied and checked 2 days" in migrated.stdout, migrated.output
-    cut = (tiers.TODAY - 10) * DAY_S + 3600.0  # after the run's end, before its second day ends
-    tier = series_tier.Tier.open(series_url)
-    try:
-        with Ledger(pg_url) as led:
-            policy = Policy(raw_days=(tiers.NOW - cut) / DAY_S, drop_partitions=True)
-            report = run_retention(led, policy, actor="test", now=tiers.NOW, tier=tier)
-            assert report.days is not None and len(report.days.dropped) == 1, report.days
-            assert 0 < len(led.gpu_intervals(run_id)) < 2 * N
-    finally:
-        tier.store.close()
+    _half_dropped(pg_url, series_url, tmp_path)
+    with Ledger(pg_url) as led:
+        assert 0 < len(led.gpu_intervals(run_id)) < 2 * N
     with Ledger(pg_url, series=series_url) as led:
         assert len(led.gpu_intervals(run_id)) == 2 * N
         _close(chain, attempt_chain(led, run_id)["attempts"], "attempts")

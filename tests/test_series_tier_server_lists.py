@@ -22,8 +22,9 @@ import test_series_tier as tiers
 from gpuledger.cli.main import cli
 from gpuledger.prom.ledger_source import LedgerSource
 from gpuledger.store import Ledger, accounts, server_queries
-from server_support import ServerProcess, bearer, devices_doc, gpu_rows, host_rows, run_doc
-from test_series_tier_reads import SLACK, _drop, _unmeasured
+from server_support import ServerProcess, bearer
+from test_series_tier_reads import SLACK, _drop, _half_dropped, _unmeasured
+from test_series_tier_server import _other_run
 
 pytestmark = pytest.mark.postgres
 
@@ -111,29 +112,13 @@ def test_the_server_run_list_of_a_run_with_one_day_dropped_adds_only_that_day(
 ) -> None:
     """One of the run's two days dropped: the ledger's rows of the other day, and the tiered
     day's sums once each (a day tiered and still held is not added again)."""
-    from gpuledger.store import series_tier
-    from gpuledger.store.retention import Policy, run_retention
-
     run_id, _, _ = tiers._ingested(pg_url)
     before = _cli_rows(pg_url, tmp_path, None)[run_id]
     scraped = _scraped(pg_url, None)["runs"][run_id]
-    migrated = CliRunner().invoke(
-        cli,
-        ["db", "migrate", "--db", pg_url, "--series", series_url],
-        env={"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(tiers.OPEN_DAYS)},
-    )
-    assert migrated.exit_code == 0, migrated.output
-    cut = (tiers.TODAY - 10) * DAY_S + 3600.0  # after the run's end, before its second day ends
-    tier = series_tier.Tier.open(series_url)
-    try:
-        with Ledger(pg_url) as led:
-            policy = Policy(raw_days=(tiers.NOW - cut) / DAY_S, drop_partitions=True)
-            report = run_retention(led, policy, actor="test", now=tiers.NOW, tier=tier)
-            assert report.days is not None and len(report.days.dropped) == 1, report.days
-            held = led.read(lambda c: server_queries.busy_by_run(c, [run_id]))[run_id]
-            assert held[1] is not None and held[1] < before[1] * 3600  # SQL alone misses a day
-    finally:
-        tier.store.close()
+    _half_dropped(pg_url, series_url, tmp_path)
+    with Ledger(pg_url) as led:
+        held = led.read(lambda c: server_queries.busy_by_run(c, [run_id]))[run_id]
+        assert held[1] is not None and held[1] < before[1] * 3600  # SQL alone misses a day
     served = _served_rows(pg_url, tmp_path, series_url)[run_id]
     assert served[0] == before[0] and _close(served, before), (served, before)
     assert _same(served[1], _cli_rows(pg_url, tmp_path, series_url)[run_id][1])
@@ -190,7 +175,7 @@ def test_metrics_counters_of_a_tiered_run_count_its_dropped_days_with_the_store(
 
 def test_the_run_list_reads_the_tiered_sums_of_all_its_runs_at_once(pg_url: str, series_url: str) -> None:
     """Two tiered runs and one never tiered: the same few statements as for one, the store unread."""
-    run_id, _, _ = tiers._ingested(pg_url, 2, _unmeasured(UNMEASURED), _today_run())
+    run_id, _, _ = tiers._ingested(pg_url, 2, _unmeasured(UNMEASURED), _other_run())
     _drop(pg_url, series_url)
     with Ledger(pg_url) as led:
         ids = led.read(lambda c: [r.id for r in server_queries.list_runs(c, None)])
@@ -202,14 +187,3 @@ def test_the_run_list_reads_the_tiered_sums_of_all_its_runs_at_once(pg_url: str,
         one = led.read(lambda c: server_queries.busy_by_run(c, [run_id], tiered=True))
     assert both[run_id] == one[run_id] and both[UNMEASURED] == (2, None) and set(both) == set(ids)
     assert many == len(statements) - many == 4, statements  # intervals, entries, marks, store windows
-
-
-def _today_run() -> dict[str, Any]:
-    start = tiers.NOW - 3600
-    return {
-        "run": run_doc(started_at=start, status="succeeded", ended_at=start + 50.0, exit_code=0),
-        "devices": devices_doc(1),
-        "gpu_intervals": gpu_rows(10, devices=1, start=start),
-        "host_intervals": host_rows(10, start=start),
-        "final": True,
-    }
