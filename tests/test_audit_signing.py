@@ -196,6 +196,8 @@ def test_cli_key_new_and_verify_with_the_public_key(tmp_path: Path, ledger_url: 
     public = made.stdout.strip()
     assert public.startswith("ed25519:") and (tmp_path / "audit.key").stat().st_mode & 0o777 == 0o600
     assert gl("audit", "key", "new", "--out", str(tmp_path / "audit.key")).returncode == 1  # never overwritten
+    nowhere = gl("audit", "key", "new", "--out", str(tmp_path / "no" / "audit.key"))  # a usage error, said first
+    assert nowhere.returncode == 2 and f"the folder {tmp_path / 'no'} does not exist" in nowhere.stderr, nowhere.stderr
     assert gl("audit", "key", "public", "--key-file", str(tmp_path / "audit.key")).stdout.strip() == public
     env = {"GPULEDGER_AUDIT_KEY_FILE": str(tmp_path / "audit.key")}
     Ledger(ledger_url).close()

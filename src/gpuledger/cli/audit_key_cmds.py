@@ -23,6 +23,9 @@ def key_new(out_path: str) -> None:
     verifiers need only that)."""
     from gpuledger.core.audit.signing import SigningKey
 
+    folder = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(folder):  # a usage error, as for every -o: said before any work
+        raise click.BadParameter(f"the folder {folder} does not exist (make it: install -d -m 700)", param_hint="--out")
     key = SigningKey.generate()
     try:
         fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
