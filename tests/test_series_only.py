@@ -1,0 +1,256 @@
+"""Runs whose raw intervals only the series store holds (store/series_segments.py): ``gpuledger
+serve --series URL --series-only`` on the real PostgreSQL server, into the compact PostgreSQL store
+and ClickHouse on chDB.
+
+The ledger keeps the run, its audit and per stream the seq ranges the store holds, no interval
+row; a resent or regrouped batch is stored once, a row overlapping a held one is refused by the
+segments, rows a failed ledger commit left in the store are not stored twice, a store that is down
+answers 503 and keeps nothing, and such a run pushed to a server without the store is refused
+with 503 rather than half-kept in the ledger.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
+
+import test_series_tier as tiers
+from gpuledger.store import Ledger, migrations, schema, series_live, series_segments, series_tier
+from gpuledger.store.engine import Database
+from gpuledger.store.series_segments import Segment
+from server_support import ServerProcess, bearer, setup_accounts
+from test_pg_partitions import OPEN_DAYS
+from test_series_live import HALF, N, _pushes, _rename, _schema
+
+pg_url, series_url = tiers.pg_url, tiers.series_url
+
+
+@pytest.fixture
+def pg_store_url(tmp_path: Path) -> Iterator[str]:
+    yield from tiers.store_url("postgres", tmp_path, "only_t")
+
+
+def _server(pg_url: str, series_url: str | None, tmp_path: Path, only: bool = True) -> ServerProcess:
+    env = {"GPULEDGER_CLOSE_AFTER_DAYS": str(OPEN_DAYS), "GPULEDGER_LOST_AFTER_S": "0"}
+    if series_url is not None:
+        env |= {
+            "GPULEDGER_SERIES": series_url,
+            "GPULEDGER_SERIES_ONLY": "1" if only else "",
+            "GPULEDGER_SERIES_LIVE": "1",
+        }
+    return ServerProcess(pg_url, log=tmp_path / "serve.log", env=env)
+
+
+def _post(server: ServerProcess, token: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(server.url + "/api/v1/ingest", json=body, headers=bearer(token), timeout=60)
+
+
+def _ledger_state(pg_url: str, run_id: str) -> tuple[int, int, dict[str, list[Segment]], bool]:
+    """(GPU rows, host rows the ledger holds, the run's segments, whether it is marked)."""
+    with Ledger(pg_url) as led:
+        gpu, host = len(led.gpu_intervals(run_id)), len(led.host_intervals(run_id))
+
+        def read(conn: sa.Connection) -> tuple[dict[str, list[Segment]], bool]:
+            return series_segments.segments(conn, run_id), series_segments.is_marked(conn, run_id)
+
+        return (gpu, host, *led.read(read))
+
+
+def _whole_segments(body: dict[str, Any]) -> dict[str, list[Segment]]:
+    """One segment per stream spanning every row of ``body``."""
+    out: dict[str, list[Segment]] = {}
+    streams: dict[str, list[dict[str, Any]]] = {"": body["host_intervals"]}
+    for r in body["gpu_intervals"]:
+        streams.setdefault(r["device_uuid"], []).append(r)
+    for uuid, rows in streams.items():
+        rows = sorted(rows, key=lambda r: r["seq"])
+        out[uuid] = [Segment(rows[0]["seq"], rows[-1]["seq"], rows[0]["t0"], rows[-1]["t1"])]
+    return out
+
+
+def _store_keys(url: str, run_id: str) -> tuple[list[tuple[str, int]], list[int]]:
+    store = series_tier.open_store(url, create=False)
+    try:
+        gpu, host = store.gpu_intervals(run_id), store.host_intervals(run_id)
+        return sorted((r["device_uuid"], r["seq"]) for r in gpu), sorted(r["seq"] for r in host)
+    finally:
+        store.close()
+
+
+def _keys(body: dict[str, Any]) -> tuple[list[tuple[str, int]], list[int]]:
+    return sorted((r["device_uuid"], r["seq"]) for r in body["gpu_intervals"]), sorted(
+        r["seq"] for r in body["host_intervals"]
+    )
+
+
+def test_a_series_only_run_keeps_its_rows_in_the_store_once_and_seq_ranges_in_the_ledger(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    tokens = setup_accounts(pg_url)
+    whole, first, final = _pushes()
+    run_id = whole["run"]["id"]
+    with _server(pg_url, series_url, tmp_path) as server:
+        got = _post(server, tokens.agent_a, first)
+        assert got.status_code == 200, got.text
+        assert got.json()["gpu_intervals"] == 2 * HALF and got.json()["host_intervals"] == HALF
+        assert len(got.json()["quarantined"]) == 1  # the GPU the run does not hold: never in the store
+        again = _post(server, tokens.agent_a, first)  # the acknowledgement lost: sent again
+        assert again.status_code == 200 and again.json()["gpu_intervals"] == 0, again.text
+        got = _post(server, tokens.agent_a, final)  # the first half again, grouped with the rest
+        assert got.status_code == 200, got.text
+        assert got.json()["gpu_intervals"] == 2 * (N - HALF) and got.json()["host_intervals"] == N - HALF
+        got = _post(server, tokens.agent_a, final)
+        assert got.status_code == 200 and got.json()["gpu_intervals"] == 0 and got.json()["host_intervals"] == 0
+    gpu, host, segments, marked = _ledger_state(pg_url, run_id)
+    assert (gpu, host, marked) == (0, 0, True)  # no raw row in the ledger
+    assert segments == _whole_segments(whole)  # one segment per stream: 3 rows for 3 * N intervals
+    assert _store_keys(series_url, run_id) == _keys(whole)  # each interval once
+
+
+def test_a_row_overlapping_what_the_store_holds_is_refused_by_the_segments(
+    pg_url: str, pg_store_url: str, tmp_path: Path
+) -> None:
+    tokens = setup_accounts(pg_url)
+    whole, first, _ = _pushes()
+    run_id = whole["run"]["id"]
+    gpu0 = first["gpu_intervals"][0]["device_uuid"]
+    mine = sorted((r for r in first["gpu_intervals"] if r["device_uuid"] == gpu0), key=lambda r: r["seq"])
+    late = copy.deepcopy(first)
+    late["gpu_intervals"] = [
+        {**mine[-1], "seq": HALF + 5},  # a new seq whose times repeat a held row's: overlaps the segment
+        {**mine[3], "t0": mine[3]["t0"] + 1.0},  # a held seq sent changed: held, not stored again
+    ]
+    late["host_intervals"] = []
+    with _server(pg_url, pg_store_url, tmp_path) as server:
+        assert _post(server, tokens.agent_a, first).status_code == 200
+        got = _post(server, tokens.agent_a, late)
+        assert got.status_code == 200, got.text
+        assert got.json()["gpu_intervals"] == 0
+        (refused,) = got.json()["quarantined"]
+        assert refused["item"] == f"{gpu0} seq {HALF + 5}" and "overlaps seq" in refused["reason"]
+    _, _, segments, _ = _ledger_state(pg_url, run_id)
+    assert segments[gpu0] == [Segment(0, HALF - 1, mine[0]["t0"], mine[-1]["t1"])]
+    gpu_keys, _ = _store_keys(pg_store_url, run_id)
+    assert (gpu0, HALF + 5) not in gpu_keys and len(gpu_keys) == 2 * HALF
+
+
+def test_rows_a_failed_ledger_commit_left_in_the_store_are_stored_once(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """A replica killed between the store's write and the ledger's commit: the store holds rows the
+    ledger's segments lack; the resend, regrouped, stores only the rows the store lacks."""
+    tokens = setup_accounts(pg_url)
+    whole, first, final = _pushes()
+    run_id = whole["run"]["id"]
+    with _server(pg_url, series_url, tmp_path) as server:
+        assert _post(server, tokens.agent_a, first).status_code == 200
+    gpu = [{c: r.get(c) for c in series_tier.GPU_COLUMNS} for r in whole["gpu_intervals"]]
+    host = [{c: r.get(c) for c in series_tier.HOST_COLUMNS} for r in whole["host_intervals"]]
+    live = series_live.LiveSeries(series_url)  # what the killed replica wrote: rows past the first half
+    try:
+        live.write(run_id, [r for r in gpu if HALF <= r["seq"] < HALF + 7], host[HALF : HALF + 7])
+    finally:
+        live.close()
+        if live.shared:
+            live.reader.close()  # type: ignore[union-attr]
+    with _server(pg_url, series_url, tmp_path) as server:
+        got = _post(server, tokens.agent_a, final)
+        assert got.status_code == 200 and got.json()["gpu_intervals"] == 2 * (N - HALF), got.text
+    assert _ledger_state(pg_url, run_id)[2] == _whole_segments(whole)
+    assert _store_keys(series_url, run_id) == _keys(whole)  # once, on ClickHouse too
+
+
+def test_a_store_that_is_down_answers_503_and_the_segments_stay_as_they_were(
+    pg_url: str, pg_store_url: str, tmp_path: Path
+) -> None:
+    tokens = setup_accounts(pg_url)
+    whole, first, final = _pushes()
+    run_id, name = whole["run"]["id"], _schema(pg_store_url)
+    with _server(pg_url, pg_store_url, tmp_path) as server:
+        assert _post(server, tokens.agent_a, first).status_code == 200
+        before = _ledger_state(pg_url, run_id)
+        _rename(name, f"{name}_away")
+        try:
+            got = _post(server, tokens.agent_a, final)
+            assert got.status_code == 503 and got.headers["Retry-After"] == str(series_live.RETRY_AFTER_S), got.text
+            assert _ledger_state(pg_url, run_id) == before  # the ledger's transaction rolled back with it
+        finally:
+            _rename(f"{name}_away", name)
+        got = _post(server, tokens.agent_a, final)
+        assert got.status_code == 200 and got.json()["gpu_intervals"] == 2 * (N - HALF), got.text
+    assert _ledger_state(pg_url, run_id)[2] == _whole_segments(whole)
+    assert _store_keys(pg_store_url, run_id) == _keys(whole)
+
+
+def test_a_series_only_run_pushed_to_a_server_without_the_store_is_answered_503(
+    pg_url: str, pg_store_url: str, tmp_path: Path
+) -> None:
+    tokens = setup_accounts(pg_url)
+    whole, first, final = _pushes()
+    run_id = whole["run"]["id"]
+    with _server(pg_url, pg_store_url, tmp_path) as server:
+        assert _post(server, tokens.agent_a, first).status_code == 200
+    before = _ledger_state(pg_url, run_id)
+    with _server(pg_url, None, tmp_path) as server:
+        got = _post(server, tokens.agent_a, final)
+        assert got.status_code == 503 and "series store only" in got.json()["detail"], got.text
+    assert _ledger_state(pg_url, run_id) == before  # nothing of it in the ledger's raw tables
+    with _server(pg_url, pg_store_url, tmp_path, only=False) as server:  # --series-live: still the store's
+        got = _post(server, tokens.agent_a, final)
+        assert got.status_code == 200 and got.json()["gpu_intervals"] == 2 * (N - HALF), got.text
+    assert _ledger_state(pg_url, run_id)[:3] == (0, 0, _whole_segments(whole))
+
+
+def test_runs_created_without_series_only_keep_their_rows_in_the_ledger(
+    pg_url: str, pg_store_url: str, tmp_path: Path
+) -> None:
+    tokens = setup_accounts(pg_url)
+    whole, first, final = _pushes()
+    run_id = whole["run"]["id"]
+    with _server(pg_url, pg_store_url, tmp_path, only=False) as server:
+        assert _post(server, tokens.agent_a, first).status_code == 200
+    with _server(pg_url, pg_store_url, tmp_path) as server:  # the mode marks only the runs it creates
+        assert _post(server, tokens.agent_a, final).status_code == 200
+    gpu, host, segments, marked = _ledger_state(pg_url, run_id)
+    assert (gpu, host, segments, marked) == (2 * N, N, {}, False)
+
+
+def test_migration_19_adds_the_series_only_tables(pg_url: str) -> None:
+    Ledger(pg_url).close()  # migrated to LATEST
+    db = Database(pg_url)
+
+    def back_to_18(conn: sa.Connection) -> None:
+        conn.execute(sa.text("DROP TABLE series_segments, series_only_runs"))
+        conn.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version == 19))
+
+    try:
+        db.write(back_to_18)
+        assert migrations.upgrade(db) == 19
+        tables = db.read(lambda conn: set(sa.inspect(conn).get_table_names()))
+        assert {"series_segments", "series_only_runs"} <= tables
+    finally:
+        db.close()
+
+
+@given(st.sets(st.integers(0, 60)), st.randoms(use_true_random=False))
+def test_merged_segments_are_the_runs_of_consecutive_seqs(seqs: set[int], rnd: Any) -> None:
+    spans = [Segment(q, q, float(q), q + 1.0) for q in seqs]
+    rnd.shuffle(spans)
+    # merged in any grouping (earlier pushes' segments merged first) gives the same segments
+    cut = rnd.randint(0, len(spans))
+    got = series_segments.merged([*series_segments.merged(spans[:cut]), *spans[cut:]])
+    want: list[Segment] = []
+    for q in sorted(seqs):
+        if want and want[-1].last_seq + 1 == q:
+            want[-1] = Segment(want[-1].first_seq, q, want[-1].t0, q + 1.0)
+        else:
+            want.append(Segment(q, q, float(q), q + 1.0))
+    assert got == want
