@@ -19,10 +19,13 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
 import test_series_tier as tiers
+from gpuledger.cli.main import cli
+from gpuledger.server.settings import Settings
 from gpuledger.store import Ledger, migrations, schema, series_live, series_segments, series_tier
 from gpuledger.store.engine import Database
 from gpuledger.store.series_segments import Segment
@@ -41,11 +44,10 @@ def pg_store_url(tmp_path: Path) -> Iterator[str]:
 def _server(pg_url: str, series_url: str | None, tmp_path: Path, only: bool = True) -> ServerProcess:
     env = {"GPULEDGER_CLOSE_AFTER_DAYS": str(OPEN_DAYS), "GPULEDGER_LOST_AFTER_S": "0"}
     if series_url is not None:
-        env |= {
-            "GPULEDGER_SERIES": series_url,
-            "GPULEDGER_SERIES_ONLY": "1" if only else "",
-            "GPULEDGER_SERIES_LIVE": "1",
-        }
+        # --series-only is --series-live and more: it is not given here, serve sets it
+        env |= {"GPULEDGER_SERIES": series_url} | (
+            {"GPULEDGER_SERIES_ONLY": "1"} if only else {"GPULEDGER_SERIES_LIVE": "1"}
+        )
     return ServerProcess(pg_url, log=tmp_path / "serve.log", env=env)
 
 
@@ -106,6 +108,7 @@ def test_a_series_only_run_keeps_its_rows_in_the_store_once_and_seq_ranges_in_th
         assert again.status_code == 200 and again.json()["gpu_intervals"] == 0, again.text
         got = _post(server, tokens.agent_a, final)  # the first half again, grouped with the rest
         assert got.status_code == 200, got.text
+        assert got.json()["quarantined"] == []  # the held half is not judged again
         assert got.json()["gpu_intervals"] == 2 * (N - HALF) and got.json()["host_intervals"] == N - HALF
         got = _post(server, tokens.agent_a, final)
         assert got.status_code == 200 and got.json()["gpu_intervals"] == 0 and got.json()["host_intervals"] == 0
@@ -115,31 +118,48 @@ def test_a_series_only_run_keeps_its_rows_in_the_store_once_and_seq_ranges_in_th
     assert _store_keys(series_url, run_id) == _keys(whole)  # each interval once
 
 
-def test_a_row_overlapping_what_the_store_holds_is_refused_by_the_segments(
+def test_rows_overlapping_what_the_store_holds_are_refused_by_the_segments(
     pg_url: str, pg_store_url: str, tmp_path: Path
 ) -> None:
+    """Overlaps are judged against the neighbouring segments' ends as against stored rows, and a
+    gap filled later joins the segments either side of it."""
     tokens = setup_accounts(pg_url)
     whole, first, _ = _pushes()
     run_id = whole["run"]["id"]
     gpu0 = first["gpu_intervals"][0]["device_uuid"]
     mine = sorted((r for r in first["gpu_intervals"] if r["device_uuid"] == gpu0), key=lambda r: r["seq"])
-    late = copy.deepcopy(first)
-    late["gpu_intervals"] = [
-        {**mine[-1], "seq": HALF + 5},  # a new seq whose times repeat a held row's: overlaps the segment
-        {**mine[3], "t0": mine[3]["t0"] + 1.0},  # a held seq sent changed: held, not stored again
-    ]
-    late["host_intervals"] = []
+    end = mine[-1]["t1"]  # of seq HALF - 1, the first push's last
+
+    def push(*rows: dict[str, Any]) -> httpx.Response:
+        body = copy.deepcopy(first)
+        body["gpu_intervals"], body["host_intervals"] = list(rows), []
+        return _post(server, tokens.agent_a, body)
+
+    def row(seq: int, t0: float, t1: float) -> dict[str, Any]:
+        return {**mine[-1], "seq": seq, "t0": t0, "t1": t1}
+
     with _server(pg_url, pg_store_url, tmp_path) as server:
         assert _post(server, tokens.agent_a, first).status_code == 200
-        got = _post(server, tokens.agent_a, late)
-        assert got.status_code == 200, got.text
-        assert got.json()["gpu_intervals"] == 0
+        got = push(
+            {**mine[-1], "seq": HALF + 5},  # a new seq whose times repeat a held row's: starts before it ends
+            {**mine[3], "t0": mine[3]["t0"] + 1.0},  # a held seq sent changed: held, not stored again
+            row(HALF + 10, end + 50.0, end + 55.0),  # after a gap: a segment of its own
+        )
+        assert got.status_code == 200 and got.json()["gpu_intervals"] == 1, got.text
         (refused,) = got.json()["quarantined"]
-        assert refused["item"] == f"{gpu0} seq {HALF + 5}" and "overlaps seq" in refused["reason"]
-    _, _, segments, _ = _ledger_state(pg_url, run_id)
-    assert segments[gpu0] == [Segment(0, HALF - 1, mine[0]["t0"], mine[-1]["t1"])]
+        assert refused["item"] == f"{gpu0} seq {HALF + 5}" and "starts at" in refused["reason"]
+        got = push(row(HALF + 8, end + 40.0, end + 52.0))  # ends after seq HALF + 10 starts
+        (refused,) = got.json()["quarantined"]
+        assert refused["item"] == f"{gpu0} seq {HALF + 8}" and "ends at" in refused["reason"], got.text
+        assert _ledger_state(pg_url, run_id)[2][gpu0] == [
+            Segment(0, HALF - 1, mine[0]["t0"], end),
+            Segment(HALF + 10, HALF + 10, end + 50.0, end + 55.0),
+        ]
+        got = push(*(row(HALF + k, end + 5.0 * k, end + 5.0 * (k + 1)) for k in range(10)))  # the gap filled
+        assert got.status_code == 200 and got.json()["gpu_intervals"] == 10 and got.json()["quarantined"] == []
+    assert _ledger_state(pg_url, run_id)[2][gpu0] == [Segment(0, HALF + 10, mine[0]["t0"], end + 55.0)]
     gpu_keys, _ = _store_keys(pg_store_url, run_id)
-    assert (gpu0, HALF + 5) not in gpu_keys and len(gpu_keys) == 2 * HALF
+    assert [q for u, q in gpu_keys if u == gpu0] == list(range(HALF + 11))
 
 
 def test_rows_a_failed_ledger_commit_left_in_the_store_are_stored_once(
@@ -254,3 +274,24 @@ def test_merged_segments_are_the_runs_of_consecutive_seqs(seqs: set[int], rnd: A
         else:
             want.append(Segment(q, q, float(q), q + 1.0))
     assert got == want
+
+
+def test_series_only_is_read_from_the_environment() -> None:
+    assert Settings.from_env({"GPULEDGER_SERIES_ONLY": "1"}).series_only is True
+    assert Settings.from_env({}).series_only is False
+
+
+def test_serve_refuses_series_only_without_a_store(pg_url: str) -> None:
+    setup_accounts(pg_url)
+    out = CliRunner().invoke(cli, ["serve", "--db", pg_url, "--unsigned", "--series-only"])
+    assert out.exit_code == 2 and "--series-only" in out.output and "--series URL" in out.output
+
+
+def test_series_only_settings_open_the_live_store(pg_store_url: str) -> None:
+    from gpuledger.server.app import _live_series
+
+    live = _live_series(Settings(series=pg_store_url, series_only=True))  # series_live left False
+    try:
+        assert live is not None and live.url == pg_store_url
+    finally:
+        live.close()
