@@ -295,3 +295,24 @@ def test_series_only_settings_open_the_live_store(pg_store_url: str) -> None:
         assert live is not None and live.url == pg_store_url
     finally:
         live.close()
+
+
+def test_a_lost_series_only_run_cannot_end_before_the_last_interval_the_store_holds(
+    pg_url: str, pg_store_url: str, tmp_path: Path
+) -> None:
+    """A lost run's end is bounded below by its last interval: for a series-only run the ledger
+    knows it from the segments, not from raw rows."""
+    tokens = setup_accounts(pg_url)
+    _, first, _ = _pushes()
+    last_t1 = max(r["t1"] for r in first["gpu_intervals"])
+    lost, ended = copy.deepcopy(first), copy.deepcopy(first)
+    lost["gpu_intervals"], lost["host_intervals"] = [], []
+    lost["run"] |= {"status": "lost", "ended_at": last_t1 + 10.0}
+    ended["gpu_intervals"], ended["host_intervals"] = [], []
+    ended["run"] |= {"status": "failed", "ended_at": last_t1 - 100.0, "exit_code": 1}
+    with _server(pg_url, pg_store_url, tmp_path) as server:
+        assert _post(server, tokens.agent_a, first).status_code == 200
+        got = _post(server, tokens.agent_a, lost)
+        assert got.status_code == 200, got.text
+        got = _post(server, tokens.agent_a, ended)
+        assert got.status_code == 409 and "its last interval" in got.json()["detail"], got.text
