@@ -36,6 +36,7 @@ from gpuledger.store import (
     refusal_trail,
     rollup_stale,
     schema,
+    series_day_sums,
     series_rules,
     series_segments,
     writes,
@@ -319,6 +320,7 @@ def ingest(
             new_host.extend(host_in)
             series_segments.record(conn, run.id, "gpu", gpu_in, gpu_columns)
             series_segments.record(conn, run.id, "host", host_in, host_columns)
+            series_day_sums.add(conn, run.id, gpu_in, gpu_columns)  # what cost queries sum (materialise_rollups)
             out.gpu_intervals, d1 = len(gpu_in), 0
         else:
             out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns, new_gpu)

@@ -410,7 +410,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         19,
-        "add series_only_runs and series_segments: runs whose raw intervals only the series store holds",
+        "add series_only_runs, series_segments, series_day_sums: runs whose raw intervals only the series store holds",
         _add_series_only,
     ),
 )
