@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import test_series_tier as tiers
+from gpuledger.reports.cost import usage
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.server.app import create_app
 from gpuledger.server.settings import Settings
@@ -121,10 +122,14 @@ def test_series_only_rollups_equal_those_of_the_same_rows_in_the_ledger(
     with plain, only:
         got = plain.post("/api/v1/ingest", json=_body(plain_id, plain_gpus, plain_rows, final=True), headers=token)
         assert got.status_code == 200 and got.json()["quarantined"] == [], got.text
-        # the same rows in batches cut at ``cuts``, each sent twice, one earlier batch resent with a later one
+        # the same rows in batches cut at ``cuts``, in any order but the last, each sent twice, one earlier
+        # batch resent with a later one
         order = sorted(only_rows, key=lambda r: (r["seq"], r["device_uuid"]))
         edges = sorted({0, len(order), *(min(c, len(order)) for c in cuts)})
         batches = [order[a:b] for a, b in itertools.pairwise(edges) if b > a]
+        head = batches[:-1]
+        rnd.shuffle(head)  # out of seq order: a gap filled by a later push
+        batches = [*head, batches[-1]]
         for n, rows in enumerate(batches):
             last = n == len(batches) - 1
             sent = [*rows, *(rnd.choice(batches[:n]) if n else [])]
@@ -137,6 +142,10 @@ def test_series_only_rollups_equal_those_of_the_same_rows_in_the_ledger(
                 assert got.status_code == 200 and got.json()["quarantined"] == [], got.text
     with Ledger(pg_url) as led:
         assert led.gpu_intervals(only_id) == [] and len(led.gpu_intervals(plain_id)) == len(plain_rows)
+        renamed = dict(zip(plain_gpus, only_gpus, strict=True))
+        assert led.read(lambda conn: _day_sums(conn, only_id)) == led.read(
+            lambda conn: {(renamed[u], k): v for (u, k), v in _reference_sums(conn, plain_id).items()}
+        )
         ends = led.read(lambda conn: cq.last_interval_ends(conn, [plain_id, only_id]))
         assert ends[only_id] == ends[plain_id]  # a windowed report's end of a run without one
         materialise_rollups(led)
@@ -144,6 +153,31 @@ def test_series_only_rollups_equal_those_of_the_same_rows_in_the_ledger(
     assert len(got_rows) == len(want) and want
     for a, b in zip(want, got_rows, strict=True):
         assert b == {k: pytest.approx(v, rel=1e-9, abs=1e-6) if isinstance(v, float) else v for k, v in a.items()}
+
+
+SUMS = ("t0", "t1", "busy_s", "busy_n", "energy_j", "energy_n", "intervals")
+
+
+def _reference_sums(conn: sa.Connection, run_id: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """What cost queries sum from a run's raw rows per (GPU, day): ``interval_sums``' day rows,
+    its raw rows (intervals across several midnights) added as ``interval_day_usage`` adds them."""
+    days, raw = cq.interval_sums(conn, [run_id], None, None)
+    per: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
+    for d in days:
+        per.setdefault(d["device_uuid"], {})[(d["day"], 0)] = {k: d[k] for k in SUMS}
+    for iv in raw:
+        usage._add_raw(per.setdefault(iv["device_uuid"], {}), iv, [])
+    return {(u, day): _approx(row) for u, rows in per.items() for (day, _), row in rows.items()}
+
+
+def _day_sums(conn: sa.Connection, run_id: str) -> dict[tuple[str, int], dict[str, Any]]:
+    t = schema.series_day_sums
+    rows = conn.execute(sa.select(t).where(t.c.run_id == run_id)).mappings()
+    return {(r["device_uuid"], r["day"]): {k: r[k] for k in SUMS} for r in rows}
+
+
+def _approx(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: pytest.approx(v, rel=1e-9, abs=1e-6) if isinstance(v, float) else v for k, v in row.items()}
 
 
 _TOKENS: dict[str, dict[str, str]] = {}
