@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 import test_series_tier as tiers
 from gpuledger.cli.main import cli
 from gpuledger.server.settings import Settings
-from gpuledger.store import Ledger, migrations, schema, series_live, series_segments, series_tier
+from gpuledger.store import Ledger, audit, migrations, schema, series_live, series_segments, series_tier, series_verify
 from gpuledger.store.engine import Database
 from gpuledger.store.series_segments import Segment
 from server_support import ServerProcess, bearer, setup_accounts
@@ -316,3 +317,43 @@ def test_a_lost_series_only_run_cannot_end_before_the_last_interval_the_store_ho
         assert got.status_code == 200, got.text
         got = _post(server, tokens.agent_a, ended)
         assert got.status_code == 409 and "its last interval" in got.json()["detail"], got.text
+
+
+def test_the_final_push_seals_the_intervals_the_store_holds_and_audit_verify_series_checks_them(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    tokens = setup_accounts(pg_url)
+    whole, first, final = _pushes()
+    run_id = whole["run"]["id"]
+    with _server(pg_url, series_url, tmp_path) as server:
+        assert _post(server, tokens.agent_a, first).status_code == 200
+        got = _post(server, tokens.agent_a, final)
+        assert got.status_code == 200 and got.json()["sealed"], got.text
+        assert _post(server, tokens.agent_a, final).json()["sealed"] is False  # sent again: sealed as it was
+    with Ledger(pg_url) as led:
+        seal = led.read(lambda conn: series_segments.latest_seal(conn, run_id))
+        assert seal is not None and seal["series"] == series_tier.shown_url(series_url)
+        assert seal["gpu_rows"] == 2 * N and seal["host_rows"] == N and len(seal["gpu"]) == 2
+        assert audit.verify(led, close_after_days=OPEN_DAYS).ok
+    store = series_tier.open_store(series_url, create=False)
+    try:
+        with Ledger(pg_url) as led:
+            checked = series_verify.check(led, store, series_url)
+            assert checked.problems == [] and checked.runs_checked == 1
+            _tamper(series_url, store, HALF + 3)  # a row of both GPUs changed in the store
+            checked = series_verify.check(led, store, series_url)
+        assert len(checked.problems) == 2 and all(run_id in p for p in checked.problems), checked.problems
+        assert all("sealed series-only run" in p and "energy_mj differ" in p for p in checked.problems), (
+            checked.problems
+        )
+    finally:
+        store.close()
+
+
+def _tamper(url: str, store: Any, seq: int) -> None:
+    """The row ``seq`` of every GPU changed in the store (energy + 1 mJ)."""
+    if url.startswith("chdb"):
+        tiers._tamper(url, store, seq)
+        return
+    with psycopg.connect(tiers.PG, autocommit=True) as conn:
+        conn.execute(f"UPDATE {_schema(url)}.gpu_iv SET energy_mj = energy_mj + 1 WHERE seq = {seq}")

@@ -64,6 +64,12 @@ def _only(request: Request) -> str | None:
     return live.shown if live is not None and request.app.state.settings.series_only else None
 
 
+def _summary(request: Request) -> Any:
+    """What the store holds of a series-only run, for its seal (store/series_segments.py)."""
+    live = getattr(request.app.state, "series_live", None)
+    return None if live is None else live.summary
+
+
 def _to_run(batch: IngestBatch) -> RunRecord:
     return RunRecord(**batch.run.model_dump())
 
@@ -101,6 +107,7 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
             closed_before=closed_months.boundary(time.time(), request.app.state.settings.close_after_days),
             live=_live_write(request),
             only=_only(request),
+            summary=_summary(request),
         )
     except (series_live.SeriesUnavailable, series_segments.SeriesRequired) as exc:  # nothing kept: sent again
         retry = {"Retry-After": str(series_live.RETRY_AFTER_S)}

@@ -283,6 +283,7 @@ def ingest(
     closed_before: float | None = None,
     live: LiveWrite | None = None,
     only: str | None = None,
+    summary: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> IngestOutcome:
     """Store one push of ``writer``. Raises PushRefused (nothing stored; the attempt audited).
     ``closed_before``: the months before it are closed (store/closed_months.py; None: none is).
@@ -291,7 +292,9 @@ def ingest(
     the push back (store/series_live.py). ``only`` (with ``live``): the store's URL as shown; a run
     this push creates keeps its raw rows in the store only (store/series_segments.py): the ledger
     keeps the seq ranges it holds, not the rows. Such a run stays so: a push of it without ``live``
-    raises SeriesRequired, nothing stored."""
+    raises SeriesRequired, nothing stored. ``summary(run_id)``: what the store holds of such a run
+    (``LiveSeries.summary``), recorded in the trail as the seal of its intervals when the run is
+    sealed (``run.series_sealed``; ``audit verify --series`` compares the store with it)."""
     times = [_times(r, c) for rows, c in ((gpu, gpu_columns), (host, host_columns)) for r in rows]
 
     def tx(conn: Connection) -> IngestOutcome:
@@ -340,11 +343,14 @@ def ingest(
         out.metrics = _insert_numbered(db, conn, schema.metrics, run.id, metrics_in)
         wrote = changed or any((out.gpu_intervals, out.host_intervals, out.events, out.metrics))
         ended = is_final(row["status"], row["ended_at"])
-        if ended and (final or (wrote and audit.latest_seal(conn, run.id) is not None)):
+        sealing = ended and (final or (wrote and audit.latest_seal(conn, run.id) is not None))
+        if sealing:
             reason = "final push" if final and audit.latest_seal(conn, run.id) is None else _late_reason(out)
             out.sealed = audit.seal_run(conn, run.id, actor=writer.actor, reason=reason) is not None
         if live is not None and (new_gpu or new_host):  # last: the store's write, then the commit
             live(run.id, _dicts(new_gpu, gpu_columns), _dicts(new_host, host_columns))
+        if store_only and sealing and summary is not None:  # after the store's write: what it holds now
+            out.sealed = series_segments.seal(conn, run.id, summary(run.id), actor=writer.actor) or out.sealed
         return out
 
     if live is not None and db.dialect != "postgresql":

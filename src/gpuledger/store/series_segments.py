@@ -18,8 +18,9 @@ Runs of seqs are only merged when consecutive: a gap may still be filled by a la
 from __future__ import annotations
 
 import bisect
+import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -29,6 +30,7 @@ from gpuledger.store import schema, series_rules
 from gpuledger.store.series_rules import Item, Refuse
 
 HOST = ""  # the host stream's device_uuid
+SEALED = "run.series_sealed"  # the seal of a series-only run's intervals, as the store holds them
 
 
 class SeriesRequired(RuntimeError):
@@ -52,6 +54,32 @@ def is_marked(conn: Connection, run_id: str) -> bool:
 def mark(conn: Connection, run_id: str, store: str) -> None:
     """List a run just created in the series-only mode (``store``: the store's URL as shown)."""
     conn.execute(sa.insert(schema.series_only_runs).values(run_id=run_id, store=store, marked_at=time.time()))
+
+
+def seal(conn: Connection, run_id: str, summary: Mapping[str, Any], *, actor: str) -> bool:
+    """Record ``summary`` (``LiveSeries.summary``: the store's rows of the run, per stream) as the
+    seal of the run's intervals, unless the latest one says the same; whether it was recorded."""
+    from gpuledger.store import audit  # audit imports the store's schema; kept out of import time
+
+    if latest_seal(conn, run_id) == dict(summary):
+        return False
+    audit.append(conn, actor=actor, action=SEALED, obj=f"run:{run_id}", payload=dict(summary))
+    return True
+
+
+def latest_seal(conn: Connection, run_id: str) -> dict[str, Any] | None:
+    """The latest ``run.series_sealed`` payload of the run (None: never sealed so)."""
+    a = schema.audit_log.c
+    q = sa.select(a.payload).where(a.object == f"run:{run_id}", a.action == SEALED).order_by(a.seq.desc()).limit(1)
+    payload = conn.scalar(q)
+    return None if payload is None else json.loads(payload)
+
+
+def series_seals(conn: Connection) -> dict[str, dict[str, Any]]:
+    """Per series-only run, its latest ``run.series_sealed`` payload."""
+    a = schema.audit_log.c
+    q = sa.select(a.object, a.payload).where(a.action == SEALED).order_by(a.seq)
+    return {obj.removeprefix("run:"): json.loads(payload) for obj, payload in conn.execute(q)}
 
 
 def segments(conn: Connection, run_id: str, streams: Iterable[str] | None = None) -> dict[str, list[Segment]]:
