@@ -335,6 +335,9 @@ def test_the_final_push_seals_the_intervals_the_store_holds_and_audit_verify_ser
         assert seal is not None and seal["series"] == series_tier.shown_url(series_url)
         assert seal["gpu_rows"] == 2 * N and seal["host_rows"] == N and len(seal["gpu"]) == 2
         assert audit.verify(led, close_after_days=OPEN_DAYS).ok
+    env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(OPEN_DAYS)}
+    ok = CliRunner().invoke(cli, ["audit", "verify", "--db", pg_url, "--series", series_url], env=env)
+    assert ok.exit_code == 0 and "0 tiered run days checked, 1 series-only runs checked" in ok.output, ok.output
     store = series_tier.open_store(series_url, create=False)
     try:
         with Ledger(pg_url) as led:
