@@ -12,6 +12,7 @@ with 503 rather than half-kept in the ledger.
 from __future__ import annotations
 
 import copy
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,9 +74,9 @@ def _whole_segments(body: dict[str, Any]) -> dict[str, list[Segment]]:
     streams: dict[str, list[dict[str, Any]]] = {"": body["host_intervals"]}
     for r in body["gpu_intervals"]:
         streams.setdefault(r["device_uuid"], []).append(r)
-    for uuid, rows in streams.items():
+    for stream, rows in streams.items():
         rows = sorted(rows, key=lambda r: r["seq"])
-        out[uuid] = [Segment(rows[0]["seq"], rows[-1]["seq"], rows[0]["t0"], rows[-1]["t1"])]
+        out[stream] = [Segment(rows[0]["seq"], rows[-1]["seq"], rows[0]["t0"], rows[-1]["t1"])]
     return out
 
 
@@ -360,3 +361,28 @@ def _tamper(url: str, store: Any, seq: int) -> None:
         return
     with psycopg.connect(tiers.PG, autocommit=True) as conn:
         conn.execute(f"UPDATE {_schema(url)}.gpu_iv SET energy_mj = energy_mj + 1 WHERE seq = {seq}")
+
+
+def test_report_run_reads_a_series_only_run_from_the_store(pg_url: str, series_url: str, tmp_path: Path) -> None:
+    """``report run`` with the store (GPULEDGER_SERIES) gives a series-only run the figures of the
+    same rows kept in the ledger."""
+    tokens = setup_accounts(pg_url)
+    whole, _, _ = _pushes()
+    plain = copy.deepcopy(whole)
+    plain["run"]["id"] = str(uuid.uuid4())
+    rename = {d["uuid"]: d["uuid"] + "-plain" for d in plain["devices"]}
+    for d in plain["devices"]:
+        d["uuid"] = rename[d["uuid"]]
+    for r in plain["gpu_intervals"]:
+        r["device_uuid"] = rename[r["device_uuid"]]
+    with _server(pg_url, None, tmp_path) as server:
+        assert _post(server, tokens.agent_a, plain).status_code == 200
+    with _server(pg_url, series_url, tmp_path) as server:
+        assert _post(server, tokens.agent_a, whole).status_code == 200
+    want = tiers._report_gpus(pg_url, plain["run"]["id"], tmp_path)
+    got = tiers._report_gpus(pg_url, whole["run"]["id"], tmp_path, series_url)
+    drop = ("uuid", "device_uuid", "index")
+    assert [{k: v for k, v in g.items() if k not in drop} for g in got] == [
+        {k: v for k, v in g.items() if k not in drop} for g in want
+    ]
+    assert got and all(g["busy"].endswith("%") for g in got), got  # measured, read from the store
