@@ -12,6 +12,7 @@ with 503 rather than half-kept in the ledger.
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -363,8 +364,10 @@ def _tamper(url: str, store: Any, seq: int) -> None:
         conn.execute(f"UPDATE {_schema(url)}.gpu_iv SET energy_mj = energy_mj + 1 WHERE seq = {seq}")
 
 
-def test_report_run_reads_a_series_only_run_from_the_store(pg_url: str, series_url: str, tmp_path: Path) -> None:
-    """``report run`` with the store (GPULEDGER_SERIES) gives a series-only run the figures of the
+def test_report_run_and_show_read_a_series_only_run_from_the_store(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """``report run`` and ``show`` with the store (GPULEDGER_SERIES) give a series-only run the figures of the
     same rows kept in the ledger."""
     tokens = setup_accounts(pg_url)
     whole, _, _ = _pushes()
@@ -386,3 +389,13 @@ def test_report_run_reads_a_series_only_run_from_the_store(pg_url: str, series_u
         {k: v for k, v in g.items() if k not in drop} for g in want
     ]
     assert got and all(g["busy"].endswith("%") for g in got), got  # measured, read from the store
+    env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_SERIES": series_url}
+    shown = {}
+    for run_id in (plain["run"]["id"], whole["run"]["id"]):
+        out = CliRunner().invoke(cli, ["show", run_id, "--json", "--db", pg_url], env=env)
+        assert out.exit_code == 0, out.output
+        shown[run_id] = json.loads(out.output)
+    show_plain, show_only = shown[plain["run"]["id"]], shown[whole["run"]["id"]]
+    assert show_only["intervals"] == show_plain["intervals"] > 0
+    assert show_only["busy_gpu_hours"] == pytest.approx(show_plain["busy_gpu_hours"], rel=1e-3)  # store units
+    assert show_only["busy_gpu_hours"] > 0
