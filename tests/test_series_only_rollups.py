@@ -34,7 +34,7 @@ from test_pg_partitions import OPEN_DAYS, TODAY
 pytestmark = pytest.mark.postgres
 
 pg_url = tiers.pg_url
-MIDNIGHT = (TODAY - 10) * DAY_S
+MIDNIGHT = (TODAY - 30) * DAY_S  # 12 intervals of up to 194,000 s end 3 days ago at the latest
 
 
 @pytest.fixture
