@@ -67,8 +67,8 @@ def _free_port() -> int:
 
 
 class Replica:
-    def __init__(self, db: str, series: str, work: Path, name: str, live: bool = True) -> None:
-        self.live = live
+    def __init__(self, db: str, series: str, work: Path, name: str, live: bool = True, only: bool = False) -> None:
+        self.live, self.only = live, only
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db, self.series, self.work, self.name = db, series, work, name
@@ -77,6 +77,7 @@ class Replica:
     def start(self) -> None:
         env = {
             **os.environ, "GPULEDGER_SERIES": self.series, "GPULEDGER_SERIES_LIVE": "1" if self.live else "0",
+            "GPULEDGER_SERIES_ONLY": "1" if self.only else "0",
             "GPULEDGER_AUDIT_CHECKPOINT": str(self.work / f"{self.name}.checkpoint.json"),
             "GPULEDGER_RATE_TOKEN_PER_S": "0", "GPULEDGER_RATE_IP_PER_S": "0", "GPULEDGER_LOST_AFTER_S": "0",
             "GPULEDGER_TOKEN_CACHE_S": "60",
@@ -181,8 +182,10 @@ def _send(agents: list[Agent], replicas: list[Replica], token: str, until: float
 # -- the check ---------------------------------------------------------------------------------
 
 
-def check(agents: list[Agent], fleet: Any, db: str, series: str | None) -> dict[str, Any]:
-    """Per run: the ledger's and the store's count and sums against the acknowledged minutes."""
+def check(agents: list[Agent], fleet: Any, db: str, series: str | None, only: bool = False) -> dict[str, Any]:
+    """Per run: the ledger's and the store's count and sums against the acknowledged minutes.
+    ``only`` (serve --series-only): the ledger holds no rows; its seq ranges must cover every
+    acknowledged interval once."""
     import sqlalchemy as sa
 
     from gpuledger.series import quantum
@@ -217,6 +220,10 @@ def check(agents: list[Agent], fleet: Any, db: str, series: str | None) -> dict[
                 got_ledger = led.read(
                     lambda c, a=a: [dict(r._mapping) for r in c.execute(sa.select(g).where(g.c.run_id == a.run_id))]
                 )
+                if only:  # no rows in the ledger; its segments hold every acknowledged seq once
+                    if got_ledger or _segment_count(led, a.run_id) < len(sent):
+                        bad_ledger.append({"run": a.run_id, "rows": len(got_ledger), "want": len(sent)})
+                    got_ledger = None
                 got_store = store.gpu_intervals(a.run_id) if store else None
                 for found, bad in ((got_ledger, bad_ledger), (got_store, bad_store)):
                     if found is None:
@@ -229,14 +236,33 @@ def check(agents: list[Agent], fleet: Any, db: str, series: str | None) -> dict[
                     "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('gpu_intervals')"
                 ).scalar()
             )
+            only_bytes = led.read(
+                lambda c: c.exec_driver_sql(
+                    "SELECT coalesce(sum(pg_total_relation_size(t)), 0) FROM unnest(ARRAY["
+                    "'series_segments', 'series_day_sums', 'series_only_runs']::regclass[]) t"
+                ).scalar()
+            )
         store_bytes = store.bytes_at_rest() if store else 0
     finally:
         if store:
             store.close()
     return {
         "runs": len(agents), "intervals": intervals, "bad_ledger": bad_ledger, "bad_store": bad_store,
-        "store_bytes": store_bytes, "ledger_bytes": int(ledger_bytes),
+        "store_bytes": store_bytes, "ledger_bytes": int(ledger_bytes), "only_bytes": int(only_bytes),
     }  # fmt: skip
+
+
+def _segment_count(led: Any, run_id: str) -> int:
+    """The GPU seqs the run's segments cover (serve --series-only)."""
+    import sqlalchemy as sa
+
+    from gpuledger.store import schema
+
+    c = schema.series_segments.c
+    q = sa.select(sa.func.coalesce(sa.func.sum(c.last_seq - c.first_seq + 1), 0)).where(
+        c.run_id == run_id, c.device_uuid != ""
+    )
+    return int(led.read(lambda conn: conn.scalar(q)))
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -267,6 +293,10 @@ def main() -> None:
     p.add_argument("--replicas", type=int, choices=[1, 2], default=2)
     p.add_argument("--no-kill", action="store_true", help="no SIGKILL half-way")
     p.add_argument("--no-live", action="store_true", help="the baseline: serve without --series-live, no store")
+    p.add_argument(
+        "--series-only", action="store_true",
+        help="serve --series-only: the runs' intervals in the store only, the ledger their seq ranges and day sums",
+    )  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep the schemas and folder")
     args = p.parse_args()
     if args.store == "chdb" and args.replicas != 1:
@@ -290,7 +320,10 @@ def main() -> None:
         start = int(time.time() // 60) * 60 - 6 * 3600  # room for 360 minutes a run, none in the future
         fleet = fleet_sim.Fleet(args.agents * 8, start)
         agents = [Agent(i, fleet, start) for i in range(args.agents)]
-        replicas = [Replica(db, series, work, f"r{i}", live=not args.no_live) for i in range(args.replicas)]
+        replicas = [
+            Replica(db, series, work, f"r{i}", live=not args.no_live, only=args.series_only)
+            for i in range(args.replicas)
+        ]
         if not args.no_live:  # as serve does before its workers start
             open_store(series).close()
         for r in replicas:
@@ -318,12 +351,13 @@ def main() -> None:
         load_after = _load()
         for r in replicas:
             r.stop()
-        checked = check(agents, fleet, db, None if args.no_live else series)
+        checked = check(agents, fleet, db, None if args.no_live else series, args.series_only)
         lat = sorted(out["lat"])
         q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else [lat[0] * 1000] * 99
         report = {
             "agents": args.agents, "gpus": args.agents * 8, "replicas": args.replicas, "store": args.store,
-            "live": not args.no_live, "senders": args.senders, "wall_s": round(wall, 1),
+            "live": not args.no_live, "series_only": args.series_only, "senders": args.senders,
+            "wall_s": round(wall, 1),
             "killed_at_s": killed_at and round(killed_at, 1),
             "pushes": len(lat), "failed_pushes": out["failed"], "intervals_acked": out["acked"],
             "intervals_per_s": round(out["acked"] / wall), "p50_ms": round(q[49] * 1000, 1),
@@ -331,6 +365,8 @@ def main() -> None:
             "lost_or_doubled_ledger": len(checked["bad_ledger"]), "lost_or_doubled_store": len(checked["bad_store"]),
             "store_b_per_interval": round(checked["store_bytes"] / max(1, checked["intervals"]), 1),
             "ledger_b_per_interval": round(checked["ledger_bytes"] / max(1, checked["intervals"]), 1),
+            # series_segments + series_day_sums + series_only_runs (empty unless --series-only)
+            "ledger_only_tables_b_per_interval": round(checked["only_bytes"] / max(1, checked["intervals"]), 1),
             "load_before": load_before, "load_after": load_after,
         }  # fmt: skip
         print(json.dumps(report, indent=1))

@@ -182,7 +182,7 @@ def _plain_layout(url: str) -> None:
             cols = ", ".join(f'"{c.name}"' for c in table.columns)
             conn.exec_driver_sql(f"INSERT INTO {table.name} ({cols}) SELECT {cols} FROM {table.name}_part")
             conn.exec_driver_sql(f"DROP TABLE {table.name}_part")
-        conn.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version == 18))
+        conn.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version >= 18))  # 19 on: reapplied
 
     try:
         db.write(tx)

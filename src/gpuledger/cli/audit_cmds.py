@@ -152,7 +152,8 @@ def verify_cmd(
         finally:
             tier.store.close()
         result.problems += found.problems
-        result.notes += [*found.notes, f"series store {tier.url}: {found.days_checked} tiered run days checked"]
+        checked = f"{found.days_checked} tiered run days checked, {found.runs_checked} series-only runs checked"
+        result.notes += [*found.notes, f"series store {tier.url}: {checked}"]
     if as_json:
         echo_json({**result.__dict__, "ok": result.ok})
     else:

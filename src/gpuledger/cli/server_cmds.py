@@ -104,10 +104,16 @@ def _close_after_days(ctx: click.Context, _param: click.Parameter, days: float) 
     "acknowledged only once the ledger and the store both hold them; a store that fails: 503, nothing kept, the "
     "agent sends again. Needs a PostgreSQL --db. Env GPULEDGER_SERIES_LIVE=1.",
 )  # fmt: skip
+@click.option(
+    "--series-only", is_flag=True, envvar="GPULEDGER_SERIES_ONLY",
+    help="--series-live, and runs this server creates keep their GPU and host intervals in the --series store "
+    "only: the ledger keeps their runs, audit and the seq ranges the store holds, not the rows (docs/SCALE.md "
+    "section 5). Such a run's later pushes need a server with the store. Env GPULEDGER_SERIES_ONLY=1.",
+)  # fmt: skip
 @cli_errors
 def serve_cmd(
     db: str | None, host: str, port: int, workers: int, rates: str | None, max_body_mb: float, log_level: str,
-    unsigned: bool, checkpoint: str | None, series: str | None, series_live: bool,
+    unsigned: bool, checkpoint: str | None, series: str | None, series_live: bool, series_only: bool,
 ) -> None:  # fmt: skip
     """Serve the team API (docs/SERVER.md). Stateless: run several behind a load balancer.
 
@@ -125,6 +131,10 @@ def serve_cmd(
 
     ledger = server_ledger(db)  # refuses an outdated schema with the command to fix it
     assert db is not None
+    if series_only and not series:
+        ledger.close()
+        raise click.UsageError("--series-only keeps the intervals in the series store: give it with --series URL")
+    series_live = series_live or series_only
     if series_live and not series:
         ledger.close()
         raise click.UsageError("--series-live writes into the series store: give it with --series URL")
@@ -153,6 +163,8 @@ def serve_cmd(
         os.environ["GPULEDGER_SERIES"] = series  # Settings.series
     if series_live:
         os.environ["GPULEDGER_SERIES_LIVE"] = "1"  # Settings.series_live
+    if series_only:
+        os.environ["GPULEDGER_SERIES_ONLY"] = "1"  # Settings.series_only
     click.echo(f"gpuledger: serving {display_url(db)} on http://{host}:{port} ({workers} worker(s))", err=True)
     uvicorn.run(
         "gpuledger.server.app:app_from_env",

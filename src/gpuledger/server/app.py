@@ -137,7 +137,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
 
 def _live_series(settings: Settings) -> Any:
     """The store pushes are written into (``serve --series URL --series-live``), or None."""
-    if not settings.series_live:
+    if not (settings.series_live or settings.series_only):
         return None
     if not settings.series:
         raise ValueError("series_live (GPULEDGER_SERIES_LIVE) writes into the series store: give series (--series URL)")

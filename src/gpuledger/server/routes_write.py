@@ -24,7 +24,7 @@ from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.models import IngestBatch, IngestResult, QuarantinedItem
 from gpuledger.server.redaction import redact_batch, redact_refused, redactor
 from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, gpu_tuple, host_tuple
-from gpuledger.store import closed_months, liveness_sweep, quarantine, series_live, server_queries
+from gpuledger.store import closed_months, liveness_sweep, quarantine, series_live, series_segments, server_queries
 from gpuledger.store import ingest as store_ingest
 
 router = APIRouter(prefix="/api/v1", tags=["ingest"])
@@ -56,6 +56,18 @@ def _live_write(request: Request) -> store_ingest.LiveWrite | None:
     """``serve --series-live``: the push's new intervals into the series store, before it commits."""
     live = getattr(request.app.state, "series_live", None)
     return None if live is None else live.write
+
+
+def _only(request: Request) -> str | None:
+    """``serve --series-only``: the store (as shown) the runs this server creates keep their rows in."""
+    live = getattr(request.app.state, "series_live", None)
+    return live.shown if live is not None and request.app.state.settings.series_only else None
+
+
+def _summary(request: Request) -> Any:
+    """What the store holds of a series-only run, for its seal (store/series_segments.py)."""
+    live = getattr(request.app.state, "series_live", None)
+    return None if live is None else live.summary
 
 
 def _to_run(batch: IngestBatch) -> RunRecord:
@@ -94,8 +106,10 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
             authorize=_authorize_fn(principal),
             closed_before=closed_months.boundary(time.time(), request.app.state.settings.close_after_days),
             live=_live_write(request),
+            only=_only(request),
+            summary=_summary(request),
         )
-    except series_live.SeriesUnavailable as exc:  # nothing of the push kept: the agent sends it again
+    except (series_live.SeriesUnavailable, series_segments.SeriesRequired) as exc:  # nothing kept: sent again
         retry = {"Retry-After": str(series_live.RETRY_AFTER_S)}
         raise HTTPException(status_code=503, detail=f"{exc}; nothing was stored, retry later", headers=retry) from None
     except store_ingest.NotYours:

@@ -48,6 +48,9 @@ class Settings:
     series: str | None = None
     # write each push's new intervals into that store before acknowledging it (store/series_live.py)
     series_live: bool = False
+    # and more: runs created by this server keep their raw intervals in that store only, the
+    # ledger their seq ranges (store/series_segments.py); implies series_live
+    series_only: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

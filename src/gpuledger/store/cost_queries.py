@@ -20,9 +20,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.store import rollup_stale
+from gpuledger.store import rollup_stale, series_day_sums
 from gpuledger.store.queries import open_run
-from gpuledger.store.schema import devices, gpu_intervals, gpu_owners, gpu_rollups, run_labels, runs
+from gpuledger.store.schema import devices, gpu_intervals, gpu_owners, gpu_rollups, run_labels, runs, series_segments
 
 __all__ = [
     "RUN_COLUMNS",
@@ -238,6 +238,15 @@ def last_interval_ends(conn: Connection, run_ids: Sequence[str], *, intervals: b
     """The end of each run's last GPU interval (or rollup row): how far a killed run is known to have run.
     ``intervals=False``: the rollup rows only (the caller has the intervals' ends already)."""
     out: dict[str, float] = {}
+    if intervals:  # a series-only run's GPU rows: the ends of its segments (store/series_segments.py)
+        seg = series_segments.c
+        for chunk in _chunks(list(run_ids)):
+            q = (
+                sa.select(seg.run_id, sa.func.max(seg.t1))
+                .where(seg.run_id.in_(chunk), seg.device_uuid != "")
+                .group_by(seg.run_id)
+            )
+            out.update({run_id: float(t1) for run_id, t1 in conn.execute(q)})
     for table in (gpu_intervals, gpu_rollups) if intervals else (gpu_rollups,):
         for chunk in _chunks(list(run_ids)):
             q = (
@@ -284,6 +293,11 @@ def interval_sums(
     by one. A few whole runs without price-change days are first summed without the GROUP BY's
     sort (``_in_seq_order``: a 72-hour, 8-GPU run in 1.0 s of CPU instead of 2.8 s).
     """
+    held, marked = series_day_sums.read(conn, run_ids, start, end)
+    if marked:  # runs whose rows only the series store holds: their day sums, added push by push
+        rest = [r for r in run_ids if r not in marked]
+        day_rows, raw_rows = interval_sums(conn, rest, start, end, skip_days) if rest else ([], [])
+        return [*day_rows, *held], raw_rows
     if start is None and end is None and not skip_days and len(set(run_ids)) <= _FEW_RUNS:
         found = _in_seq_order(conn, run_ids)
         if found is not None:

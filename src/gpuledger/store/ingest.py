@@ -36,7 +36,9 @@ from gpuledger.store import (
     refusal_trail,
     rollup_stale,
     schema,
+    series_day_sums,
     series_rules,
+    series_segments,
     writes,
 )
 from gpuledger.store.engine import Database
@@ -178,6 +180,9 @@ def _last_row_t1(conn: Connection, run: Mapping[str, Any], pushed: Sequence[tupl
         stored = conn.scalar(sa.select(sa.func.max(table.c.t1)).where(table.c.run_id == run["id"]))
         if stored is not None:
             ends.append(float(stored))
+    held = series_segments.last_t1(conn, str(run["id"]))  # a run whose rows only the series store holds
+    if held is not None:
+        ends.append(held)
     return max(ends) if ends else None
 
 
@@ -222,10 +227,11 @@ def _refuser(series: str, columns: Sequence[str], refused: list[RefusedRow]) -> 
 
 def _keep_intervals(
     conn: Connection, run_id: str, series: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], span: Span,
-    devices: set[str] | None, refused: list[RefusedRow],
+    devices: set[str] | None, refused: list[RefusedRow], only: bool = False,
 ) -> list[Sequence[Any]]:  # fmt: skip
     """The rows inside the run's span that keep their series a timeline; the others are added to
-    ``refused``."""
+    ``refused``. ``only``: a run whose rows only the series store holds: checked against the seq
+    ranges it holds, and only the rows it lacks returned (store/series_segments.py)."""
     t0_at, t1_at = columns.index("t0"), columns.index("t1")
     refuse = _refuser(series, columns, refused)
     items = []
@@ -235,7 +241,8 @@ def _keep_intervals(
             items.append((i, r))
         else:
             refuse(i, r, why)
-    return [r for _, r in series_rules.keep_timeline(conn, run_id, series, items, columns, devices, refuse)]
+    keep = series_segments.keep_new if only else series_rules.keep_timeline
+    return [r for _, r in keep(conn, run_id, series, items, columns, devices, refuse)]
 
 
 def _keep_timed(series: str, items: Sequence[Mapping[str, Any]], span: Span, refused: list[RefusedRow]) -> list[dict]:  # type: ignore[type-arg]
@@ -275,12 +282,19 @@ def ingest(
     authorize: Callable[[str | None, str | None], None],
     closed_before: float | None = None,
     live: LiveWrite | None = None,
+    only: str | None = None,
+    summary: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> IngestOutcome:
     """Store one push of ``writer``. Raises PushRefused (nothing stored; the attempt audited).
     ``closed_before``: the months before it are closed (store/closed_months.py; None: none is).
     ``live(run_id, gpu, host)``: PostgreSQL, the rows the ledger newly inserted (ledger rows
     without run_id), written to a series store before the push commits; what it raises rolls
-    the push back (store/series_live.py)."""
+    the push back (store/series_live.py). ``only`` (with ``live``): the store's URL as shown; a run
+    this push creates keeps its raw rows in the store only (store/series_segments.py): the ledger
+    keeps the seq ranges it holds, not the rows. Such a run stays so: a push of it without ``live``
+    raises SeriesRequired, nothing stored. ``summary(run_id)``: what the store holds of such a run
+    (``LiveSeries.summary``), recorded in the trail as the seal of its intervals when the run is
+    sealed (``run.series_sealed``; ``audit verify --series`` compares the store with it)."""
     times = [_times(r, c) for rows, c in ((gpu, gpu_columns), (host, host_columns)) for r in rows]
 
     def tx(conn: Connection) -> IngestOutcome:
@@ -288,13 +302,31 @@ def ingest(
         out.created, changed, row = _upsert_run(db, conn, run, writer, authorize, devices, times, closed_before)
         uuids, new_devices = _devices(db, conn, row, devices, writer, out.created)
         span = replace(Span.of(row), closed=closed_before)
-        gpu_in = _keep_intervals(conn, run.id, "gpu", gpu, gpu_columns, span, uuids, out.refused)
-        host_in = _keep_intervals(conn, run.id, "host", host, host_columns, span, None, out.refused)
+        if out.created and only is not None and live is not None:
+            series_segments.mark(conn, run.id, only)
+            store_only = True
+        else:
+            store_only = series_segments.is_marked(conn, run.id)
+        if store_only and live is None:
+            raise series_segments.SeriesRequired(
+                f"run {run.id} keeps its intervals in the series store only, and this server writes none"
+            )
+        gpu_in = _keep_intervals(conn, run.id, "gpu", gpu, gpu_columns, span, uuids, out.refused, store_only)
+        host_in = _keep_intervals(conn, run.id, "host", host, host_columns, span, None, out.refused, store_only)
         events_in = _keep_timed("events", events, span, out.refused)
         metrics_in = _keep_timed("metrics", metrics, span, out.refused)
         new_gpu: list[Sequence[Any]] | None = [] if live is not None else None
         new_host: list[Sequence[Any]] | None = [] if live is not None else None
-        out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns, new_gpu)
+        if store_only:  # the new rows go to the store (below), their seq ranges to the ledger
+            assert new_gpu is not None and new_host is not None
+            new_gpu.extend(gpu_in)
+            new_host.extend(host_in)
+            series_segments.record(conn, run.id, "gpu", gpu_in, gpu_columns)
+            series_segments.record(conn, run.id, "host", host_in, host_columns)
+            series_day_sums.add(conn, run.id, gpu_in, gpu_columns)  # what cost queries sum (materialise_rollups)
+            out.gpu_intervals, d1 = len(gpu_in), 0
+        else:
+            out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns, new_gpu)
         if out.gpu_intervals:  # new rows only: a resent batch changes nothing
             at = [gpu_columns.index(c) for c in ("device_uuid", "t0", "t1")]
             rollup_stale.drop_after_append(conn, run.id, [(r[at[0]], r[at[1]], r[at[2]]) for r in gpu_in])
@@ -302,17 +334,23 @@ def ingest(
             # Only a change a rollup summed: devices sent again as stored, or rows all dropped as
             # rolled up (a late replay), leave the rollups standing.
             rollup_stale.drop_rollups(conn, [run.id])
-        out.host_intervals, d2 = bulk.insert_intervals(db, conn, "host", run.id, host_in, host_columns, new_host)
+        if store_only:
+            out.host_intervals, d2 = len(host_in), 0
+        else:
+            out.host_intervals, d2 = bulk.insert_intervals(db, conn, "host", run.id, host_in, host_columns, new_host)
         out.dropped_rolled_up = d1 + d2
         out.events = _insert_numbered(db, conn, schema.events, run.id, events_in)
         out.metrics = _insert_numbered(db, conn, schema.metrics, run.id, metrics_in)
         wrote = changed or any((out.gpu_intervals, out.host_intervals, out.events, out.metrics))
         ended = is_final(row["status"], row["ended_at"])
-        if ended and (final or (wrote and audit.latest_seal(conn, run.id) is not None)):
+        sealing = ended and (final or (wrote and audit.latest_seal(conn, run.id) is not None))
+        if sealing:
             reason = "final push" if final and audit.latest_seal(conn, run.id) is None else _late_reason(out)
             out.sealed = audit.seal_run(conn, run.id, actor=writer.actor, reason=reason) is not None
         if live is not None and (new_gpu or new_host):  # last: the store's write, then the commit
             live(run.id, _dicts(new_gpu, gpu_columns), _dicts(new_host, host_columns))
+        if store_only and sealing and summary is not None:  # after the store's write: what it holds now
+            out.sealed = series_segments.seal(conn, run.id, summary(run.id), actor=writer.actor) or out.sealed
         return out
 
     if live is not None and db.dialect != "postgresql":

@@ -295,13 +295,16 @@ class Ledger:
 
     def tiered(self, run_id: str) -> bool:
         """Whether the run has raw days in the series store this ledger reads (``run.raw_tiered``,
-        store/series_tier.py): SQL over the interval tables then misses rows, and a read goes
+        store/series_tier.py; or all of them, a series-only run: store/series_segments.py): SQL
+        over the interval tables then misses rows, and a read goes
         through gpu_intervals()/host_intervals(). False without a store, with no query."""
         if self._tiered is None:
             return False
+        from gpuledger.store.series_segments import is_marked
         from gpuledger.store.series_tier import run_was_tiered
 
-        return self._db.read(lambda conn: run_was_tiered(conn, run_id))
+        # a series-only run (serve --series-only) holds all its raw rows in the store
+        return self._db.read(lambda conn: run_was_tiered(conn, run_id) or is_marked(conn, run_id))
 
     def tiered_dropped(self, run_id: str) -> tuple[dict[tuple[str, str], int], list[dict[str, Any]]]:
         """The run's tiered days the ledger dropped: the highest seq dropped per (series, device) and

@@ -327,6 +327,16 @@ def _add_run_lineage(conn: Connection) -> None:
     lineage.backfill(conn, table)
 
 
+def _add_series_only(conn: Connection) -> None:
+    # Version 19: the two tables as schema_series_only.py defines them at 19 (both empty).
+    from gpuledger.store import schema_series_only
+
+    frozen = sa.MetaData()
+    sa.Table("runs", frozen, sa.Column("id", sa.String, primary_key=True))
+    for table in schema_series_only.define(frozen):
+        table.create(conn, checkfirst=True)
+
+
 def _add_swept_at(conn: Connection) -> None:
     # Version 14: runs.swept_at, the liveness sweep's verdict as a column only the server sets (it
     # was read from status_reason, text any push could copy). A run gets it once here when its
@@ -397,6 +407,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         18,
         "PostgreSQL: gpu_intervals and host_intervals partitioned by UTC day of t0 (rewrites them once)",
         partitions.partition_tables,
+    ),
+    Migration(
+        19,
+        "add series_only_runs, series_segments, series_day_sums: runs whose raw intervals only the series store holds",
+        _add_series_only,
     ),
 )
 LATEST = MIGRATIONS[-1].version

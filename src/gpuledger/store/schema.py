@@ -20,6 +20,7 @@ from gpuledger.store import (
     schema_ingest,
     schema_lineage,
     schema_refusals,
+    schema_series_only,
     schema_team,
 )
 
@@ -342,8 +343,13 @@ refusal_folds = schema_refusals.define(metadata)
 # A run's model line, weights and parent, for lookup (migration 17; store/lineage.py).
 run_lineage = schema_lineage.define(metadata)
 
+# Runs whose raw intervals the series store holds, and the seq ranges it holds for them
+# (migration 19; store/series_segments.py).
+series_only_runs, series_segments, series_day_sums = schema_series_only.define(metadata)
+
 # Children of a run, in the order they are deleted.
 RUN_CHILDREN = (
     run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs, gpu_rollups, rollup_marks,
-    quarantined_rows, run_liveness, run_owners, run_lineage,
+    quarantined_rows, run_liveness, run_owners, run_lineage, series_segments, series_day_sums,
+    series_only_runs,
 )  # fmt: skip

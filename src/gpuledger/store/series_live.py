@@ -126,6 +126,31 @@ class LiveSeries:
                         self._idle.append(store)
             return n
 
+    def summary(self, run_id: str) -> dict[str, Any]:
+        """What the store holds of the run, as tiering records a day (``series_tier.day_summary``:
+        per GPU and the host, rows, seq range, sums, sha256) over all its rows, with the store as
+        shown: a series-only run's seal of its intervals (store/series_segments.py).
+        SeriesUnavailable when the store cannot be read."""
+        with self._slots:
+            with self._lock:
+                store = self._idle.pop() if self._idle else None
+            try:
+                store = store or self._open()
+                gpu = sorted(store.gpu_intervals(run_id), key=lambda r: (str(r["device_uuid"]), int(r["seq"])))
+                host = sorted(store.host_intervals(run_id), key=lambda r: int(r["seq"]))
+            except SeriesUnavailable:
+                raise
+            except Exception as exc:
+                if store is not None and not self.shared:
+                    store.close()
+                    store = None
+                raise SeriesUnavailable(f"the series store {self.shown} cannot be read: {exc}") from exc
+            finally:
+                if store is not None:
+                    with self._lock:
+                        self._idle.append(store)
+        return {"series": self.shown, **series_tier.day_summary(gpu, host)}
+
     def close(self) -> None:
         """Close the stores of the PostgreSQL pool; a shared ClickHouse store is the reader the
         ledger was given, and the ledger closes it."""

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.series.base import SeriesStore
-from gpuledger.store import schema, series_tier, series_window
+from gpuledger.store import schema, series_segments, series_tier, series_window
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -29,6 +29,7 @@ class SeriesCheck:
     notes: list[str] = field(default_factory=list)
     days_checked: int = 0  # (run, day) pairs compared with the store
     days_expired: int = 0  # (run, day) pairs the store dropped past its window, by retention
+    runs_checked: int = 0  # series-only runs whose sealed intervals were compared with the store
 
 
 def tiered(conn: Connection) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -82,6 +83,13 @@ def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
         lines = series_tier.differences(run_id, payload, found)
         out.problems += [f"{line} (tiered {payload['day']})" for line in lines]
         out.days_checked += 1
+    for run_id, payload in ledger.read(series_segments.series_seals).items():  # series-only runs
+        if payload.get("series") != shown:
+            others.add(str(payload.get("series")))
+            continue
+        found = series_tier.stored_summary(store, run_id, payload)
+        out.problems += [f"{line} (sealed series-only run)" for line in series_tier.differences(run_id, payload, found)]
+        out.runs_checked += 1
     for on, days in sorted(expired.items()):
         span = min(days) if min(days) == max(days) else f"{min(days)} to {max(days)}"
         out.notes.append(f"{len(days)} tiered run days ({span}) expired from the series store by retention on {on}")

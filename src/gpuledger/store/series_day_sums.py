@@ -1,0 +1,109 @@
+"""Per run x GPU x UTC day sums of a series-only run's intervals, added push by push.
+
+A run whose raw intervals only the series store holds (store/series_segments.py) has no rows in
+``gpu_intervals`` for cost queries to sum. Each push adds its new GPU rows' sums per (run, GPU,
+day) to ``series_day_sums`` in its own transaction (``INSERT ... ON CONFLICT DO UPDATE SET x = x +
+excluded.x``): the figures ``cost_queries.interval_sums`` computes from raw rows (first start, last
+end, busy and energy with the count of rows that measured them, rows ending in the day), an
+interval crossing midnight split in proportion to its parts' lengths and counted on the day it
+ends, as there. Only rows new to the store are added (the segments decide), so a resent or
+regrouped batch adds nothing and a rolled-back push added nothing. ``interval_sums`` reads these
+rows for such runs, so ``materialise_rollups`` writes their ``gpu_rollups`` as for any run.
+
+A price change inside a day (``cuts``) cannot split these sums: such a day of a series-only run is
+priced as a whole in the period its middle lies in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+
+from gpuledger.core.pricing.usage import DAY_S, day_of, split_days
+from gpuledger.store import schema
+
+SUMMED = ("busy_s", "energy_j")
+
+
+def day_rows(run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> list[dict[str, Any]]:
+    """The (run, GPU, day) sums of GPU ``rows`` (values in ``columns`` order)."""
+    at = {c: columns.index(c) for c in ("device_uuid", "t0", "t1", *SUMMED)}
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        uuid, t0, t1 = str(r[at["device_uuid"]]), float(r[at["t0"]]), float(r[at["t1"]])
+        length = t1 - t0
+        for day, a, b in split_days(t0, t1) if length > 0 else [(day_of(t0), t0, t1)]:
+            share = (b - a) / length if length > 0 else 1.0
+            row = out.get((uuid, day))
+            if row is None:
+                row = out[(uuid, day)] = {
+                    "run_id": run_id, "device_uuid": uuid, "day": day, "t0": a, "t1": b,
+                    "busy_s": None, "busy_n": 0, "energy_j": None, "energy_n": 0, "intervals": 0,
+                }  # fmt: skip
+            row["t0"], row["t1"] = min(row["t0"], a), max(row["t1"], b)
+            for col, count in (("busy_s", "busy_n"), ("energy_j", "energy_n")):
+                value = r[at[col]]
+                if value is not None:
+                    row[col] = (row[col] or 0.0) + float(value) * share
+                    row[count] += 1
+            row["intervals"] += int(b == t1)
+    return list(out.values())
+
+
+def _plus(old: Any, new: Any) -> Any:
+    """old + new where a NULL is "never measured": NULL only when both are."""
+    return sa.case(
+        (sa.and_(old.is_(None), new.is_(None)), sa.null()),
+        else_=sa.func.coalesce(old, 0.0) + sa.func.coalesce(new, 0.0),
+    )
+
+
+def add(conn: Connection, run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> int:
+    """Add the new GPU ``rows``' day sums (PostgreSQL); the rows written."""
+    sums = day_rows(run_id, rows, columns)
+    if not sums:
+        return 0
+    t = schema.series_day_sums
+    ins = pg_insert(t)
+    ex = ins.excluded
+    ins = ins.on_conflict_do_update(
+        index_elements=[t.c.run_id, t.c.device_uuid, t.c.day],
+        set_={
+            "t0": sa.func.least(t.c.t0, ex.t0),
+            "t1": sa.func.greatest(t.c.t1, ex.t1),
+            "busy_s": _plus(t.c.busy_s, ex.busy_s),
+            "energy_j": _plus(t.c.energy_j, ex.energy_j),
+            "busy_n": t.c.busy_n + ex.busy_n,
+            "energy_n": t.c.energy_n + ex.energy_n,
+            "intervals": t.c.intervals + ex.intervals,
+        },
+    )
+    conn.execute(ins, sums)
+    return len(sums)
+
+
+def read(
+    conn: Connection, run_ids: Sequence[str], start: float | None, end: float | None
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """(the day sums of those of ``run_ids`` that are series-only, inside the whole days of
+    [start, end); those runs' ids)."""
+    if not run_ids:
+        return [], set()
+    m = schema.series_only_runs.c
+    marked: set[str] = set()
+    ids = sorted(set(run_ids))
+    for i in range(0, len(ids), 1000):
+        marked |= set(conn.scalars(sa.select(m.run_id).where(m.run_id.in_(ids[i : i + 1000]))))
+    if not marked:
+        return [], marked
+    c = schema.series_day_sums.c
+    q = sa.select(schema.series_day_sums).where(c.run_id.in_(sorted(marked)))
+    if start is not None:
+        q = q.where(c.day >= int(start // DAY_S))
+    if end is not None:
+        q = q.where(c.day < -int(-end // DAY_S))
+    return [dict(r) for r in conn.execute(q).mappings()], marked
