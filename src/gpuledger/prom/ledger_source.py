@@ -119,6 +119,7 @@ class _Fetched:
     gpu_sums: list[dict[str, Any]]  # runs seen for the first time: their sums ...
     host_sums: list[dict[str, Any]]
     last_rows: list[dict[str, Any]]  # ... and their latest intervals (gauges)
+    series_only: list[dict[str, Any]] = field(default_factory=list)  # series-only runs' sums, every scrape
 
 
 class LedgerSource:
@@ -189,6 +190,8 @@ class LedgerSource:
             gpu_sums=gpu_sums,
             host_sums=host_sums,
             last_rows=mq.gpu_rows_at(conn, [(g["run_id"], g["device_uuid"], g["last_seq"]) for g in gpu_sums]),
+            # no row of theirs reaches gpu_intervals for a cursor to read: their day sums, read whole
+            series_only=mq.series_only_gpu_sums(conn, ids, THROTTLE_REASONS) if ids else [],
         )
 
     def _apply(self, fetched: _Fetched, now: float) -> None:
@@ -199,6 +202,8 @@ class LedgerSource:
             self._runs[sums["run_id"]].devices[sums["device_uuid"]] = _Device.from_sums(sums)
         for row in fetched.last_rows:
             self._runs[row["run_id"]].devices[row["device_uuid"]].gauges(row)
+        for sums in fetched.series_only:  # replaced, not added: they are the run's whole sums
+            self._runs[sums["run_id"]].devices[sums["device_uuid"]] = _Device.from_sums(sums)
         for sums in fetched.host_sums:
             run = self._runs[sums["run_id"]]
             run.host, run.cpu_us = _Cursor(next_seq=int(sums["last_seq"]) + 1), _int(sums["cpu_us"])

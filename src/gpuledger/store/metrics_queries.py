@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.store.queries import open_run
-from gpuledger.store.schema import devices, gpu_intervals, host_intervals, runs
+from gpuledger.store.schema import devices, gpu_intervals, host_intervals, runs, series_day_sums, series_segments
 
 Scope = frozenset[str] | None
 _CHUNK = 500  # run ids per IN (...) list
@@ -170,6 +170,48 @@ def _add_dropped(
             for column, (name, factor) in sums.items():
                 if measured(part, name):
                     row[column] = int(row[column] or 0) + int(part["sums"][name]) * factor
+
+
+def series_only_gpu_sums(conn: Connection, run_ids: Sequence[str], reasons: Sequence[str]) -> list[dict[str, Any]]:
+    """Rows as ``whole_gpu_sums`` gives, of the series-only runs among ``run_ids`` (no row in
+    ``gpu_intervals``, store/series_segments.py): busy_us and energy_mj from ``series_day_sums``
+    (None when no row measured it; no throttle time, the day sums keep none), count and last_seq
+    from the seq segments. Their rows never reach ``gpu_intervals``, so the cursors never see them:
+    these sums are read again on every scrape (one grouped read of each table per chunk)."""
+    d, s = series_day_sums.c, series_segments.c
+    out = []
+    for chunk in _chunks(sorted(set(run_ids))):
+        q = (
+            sa.select(
+                d.run_id,
+                d.device_uuid,
+                _units(conn, sa.func.sum(d.busy_s), 1_000_000).label("busy_us"),
+                _units(conn, sa.func.sum(d.energy_j), 1_000).label("energy_mj"),
+            )
+            .where(d.run_id.in_(chunk))
+            .group_by(d.run_id, d.device_uuid)
+        )
+        sums = {(r["run_id"], r["device_uuid"]): dict(r) for r in conn.execute(q).mappings()}
+        if not sums:
+            continue
+        sq = (
+            sa.select(
+                s.run_id,
+                s.device_uuid,
+                sa.func.max(s.last_seq).label("last_seq"),
+                sa.func.sum(s.last_seq - s.first_seq + 1).label("count"),
+            )
+            .where(s.run_id.in_(sorted({k[0] for k in sums})), s.device_uuid != "")
+            .group_by(s.run_id, s.device_uuid)
+        )
+        seqs = {(r["run_id"], r["device_uuid"]): r for r in conn.execute(sq).mappings()}
+        for key, row in sums.items():
+            seg = seqs.get(key)
+            row["last_seq"] = -1 if seg is None else int(seg["last_seq"])
+            row["count"] = 0 if seg is None else int(seg["count"])
+            row.update({f"throttle_{r}": None for r in reasons})
+            out.append(row)
+    return out
 
 
 def gpu_rows_at(conn: Connection, keys: Sequence[tuple[str, str, int]]) -> list[dict[str, Any]]:
