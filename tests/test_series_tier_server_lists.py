@@ -186,4 +186,4 @@ def test_the_run_list_reads_the_tiered_sums_of_all_its_runs_at_once(pg_url: str,
         many = len(statements)
         one = led.read(lambda c: server_queries.busy_by_run(c, [run_id], tiered=True))
     assert both[run_id] == one[run_id] and both[UNMEASURED] == (2, None) and set(both) == set(ids)
-    assert many == len(statements) - many == 4, statements  # intervals, entries, marks, store windows
+    assert many == len(statements) - many == 5, statements  # intervals, day sums, entries, marks, windows

@@ -74,14 +74,17 @@ def run_row(run: RunRecord, gpus: int, busy_s: float | None, now: float) -> dict
 
 def list_rows(ledger, runs: list[RunRecord], now: float | None = None) -> list[dict]:
     """Rows for ``gpuledger runs`` (no interval scan), with dead recorders' runs marked lost; a
-    run's days tiered into the ledger's series store counted from the audit trail's sums."""
-    from gpuledger.store.tiered_totals import gpu_busy
+    run's days tiered into the ledger's series store counted from the audit trail's sums, and a
+    series-only run's GPUs and busy time from its day sums (read for the whole list at once)."""
+    from gpuledger.store.tiered_totals import gpu_busy, series_only_gpu_sums
 
     now = time.time() if now is None else now
+    ids = [run.id for run in runs]
+    only = ledger.read(lambda conn: series_only_gpu_sums(conn, ids)) if ids else {}
     rows = []
     for run in runs:
         run = reconcile(ledger, run)
-        per_gpu = gpu_busy(ledger, run.id)
+        per_gpu = gpu_busy(ledger, run.id, only.get(run.id, {}))
         busy = [b for b in per_gpu.values() if b is not None]
         rows.append(run_row(run, len(per_gpu), sum(busy) if busy else None, now))
     return rows

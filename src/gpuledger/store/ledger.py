@@ -313,6 +313,13 @@ class Ledger:
 
         return self._db.read(lambda conn: dropped(conn, run_id))
 
+    def series_only_sums(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """A series-only run's per-GPU count, busy_s and energy_j from its ``series_day_sums``
+        ({} for any other run): a per-run read the server's scoped view forwards too."""
+        from gpuledger.store.tiered_totals import series_only_gpu_sums
+
+        return self._db.read(lambda conn: series_only_gpu_sums(conn, [run_id])).get(run_id, {})
+
     def events(self, run_id: str, kind: str | None = None) -> list[Event]:
         """In the order they were appended (seq)."""
         e = schema.events.c

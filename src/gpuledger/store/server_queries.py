@@ -56,10 +56,11 @@ def busy_by_run(
     """run id -> (GPUs with intervals, busy seconds summed; None when none measured). ``tiered``
     (the server reads a series store): a run's raw days tiered into it and dropped from the ledger
     count too, from the audit trail's sums (store/tiered_totals.py) as ``gpuledger runs`` counts
-    them, not from the store; without it those days are gone, as the CLI reads them."""
+    them, not from the store; without it those days are gone, as the CLI reads them. A series-only
+    run's GPUs and busy time come from its ``series_day_sums`` (one grouped read for the list)."""
     if not run_ids:
         return {}
-    from gpuledger.store.tiered_totals import dropped_gpu_sums
+    from gpuledger.store.tiered_totals import dropped_gpu_sums, series_only_gpu_sums
 
     g = schema.gpu_intervals.c
     q = (
@@ -70,7 +71,8 @@ def busy_by_run(
     per_gpu: dict[str, dict[str, float | None]] = {}
     for run_id, uuid, busy in conn.execute(q):
         per_gpu.setdefault(run_id, {})[uuid] = None if busy is None else float(busy)
-    for run_id, parts in (dropped_gpu_sums(conn, run_ids) if tiered else {}).items():
+    dropped = dropped_gpu_sums(conn, run_ids) if tiered else {}
+    for run_id, parts in [*series_only_gpu_sums(conn, run_ids).items(), *dropped.items()]:
         devices = per_gpu.setdefault(run_id, {})
         for uuid, part in parts.items():
             held = devices.get(uuid)
@@ -277,7 +279,8 @@ def _held_keys(conn: Connection, run_id: str, keys: list[tuple[str, int]], gpu: 
 
 def _span(conn: Connection, run_id: str) -> tuple[float, float] | None:
     """Bounds of the run's rows in the ledger and the series store: no t0 before the first, and
-    none at or after the second (the store holds rows only on tiered days, or the ledger's too)."""
+    none at or after the second (the store holds rows only on tiered days, or the ledger's too, or
+    a series-only run's, which its segments bound)."""
     from gpuledger.store.series_tier import tiered_days
 
     lows, highs = [], []
@@ -288,6 +291,12 @@ def _span(conn: Connection, run_id: str) -> tuple[float, float] | None:
         if lo is not None:
             lows.append(float(lo) - 1.0)
             highs.append(float(hi))
+    # a series-only run (store/series_segments.py): its segments bound the rows the store holds
+    s = schema.series_segments.c
+    lo, hi = conn.execute(sa.select(sa.func.min(s.t0), sa.func.max(s.t1)).where(s.run_id == run_id)).one()
+    if lo is not None:
+        lows.append(float(lo) - 1.0)
+        highs.append(float(hi))
     days = tiered_days(conn, run_id)
     if days:
         lows.append(calendar.timegm(time.strptime(days[0], "%Y-%m-%d")) - 1.0)

@@ -32,10 +32,18 @@ if TYPE_CHECKING:
 _HOST = ""  # the device_uuid of the host stream's rollup mark
 
 
-def gpu_sums(ledger: Ledger, run_id: str) -> dict[str, dict[str, Any]]:
+def gpu_sums(
+    ledger: Ledger, run_id: str, series_only: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """``Ledger.gpu_totals`` with the tiered and dropped days' count, samples, busy_s and energy_j
-    added when the ledger reads a series store (``Ledger.tiered``)."""
+    added when the ledger reads a series store (``Ledger.tiered``), and a series-only run's
+    ``series_day_sums`` (with or without the store: the ledger holds them). ``series_only``: those
+    sums of the run, read already for a whole list (``series_only_gpu_sums``)."""
     out = ledger.gpu_totals(run_id)
+    if series_only is None:
+        series_only = ledger.series_only_sums(run_id)  # not ledger.read: the server's scoped view
+    for uuid, part in series_only.items():
+        _merge(out.setdefault(uuid, {"count": 0}), part)
     if not ledger.tiered(run_id):
         return out
     marks, payloads = ledger.tiered_dropped(run_id)
@@ -56,9 +64,12 @@ def host_sums(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return out
 
 
-def gpu_busy(ledger: Ledger, run_id: str) -> dict[str, float | None]:
-    """Per device uuid, the run's busy seconds (None where nothing measured it)."""
-    return {uuid: t.get("busy_s") for uuid, t in gpu_sums(ledger, run_id).items()}
+def gpu_busy(
+    ledger: Ledger, run_id: str, series_only: dict[str, dict[str, Any]] | None = None
+) -> dict[str, float | None]:
+    """Per device uuid, the run's busy seconds (None where nothing measured it); ``series_only``
+    as ``gpu_sums`` takes it."""
+    return {uuid: t.get("busy_s") for uuid, t in gpu_sums(ledger, run_id, series_only).items()}
 
 
 def expired(ledger: Ledger, run_id: str) -> bool:
@@ -93,6 +104,42 @@ def _add(totals: dict[str, Any], part: dict[str, Any], sums: dict[str, tuple[str
             continue  # no row measured it: not measured, as the ledger's SUM of NULLs reads, never 0
         value = part["sums"][name]
         totals[column] = (totals.get(column) or 0) + (value / scale if scale != 1 else value)
+
+
+def _merge(totals: dict[str, Any], part: dict[str, Any]) -> None:
+    """Add ``part`` (a ``series_only_gpu_sums`` device) to ``totals``: None stays None, never 0."""
+    totals["count"] = int(totals.get("count") or 0) + int(part["count"])
+    for column in ("busy_s", "energy_j"):
+        if part.get(column) is not None:
+            totals[column] = (totals.get(column) or 0) + part[column]
+
+
+def series_only_gpu_sums(conn: Connection, run_ids: Collection[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per series-only run of ``run_ids`` (store/series_segments.py: no row in ``gpu_intervals``),
+    per device uuid: its rows' count, busy_s and energy_j from ``series_day_sums`` (a column no row
+    measured is None, as SQL's SUM of NULLs). One grouped query per chunk; the store is not read."""
+    d = schema.series_day_sums.c
+    ids = sorted(set(run_ids))
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for i in range(0, len(ids), _CHUNK):
+        q = (
+            sa.select(
+                d.run_id,
+                d.device_uuid,
+                sa.func.sum(d.intervals).label("count"),
+                sa.func.sum(d.busy_s).label("busy_s"),
+                sa.func.sum(d.energy_j).label("energy_j"),
+            )
+            .where(d.run_id.in_(ids[i : i + _CHUNK]))
+            .group_by(d.run_id, d.device_uuid)
+        )
+        for r in conn.execute(q).mappings():
+            out.setdefault(str(r["run_id"]), {})[str(r["device_uuid"])] = {
+                "count": int(r["count"] or 0),
+                "busy_s": None if r["busy_s"] is None else float(r["busy_s"]),
+                "energy_j": None if r["energy_j"] is None else float(r["energy_j"]),
+            }
+    return out
 
 
 def dropped_gpu_sums(conn: Connection, run_ids: Collection[str]) -> dict[str, dict[str, dict[str, Any]]]:
