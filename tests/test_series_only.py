@@ -364,11 +364,9 @@ def _tamper(url: str, store: Any, seq: int) -> None:
         conn.execute(f"UPDATE {_schema(url)}.gpu_iv SET energy_mj = energy_mj + 1 WHERE seq = {seq}")
 
 
-def test_report_run_and_show_read_a_series_only_run_from_the_store(
-    pg_url: str, series_url: str, tmp_path: Path
-) -> None:
-    """``report run`` and ``show`` with the store (GPULEDGER_SERIES) give a series-only run the figures of the
-    same rows kept in the ledger."""
+def _pair(pg_url: str, series_url: str, tmp_path: Path) -> tuple[str, str, Any]:
+    """The same pushes as a plain run (GPUs renamed, a new run id) to a plain server and as a
+    series-only run: (plain run id, series-only run id, tokens)."""
     tokens = setup_accounts(pg_url)
     whole, _, _ = _pushes()
     plain = copy.deepcopy(whole)
@@ -381,9 +379,19 @@ def test_report_run_and_show_read_a_series_only_run_from_the_store(
     with _server(pg_url, None, tmp_path) as server:
         assert _post(server, tokens.agent_a, plain).status_code == 200
     with _server(pg_url, series_url, tmp_path) as server:
-        assert _post(server, tokens.agent_a, whole).status_code == 200
-    want = tiers._report_gpus(pg_url, plain["run"]["id"], tmp_path)
-    got = tiers._report_gpus(pg_url, whole["run"]["id"], tmp_path, series_url)
+        got = _post(server, tokens.agent_a, whole)
+        assert got.status_code == 200, got.text
+    return plain["run"]["id"], whole["run"]["id"], tokens
+
+
+def test_report_run_and_show_read_a_series_only_run_from_the_store(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """``report run`` and ``show`` with the store (GPULEDGER_SERIES) give a series-only run the figures of the
+    same rows kept in the ledger."""
+    plain_id, only_id, _ = _pair(pg_url, series_url, tmp_path)
+    want = tiers._report_gpus(pg_url, plain_id, tmp_path)
+    got = tiers._report_gpus(pg_url, only_id, tmp_path, series_url)
     drop = ("uuid", "device_uuid", "index")
     assert [{k: v for k, v in g.items() if k not in drop} for g in got] == [
         {k: v for k, v in g.items() if k not in drop} for g in want
@@ -391,11 +399,11 @@ def test_report_run_and_show_read_a_series_only_run_from_the_store(
     assert got and all(g["busy"].endswith("%") for g in got), got  # measured, read from the store
     env = {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_SERIES": series_url}
     shown = {}
-    for run_id in (plain["run"]["id"], whole["run"]["id"]):
+    for run_id in (plain_id, only_id):
         out = CliRunner().invoke(cli, ["show", run_id, "--json", "--db", pg_url], env=env)
         assert out.exit_code == 0, out.output
         shown[run_id] = json.loads(out.output)
-    show_plain, show_only = shown[plain["run"]["id"]], shown[whole["run"]["id"]]
+    show_plain, show_only = shown[plain_id], shown[only_id]
     assert show_only["intervals"] == show_plain["intervals"] > 0
     assert show_only["busy_gpu_hours"] == pytest.approx(show_plain["busy_gpu_hours"], rel=1e-3)  # store units
     assert show_only["busy_gpu_hours"] > 0

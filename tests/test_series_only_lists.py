@@ -8,9 +8,7 @@ store and ClickHouse on chDB).
 
 from __future__ import annotations
 
-import copy
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,32 +26,12 @@ from gpuledger.store import Ledger
 from gpuledger.store.tiered_totals import _merge
 from server_support import ServerProcess, bearer, setup_accounts
 from test_series_live import N, _pushes
-from test_series_only import _post, _server
+from test_series_only import _pair, _post, _server
 
 pg_url, series_url, pg_store_url = tiers.pg_url, tiers.series_url, only_tests.pg_store_url
 
 PAGE = 7  # rows per /intervals page: several pages per series, a midnight inside one
 SAME = ("id", "short_id")  # what differs between the two runs of a pair
-
-
-def _pair(pg_url: str, series_url: str, tmp_path: Path) -> tuple[str, str, Any]:
-    """The same pushes as a plain run (GPUs renamed, a new run id) to a plain server and as a
-    series-only run: (plain run id, series-only run id, tokens)."""
-    tokens = setup_accounts(pg_url)
-    whole, _, _ = _pushes()
-    plain = copy.deepcopy(whole)
-    plain["run"]["id"] = str(uuid.uuid4())
-    rename = {d["uuid"]: d["uuid"] + "-plain" for d in plain["devices"]}
-    for d in plain["devices"]:
-        d["uuid"] = rename[d["uuid"]]
-    for r in plain["gpu_intervals"]:
-        r["device_uuid"] = rename[r["device_uuid"]]
-    with _server(pg_url, None, tmp_path) as server:
-        assert _post(server, tokens.agent_a, plain).status_code == 200
-    with _server(pg_url, series_url, tmp_path) as server:
-        got = _post(server, tokens.agent_a, whole)
-        assert got.status_code == 200, got.text
-    return plain["run"]["id"], whole["run"]["id"], tokens
 
 
 def _rows_by_id(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
