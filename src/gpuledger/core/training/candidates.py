@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from gpuledger.core.hyperscan_cache import compile_database
 from gpuledger.core.hyperscan_lib import hyperscan as _hyperscan
 
 if TYPE_CHECKING:
@@ -78,18 +79,14 @@ def _compile(mode: int, extra: tuple[bytes, ...] = ()) -> object | None:
     expressions, flags = _expressions()
     expressions += [_literal(word) for word in extra]
     flags += [0] * len(extra)
-    db: object | None = hs.Database(mode=mode)
     try:
-        db.compile(  # type: ignore[union-attr]
-            expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
-        )
+        return compile_database(mode, expressions, flags)  # kept on disk: core/hyperscan_cache.py
     except hs.error:  # a CPU it does not run on: every line is read
-        db = None
-    return db
+        return None
 
 
 def _database() -> object | None:
-    """The compiled patterns, built once (about 10 ms); None without Hyperscan."""
+    """The compiled patterns, built once (about 10 ms, or read from the cache); None without Hyperscan."""
     hs = _hyperscan()
     if hs is None:
         return None
