@@ -39,6 +39,7 @@ from gpuledger.store import (
     series_day_sums,
     series_rules,
     series_segments,
+    series_streams,
     writes,
 )
 from gpuledger.store.engine import Database
@@ -331,6 +332,7 @@ def ingest(
             series_segments.record(conn, run.id, "gpu", gpu_in, gpu_columns)
             series_segments.record(conn, run.id, "host", host_in, host_columns)
             series_day_sums.add(conn, run.id, gpu_in, gpu_columns)  # what cost queries sum (materialise_rollups)
+            series_streams.add(conn, run.id, gpu_in, gpu_columns, host_in, host_columns)  # CPU, throttle, gauges
             out.gpu_intervals, d1 = len(gpu_in), 0
         else:
             out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns, new_gpu)
