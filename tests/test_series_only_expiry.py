@@ -165,3 +165,34 @@ def test_show_report_and_cost_keep_the_day_sums_figures_and_say_the_curves_expir
     again = json.loads(_cli(pg_url, tmp_path, series_url, "cost", run_id, "--format", "json").stdout)
     cents = [Decimal(c["runs"][0]["total"]["cost"]).quantize(Decimal("0.01")) for c in (cost, again)]
     assert cents[0] == cents[1] > 0  # from the day sums, every day (not the rows of SECOND only)
+
+
+def test_a_seal_without_per_day_summaries_checks_the_kept_days_against_the_day_sums(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """A run sealed before the seal kept per-day summaries: its kept days are checked against its
+    day sums only, and the output says so."""
+    run_id, gpus = _sealed(pg_url, series_url, tmp_path)
+    with Ledger(pg_url) as led:
+
+        def older(conn: sa.Connection) -> None:
+            seal = series_segments.latest_seal(conn, run_id)
+            assert seal is not None
+            series_segments.seal(conn, run_id, {k: v for k, v in seal.items() if k != "days"}, actor="test")
+
+        led.write(older)
+    _drop_first_day(pg_url, series_url)
+    found = _check(pg_url, series_url)
+    assert found.problems == [] and found.run_days_expired == 1
+    assert any("sealed before the seal kept per-day summaries" in n for n in found.notes), found.notes
+    d = schema.series_day_sums.c
+    with Ledger(pg_url) as led:
+        led.write(
+            lambda conn: conn.execute(
+                sa.update(schema.series_day_sums)
+                .where(d.run_id == run_id, d.device_uuid == gpus[1], d.day == TODAY - 10)
+                .values(energy_j=d.energy_j - 1.0)
+            )
+        )
+    (problem,) = _check(pg_url, series_url).problems
+    assert f"GPU {gpus[1]} ({SECOND}): the ledger's day sums differ" in problem and "energy_j" in problem
