@@ -162,6 +162,9 @@ def test_show_report_and_cost_keep_the_day_sums_figures_and_say_the_curves_expir
     )
     md = _cli(pg_url, tmp_path, series_url, "report", "run", run_id, "--format", "md").stdout
     assert "expired from the series store" in md
+    out = tmp_path / "report.html"
+    _cli(pg_url, tmp_path, series_url, "report", "run", run_id, "--format", "html", "-o", str(out))
+    assert f'<div class="banner">raw curves of 1 day ({FIRST}) expired' in out.read_text()
     again = json.loads(_cli(pg_url, tmp_path, series_url, "cost", run_id, "--format", "json").stdout)
     cents = [Decimal(c["runs"][0]["total"]["cost"]).quantize(Decimal("0.01")) for c in (cost, again)]
     assert cents[0] == cents[1] > 0  # from the day sums, every day (not the rows of SECOND only)
