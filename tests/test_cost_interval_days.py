@@ -167,7 +167,9 @@ def test_day_sums_equal_the_interval_by_interval_definition(
     assert _got(got) == expected_days(_flat(devices), start, end, skip)
 
 
-def _reference_interval_sums(conn: Any, run_ids: Any, start: Any, end: Any, skip_days: Any = ()) -> tuple[list, list]:
+def _reference_interval_sums(
+    conn: Any, run_ids: Any, start: Any, end: Any, skip_days: Any = (), series: Any = None
+) -> tuple[list, list]:
     """interval_sums computed from every interval read into Python (the straightforward way)."""
     import sqlalchemy as sa
 

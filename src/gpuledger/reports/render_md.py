@@ -43,6 +43,8 @@ def render_run(model: dict[str, Any]) -> str:
     lines = [f"### {title}", ""]
     if r.get("replayed"):
         lines += ["> **REPLAYED GPU TRACE — not real hardware**", ""]
+    if r.get("series_expired"):
+        lines += [f"> **{r['series_expired']['note']}**", ""]
     lines += table(["", ""], [(c["label"], f"{c['value']}  {c['detail']}".strip()) for c in model["cards"]])
     lines += ["", "#### Findings", ""]
     if not model["findings"]:

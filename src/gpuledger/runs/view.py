@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 
 from gpuledger.core.ids import short_id
 from gpuledger.core.model import RunRecord, run_is_open
+from gpuledger.runs import series_expired
 from gpuledger.runs.liveness import reconcile
 
 
@@ -22,10 +23,13 @@ def summary(ledger, run: RunRecord, now: float | None = None) -> dict:
     A run still recording is summed up to its latest written interval (``measured_until``), as
     ``gpuledger cost`` prices it: the recorder writes every few seconds, and time it has not
     written yet would otherwise count as idle GPU time. A run with raw days tiered into the
-    ledger's series store (``Ledger.tiered``) is summed from its intervals read whole."""
+    ledger's series store (``Ledger.tiered``) is summed from its intervals read whole; a
+    series-only run whose store dropped some of its days, from its day sums (runs/series_expired.py)."""
     from gpuledger.core.metering.summary import summarize
 
     now = time.time() if now is None else now
+    if ledger.tiered(run.id) and (expired := series_expired.summary(ledger, run, ledger.devices(run.id), now)):
+        return expired  # a series-only run whose store dropped some days: its day sums
     if ledger.tiered(run.id):  # raw days in the ledger's series store: the SQL rollups miss them
         gpu_ivs, host_ivs = ledger.gpu_intervals(run.id), ledger.host_intervals(run.id)
         counts = dict(Counter(g.device_uuid for g in gpu_ivs))

@@ -320,6 +320,20 @@ class Ledger:
 
         return self._db.read(lambda conn: series_only_gpu_sums(conn, [run_id])).get(run_id, {})
 
+    def series_expired_days(self, run_id: str) -> list[str]:
+        """The days (YYYY-MM-DD) of a series-only run its series store dropped past its window
+        (store/series_only_window.py); none for another run."""
+        from gpuledger.store.series_only_window import expired_days
+
+        return self._db.read(lambda conn: expired_days(conn, run_id))
+
+    def series_day_intervals(self, run_id: str) -> tuple[list[GpuInterval], dict[str, int]]:
+        """A series-only run's day sums folded into one interval per GPU, and each GPU's row count
+        (store/series_only_window.py): its figures once its store has dropped some of its days."""
+        from gpuledger.store.series_only_window import day_sum_intervals
+
+        return self._db.read(lambda conn: day_sum_intervals(conn, run_id))
+
     def events(self, run_id: str, kind: str | None = None) -> list[Event]:
         """In the order they were appended (seq)."""
         e = schema.events.c

@@ -10,12 +10,13 @@ ends, as there. Only rows new to the store are added (the segments decide), so a
 regrouped batch adds nothing and a rolled-back push added nothing. ``interval_sums`` reads these
 rows for such runs, so ``materialise_rollups`` writes their ``gpu_rollups`` as for any run.
 
-A price change inside a day (``cuts``) cannot split these sums: such a day of a series-only run is
-priced as a whole in the period its middle lies in.
+A price change inside a day (``cuts``) cannot split these sums: for such a day the cost read takes
+the run's rows of the day from the store instead (store/series_cut_days.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,18 +87,22 @@ def add(conn: Connection, run_id: str, rows: Sequence[Sequence[Any]], columns: S
     return len(sums)
 
 
-def read(
-    conn: Connection, run_ids: Sequence[str], start: float | None, end: float | None
-) -> tuple[list[dict[str, Any]], set[str]]:
-    """(the day sums of those of ``run_ids`` that are series-only, inside the whole days of
-    [start, end); those runs' ids)."""
-    if not run_ids:
-        return [], set()
+def series_only(conn: Connection, run_ids: Sequence[str]) -> set[str]:
+    """Those of ``run_ids`` whose raw intervals only the series store holds."""
     m = schema.series_only_runs.c
     marked: set[str] = set()
     ids = sorted(set(run_ids))
     for i in range(0, len(ids), 1000):
         marked |= set(conn.scalars(sa.select(m.run_id).where(m.run_id.in_(ids[i : i + 1000]))))
+    return marked
+
+
+def read(
+    conn: Connection, run_ids: Sequence[str], start: float | None, end: float | None
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """(the day sums of those of ``run_ids`` that are series-only, inside the whole days of
+    [start, end); those runs' ids)."""
+    marked = series_only(conn, run_ids)
     if not marked:
         return [], marked
     c = schema.series_day_sums.c
@@ -107,3 +112,35 @@ def read(
     if end is not None:
         q = q.where(c.day < -int(-end // DAY_S))
     return [dict(r) for r in conn.execute(q).mappings()], marked
+
+
+def iso_day(day: int) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(day * DAY_S))
+
+
+def run_days(conn: Connection, run_id: str) -> list[str]:
+    """The UTC days (YYYY-MM-DD) the run's rows lie on: those its GPU rows end on (its day sums)
+    and the day its first row starts on (the store keeps a row on the day it starts)."""
+    d, s = schema.series_day_sums.c, schema.series_segments.c
+    days = {int(x) for x in conn.scalars(sa.select(d.day).where(d.run_id == run_id).distinct())}
+    first = conn.scalar(sa.select(sa.func.min(s.t0)).where(s.run_id == run_id))
+    if first is not None:
+        days.add(int(float(first) // DAY_S))
+    return [iso_day(x) for x in sorted(days)]
+
+
+def store_days(conn: Connection, shown: str) -> list[str]:
+    """The days (YYYY-MM-DD) the rows of the series-only runs writing into the store ``shown`` lie
+    on (by their day sums, as ``run_days``): those a drop of that store's days may remove."""
+    d, m, s = schema.series_day_sums.c, schema.series_only_runs.c, schema.series_segments.c
+    runs = sa.select(m.run_id).where(m.store == shown)
+    days = {int(x) for x in conn.scalars(sa.select(d.day).where(d.run_id.in_(runs)).distinct())}
+    firsts = sa.select(sa.func.min(s.t0)).where(s.run_id.in_(runs)).group_by(s.run_id)
+    days |= {int(float(t) // DAY_S) for t in conn.scalars(firsts) if t is not None}
+    return [iso_day(x) for x in sorted(days)]
+
+
+def run_sums(conn: Connection, run_id: str) -> list[dict[str, Any]]:
+    """The run's day sums, every day."""
+    c = schema.series_day_sums.c
+    return [dict(r) for r in conn.execute(sa.select(schema.series_day_sums).where(c.run_id == run_id)).mappings()]

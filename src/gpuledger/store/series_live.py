@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from gpuledger.series.base import SeriesStore
 from gpuledger.series.open import CLICKHOUSE_SCHEMES
-from gpuledger.store import series_tier
+from gpuledger.store import series_only_verify, series_tier
 
 Row = Mapping[str, Any]
 MAX_TOKEN = 200  # longer descriptions of a batch are hashed
@@ -128,8 +128,9 @@ class LiveSeries:
 
     def summary(self, run_id: str) -> dict[str, Any]:
         """What the store holds of the run, as tiering records a day (``series_tier.day_summary``:
-        per GPU and the host, rows, seq range, sums, sha256) over all its rows, with the store as
-        shown: a series-only run's seal of its intervals (store/series_segments.py).
+        per GPU and the host, rows, seq range, sums, sha256) over all its rows and per day
+        (``series_only_verify.by_day``), with the store as shown: a series-only run's seal of its
+        intervals (store/series_segments.py).
         SeriesUnavailable when the store cannot be read."""
         with self._slots:
             with self._lock:
@@ -149,7 +150,12 @@ class LiveSeries:
                 if store is not None:
                     with self._lock:
                         self._idle.append(store)
-        return {"series": self.shown, **series_tier.day_summary(gpu, host)}
+        # and per day, so that the days the store keeps can be checked once it has dropped the others
+        return {
+            "series": self.shown,
+            **series_tier.day_summary(gpu, host),
+            "days": series_only_verify.by_day(gpu, host),
+        }
 
     def close(self) -> None:
         """Close the stores of the PostgreSQL pool; a shared ClickHouse store is the reader the

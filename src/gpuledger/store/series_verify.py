@@ -3,7 +3,8 @@ series store (``run.raw_tiered``, store/series_tier.py) must still be there exac
 rows per GPU and host, the same sums, the same digest. A changed or missing row is named by run,
 device and seq range. A day the store dropped on purpose, past its own window (a later
 ``series.days_dropped`` entry for that store, store/series_window.py), is named as expired instead
-and not read; a day gone without such an entry is still missing."""
+and not read; a day gone without such an entry is still missing. A sealed series-only run is
+checked as store/series_only_verify.py says, by the same rule for the days its store dropped."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.series.base import SeriesStore
-from gpuledger.store import schema, series_segments, series_tier, series_window
+from gpuledger.store import (
+    schema,
+    series_day_sums,
+    series_only_verify,
+    series_only_window,
+    series_segments,
+    series_tier,
+    series_window,
+)
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -30,6 +39,7 @@ class SeriesCheck:
     days_checked: int = 0  # (run, day) pairs compared with the store
     days_expired: int = 0  # (run, day) pairs the store dropped past its window, by retention
     runs_checked: int = 0  # series-only runs whose sealed intervals were compared with the store
+    run_days_expired: int = 0  # (series-only run, day) pairs the store dropped past its window
 
 
 def tiered(conn: Connection) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -70,6 +80,7 @@ def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
     others: set[str] = set()
     expiries = ledger.read(lambda c: _expiries(c, shown))
     expired: dict[str, list[str]] = {}  # retention's date -> the tiered days it dropped
+    only_expired: dict[str, list[str]] = {}  # retention's date -> the series-only runs' days it dropped
     for seq, run_id, payload in ledger.read(lambda c: list(_tiered(c))):
         if payload.get("series") != shown:
             others.add(str(payload.get("series")))
@@ -83,16 +94,29 @@ def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
         lines = series_tier.differences(run_id, payload, found)
         out.problems += [f"{line} (tiered {payload['day']})" for line in lines]
         out.days_checked += 1
+    kept = ledger.read(lambda c: series_only_window.kept_from(c, shown))
     for run_id, payload in ledger.read(series_segments.series_seals).items():  # series-only runs
         if payload.get("series") != shown:
             others.add(str(payload.get("series")))
             continue
-        found = series_tier.stored_summary(store, run_id, payload)
-        out.problems += [f"{line} (sealed series-only run)" for line in series_tier.differences(run_id, payload, found)]
+        sums = ledger.read(lambda c, rid=run_id: series_day_sums.run_sums(c, rid))
+        run = series_only_verify.check(store, run_id, payload, kept, sums)
+        out.problems += run.problems
+        out.notes += run.notes
+        for day in run.expired:
+            on = _expired_by(expiries, -1, day) or "?"
+            only_expired.setdefault(on, []).append(day)
+        out.run_days_expired += len(run.expired)
         out.runs_checked += 1
     for on, days in sorted(expired.items()):
         span = min(days) if min(days) == max(days) else f"{min(days)} to {max(days)}"
         out.notes.append(f"{len(days)} tiered run days ({span}) expired from the series store by retention on {on}")
+    for on, days in sorted(only_expired.items()):
+        span = min(days) if min(days) == max(days) else f"{min(days)} to {max(days)}"
+        out.notes.append(
+            f"{len(days)} series-only run days ({span}) expired from the series store by retention on {on}: "
+            "not read; the days it keeps were checked against the seal and the day sums"
+        )
     for other in sorted(others):
         out.notes.append(f"days tiered into {other} were not checked (give that store with --series)")
     return out

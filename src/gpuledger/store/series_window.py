@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.series.base import SeriesStore
-from gpuledger.store import audit, schema, series_tier
+from gpuledger.store import audit, schema, series_day_sums, series_tier
 from gpuledger.store.series_tier import Tier
 
 if TYPE_CHECKING:
@@ -54,8 +54,9 @@ def maintain(store: SeriesStore, now: float | None = None) -> list[str]:
 
 
 def _recorded(conn: Connection, url: str, cut: str) -> list[str]:
-    """The days tiered into the store at ``url`` that are before ``cut`` and after the window the
-    last entry for that store recorded: what a ClickHouse TTL may have removed before this run."""
+    """The days tiered into the store at ``url`` (or holding rows of a series-only run written
+    into it) that are before ``cut`` and after the window the last entry for that store recorded:
+    what a ClickHouse TTL may have removed before this run."""
     a = schema.audit_log.c
     q = sa.select(a.payload).where(a.object == OBJECT, a.action == ACTION).order_by(a.seq.desc())
     last = next((p for p in map(json.loads, conn.scalars(q)) if p.get("series") == url), None)
@@ -65,6 +66,8 @@ def _recorded(conn: Connection, url: str, cut: str) -> list[str]:
         p = json.loads(payload)
         if p.get("series") == url and since <= p["day"] < cut:
             days.add(p["day"])
+    # and the days of the series-only runs that write into it (store/series_only_window.py)
+    days.update(d for d in series_day_sums.store_days(conn, url) if since <= d < cut)
     return sorted(days)
 
 

@@ -238,6 +238,8 @@ def format_summary(summary: dict[str, Any], width: int | None = None) -> str:
     lines = [_title(s)]
     if s.get("replayed"):
         lines.append(f"  *** {REPLAY_BANNER} ***")
+    if s.get("series_expired"):  # a series-only run whose store dropped some of its days
+        lines.append(f"  note       {s['series_expired']['note']}")
     lines += [
         f"  command    {_shorten(shlex.join(s.get('command') or []), width)}",
         f"  started    {s.get('started_at') or NA} on {s.get('host') or NA} by {s.get('user') or NA}",

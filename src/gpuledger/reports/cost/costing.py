@@ -32,6 +32,7 @@ from gpuledger.reports.cost.tiered import tiered_intervals
 from gpuledger.reports.cost.usage import Scope, collect_report, collect_runs, read
 from gpuledger.store.audit_approve import unsealed_among
 from gpuledger.store.cost_queries import replayed_in_window
+from gpuledger.store.series_cut_days import CutDays
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -168,7 +169,8 @@ def chargeback(
 
 def _priced(ledger: Ledger, pricer: Pricer, window: dict[str, Any], report: dict[str, Any]) -> Chargeback:
     """Read (collect_report's ``window`` arguments), price and sum (build_from_compact's ``report``)."""
-    usage = read(ledger, lambda conn: collect_report(conn, **window))
+    series = CutDays.of(ledger)  # a series-only run's days with a price change, read from its store
+    usage = read(ledger, lambda conn: collect_report(conn, **window, series=series))
     by = report["by"]
     run_keys, by_model, by_instance = grouping(by)
     fast, unusual = price_plain_rows(
@@ -190,6 +192,7 @@ def _priced(ledger: Ledger, pricer: Pricer, window: dict[str, Any], report: dict
     trend = _group_items(pricer, usage.groups, usage.periods, by, window["group_keys"])
     cb = build_from_compact(items, usage.runs, fast=fast, trend_items=trend, **report)
     _note_unsealed(ledger, cb, usage.runs)
+    cb.warnings += series.notes()
     note_replayed(ledger, cb, scope=window["scope"], start=window["start"], end=window["end"])
     return cb
 
@@ -311,10 +314,17 @@ def run_costs(
         chains[rid] = [r.id for r in members] or [rid]
     wanted = sorted({m for chain in chains.values() for m in chain} | set(run_ids))
     tiered = tiered_intervals(ledger, wanted)  # read through the ledger's series store: per GPU as before the drop
+    series = CutDays.of(ledger)  # a series-only run's days with a price change, read from its store
     usage = read(
         ledger,
         lambda conn: collect_runs(
-            conn, wanted, scope=scope, instance_type=instance_type, cuts=card.change_points, tiered=tiered
+            conn,
+            wanted,
+            scope=scope,
+            instance_type=instance_type,
+            cuts=card.change_points,
+            tiered=tiered,
+            series=series,
         ),
     )
     for rid in run_ids:
@@ -365,6 +375,7 @@ def run_costs(
         "rate_card": card.name or card.source,
         "runs": out_runs,
         "total": total,
+        "notes": series.notes(),
     }
 
 

@@ -22,6 +22,7 @@ from gpuledger.reports.cost.replayed import replayed_warning
 from gpuledger.reports.cost.usage import Scope, UsageSet, collect_report, read
 from gpuledger.store.cost_queries import replayed_in_window
 from gpuledger.store.label_queries import labels_of
+from gpuledger.store.series_cut_days import CutDays
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -51,6 +52,7 @@ def chargeback_focus(
     cut_times = sorted({start, end} | {t for t in card.change_points if start < t < end})
     edges = {start, *month_starts(start, end), *cut_times}
     pricer = Pricer(card, basis, start, end)
+    series = CutDays.of(ledger)  # a series-only run's days with a price change, read from its store
 
     def collect(conn: Any) -> tuple[UsageSet, dict[str, dict[str, str]]]:
         usage = collect_report(
@@ -63,6 +65,7 @@ def chargeback_focus(
             cut_times=cut_times,
             group_keys=[],
             replayed=include_replayed,
+            series=series,
         )
         demo = [rid for rid, run in usage.runs.items() if run.replayed] if include_replayed else []
         if not include_replayed:
@@ -86,6 +89,7 @@ def chargeback_focus(
     )
     if demo:
         export.notes.append(replayed_warning(sorted(demo), include_replayed))
+    export.notes.extend(series.notes())
     return export
 
 

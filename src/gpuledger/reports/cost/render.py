@@ -315,5 +315,6 @@ def cost_text(report: dict[str, Any], table: Grid | None = None) -> str:
         for run in report["runs"]
         if run.get("replayed")
     ]
+    notes += [f"  {n}" for n in report.get("notes", [])]
     text = _plain(_table(_COST_VIEW, rows, {"gpu_index": "GPU"}))
     return head + "\n" + text + "\n" + "".join(n + "\n" for n in notes)

@@ -24,11 +24,13 @@ from gpuledger.core.pricing.cost import Usage
 from gpuledger.core.pricing.share import Reading, Tenant, attribute, overlapping_groups
 from gpuledger.core.pricing.usage import DAY_S, DayUsage, day_of, days_from_segments, held_span, period_of, split_days
 from gpuledger.store import cost_queries as cq
+from gpuledger.store import series_day_sums
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
     from gpuledger.store import Ledger
+    from gpuledger.store.series_cut_days import CutDays
 
 T = TypeVar("T")
 
@@ -111,19 +113,21 @@ def interval_day_usage(
     end: float | None,
     cuts: Sequence[float] = (),
     intervals: Sequence[dict[str, Any]] | None = None,
+    series: CutDays | None = None,
 ) -> tuple[list[DayUsage], dict[tuple[str, str], dict[str, Any]]]:
     """Day rows of ``rows`` (runs read from their intervals) inside [start, end), whole days.
     ``cuts``: times inside a day (price changes) where rows are split too, exactly: the intervals
     of those days are read one by one instead of summed in SQL. ``intervals``: the runs' GPU
     intervals already read (run_id, device_uuid, t0, t1, busy_s, energy_j; the whole runs, for
-    runs whose raw days were tiered and dropped: ``Ledger.tiered``), summed here instead."""
+    runs whose raw days were tiered and dropped: ``Ledger.tiered``), summed here instead.
+    ``series``: where a series-only run's days with a cut are read from (store/series_cut_days.py)."""
     start, end = _day_window(start, end)
     cut_list = sorted({c for c in cuts if c % DAY_S})
     cut_days = sorted({day_of(c) for c in cut_list})
     ids = [r.id for r in rows]
     devices = {(d["run_id"], d["uuid"]): d for d in cq.device_rows(conn, ids)}
     if intervals is None:
-        day_rows, raw_rows = cq.interval_sums(conn, ids, start, end, cut_days)
+        day_rows, raw_rows = cq.interval_sums(conn, ids, start, end, cut_days, series)
     else:
         day_rows, raw_rows = [], [iv for iv in intervals if _inside(iv, start, end)]
     if start is None and end is None:  # every interval was read: their last end is among them
@@ -172,7 +176,7 @@ def _add_raw(periods: dict[tuple[int, int], dict[str, Any]], iv: dict[str, Any],
             if iv[col] is not None:
                 row[col] = (row[col] or 0.0) + iv[col] * share
                 row[count] += 1
-        row["intervals"] += int(b == iv["t1"])
+        row["intervals"] += int(b == iv["t1"] and iv.get("ends", True))  # a row clipped to its day may not
 
 
 def _solo_days(
@@ -314,19 +318,22 @@ def collect_runs(
     instance_type: str | None = None,
     cuts: Sequence[float] = (),
     tiered: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+    series: CutDays | None = None,
 ) -> UsageSet:
     """The runs ``ids`` (those in scope, replayed or not: they were asked for by name) and their
     Usages per GPU and day, from their intervals. ``cuts``: the rate card's price changes, where a
     day's busy time and energy are split exactly (as the chargeback splits them), not in
     proportion to held time. ``tiered``: run id -> its GPU intervals read whole through the
     ledger (raw days tiered into its series store and dropped): priced from those, per GPU,
-    instead of from the SQL (which misses the dropped days) or the run's frozen rollups (per model)."""
+    instead of from the SQL (which misses the dropped days) or the run's frozen rollups (per model).
+    ``series``: where a series-only run's days with a price change are read from (``interval_day_usage``)."""
     rows = cq.run_rows(conn, scope=scope, replayed=True, ids=ids)
     runs = _logical_ids(conn, _run_rows(rows, cq.label_values(conn, "instance_type", ids=ids), instance_type), scope)
     # A GPU shared with another run is split from both runs' SQL intervals, gone with the day: such
     # a run keeps its rollups, which were split while the rows were there.
     read_whole = {rid: ivs for rid, ivs in (tiered or {}).items() if rid in runs and not _shared(conn, runs[rid])}
-    days, devices = interval_day_usage(conn, [r for r in runs.values() if r.id not in read_whole], None, None, cuts)
+    rest = [r for r in runs.values() if r.id not in read_whole]
+    days, devices = interval_day_usage(conn, rest, None, None, cuts, series=series)
     if read_whole:  # tiered runs, their intervals read through the ledger: per GPU, as before the drop
         whole = [runs[rid] for rid in read_whole]
         more, more_devices = interval_day_usage(conn, whole, None, None, cuts, [*itertools.chain(*read_whole.values())])
@@ -367,6 +374,7 @@ def collect_report(
     cut_times: Sequence[float],
     group_keys: Sequence[str],
     replayed: bool = False,
+    series: CutDays | None = None,
 ) -> UsageSet:
     """Everything a chargeback of [start, end) with a trend from ``trend_start`` prices.
     ``edges``: month starts, price changes and the window's edges; ``cut_times``: the price changes
@@ -375,7 +383,9 @@ def collect_report(
     those of the earlier months are summed per group and day in SQL (``groups``), so a trend costs
     one scan of the rollup table and no run rows. Runs not rolled up (``runs.rolled_up``) are read
     from their intervals, in the window and in the trend months alike. Runs metered from a
-    replayed GPU trace are left out of all of it (a demo is not billed) unless ``replayed``."""
+    replayed GPU trace are left out of all of it (a demo is not billed) unless ``replayed``.
+    ``series``: where a series-only run's days with a price change are read from
+    (store/series_cut_days.py)."""
     period_days, periods = _periods(sorted(set(edges)), cut_times)
     live_rows = cq.unrolled_runs(conn, scope=scope, replayed=replayed, start=trend_start, end=end)
     live_ids = {r[0] for r in live_rows}
@@ -404,35 +414,50 @@ def collect_report(
     )
     live = [runs[rid] for rid in live_ids if rid in runs]
     if live:
-        days, usage.devices = interval_day_usage(conn, live, trend_start, end, cut_times)
+        days, usage.devices = interval_day_usage(conn, live, trend_start, end, cut_times, series=series)
         usage.usages = _usages(days, usage.devices, runs)
     # A window's own end inside a day is a cut like a price change (start <= t <= end).
     mid_days = sorted({day_of(t) for t in cut_times if t % DAY_S and start <= t <= end})
     if mid_days:
-        usage.usages += _exact_cut_days(conn, usage, mid_days, cut_times)
+        usage.usages += _exact_cut_days(conn, usage, mid_days, cut_times, series)
     return usage
 
 
-def _exact_cut_days(conn: Connection, usage: UsageSet, days: Sequence[int], cut_times: Sequence[float]) -> list[Usage]:
+def _exact_cut_days(
+    conn: Connection,
+    usage: UsageSet,
+    days: Sequence[int],
+    cut_times: Sequence[float],
+    series: CutDays | None = None,
+) -> list[Usage]:
     """A rollup row sums a whole day, so on a day a price changes within it could only be split
     in proportion to held time. For runs whose intervals are still there, such rows are replaced
-    by those intervals, cut exactly at the change (the same figures as a run never rolled up)."""
+    by those intervals, cut exactly at the change (the same figures as a run never rolled up);
+    a series-only run's, by its rows of the day read from the store through ``series``, where
+    it still holds them (otherwise the run keeps its rollups of the day)."""
     wanted = set(days)
     on_day: dict[int, set[str]] = {}
     for row in usage.rollups:
         if row[1] in wanted:
             on_day.setdefault(row[1], set()).add(row[0])
-    exact = cq.with_intervals(conn, sorted(set().union(*on_day.values()))) if on_day else set()
+    ids = sorted(set().union(*on_day.values())) if on_day else []
+    exact = cq.with_intervals(conn, ids) if ids else set()
+    if series is not None and ids:
+        exact |= series_day_sums.series_only(conn, ids)
     if not exact:
         return []
     instances = cq.label_values(conn, "instance_type", ids=sorted(exact))
     out: list[Usage] = []
+    whole: set[tuple[str, int]] = set()  # (run, day) the store could not give: its rollups stay
     for day, run_ids in sorted(on_day.items()):
         rows = [usage.runs[rid]._replace(instance_type=instances.get(rid)) for rid in sorted(run_ids & exact)]
-        found, devices = interval_day_usage(conn, rows, day * DAY_S, (day + 1) * DAY_S, cut_times)
+        before = set(series.unsplit) if series is not None else set()
+        found, devices = interval_day_usage(conn, rows, day * DAY_S, (day + 1) * DAY_S, cut_times, series=series)
+        if series is not None:
+            whole |= {(rid, d) for rid, d in set(series.unsplit) - before if d == day}
         usage.devices.update(devices)
-        out += _usages(found, devices, {r.id: r for r in rows})
-    usage.rollups = [r for r in usage.rollups if not (r[1] in wanted and r[0] in exact)]
+        out += _usages([d for d in found if (d.run_id, day) not in whole], devices, {r.id: r for r in rows})
+    usage.rollups = [r for r in usage.rollups if not (r[1] in wanted and r[0] in exact and (r[0], r[1]) not in whole)]
     return out
 
 

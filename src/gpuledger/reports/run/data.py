@@ -26,6 +26,7 @@ from gpuledger.core.metering import series
 from gpuledger.core.metering.summary import summarize
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord, run_is_open
 from gpuledger.core.training import epochs as core_epochs
+from gpuledger.runs import series_expired
 
 if TYPE_CHECKING:
     from gpuledger.store import Ledger
@@ -97,7 +98,10 @@ def load(
         run, ledger.devices(run.id), plan, gpu, host, ledger.events(run.id), ledger.metrics(run.id), counts, end, now
     )
     data.day_sums = day_sums
-    data.summary = _summary(data)
+    # A series-only run whose store dropped some days: the rows kept draw the curves of those days,
+    # the day sums give the figures (runs/series_expired.py).
+    expired = series_expired.summary(ledger, run, data.devices, now) if tiered else None
+    data.summary = expired or _summary(data)
     return data
 
 
