@@ -16,6 +16,7 @@ from gpuledger.series.capacity import Row
 from gpuledger.series.clickhouse_client import Client
 from gpuledger.series.clickhouse_ddl import CAPACITY_STATES
 from gpuledger.series.clickhouse_hash import city_hash64
+from gpuledger.series.clickhouse_keyed import LAST_MS
 from gpuledger.series.quantum import from_units
 
 TABLE = "capacity_intervals"
@@ -74,7 +75,7 @@ def read(
     names = {city_hash64(u): u for u in set(gpu_uuids)}
     found = client.query(
         f"SELECT {', '.join(SELECT)} FROM {table(TABLE)} WHERE {_IN}t0 < fromUnixTimestamp64Milli({{b:Int64}}, 'UTC')",
-        {"g": sorted(names), "a": max(t_from_ms, 0), "b": t_to_ms},
+        {"g": sorted(names), "a": max(t_from_ms, 0), "b": min(t_to_ms, LAST_MS)},
     )
     out = []
     for gpu, host, t0, dur, *rest in found:
