@@ -94,7 +94,8 @@ def _push(client: TestClient, token: str, wire: list[list[Any]]) -> Any:
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {"GPULEDGER_RATES": "", "GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(OPEN_DAYS)}
+    home = str(tmp_path / "home")
+    return {"GPULEDGER_RATES": "", "GPULEDGER_HOME": home, "GPULEDGER_CLOSE_AFTER_DAYS": str(OPEN_DAYS)}
 
 
 def _cli(tmp_path: Path, *args: str) -> Any:
