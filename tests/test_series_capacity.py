@@ -260,3 +260,26 @@ def test_capacity_token_names_each_gpus_first_and_last_start() -> None:
     many = [{"gpu_uuid": f"GPU-{'x' * 40}-{g}", "t0_ms": 0} for g in range(8)]
     assert capacity.token(many).startswith("capacity:sha256:")
     assert capacity.token(many) == capacity.token(list(reversed(many)))
+
+
+def test_capacity_older_than_the_stores_own_window_is_deleted_without_copying(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """The store keeps ``--series-days``: intervals older than that would be dropped from it at once,
+    so retention deletes them from the ledger without copying them (the day sums stay)."""
+    token = _node(pg_url)
+    wire = _wire()
+    with TestClient(create_app(pg_url, settings=Settings(close_after_days=OPEN_DAYS))) as client:
+        assert _push(client, token, wire).json()["stored"] == len(wire)
+    before = _reports(pg_url, tmp_path)
+    out = _cli(tmp_path, "retention", "run", "--db", pg_url, "--keep-logs", "--capacity-days", "1",
+               "--raw-days", "1", "--series", series_url, "--series-days", "2")  # fmt: skip
+    assert out.exit_code == 0 and f"capacity: {len(wire)} raw intervals before" in out.output, out.output
+    assert _held(series_url) == []
+    with Ledger(pg_url) as led:
+        assert led.read(lambda c: intervals(c)) == []
+        found = led.read(lambda c: c.exec_driver_sql(
+            "SELECT count(*) FROM audit_log WHERE action = %(a)s", {"a": capacity_tier.ACTION}
+        ).scalar())  # fmt: skip
+    assert found == 0
+    assert _reports(pg_url, tmp_path) == before
