@@ -24,12 +24,15 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 import test_series_tier as tiers
+from gpuledger.agent.capacity_push import push_capacity
+from gpuledger.agent.client import Client, Unreachable
 from gpuledger.cli.main import cli
-from gpuledger.core.capacity.model import DAY_MS
+from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, Sighting, States
 from gpuledger.series import capacity
 from gpuledger.server.app import create_app
 from gpuledger.server.settings import Settings
-from gpuledger.store import Ledger, capacity_tier, series_live, series_tier
+from gpuledger.store import Ledger, capacity_push, capacity_tier, series_live, series_tier
+from gpuledger.store.capacity import write_capacity
 from gpuledger.store.capacity_queries import day_rows, intervals
 from server_support import bearer, enroll, setup_accounts
 from test_pg_partitions import OPEN_DAYS, TODAY
@@ -216,26 +219,40 @@ def pg_store_url(tmp_path: Path) -> Iterator[str]:
 
 
 def test_a_store_that_is_down_refuses_the_capacity_push_with_503_and_keeps_nothing(
-    pg_url: str, pg_store_url: str
+    pg_url: str, pg_store_url: str, tmp_path: Path
 ) -> None:
+    """The real agent's capacity push (agent/capacity_push.py) from its local ledger: the 503 is a
+    server that is away (Unreachable, with the server's retry hint), its watermarks do not move,
+    the server keeps nothing, and the next push stores every interval once in both."""
     token = _node(pg_url)
     wire = _wire()
+    local = Ledger(tmp_path / "local.db")
+    ivs = [CapacityInterval(r[0], r[1], r[2], r[3], States(*r[4:8]), r[8], r[9]) for r in wire]
+    sightings = [Sighting(**s) for s in _sightings()]
+    local.write(lambda c: write_capacity(local.database, c, ivs, sightings))
     schema = pg_store_url.rsplit("schema=", 1)[1]
-    with _app(pg_url, pg_store_url) as client:
-        with psycopg.connect(tiers.PG, autocommit=True) as conn:
-            conn.execute(f"ALTER SCHEMA {schema} RENAME TO {schema}_away")
-        try:
-            got = _push(client, token, wire)
-            assert got.status_code == 503, got.text
-            assert got.headers["Retry-After"] == str(series_live.RETRY_AFTER_S)
-            assert "series store" in got.json()["detail"] and "retry" in got.json()["detail"]
-            with Ledger(pg_url) as led:  # rolled back: no interval, no day sum
-                assert led.read(lambda c: intervals(c)) == [] and led.read(lambda c: day_rows(c, 0, 10**6)) == []
-        finally:
+    try:
+        with _app(pg_url, pg_store_url) as app_client:
+            client = Client("http://testserver", token, transport=app_client._transport)
+            capacity_push.register(local, client.server)  # as gpuledger sync does before its first push
             with psycopg.connect(tiers.PG, autocommit=True) as conn:
-                conn.execute(f"ALTER SCHEMA {schema}_away RENAME TO {schema}")
-        got = _push(client, token, wire)  # the agent's watermarks did not move: it sends the same again
-        assert got.status_code == 200 and got.json()["stored"] == len(wire), got.text
+                conn.execute(f"ALTER SCHEMA {schema} RENAME TO {schema}_away")
+            try:
+                with pytest.raises(Unreachable, match="503") as err:
+                    push_capacity(local, client)
+                assert err.value.retry_after_s == series_live.RETRY_AFTER_S
+                assert [b.unacknowledged for b in capacity_push.outbox(local)] == [len(wire)]
+                with Ledger(pg_url) as led:  # rolled back: no interval, no day sum
+                    assert led.read(lambda c: intervals(c)) == [] and led.read(lambda c: day_rows(c, 0, 10**6)) == []
+            finally:
+                with psycopg.connect(tiers.PG, autocommit=True) as conn:
+                    conn.execute(f"ALTER SCHEMA {schema}_away RENAME TO {schema}")
+            assert push_capacity(local, client).rows == len(wire)  # sent again from the same watermarks
+            assert [b.unacknowledged for b in capacity_push.outbox(local)] == [0]
+    finally:
+        local.close()
+    with Ledger(pg_url) as led:
+        assert len(led.read(lambda c: intervals(c))) == len(wire)
     assert _held(pg_store_url) == _rows(wire)
 
 
