@@ -99,11 +99,12 @@ def tier_rows(conn: Connection, tier: Tier, host: str, where: sa.ColumnElement[b
     check each and record it (``capacity.raw_tiered``); TierError when the store does not hold
     exactly them. The rows copied (not already held)."""
     c = gpu_capacity.c
-    by_day: dict[int, list[dict[str, Any]]] = {}
-    for r in conn.execute(sa.select(gpu_capacity).where(where).order_by(c.gpu_uuid, c.t0_ms)).mappings():
-        by_day.setdefault(int(r["t0_ms"]) // DAY_MS, []).append({k: r[k] for k in capacity.COLUMNS})
+    days = sorted(int(d) for d in conn.scalars(sa.select(c.t0_ms // DAY_MS).where(where).distinct()))
     written = 0
-    for day, rows in sorted(by_day.items()):
+    for day in days:  # a day in memory at a time (a backlog of months is many of them)
+        in_day = sa.and_(where, c.t0_ms >= day * DAY_MS, c.t0_ms < (day + 1) * DAY_MS)
+        found = conn.execute(sa.select(gpu_capacity).where(in_day).order_by(c.gpu_uuid, c.t0_ms)).mappings()
+        rows = [{k: r[k] for k in capacity.COLUMNS} for r in found]
         expected = {"host": host, "day": day_of(day), "gpus": summary([capacity.quantize(r) for r in rows])}
         n = tier.store.write_capacity(rows, token=f"tier:{capacity.token(rows)}")
         problems = differences(host, expected, stored_summary(tier.store, host, expected))
