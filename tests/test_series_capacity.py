@@ -14,6 +14,7 @@ server and both stores (the compact PostgreSQL store and ClickHouse on chDB):
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,14 @@ def test_pushes_go_live_into_the_store_once_and_retention_tiers_them_before_the_
 
     ok = _cli(tmp_path, "audit", "verify", "--db", pg_url, "--series", series_url)
     assert ok.exit_code == 0 and "2 tiered capacity host days checked" in ok.output, ok.output
+
+    # The store's own window passes those days: dropped whole, recorded, and named as expired, not missing.
+    assert tiers.expire_store_days(pg_url, series_url, series_days=2, now=time.time()) == 2
+    assert _held(series_url) == []
+    gone = _cli(tmp_path, "audit", "verify", "--db", pg_url, "--series", series_url)
+    span = f"{tiers._date(TODAY - 4)} to {tiers._date(TODAY - 3)}"
+    assert gone.exit_code == 0 and f"2 tiered capacity host days ({span}) expired" in gone.output, gone.output
+    assert "0 tiered capacity host days checked" in gone.output and "TAMPERED" not in gone.output
 
 
 def _tamper(url: str) -> None:
