@@ -42,7 +42,8 @@ def test_cluster_tables_have_the_single_node_columns() -> None:
     cluster = Layout("gpuledger", cluster="gpuledger").statements()
     assert _columns(one) == _columns(cluster)
     assert set(_columns(one)) == {
-        "gpu_intervals", "host_intervals", "series_names", "run_dims", "gpu_day_rollups", "run_day_rollups",
+        "gpu_intervals", "host_intervals", "capacity_intervals", "series_names", "run_dims", "gpu_day_rollups",
+        "run_day_rollups",
     }  # fmt: skip
     # the run dimensions are whole on every node (one replication group), so each shard joins locally
     every_node = "ReplicatedReplacingMergeTree('/clickhouse/tables/all/gpuledger/run_dims', '{replica}', version)"
@@ -50,7 +51,9 @@ def test_cluster_tables_have_the_single_node_columns() -> None:
     text = "\n".join(cluster)
     assert "Distributed('gpuledger', gpuledger, gpu_intervals_local, gpu)" in text
     assert "Distributed('gpuledger', gpuledger, gpu_day_rollups_local, gpu)" in text
-    assert text.count("ReplicatedMergeTree(") == 2 and "ReplicatedSummingMergeTree(" in text
+    # a GPU's capacity intervals on the shard of its own intervals
+    assert "Distributed('gpuledger', gpuledger, capacity_intervals_local, gpu)" in text
+    assert text.count("ReplicatedMergeTree(") == 3 and "ReplicatedSummingMergeTree(" in text
     # the view reads and writes each shard's own tables
     assert "TO gpuledger.gpu_day_rollups_local\nAS SELECT" in text and "FROM gpuledger.gpu_intervals_local)))" in text
     # chargeback's per run and day sums: a view on each shard's own day rollups

@@ -73,6 +73,28 @@ SETTINGS ttl_only_drop_parts = 1, replicated_deduplication_window = 100000, repl
 CREATE TABLE IF NOT EXISTS gpuledger.host_intervals ON CLUSTER 'gpuledger' AS gpuledger.host_intervals_local
 ENGINE = Distributed('gpuledger', gpuledger, host_intervals_local, run);
 
+CREATE TABLE IF NOT EXISTS gpuledger.capacity_intervals_local ON CLUSTER 'gpuledger'
+(
+    gpu UInt64 CODEC(ZSTD(3)),
+    t0 DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(3)),
+    dur_ms UInt32 CODEC(T64, ZSTD(3)),
+    host LowCardinality(String) CODEC(ZSTD(3)),
+    unallocated_ms UInt32 CODEC(T64, ZSTD(3)),
+    alloc_idle_ms UInt32 CODEC(T64, ZSTD(3)),
+    busy_attr_ms UInt32 CODEC(T64, ZSTD(3)),
+    busy_unattr_ms UInt32 CODEC(T64, ZSTD(3)),
+    unmeasured_ms UInt32 CODEC(T64, ZSTD(3)),
+    energy_mj Nullable(Int64) CODEC(T64, ZSTD(3))
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/gpuledger/capacity_intervals', '{replica}')
+PARTITION BY toDate(t0)
+ORDER BY (gpu, t0)
+TTL toDateTime(t0) + INTERVAL 7 DAY DELETE
+SETTINGS ttl_only_drop_parts = 1, replicated_deduplication_window = 100000, replicated_deduplication_window_seconds = 604800;
+
+CREATE TABLE IF NOT EXISTS gpuledger.capacity_intervals ON CLUSTER 'gpuledger' AS gpuledger.capacity_intervals_local
+ENGINE = Distributed('gpuledger', gpuledger, capacity_intervals_local, gpu);
+
 CREATE TABLE IF NOT EXISTS gpuledger.series_names_local ON CLUSTER 'gpuledger'
 (
     kind Enum8('gpu' = 1, 'run' = 2),

@@ -152,7 +152,10 @@ def verify_cmd(
         finally:
             tier.store.close()
         result.problems += found.problems
-        checked = f"{found.days_checked} tiered run days checked, {found.runs_checked} series-only runs checked"
+        checked = (
+            f"{found.days_checked} tiered run days checked, {found.runs_checked} series-only runs checked, "
+            f"{found.capacity_checked} tiered capacity host days checked"
+        )
         result.notes += [*found.notes, f"series store {tier.url}: {checked}"]
     if as_json:
         echo_json({**result.__dict__, "ok": result.ok})
@@ -290,7 +293,8 @@ def retention_group() -> None:
     type=FiniteFloat(0),
     default=90.0,
     show_default=True,
-    help="Delete the fleet's raw capacity intervals older than this (their day sums are kept).",
+    help="Delete the fleet's raw capacity intervals older than this (their day sums are kept); "
+    "with --series, copied into the series store and checked first.",
 )
 @click.option("--keep-capacity", is_flag=True, help="Never delete raw capacity intervals.")
 @click.option(
@@ -355,7 +359,11 @@ def retention_run_cmd(
         cut = time.strftime("%Y-%m-%d", time.gmtime(report.capacity.cut_ms / 1000))
         kept = report.capacity.kept_unpushed
         held = f"; {kept} kept until a team server acknowledges them" if kept else ""
-        click.echo(f"capacity: {report.capacity.rows} raw intervals before {cut} deleted (day sums kept){held}")
+        into = f", tiered into {tier.url} first" if tier is not None else ""
+        click.echo(f"capacity: {report.capacity.rows} raw intervals before {cut} deleted (day sums kept){into}{held}")
+    untiered = {} if report.capacity is None else report.capacity.untiered
+    for host, why in untiered.items():
+        click.echo(f"KEPT capacity of host {host}: the series store does not hold it exactly: {why}", err=True)
     if report.days is not None:
         into = f", tiered into {tier.url} first" if tier is not None else ""
         click.echo(f"raw intervals: {len(report.days.dropped)} days dropped ({report.days.rows} rows){into}"
@@ -364,5 +372,5 @@ def retention_run_cmd(
         click.echo(_window_line(report.series))
     for run_id, why in report.skipped.items():
         click.echo(f"SKIPPED {run_id}: {why}", err=True)
-    if report.skipped:
+    if report.skipped or untiered:
         sys.exit(1)

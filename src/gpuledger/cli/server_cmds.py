@@ -100,7 +100,7 @@ def _close_after_days(ctx: click.Context, _param: click.Parameter, days: float) 
 )  # fmt: skip
 @click.option(
     "--series-live", is_flag=True, envvar="GPULEDGER_SERIES_LIVE",
-    help="Also write each push's new GPU and host intervals into the --series store (created where missing), "
+    help="Also write each push's new GPU, host and capacity intervals into the --series store (created where missing), "
     "acknowledged only once the ledger and the store both hold them; a store that fails: 503, nothing kept, the "
     "agent sends again. Needs a PostgreSQL --db. Env GPULEDGER_SERIES_LIVE=1.",
 )  # fmt: skip

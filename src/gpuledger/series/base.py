@@ -45,6 +45,14 @@ class SeriesStore(Protocol):
     def host_intervals(self, run_id: str) -> list[dict[str, Any]]:
         """The run's host intervals in seq order, as quantum.quantize_host of what was written."""
 
+    def write_capacity(self, rows: Sequence[Row], token: str) -> int:
+        """Store node agents' capacity intervals (``gpu_capacity`` rows, series/capacity.py) once:
+        the same token again, or a row whose (GPU, start) is held, stores nothing. Rows stored."""
+
+    def capacity_intervals(self, gpu_uuids: Sequence[str], t_from_ms: int, t_to_ms: int) -> list[dict[str, Any]]:
+        """The capacity intervals of ``gpu_uuids`` that start in [t_from_ms, t_to_ms), in (GPU,
+        start) order, as series/capacity.quantize of what was written."""
+
     def day_rollups(self, t_from: float, t_to: float) -> list[DayRollup]:
         """Per run, GPU and UTC day, over the days that overlap [t_from, t_to)."""
 

@@ -18,6 +18,7 @@ from datetime import date, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from gpuledger.series import capacity, clickhouse_capacity
 from gpuledger.series.base import DayRollup, Row
 from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
 from gpuledger.series.clickhouse_columns import gpu_columns
@@ -94,7 +95,7 @@ class ClickHouseSeries:
             f"dims {dict(DIMS_COLUMNS)['dims']}"
         )
         # A changed raw window: the TTL follows it (ALTER ... MODIFY TTL; whole parts are dropped).
-        for name in ("gpu_intervals", "host_intervals"):
+        for name in ("gpu_intervals", "host_intervals", clickhouse_capacity.TABLE):
             engine = self.client.query(
                 "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
                 {"db": self.layout.database, "t": self.layout.local_name(name)},
@@ -222,6 +223,30 @@ class ClickHouseSeries:
                 {"r": run, **_t0_range([r["t0"] for r in host_rows])},
             )[0][0]
         return int(n)
+
+    def write_capacity(self, rows: Sequence[Row], token: str) -> int:
+        """Store capacity intervals (``gpu_capacity`` rows: series/capacity.py) once, leaving out
+        those the store holds (by key) and with ``token`` as the insert's dedup token. The rows
+        stored."""
+        if not token:
+            raise ValueError("a batch needs a token: the same token again stores nothing")
+        for r in rows:  # every row checked before anything is stored
+            capacity.checked(r)
+        keys = self._keys("gpu", {str(r["gpu_uuid"]) for r in rows})
+        new = clickhouse_capacity.unheld(self.client, self.layout.table, clickhouse_capacity.to_rows(rows, keys))
+        if not new:
+            return 0
+        settings = {**self._write_settings, "insert_deduplication_token": f"{token}:capacity"}
+        table = self.layout.table(clickhouse_capacity.TABLE)
+        dropped = self.client.insert(table, new, clickhouse_capacity.INSERT, settings)
+        if dropped is not None and len(clickhouse_capacity.days(new)) <= 1:  # one block: stored or dropped whole
+            return 0 if dropped else len(new)
+        return len(new) - len(clickhouse_capacity.unheld(self.client, self.layout.table, new))
+
+    def capacity_intervals(self, gpu_uuids: Sequence[str], t_from_ms: int, t_to_ms: int) -> list[dict[str, Any]]:
+        """The capacity intervals of ``gpu_uuids`` starting in [t_from_ms, t_to_ms), in (GPU,
+        start) order, by the (gpu, t0) key."""
+        return clickhouse_capacity.read(self.client, self.layout.table, gpu_uuids, t_from_ms, t_to_ms)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -360,7 +385,7 @@ class ClickHouseSeries:
         """Drop each raw day before ``day`` with ALTER TABLE ... DROP PARTITION (no row DELETE);
         the rollups stay. The number of days dropped."""
         dropped: set[str] = set()
-        for name in ("gpu_intervals", "host_intervals"):
+        for name in ("gpu_intervals", "host_intervals", clickhouse_capacity.TABLE):
             parts = self.client.query(
                 f"SELECT DISTINCT partition_id FROM {self.layout.parts()} WHERE database = {{db:String}} "
                 "AND table = {t:String} AND active AND partition_id < {d:String}",
@@ -382,13 +407,14 @@ class ClickHouseSeries:
 
     def expire(self) -> None:
         """Apply the raw window now (the engine otherwise drops expired parts in the background)."""
-        for name in ("gpu_intervals", "host_intervals"):
+        for name in ("gpu_intervals", "host_intervals", clickhouse_capacity.TABLE):
             sql = f"ALTER TABLE {self.layout.local(name)}{self.layout.on()} MATERIALIZE TTL"
             self.client.command(sql, {"mutations_sync": 2})
 
     def compact(self) -> None:
         """Merge each table's parts as the engine does in the background (benchmarks, before measuring)."""
-        for name in ("gpu_intervals", "host_intervals", "gpu_day_rollups", "run_day_rollups"):
+        tables = ("gpu_intervals", "host_intervals", clickhouse_capacity.TABLE, "gpu_day_rollups", "run_day_rollups")
+        for name in tables:
             self.client.command(f"OPTIMIZE TABLE {self.layout.local(name)}{self.layout.on()} FINAL")
 
     def bytes_at_rest(self) -> int:

@@ -5,6 +5,8 @@ single-node DDL with only the engines changed.
 - ``gpu_intervals``: one row per GPU interval in the fixed-point units of series/quantum.py,
   ``ORDER BY (gpu, t0)``, a partition per UTC day, the raw window as a TTL that drops whole parts;
 - ``host_intervals``: likewise, ``ORDER BY (run, t0)``;
+- ``capacity_intervals``: the node agents' capacity intervals (series/capacity.py), likewise,
+  ``ORDER BY (gpu, t0)``;
 - ``series_names``: the 64-bit keys (``cityHash64`` of the GPU UUID / run id) back to their names.
   A hash needs no key-allocation table that replicas would have to agree on;
 - ``run_dims``: run key -> run id, team, project, user (a ``ReplacingMergeTree`` the server fills
@@ -93,6 +95,18 @@ HOST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("disk_write_b", _int()),
     ("net_rx_b", _int()),
     ("net_tx_b", _int()),
+)
+
+# Capacity intervals (series/capacity.py): per GPU and agent interval, its states in ms and energy
+# in mJ; the host as LowCardinality (a few thousand names), the (GPU, start) key the ledger's.
+CAPACITY_STATES = ("unallocated_ms", "alloc_idle_ms", "busy_attr_ms", "busy_unattr_ms", "unmeasured_ms")
+CAPACITY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("gpu", f"UInt64 CODEC({Z})"),
+    ("t0", _TIME),
+    ("dur_ms", _COUNT),
+    ("host", f"LowCardinality(String) CODEC({Z})"),
+    *((c, _COUNT) for c in CAPACITY_STATES),
+    ("energy_mj", _int()),
 )
 
 NAMES_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -241,6 +255,8 @@ class Layout:
         out += self._distributed("gpu_intervals", "gpu")  # one GPU's intervals live on one shard
         out.append(self._raw("host_intervals", HOST_COLUMNS, "run, t0"))
         out += self._distributed("host_intervals", "run")
+        out.append(self._raw("capacity_intervals", CAPACITY_COLUMNS, "gpu, t0"))
+        out += self._distributed("capacity_intervals", "gpu")  # beside the GPU's own intervals
         out.append(
             self._create(
                 "series_names",

@@ -8,6 +8,8 @@ URL. 104-114 B per GPU interval at rest with its index, against 505 B as ledger 
   transaction with the batch's token: a resent batch, by token or by rows, stores nothing more.
 - Reads of one run go by key: its streams from ``streams``, then ``stream = ANY(...)``, an index
   scan of each day partition's (stream, seq) key (tests/test_series_postgres.py checks the plan).
+- ``write_capacity`` / ``capacity_intervals``: the node agents' capacity intervals
+  (series/postgres_capacity.py), the same way: a token, day partitions, the (gpu, t_ms) key.
 - ``drop_days_before``: DROP TABLE of whole day partitions, never a DELETE of rows.
 
 One connection per store, used by one thread at a time; open one store per worker.
@@ -25,6 +27,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from gpuledger.series import postgres_capacity
 from gpuledger.series import postgres_ddl as ddl
 from gpuledger.series.base import DayRollup, Row
 from gpuledger.series.postgres_codec import (
@@ -134,21 +137,48 @@ class PostgresSeries:
             raise ValueError(f"run id {run_id!r} is not a name")
         encoded = [encode_gpu(r) for r in gpu]  # every row checked before anything is stored
         hosts = [encode_host(r, 0) for r in host]
-        s = self.schema
-        seen, kept_from = self._conn.execute(
-            f"SELECT EXISTS (SELECT 1 FROM {s}.batches WHERE token = %s), (SELECT day FROM {s}.kept_from)", (token,)
-        ).fetchone()  # type: ignore[misc]
+        seen, kept_from = self._seen(token)
         if seen:
             return 0
         if kept_from is not None:  # a resend of days already dropped stores nothing
             encoded = [e for e in encoded if e.day >= kept_from]
             hosts = [h for h in hosts if h["day"] >= kept_from]
         gpu_rows, host_rows = self._keyed(run_id, encoded, hosts)
-        days = {e.day for e in encoded} | {h["day"] for h in hosts}
+        return self._store(token, [
+            ("gpu_iv", GPU_COLUMNS, gpu_rows, {e.day for e in encoded}),
+            ("host_iv", HOST_COLUMNS, host_rows, {h["day"] for h in hosts}),
+        ])  # fmt: skip
+
+    def write_capacity(self, rows: Sequence[Row], token: str) -> int:
+        """Store capacity intervals (``gpu_capacity`` rows: series/capacity.py) once: the same
+        token again, or a row whose (GPU, start) is held, stores nothing. The rows stored."""
+        parsed = postgres_capacity.parse(rows)  # every row checked before anything is stored
+        seen, kept_from = self._seen(token)
+        if seen:
+            return 0
+        if kept_from is not None:  # a resend of days already dropped stores nothing
+            parsed = [p for p in parsed if p.day >= kept_from]
+        keyed = postgres_capacity.keyed(parsed, self.keys)
+        return self._store(token, [("cap_iv", ddl.CAP_COLUMNS, keyed, {p.day for p in parsed})])
+
+    def _seen(self, token: str) -> tuple[bool, int | None]:
+        """(whether the batch ``token`` was stored, the first day still kept)."""
+        s = self.schema
+        row = self._conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {s}.batches WHERE token = %s), (SELECT day FROM {s}.kept_from)", (token,)
+        ).fetchone()
+        assert row is not None
+        return bool(row[0]), row[1]
+
+    def _store(self, token: str, copies: list[tuple[str, tuple[tuple[str, str], ...], list[Any], set[int]]]) -> int:
+        """One transaction: the token, then each (table, columns, rows, their days) copied into
+        its day partitions (made where missing); the rows stored, 0 when the token was there."""
+        s = self.schema
+        days = {d for *_, ds in copies for d in ds}
         self._stage()
         last_day = max(days, default=int(time.time() // 86400))
         for attempt in (1, 2):
-            if days - set(self._parts["gpu_iv"]):
+            if any(ds - set(self._parts[table]) for table, _, _, ds in copies):
                 ddl.ensure_days(self._conn, s, days)
                 self._parts = {t: ddl.days(self._conn, s, t) for t in ddl.TABLES}
             try:
@@ -159,8 +189,7 @@ class PostgresSeries:
                     ).fetchone()
                     if stored is None:  # another writer stored this batch meanwhile
                         return 0
-                    n = self._copy("gpu_iv", GPU_COLUMNS, gpu_rows, {e.day for e in encoded})
-                    return n + self._copy("host_iv", HOST_COLUMNS, host_rows, {h["day"] for h in hosts})
+                    return sum(self._copy(table, cols, rows, ds) for table, cols, rows, ds in copies)
             except psycopg.errors.UndefinedTable:
                 if attempt == 2:
                     raise
@@ -260,6 +289,11 @@ class PostgresSeries:
         params = [p for part in parts or ((),) for p in (run, *part)]
         with self._conn.cursor(row_factory=dict_row) as cur:
             return [decode_host(r) for r in cur.execute(q, params)]
+
+    def capacity_intervals(self, gpu_uuids: Sequence[str], t_from_ms: int, t_to_ms: int) -> list[dict[str, Any]]:
+        """The capacity intervals of ``gpu_uuids`` starting in [t_from_ms, t_to_ms), in (GPU, start)
+        order, by each day's (gpu, t_ms) key."""
+        return postgres_capacity.read(self._conn, self.schema, self.keys, gpu_uuids, t_from_ms, t_to_ms)
 
     def day_rollups(self, t_from: float, t_to: float) -> list[DayRollup]:
         days = day_range(t_from, t_to)

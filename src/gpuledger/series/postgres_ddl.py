@@ -7,10 +7,13 @@ of their own:
 - ``shapes``: the int2 codes of what repeats between rows (series/postgres_codec.py);
 - ``batches``: the tokens of the batches stored, so a resent batch stores nothing; ``kept_from``:
   the first day not dropped, so a batch resent after its day was dropped stores nothing either;
-- ``gpu_iv`` and ``host_iv``: ``PARTITION BY RANGE (day)``, one partition per UTC day named as the
-  ledger's (store/partitions.day_name), each with its unique key (stream, seq) -- the ledger's own
-  identity of an interval, (run, device, seq) -- and a partial index of its *odd* rows (crossing
-  a midnight, or with values in ``extra``), the few that the day sums read one by one.
+- ``host_keys`` (host name -> int4), for capacity rows;
+- ``gpu_iv``, ``host_iv`` and ``cap_iv`` (capacity intervals): ``PARTITION BY RANGE (day)``, one
+  partition per UTC day named as the ledger's (store/partitions.day_name), each with its unique
+  key (stream, seq) -- the ledger's own identity of an interval, (run, device, seq); (gpu, t_ms)
+  for capacity, the ledger's (GPU, start)
+  -- and for GPU and host rows a partial index of their *odd* rows (crossing a midnight, or with
+  values in ``extra``), the few that the day sums and time windows read one by one.
 
 The unique key is per partition, not on the parent: on the parent PostgreSQL would require the
 partition key in it, 2 bytes more per index entry. A resent interval has the same t0, so the same
@@ -28,10 +31,31 @@ from gpuledger.store.partitions import day_name
 
 _LOCK_KEY = 0x67707502  # first key of this store's advisory lock (store/partitions.py takes ...01)
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
-TABLES = {"gpu_iv": (GPU_COLUMNS, GPU_NOT_NULL), "host_iv": (HOST_COLUMNS, HOST_NOT_NULL)}
+# Capacity intervals (series/capacity.py): per GPU and agent interval, its states in ms, NULL when 0
+# (most intervals spend all their time in one or two of the five), the energy in mJ (NULL: not
+# measured). The int8 first and int2 last: no alignment padding. Keyed as the ledger's
+# gpu_capacity, (GPU, start): within a day partition (gpu, t_ms).
+CAP_STATES = ("unallocated_ms", "alloc_idle_ms", "busy_attr_ms", "busy_unattr_ms", "unmeasured_ms")
+CAP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("energy_mj", "int8"),
+    ("gpu", "int4"),
+    ("host", "int4"),
+    ("t_ms", "int4"),
+    ("dur_ms", "int4"),
+    *((c, "int4") for c in CAP_STATES),
+    ("day", "int2"),
+)
+CAP_NOT_NULL = ("gpu", "host", "t_ms", "dur_ms", "day")
+TABLES = {
+    "gpu_iv": (GPU_COLUMNS, GPU_NOT_NULL),
+    "host_iv": (HOST_COLUMNS, HOST_NOT_NULL),
+    "cap_iv": (CAP_COLUMNS, CAP_NOT_NULL),
+}
 ODD = f"extra IS NOT NULL OR dur_ms > {DAY_MS} - t_ms"  # the GPU rows the day sums read one by one
 HOST_ODD = f"dur_ms > {DAY_MS} - t_ms"  # host rows crossing a midnight: a time window's read reaches back for them
-KEY_COLUMNS = {"gpu_iv": "stream, seq", "host_iv": "run, seq"}
+KEY_COLUMNS = {"gpu_iv": "stream, seq", "host_iv": "run, seq", "cap_iv": "gpu, t_ms"}
+# The partial index of each day's odd rows; capacity is read whole days at a time, by key, and needs none.
+ODD_INDEX = {"gpu_iv": f"(stream) WHERE {ODD}", "host_iv": f"(run) WHERE {HOST_ODD}"}
 
 
 def check_schema(name: str) -> str:
@@ -58,6 +82,7 @@ def create(conn: psycopg.Connection, schema: str) -> None:
         ident = "int4 GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
         conn.execute(f"CREATE TABLE IF NOT EXISTS {s}.gpu_keys (key {ident}, uuid text NOT NULL UNIQUE)")
         conn.execute(f"CREATE TABLE IF NOT EXISTS {s}.run_keys (key {ident}, run_id text NOT NULL UNIQUE)")
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {s}.host_keys (key {ident}, host text NOT NULL UNIQUE)")
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {s}.streams (key {ident}, run int4 NOT NULL REFERENCES {s}.run_keys, "
             f"gpu int4 NOT NULL REFERENCES {s}.gpu_keys, mem_reserved_b int8, UNIQUE (run, gpu))"
@@ -109,10 +134,8 @@ def ensure_days(conn: psycopg.Connection, schema: str, wanted: set[int]) -> list
                 name = day_name(table, day)
                 conn.execute(f"CREATE TABLE {s}.{name} (LIKE {s}.{table} INCLUDING DEFAULTS)")
                 conn.execute(f"CREATE UNIQUE INDEX {name}_key ON {s}.{name} ({KEY_COLUMNS[table]})")
-                if table == "gpu_iv":
-                    conn.execute(f"CREATE INDEX {name}_odd ON {s}.{name} (stream) WHERE {ODD}")
-                else:
-                    conn.execute(f"CREATE INDEX {name}_odd ON {s}.{name} (run) WHERE {HOST_ODD}")
+                if table in ODD_INDEX:
+                    conn.execute(f"CREATE INDEX {name}_odd ON {s}.{name} {ODD_INDEX[table]}")
                 conn.execute(f"ALTER TABLE {s}.{name} ADD CONSTRAINT {name}_bound CHECK (day = {day})")
                 conn.execute(
                     f"ALTER TABLE {s}.{table} ATTACH PARTITION {s}.{name} FOR VALUES FROM ({day}) TO ({day + 1})"

@@ -22,6 +22,7 @@ class Keys:
         self._conn, self._s = conn, schema
         self.gpus: dict[str, int] = {}
         self.runs: dict[str, int] = {}
+        self.hosts: dict[str, int] = {}
         self.streams: dict[tuple[int, int], tuple[int, int | None]] = {}  # (run, gpu) -> (key, mem_reserved_b)
         self.shapes: dict[Shape, int] = {}
         self.shape_of: dict[int, Shape] = {}
@@ -45,6 +46,14 @@ class Keys:
 
     def gpu_keys(self, uuids: Iterable[str]) -> dict[str, int]:
         return self._names("gpu_keys", "uuid", uuids, self.gpus)
+
+    def host_keys(self, hosts: Iterable[str]) -> dict[str, int]:
+        return self._names("host_keys", "host", hosts, self.hosts)
+
+    def names(self, table: str, column: str, keys: Iterable[int]) -> dict[int, str]:
+        """key -> name of ``keys`` in ``table`` (gpu_keys.uuid, host_keys.host, run_keys.run_id)."""
+        q = f"SELECT key, {column} FROM {self._s}.{table} WHERE key = ANY(%s)"
+        return dict(self._conn.execute(q, (sorted(set(keys)),)).fetchall())
 
     def run_key(self, run_id: str, create: bool = True) -> int | None:
         if run_id not in self.runs and not create:

@@ -6,7 +6,9 @@ host owns (the first sighting registers a GPU to it; store/ownership.py), else 4
 shape is checked whole — every interval's four states must add up to its span (422) — then rows
 that would count a GPU's time twice, before its first sighting or in a closed month are set aside
 with the reason (store/capacity_guard.py) and the rest is stored in one transaction (store/capacity.py): intervals
-already stored are skipped, so a batch sent twice changes nothing.
+already stored are skipped, so a batch sent twice changes nothing. With ``serve --series-live`` the new
+intervals also go into the series store inside that transaction: a store that does not take them
+rolls it back, answered 503 with Retry-After (store/series_live.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuledger.core.capacity.model import CapacityInterval, Sighting, States
 from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.wire_types import FUTURE_SKEW_S, MIN_T, Bytes, Short, T
-from gpuledger.store import capacity_guard, closed_months, ownership
+from gpuledger.store import capacity_guard, closed_months, ownership, series_live
 from gpuledger.store.capacity import write_capacity
 
 router = APIRouter(prefix="/api/v1", tags=["capacity"])
@@ -122,13 +124,17 @@ async def push_capacity(request: Request, principal: Caller, batch: CapacityBatc
     ledger = request.app.state.ledger
 
     writer = ownership.Writer.of(principal)
+    live = getattr(request.app.state, "series_live", None)  # serve --series-live: into the store before commit
     closed_before = closed_months.boundary(now, request.app.state.settings.close_after_days)
 
     def write(conn: Any) -> tuple[int, list[capacity_guard.Refusal]]:
         uuids = {iv.gpu_uuid for iv in intervals} | {s.uuid for s in sightings}
         ownership.claim_gpus(conn, uuids, writer, host, context={"capacity": True}, what=f"capacity of host {host!r}")
         judged = capacity_guard.judge(conn, intervals, sightings, closed_before)
-        stored = write_capacity(ledger.database, conn, judged.intervals, judged.sightings, actor=writer.actor)
+        stored = write_capacity(
+            ledger.database, conn, judged.intervals, judged.sightings, actor=writer.actor,
+            live=None if live is None else live.write_capacity,
+        )  # fmt: skip
         capacity_guard.record(conn, judged.refused, batch.intervals, actor=writer.actor, host=host)
         return stored, judged.refused
 
@@ -136,5 +142,8 @@ async def push_capacity(request: Request, principal: Caller, batch: CapacityBatc
         stored, refused = await run_in_threadpool(ledger.write, write)
     except ownership.PushRefused as exc:  # a GPU another enrolled host owns
         raise HTTPException(status_code=403, detail=str(exc)) from None
+    except series_live.SeriesUnavailable as exc:  # nothing kept: the agent keeps its watermarks and sends again
+        retry = {"Retry-After": str(series_live.RETRY_AFTER_S)}
+        raise HTTPException(status_code=503, detail=f"{exc}; nothing was stored, retry later", headers=retry) from None
     aside = [SetAside(series=r.series, index=r.index, item=r.item, reason=r.reason) for r in refused]
     return CapacityResult(received=len(intervals), stored=stored, quarantined=aside)

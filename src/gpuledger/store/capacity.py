@@ -13,7 +13,7 @@ facts of the latest sighting: a GPU's history follows its UUID from host to host
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -86,12 +86,15 @@ def write_capacity(
     *,
     now: float | None = None,
     actor: str = "gpuledger capacity",
+    live: Callable[[list[dict[str, Any]]], object] | None = None,
 ) -> int:
     """Store new intervals (each checked: its states add up to its span) and add them to the day
     sums; fold the sightings into the fleet; in a ledger with an audit trail, record what changed in
     the fleet (store/capacity_fleet.py, by ``actor``), seal the days due and reseal sealed days this
-    changed (store/capacity_audit.py; ``now``: the wall clock by default). Returns how many
-    intervals were new."""
+    changed (store/capacity_audit.py; ``now``: the wall clock by default). ``live``
+    (``serve --series-live``): given the new intervals as ``gpu_capacity`` rows inside this
+    transaction, so they are committed only when it returned (store/series_live.py). Returns how
+    many intervals were new."""
     for iv in intervals:
         iv.check()
     cut = retention_cut_ms(conn)
@@ -114,6 +117,8 @@ def write_capacity(
         fold = lambda: _fold_sightings(db, conn, sightings)  # noqa: E731
         capacity_fleet.audited_fold(conn, (s.uuid for s in sightings), fold, actor=actor)
     capacity_audit.after_write(conn, ((d.gpu_uuid, d.day, d.host) for d in days), len(inserted), now)
+    if live is not None and inserted:
+        live([interval_row(iv) for iv in inserted])
     return len(inserted)
 
 

@@ -10,7 +10,10 @@ rows a day), and nothing reads them once their day sums exist except the outbox 
   (``capacity_pushes`` has rows; a sync registers its server there before its first request, so a
   server that was never reached counts too), a row goes only when every server it pushes to has
   a watermark for that GPU past the row's start, so an agent's outbox never loses data to retention;
-- each host's rows go in a transaction of their own (bounded work, the index on host and start).
+- each host's rows go in a transaction of their own (bounded work, the index on host and start);
+- where a series store is configured (``tier``), each host's rows are first copied into it and
+  checked, in that transaction (store/capacity_tier.py); a host whose rows the store does not
+  hold exactly keeps them, named in ``Pruned.untiered``.
 
 ``store/capacity.rebuild_days`` recomputes day sums from the intervals; after a cut it is told to
 start at the cut's day (the earlier days no longer have their intervals).
@@ -18,14 +21,17 @@ start at the cut's day (the earlier days no longer have their intervals).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.capacity.model import DAY_MS
+from gpuledger.store import capacity_tier
 from gpuledger.store.schema import capacity_pushes, gpu_capacity
+from gpuledger.store.series_tier import Tier, TierError
 
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
@@ -39,6 +45,8 @@ class Pruned:
     rows: int  # intervals deleted
     kept_unpushed: int  # intervals before the cut kept because a server has not acknowledged them
     hosts: int  # hosts whose intervals were looked at
+    tiered: int = 0  # intervals copied into the series store before they were deleted (not held there yet)
+    untiered: dict[str, str] = field(default_factory=dict)  # host -> why its rows were kept (the store)
 
 
 def cut_of(before_ms: int) -> int:
@@ -69,21 +77,53 @@ def hosts_before(conn: Connection, cut_ms: int) -> list[str]:
     return list(conn.scalars(sa.select(c.host).where(c.t0_ms < cut_ms).distinct().order_by(c.host)))
 
 
-def prune_host(conn: Connection, host: str, cut_ms: int) -> tuple[int, int]:
-    """Delete ``host``'s intervals that ended by ``cut_ms`` and are acknowledged; (deleted, kept)."""
-    guard = unpushed_guard()
-    deleted = conn.execute(sa.delete(gpu_capacity).where(_before(host, cut_ms), ~guard)).rowcount or 0
+def prune_host(
+    conn: Connection,
+    host: str,
+    cut_ms: int,
+    tier: Tier | None = None,
+    *,
+    actor: str = "gpuledger retention",
+    window_ms: int = 0,
+) -> tuple[int, int, int]:
+    """Delete ``host``'s intervals that ended by ``cut_ms`` and are acknowledged, copied into
+    ``tier``'s store first where given, those starting from ``window_ms`` on (earlier ones are past
+    the store's own window: it would drop them at once); (deleted, kept, copied)."""
+    doomed = sa.and_(_before(host, cut_ms), ~unpushed_guard())
+    copied = 0
+    if tier is not None:
+        copied = capacity_tier.tier_rows(
+            conn, tier, host, sa.and_(doomed, gpu_capacity.c.t0_ms >= window_ms), actor=actor
+        )
+    deleted = conn.execute(sa.delete(gpu_capacity).where(doomed)).rowcount or 0
     kept = conn.scalar(sa.select(sa.func.count()).select_from(gpu_capacity).where(_before(host, cut_ms))) or 0
-    return int(deleted), int(kept)
+    return int(deleted), int(kept), copied
 
 
-def prune_capacity(ledger: Ledger, before_ms: int) -> Pruned:
+def prune_capacity(
+    ledger: Ledger,
+    before_ms: int,
+    tier: Tier | None = None,
+    *,
+    actor: str = "gpuledger retention",
+    now: float | None = None,
+) -> Pruned:
     """Delete the raw capacity intervals that ended by the UTC midnight at or before ``before_ms``,
-    one host per transaction."""
+    one host per transaction, each copied into ``tier``'s series store first where given (those of
+    the days the store keeps: ``tier.series_days`` back from ``now``, as store/series_window.py)."""
     cut = cut_of(before_ms)
-    rows = kept = 0
+    now = time.time() if now is None else now
+    window_ms = 0 if tier is None else (int(now // 86400) - tier.series_days + 1) * DAY_MS
+    rows = kept = copied = 0
+    untiered: dict[str, str] = {}
     hosts = ledger.read(lambda conn: hosts_before(conn, cut))
     for host in hosts:
-        deleted, held = ledger.write(lambda conn, h=host: prune_host(conn, h, cut))
-        rows, kept = rows + deleted, kept + held
-    return Pruned(cut, rows, kept, len(hosts))
+        try:
+            deleted, held, n = ledger.write(
+                lambda conn, h=host: prune_host(conn, h, cut, tier, actor=actor, window_ms=window_ms)
+            )
+        except TierError as exc:  # rolled back: the host keeps its rows, the next run tries again
+            untiered[host] = str(exc)
+            continue
+        rows, kept, copied = rows + deleted, kept + held, copied + n
+    return Pruned(cut, rows, kept, len(hosts), copied, untiered)

@@ -15,7 +15,8 @@ Per finished run, one transaction each, audited:
 3. logs of runs that ended more than ``log_days`` ago are deleted (their sha256 stays in the
    audit chain); runs older than ``run_days`` (off by default) are deleted whole;
 4. the capacity ledger's raw intervals older than ``capacity_days`` are deleted, its day sums kept
-   (store/capacity_retention.py: cut at a midnight, nothing a server has not acknowledged).
+   (store/capacity_retention.py: cut at a midnight, nothing a server has not acknowledged); with a
+   series store (``tier``), copied into it and checked first (store/capacity_tier.py).
 
 A run's rows are checked against its seal before they are rewritten: a tampered run is skipped
 and reported, never laundered into a fresh seal, and so is a finished run nobody sealed (an admin
@@ -287,7 +288,9 @@ def run_retention(
         for run_id in read(lambda c: _ended_before(c, now - policy.run_days * DAY_S)):  # type: ignore[operator]
             _delete_run(ledger, run_id, actor, report)
     if policy.capacity_days is not None:
-        report.capacity = prune_capacity(ledger, int((now - policy.capacity_days * DAY_S) * 1000))
+        report.capacity = prune_capacity(
+            ledger, int((now - policy.capacity_days * DAY_S) * 1000), tier, actor=actor, now=now
+        )
     summary = {
         "policy": policy.__dict__,
         "rolled_up": {str(k): v for k, v in report.rolled_up.items()},

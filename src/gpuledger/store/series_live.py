@@ -17,6 +17,10 @@ Exactly once, on both stores:
   key; ClickHouse has no unique key, so the rows it already holds are looked up by key first
   (``ClickHouseSeries.held``) and left out.
 
+A capacity push's new intervals (``POST /api/v1/capacity``, store/capacity.py) go into the
+store the same way, in the push's transaction, with the token of series/capacity.token; both
+stores leave out a capacity row they hold by its (GPU, start), the ledger's own key.
+
 Retention later tiers these days without copying them again (``fill_only``): what the store holds
 is read back and checked as any tiered day, and ``run.raw_tiered`` recorded (store/series_tier.py).
 """
@@ -25,15 +29,17 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from gpuledger.series import capacity
 from gpuledger.series.base import SeriesStore
 from gpuledger.series.open import CLICKHOUSE_SCHEMES
 from gpuledger.store import series_only_verify, series_tier
 
 Row = Mapping[str, Any]
+T = TypeVar("T")
 MAX_TOKEN = 200  # longer descriptions of a batch are hashed
 RETRY_AFTER_S = 5
 
@@ -98,33 +104,49 @@ class LiveSeries:
         except Exception as exc:
             raise SeriesUnavailable(f"the series store {self.shown} cannot be opened: {exc}") from exc
 
-    def write(self, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> int:
-        """Store the rows (ledger rows without run_id) once: the rows stored by this call.
-        SeriesUnavailable when the store does not take them."""
-        if not gpu and not host:
-            return 0
+    def _use(self, work: Callable[[SeriesStore], T], failed: str) -> T:
+        """``work`` on a store of the pool (opened where none is idle); SeriesUnavailable, with
+        ``failed`` in its message, when the store fails it (a PostgreSQL store's connection, which
+        may be broken, is then closed, not reused)."""
         with self._slots:
             with self._lock:
                 store = self._idle.pop() if self._idle else None
             try:
                 store = store or self._open()
-                if self.shared:
-                    gpu, host = _unheld(store, run_id, gpu, host)
-                    if not gpu and not host:
-                        return 0
-                n = store.write(run_id, gpu, host, token=batch_token(run_id, gpu, host))
+                return work(store)
             except SeriesUnavailable:
                 raise
             except Exception as exc:
-                if store is not None and not self.shared:  # its connection may be broken: not reused
+                if store is not None and not self.shared:
                     store.close()
                     store = None
-                raise SeriesUnavailable(f"the series store {self.shown} did not take the push: {exc}") from exc
+                raise SeriesUnavailable(f"the series store {self.shown} {failed}: {exc}") from exc
             finally:
                 if store is not None:
                     with self._lock:
                         self._idle.append(store)
-            return n
+
+    def write(self, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> int:
+        """Store the rows (ledger rows without run_id) once: the rows stored by this call.
+        SeriesUnavailable when the store does not take them."""
+        if not gpu and not host:
+            return 0
+
+        def work(store: SeriesStore) -> int:
+            g, h = _unheld(store, run_id, gpu, host) if self.shared else (gpu, host)
+            if not g and not h:
+                return 0
+            return store.write(run_id, g, h, token=batch_token(run_id, g, h))
+
+        return self._use(work, "did not take the push")
+
+    def write_capacity(self, rows: Sequence[Row]) -> int:
+        """Store a capacity push's new intervals (``gpu_capacity`` rows, series/capacity.py) once,
+        with the batch's token: the rows stored. SeriesUnavailable when the store does not take them."""
+        if not rows:
+            return 0
+        token = capacity.token(rows)
+        return self._use(lambda store: store.write_capacity(rows, token), "did not take the capacity push")
 
     def summary(self, run_id: str) -> dict[str, Any]:
         """What the store holds of the run, as tiering records a day (``series_tier.day_summary``:
@@ -132,24 +154,12 @@ class LiveSeries:
         (``series_only_verify.by_day``), with the store as shown: a series-only run's seal of its
         intervals (store/series_segments.py).
         SeriesUnavailable when the store cannot be read."""
-        with self._slots:
-            with self._lock:
-                store = self._idle.pop() if self._idle else None
-            try:
-                store = store or self._open()
-                gpu = sorted(store.gpu_intervals(run_id), key=lambda r: (str(r["device_uuid"]), int(r["seq"])))
-                host = sorted(store.host_intervals(run_id), key=lambda r: int(r["seq"]))
-            except SeriesUnavailable:
-                raise
-            except Exception as exc:
-                if store is not None and not self.shared:
-                    store.close()
-                    store = None
-                raise SeriesUnavailable(f"the series store {self.shown} cannot be read: {exc}") from exc
-            finally:
-                if store is not None:
-                    with self._lock:
-                        self._idle.append(store)
+
+        def work(store: SeriesStore) -> tuple[list[Row], list[Row]]:
+            gpu = sorted(store.gpu_intervals(run_id), key=lambda r: (str(r["device_uuid"]), int(r["seq"])))
+            return gpu, sorted(store.host_intervals(run_id), key=lambda r: int(r["seq"]))
+
+        gpu, host = self._use(work, "cannot be read")
         # and per day, so that the days the store keeps can be checked once it has dropped the others
         return {
             "series": self.shown,

@@ -3,8 +3,10 @@ series store (``run.raw_tiered``, store/series_tier.py) must still be there exac
 rows per GPU and host, the same sums, the same digest. A changed or missing row is named by run,
 device and seq range. A day the store dropped on purpose, past its own window (a later
 ``series.days_dropped`` entry for that store, store/series_window.py), is named as expired instead
-and not read; a day gone without such an entry is still missing. A sealed series-only run is
-checked as store/series_only_verify.py says, by the same rule for the days its store dropped."""
+and not read; a day gone without such an entry is still missing. The same for each host's day of
+capacity intervals retention tiered (``capacity.raw_tiered``, store/capacity_tier.py). A sealed
+series-only run is checked as store/series_only_verify.py says, by the same rule for the days its
+store dropped."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from sqlalchemy.engine import Connection
 
 from gpuledger.series.base import SeriesStore
 from gpuledger.store import (
+    capacity_tier,
     schema,
     series_day_sums,
     series_only_verify,
@@ -37,9 +40,10 @@ class SeriesCheck:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     days_checked: int = 0  # (run, day) pairs compared with the store
-    days_expired: int = 0  # (run, day) pairs the store dropped past its window, by retention
+    days_expired: int = 0  # (run or host, day) pairs the store dropped past its window, by retention
     runs_checked: int = 0  # series-only runs whose sealed intervals were compared with the store
     run_days_expired: int = 0  # (series-only run, day) pairs the store dropped past its window
+    capacity_checked: int = 0  # (host, day) capacity batches tiered by retention, compared with the store
 
 
 def tiered(conn: Connection) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -48,11 +52,12 @@ def tiered(conn: Connection) -> Iterator[tuple[str, dict[str, Any]]]:
         yield run_id, payload
 
 
-def _tiered(conn: Connection) -> Iterator[tuple[int, str, dict[str, Any]]]:
+def _tiered(conn: Connection, action: str = series_tier.ACTION) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(seq, run id or host, payload) of each tier entry (``action``: runs' or capacity's), oldest first."""
     a = schema.audit_log.c
-    q = sa.select(a.seq, a.object, a.payload).where(a.action == series_tier.ACTION).order_by(a.seq)
+    q = sa.select(a.seq, a.object, a.payload).where(a.action == action).order_by(a.seq)
     for seq, obj, payload in conn.execute(q):
-        yield seq, obj.removeprefix("run:"), json.loads(payload)
+        yield seq, obj.removeprefix("run:").removeprefix("host:"), json.loads(payload)
 
 
 def _expiries(conn: Connection, shown: str) -> list[tuple[int, str, str]]:
@@ -79,7 +84,7 @@ def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
     shown = series_tier.shown_url(url)
     others: set[str] = set()
     expiries = ledger.read(lambda c: _expiries(c, shown))
-    expired: dict[str, list[str]] = {}  # retention's date -> the tiered days it dropped
+    expired: dict[tuple[str, str], list[str]] = {}  # (retention's date, what) -> the tiered days it dropped
     only_expired: dict[str, list[str]] = {}  # retention's date -> the series-only runs' days it dropped
     for seq, run_id, payload in ledger.read(lambda c: list(_tiered(c))):
         if payload.get("series") != shown:
@@ -87,13 +92,26 @@ def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
             continue
         on = _expired_by(expiries, seq, payload["day"])
         if on is not None:
-            expired.setdefault(on, []).append(payload["day"])
+            expired.setdefault((on, "run days"), []).append(payload["day"])
             out.days_expired += 1
             continue
         found = series_tier.stored_summary(store, run_id, payload)
         lines = series_tier.differences(run_id, payload, found)
         out.problems += [f"{line} (tiered {payload['day']})" for line in lines]
         out.days_checked += 1
+    for seq, host, payload in ledger.read(lambda c: list(_tiered(c, capacity_tier.ACTION))):
+        if payload.get("series") != shown:
+            others.add(str(payload.get("series")))
+            continue
+        on = _expired_by(expiries, seq, payload["day"])
+        if on is not None:
+            expired.setdefault((on, "capacity host days"), []).append(payload["day"])
+            out.days_expired += 1
+            continue
+        found = capacity_tier.stored_summary(store, host, payload)
+        lines = capacity_tier.differences(host, payload, found)
+        out.problems += [f"{line} (tiered {payload['day']})" for line in lines]
+        out.capacity_checked += 1
     kept = ledger.read(lambda c: series_only_window.kept_from(c, shown))
     for run_id, payload in ledger.read(series_segments.series_seals).items():  # series-only runs
         if payload.get("series") != shown:
@@ -108,9 +126,9 @@ def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
             only_expired.setdefault(on, []).append(day)
         out.run_days_expired += len(run.expired)
         out.runs_checked += 1
-    for on, days in sorted(expired.items()):
+    for (on, what), days in sorted(expired.items()):
         span = min(days) if min(days) == max(days) else f"{min(days)} to {max(days)}"
-        out.notes.append(f"{len(days)} tiered run days ({span}) expired from the series store by retention on {on}")
+        out.notes.append(f"{len(days)} tiered {what} ({span}) expired from the series store by retention on {on}")
     for on, days in sorted(only_expired.items()):
         span = min(days) if min(days) == max(days) else f"{min(days)} to {max(days)}"
         out.notes.append(

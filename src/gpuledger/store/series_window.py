@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.series.base import SeriesStore
-from gpuledger.store import audit, schema, series_day_sums, series_tier
+from gpuledger.store import audit, capacity_tier, schema, series_day_sums, series_tier
 from gpuledger.store.series_tier import Tier
 
 if TYPE_CHECKING:
@@ -62,7 +62,8 @@ def _recorded(conn: Connection, url: str, cut: str) -> list[str]:
     last = next((p for p in map(json.loads, conn.scalars(q)) if p.get("series") == url), None)
     since = last["before"] if last else ""
     days = set()
-    for payload in conn.scalars(sa.select(a.payload).where(a.action == series_tier.ACTION)):
+    tiers = (series_tier.ACTION, capacity_tier.ACTION)  # runs' days and capacity's
+    for payload in conn.scalars(sa.select(a.payload).where(a.action.in_(tiers))):
         p = json.loads(payload)
         if p.get("series") == url and since <= p["day"] < cut:
             days.add(p["day"])
