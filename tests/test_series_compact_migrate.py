@@ -381,3 +381,75 @@ def test_layout_compact_needs_a_postgresql_ledger_and_a_store(tmp_path: Path, pg
     assert "give --series URL" in out.output, out.output
     out = _cli(env, "db", "migrate", "--db", db, "--layout", "wide", code=2)
     assert "'wide' is not 'compact'" in out.output, out.output
+
+
+def test_rows_the_store_holds_already_are_not_copied_again(pg_url: str, series_url: str, tmp_path: Path) -> None:
+    """Rows a ``serve --series-live`` wrote into the store in other batches (other tokens): the
+    migration copies only the rest, on ClickHouse too, which has no unique key to drop them."""
+    led_ = _populate(pg_url, series_url)
+    env = _env(tmp_path, series_url)
+    run_id = led_.finished[2]
+    with Ledger(pg_url) as led:
+        gpu = [{c: getattr(g, c) for c in series_tier.GPU_COLUMNS} for g in led.gpu_intervals(run_id)]
+    store = series_tier.open_store(series_url)
+    try:
+        store.write(run_id, gpu[: N // 2], [], token=f"{run_id}:live-1")
+    finally:
+        store.close()
+    _cli(env, "db", "migrate", "--db", pg_url, "--layout", "compact", "--series", series_url)
+    with Ledger(pg_url) as led:
+        (written,) = [p["written"] for p in _payloads(led, series_compact.ACTION, run_id)]
+    assert written == 2 * N - N // 2 + N  # the GPU rows the store lacked, and the host's
+    gpu_stored, _ = _stored(series_url, run_id)
+    assert len(gpu_stored) == 2 * N == len({(r["device_uuid"], r["seq"]) for r in gpu_stored})
+
+
+def _payloads(led: Ledger, action: str, run_id: str) -> list[dict[str, Any]]:
+    a = schema.audit_log.c
+    q = sa.select(a.payload).where(a.action == action, a.object == f"run:{run_id}")
+    return [json.loads(p) for p in led.read(lambda conn: list(conn.scalars(q)))]
+
+
+def test_a_late_push_of_a_moved_run_goes_to_the_store_once(pg_url: str, pg_store_url: str, tmp_path: Path) -> None:
+    """After the migration a run's pushes are judged by its segments: its agent's outbox sent again
+    (to ``serve --series-live``) stores nothing and changes no figure; a server without the store
+    answers 503, so nothing of it lands in the ledger's raw tables."""
+    from fastapi.testclient import TestClient
+
+    from gpuledger.server.app import create_app
+    from gpuledger.server.settings import Settings
+
+    led_ = _populate(pg_url, pg_store_url)
+    env = _env(tmp_path, pg_store_url)
+    _cli(env, "db", "migrate", "--db", pg_url, "--layout", "compact", "--series", pg_store_url)
+    before = _figures(pg_url, env, led_.finished)
+    run_id = led_.finished[1]
+    body = _body(MIDNIGHT + DAY_S + 3600, 1, "A", "vision")  # the run as its agent pushed it
+    body["run"]["id"] = run_id
+    settings = Settings(close_after_days=OPEN_DAYS, lost_after_s=0, series=pg_store_url, series_live=True)
+    with TestClient(create_app(pg_url, settings=settings)) as client:
+        got = client.post("/api/v1/ingest", json=body, headers=led_.agent["A"])
+        assert got.status_code == 200 and got.json()["gpu_intervals"] == 0, got.text
+        assert got.json()["host_intervals"] == 0 and got.json()["quarantined"] == [], got.text
+    with _client(pg_url) as client:
+        got = client.post("/api/v1/ingest", json=body, headers=led_.agent["A"])
+        assert got.status_code == 503 and "series store only" in got.json()["detail"], got.text
+    assert _raw_rows(pg_url, run_id) == (0, 0)
+    assert _diff(before, _figures(pg_url, env, led_.finished)) == []
+    _cli(env, "audit", "verify", "--db", pg_url, "--series", pg_store_url)
+
+
+def test_a_run_whose_dropped_days_are_not_in_the_store_stays(pg_url: str, pg_store_url: str, tmp_path: Path) -> None:
+    """The tiered run's first day went to another store: moving it into this one would leave that
+    day out of its segments and seal, so it stays in PostgreSQL, named with the reason."""
+    led_ = _populate(pg_url, pg_store_url)
+    for other in tiers.store_url("postgres", tmp_path, "compact_o"):
+        env = _env(tmp_path, other)
+        out = _cli(env, "db", "migrate", "--db", pg_url, "--layout", "compact", "--series", other)
+        assert "moved and checked 3 runs" in out.stdout and "2 runs kept" in out.stdout, out.output
+        day = tiers._date(TODAY - 11)
+        assert (
+            f"run {led_.tiered}: kept in PostgreSQL for now: raw days {day} were dropped without a copy" in out.stderr
+        )
+        assert _raw_rows(pg_url, led_.tiered) == (N, N // 2)
+        _cli(env, "audit", "verify", "--db", pg_url)
