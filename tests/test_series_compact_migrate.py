@@ -316,9 +316,9 @@ def test_a_failure_after_a_store_write_leaves_the_run_as_it_was_and_the_next_cal
 
 def test_a_migration_killed_half_way_is_finished_by_the_next_call(pg_url: str, series_url: str, tmp_path: Path) -> None:
     """SIGKILL of the CLI once the second run's progress line is out, while it moves the third, a
-    long run (40,000 GPU intervals): each run is moved whole or not at all, and the next call
+    long run (16,000 GPU intervals): each run is moved whole or not at all, and the next call
     finishes the rest without storing a row twice."""
-    big = 20_000
+    big = 8_000
     led_ = _populate(pg_url, series_url, big=big)
     env = _env(tmp_path, series_url)
     before = _figures(pg_url, env, led_.finished)

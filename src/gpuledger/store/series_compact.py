@@ -141,7 +141,7 @@ def _switch(conn: Connection, tier: series_tier.Tier, run_id: str, dry_run: bool
     written = copy_rows(tier, run_id, gpu, host)
     stored_gpu, stored_host = _stored(tier, run_id)
     try:
-        check(run_id, gpu, host, stored_gpu, stored_host, dropped_parts(conn, run_id, tier.url))
+        sealed = check(run_id, gpu, host, stored_gpu, stored_host, dropped_parts(conn, run_id, tier.url))
     except CompactError as exc:
         return _Outcome(failed=str(exc))
     _segments(conn, run_id, gpu, host, stored_gpu, stored_host)
@@ -150,8 +150,7 @@ def _switch(conn: Connection, tier: series_tier.Tier, run_id: str, dry_run: bool
     conn.execute(sa.delete(schema.host_intervals).where(schema.host_intervals.c.run_id == run_id))
     series_segments.mark(conn, run_id, tier.url)
     # the trail last: its appends serialise every writer until this commits
-    series_segments.seal(conn, run_id, {"series": tier.url, **series_tier.day_summary(stored_gpu, stored_host)},
-                         actor=actor)  # fmt: skip
+    series_segments.seal(conn, run_id, {"series": tier.url, **sealed}, actor=actor)
     payload = {"series": tier.url, "gpu_rows": len(gpu), "host_rows": len(host), "written": written, "day_sums": sums}
     audit.append(conn, actor=actor, action=ACTION, obj=f"run:{run_id}", payload=payload)
     audit.seal_run(conn, run_id, actor=actor, reason=f"raw intervals moved into the series store {tier.url}")

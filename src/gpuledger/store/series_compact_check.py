@@ -78,15 +78,17 @@ def check(
     stored_gpu: Sequence[Row],
     stored_host: Sequence[Row],
     parts: Sequence[Mapping[str, Any]],
-) -> None:
+) -> dict[str, Any]:
     """CompactError unless the store's rows of the run (``stored_*``, in (device, seq) and seq order)
-    are exactly the quantized ledger rows (``gpu``, ``host``) and the dropped tiered days ``parts``."""
+    are exactly the quantized ledger rows (``gpu``, ``host``) and the dropped tiered days ``parts``;
+    the summary (series_tier.day_summary) of all the store's rows of the run: its seal."""
     held_gpu = {(str(r["device_uuid"]), int(r["seq"])) for r in gpu}
     held_host = {int(r["seq"]) for r in host}
     mine_gpu = [r for r in stored_gpu if (str(r["device_uuid"]), int(r["seq"])) in held_gpu]
     mine_host = [r for r in stored_host if int(r["seq"]) in held_host]
     expected = series_tier.day_summary([quantum.quantize_gpu(r) for r in gpu], [quantum.quantize_host(r) for r in host])
-    problems = series_tier.differences(run_id, expected, series_tier.day_summary(mine_gpu, mine_host))
+    found = series_tier.day_summary(mine_gpu, mine_host)
+    problems = series_tier.differences(run_id, expected, found)
     covered = len(mine_gpu) + len(mine_host)
     for part in parts:  # days tiered, then dropped from the ledger: the store holds them alone
         ranges = {d: s["seq"] for d, s in part["gpu"].items()}
@@ -101,3 +103,6 @@ def check(
         problems.append(f"run {run_id}: the series store holds {extra} rows of it the ledger never held")
     if problems:
         raise CompactError("; ".join(problems))
+    if covered == len(mine_gpu) + len(mine_host):  # the store holds the ledger's rows alone: summed already
+        return found
+    return series_tier.day_summary(stored_gpu, stored_host)
