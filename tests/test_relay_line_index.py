@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -240,3 +242,29 @@ def test_the_forked_relay_keeps_no_index_of_a_log_over_the_cap(
         os.close(sink)
     assert os.waitstatus_to_exitcode(status) == 0
     assert os.path.exists(lineindex.index_path(log_path)) is indexed
+
+
+_INDEXING_RELAY = """
+import os, sys
+from gpuledger.core.redaction.redact import Redactor
+from gpuledger.recorder.relay import pump
+log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+pump({0: 1}, log, Redactor.default().stream, sys.argv[1] + ".lines", None)
+print("\\n".join(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def test_the_relay_indexes_the_log_without_loading_the_failure_patterns_or_the_log_parser(tmp_path) -> None:
+    """Its patterns need only the failure words (failure_words.py): the patterns and the parser
+    behind them are the end-of-run reader's, loaded once CMD has ended, not in every chatty relay."""
+    _need_hyperscan()
+    log_path = str(tmp_path / "run.log")
+    output = b"        1/3      0.5G      1.234: 100%|##| 4/4\nKilled\n" * 3000
+    done = subprocess.run(
+        [sys.executable, "-c", _INDEXING_RELAY, log_path], input=output, capture_output=True, check=True
+    )
+    index = lineindex.load(lineindex.index_path(log_path))
+    assert index is not None and index.size == len(output) and len(index.lines) == 2 * 6000
+    loaded = set(done.stderr.decode().split())
+    assert "gpuledger.core.training.lineindex" in loaded
+    assert not loaded & {"gpuledger.core.training.failures", "gpuledger.core.training.logparse"}

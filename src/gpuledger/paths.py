@@ -19,7 +19,7 @@ def data_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Files gpuledger can rebuild (e.g. dataset file hashes): ``$GPULEDGER_HOME/cache``, else
+    """Files gpuledger can rebuild (dataset file hashes, compiled Hyperscan databases): ``$GPULEDGER_HOME/cache``, else
     ``$XDG_CACHE_HOME/gpuledger``, else ``~/.cache/gpuledger``."""
     env = os.environ if env is None else env
     if env.get("GPULEDGER_HOME"):

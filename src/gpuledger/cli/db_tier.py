@@ -4,6 +4,7 @@ a series store (store/series_migrate.py), progress on stderr."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
@@ -32,6 +33,7 @@ def tier_existing_days(db: str, series: str, raw_days: float, series_days: int, 
                 ledger, tier, time.time() - raw_days * DAY_S, actor=_actor(), tampered=_tampered, dry_run=dry_run,
                 progress=lambda line: click.echo(line, err=True),
             )  # fmt: skip
+            streams = _complete_streams(ledger, tier.store, dry_run)
         finally:
             tier.store.close()
     finally:
@@ -42,3 +44,20 @@ def tier_existing_days(db: str, series: str, raw_days: float, series_days: int, 
         f"series {tier.url}: {verb} {len(done.copied)} days ({rows} rows); {len(done.done)} days already tiered; "
         f"{len(done.kept)} days retention may not drop yet"
     )
+    if streams:
+        verb = "would recompute" if dry_run else "recomputed"
+        click.echo(
+            f"series {tier.url}: {verb} the host CPU and throttle sums of {streams} series-only runs from the store"
+        )
+
+
+def _complete_streams(ledger: Any, store: Any, dry_run: bool) -> int:
+    """Series-only runs created before migration 20 (their sums miss their first rows): each
+    recomputed from the store's rows in a transaction of its own (store/series_streams.py); how many."""
+    from gpuledger.store import series_streams
+
+    runs = ledger.database.read(series_streams.incomplete_runs)
+    if not dry_run:
+        for run_id in runs:
+            ledger.database.write(lambda conn, run_id=run_id: series_streams.recompute(conn, run_id, store))
+    return len(runs)

@@ -190,7 +190,8 @@ def db_group() -> None:
 @click.option(
     "--series", metavar="URL",
     help="Then copy every raw day retention may drop (older than --raw-days, runs ended, rolled up and sealed) "
-    "into this series store, checked, and record it (docs/SCALE.md, Tiering); days already tiered are skipped.",
+    "into this series store, checked, and record it (docs/SCALE.md, Tiering); days already tiered are skipped. "
+    "Series-only runs from before migration 20 get their CPU and throttle sums recomputed from the store.",
 )  # fmt: skip
 @click.option("--raw-days", type=FiniteFloat(0), default=7.0, show_default=True, help="With --series: days kept raw.")
 @click.option(

@@ -120,6 +120,7 @@ class _Fetched:
     host_sums: list[dict[str, Any]]
     last_rows: list[dict[str, Any]]  # ... and their latest intervals (gauges)
     series_only: list[dict[str, Any]] = field(default_factory=list)  # series-only runs' sums, every scrape
+    series_only_host: list[dict[str, Any]] = field(default_factory=list)  # ... and their CPU time
 
 
 class LedgerSource:
@@ -182,6 +183,8 @@ class LedgerSource:
         host_sums = [h for h in hsums if h["count"] == h["last_seq"] + 1]
         host_cursors = [c for c in host_cursors if c[0] in wanted]
         host_cursors += [(h["run_id"], 0) for h in hsums if h["count"] != h["last_seq"] + 1]
+        # no row of theirs reaches the interval tables for a cursor to read: their sums, read whole
+        only_gpu, only_host = mq.series_only_sums(conn, ids, THROTTLE_REASONS) if ids else ([], [])
         return _Fetched(
             runs=runs,
             devices=mq.device_rows(conn, ids) if ids else [],
@@ -190,8 +193,8 @@ class LedgerSource:
             gpu_sums=gpu_sums,
             host_sums=host_sums,
             last_rows=mq.gpu_rows_at(conn, [(g["run_id"], g["device_uuid"], g["last_seq"]) for g in gpu_sums]),
-            # no row of theirs reaches gpu_intervals for a cursor to read: their day sums, read whole
-            series_only=mq.series_only_gpu_sums(conn, ids, THROTTLE_REASONS) if ids else [],
+            series_only=only_gpu,
+            series_only_host=only_host,
         )
 
     def _apply(self, fetched: _Fetched, now: float) -> None:
@@ -203,7 +206,10 @@ class LedgerSource:
         for row in fetched.last_rows:
             self._runs[row["run_id"]].devices[row["device_uuid"]].gauges(row)
         for sums in fetched.series_only:  # replaced, not added: they are the run's whole sums
-            self._runs[sums["run_id"]].devices[sums["device_uuid"]] = _Device.from_sums(sums)
+            dev = self._runs[sums["run_id"]].devices[sums["device_uuid"]] = _Device.from_sums(sums)
+            dev.gauges(sums)  # of its latest row
+        for sums in fetched.series_only_host:
+            self._runs[sums["run_id"]].cpu_us = _int(sums["cpu_us"])
         for sums in fetched.host_sums:
             run = self._runs[sums["run_id"]]
             run.host, run.cpu_us = _Cursor(next_seq=int(sums["last_seq"]) + 1), _int(sums["cpu_us"])

@@ -39,6 +39,7 @@ from gpuledger.store import (
     series_day_sums,
     series_rules,
     series_segments,
+    series_streams,
     writes,
 )
 from gpuledger.store.engine import Database
@@ -107,10 +108,16 @@ def _audit_end(conn: Connection, actor: str, run_id: str, row: Mapping[str, Any]
     audit.append(conn, actor=actor, action="run.ended", obj=f"run:{run_id}", payload=info)
 
 
+_STORE_ONLY = "_store_only"  # a column of the lock query only, never a run field
+
+
 def _lock_run(db: Database, conn: Connection, run_id: str) -> dict[str, Any] | None:
-    q = sa.select(schema.runs).where(schema.runs.c.id == run_id)
+    """The run's row, locked, with whether it is series-only (store/series_segments.py) read in
+    the same statement: a push reads it anyway, so the mode costs no extra round trip."""
+    only = sa.exists().where(schema.series_only_runs.c.run_id == schema.runs.c.id).label(_STORE_ONLY)
+    q = sa.select(schema.runs, only).where(schema.runs.c.id == run_id)
     if db.dialect == "postgresql":
-        q = q.with_for_update()
+        q = q.with_for_update(of=schema.runs)
     row = conn.execute(q).mappings().first()
     return None if row is None else dict(row)
 
@@ -124,9 +131,10 @@ def _upsert_run(
     new_devices: Sequence[Mapping[str, Any]],
     pushed: Sequence[tuple[float, float]],
     closed_before: float | None,
-) -> tuple[bool, bool, dict[str, Any]]:
-    """(created, changed, the run's row now). ``authorize(existing_project, new_project)`` raises
-    to refuse; PushRefused for a push that breaks the rules of core/audit/run_rules.py.
+) -> tuple[bool, bool, dict[str, Any], bool]:
+    """(created, changed, the run's row now, whether it is series-only).
+    ``authorize(existing_project, new_project)`` raises to refuse; PushRefused for a push that
+    breaks the rules of core/audit/run_rules.py.
     ``pushed``: (t0, t1) of the push's intervals; ``closed_before``: no run may start before it."""
     existing = _lock_run(db, conn, run.id)
     new_row = codec.run_row(run)
@@ -145,9 +153,10 @@ def _upsert_run(
             audit.append(conn, actor=writer.actor, action="run.created", obj=f"run:{run.id}", payload=info)
             if is_final(run.status, run.ended_at):
                 _audit_end(conn, writer.actor, run.id, new_row)
-            return True, True, new_row
+            return True, True, new_row, False
         existing = _lock_run(db, conn, run.id)  # a concurrent push created it just now
         assert existing is not None
+    store_only = bool(existing.pop(_STORE_ONLY))
     authorize(existing["project"], new_row["project"])
     ownership.check_pusher(conn, run.id, writer, existing["host"])
     last = _last_row_t1(conn, existing, pushed) if existing["status"] == "lost" else None
@@ -156,7 +165,7 @@ def _upsert_run(
     if verdict.refusal:
         raise PushRefused(verdict.refusal)
     if not verdict.changes:
-        return False, False, existing
+        return False, False, existing, store_only
     changes, old = dict(verdict.changes), dict(verdict.old)
     if existing.get("swept_at") is not None and "status" in changes:  # the owner's word replaces the sweep's
         changes["swept_at"], old["swept_at"] = None, existing["swept_at"]
@@ -169,7 +178,7 @@ def _upsert_run(
     audit.append(conn, actor=writer.actor, action="run.changed", obj=f"run:{run.id}", payload=payload)
     if verdict.ended_now:
         _audit_end(conn, writer.actor, run.id, new_row)
-    return False, True, {**existing, **changes}
+    return False, True, {**existing, **changes}, store_only
 
 
 def _last_row_t1(conn: Connection, run: Mapping[str, Any], pushed: Sequence[tuple[float, float]]) -> float | None:
@@ -299,14 +308,13 @@ def ingest(
 
     def tx(conn: Connection) -> IngestOutcome:
         out = IngestOutcome(run.id)
-        out.created, changed, row = _upsert_run(db, conn, run, writer, authorize, devices, times, closed_before)
+        upserted = _upsert_run(db, conn, run, writer, authorize, devices, times, closed_before)
+        out.created, changed, row, store_only = upserted
         uuids, new_devices = _devices(db, conn, row, devices, writer, out.created)
         span = replace(Span.of(row), closed=closed_before)
         if out.created and only is not None and live is not None:
             series_segments.mark(conn, run.id, only)
             store_only = True
-        else:
-            store_only = series_segments.is_marked(conn, run.id)
         if store_only and live is None:
             raise series_segments.SeriesRequired(
                 f"run {run.id} keeps its intervals in the series store only, and this server writes none"
@@ -324,6 +332,7 @@ def ingest(
             series_segments.record(conn, run.id, "gpu", gpu_in, gpu_columns)
             series_segments.record(conn, run.id, "host", host_in, host_columns)
             series_day_sums.add(conn, run.id, gpu_in, gpu_columns)  # what cost queries sum (materialise_rollups)
+            series_streams.add(conn, run.id, gpu_in, gpu_columns, host_in, host_columns)  # CPU, throttle, gauges
             out.gpu_intervals, d1 = len(gpu_in), 0
         else:
             out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns, new_gpu)

@@ -17,8 +17,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from gpuledger.store import series_streams
 from gpuledger.store.queries import open_run
 from gpuledger.store.schema import devices, gpu_intervals, host_intervals, runs, series_day_sums, series_segments
+from gpuledger.store.schema_series_streams import GAUGES
 
 Scope = frozenset[str] | None
 _CHUNK = 500  # run ids per IN (...) list
@@ -172,15 +174,22 @@ def _add_dropped(
                     row[column] = int(row[column] or 0) + int(part["sums"][name]) * factor
 
 
-def series_only_gpu_sums(conn: Connection, run_ids: Sequence[str], reasons: Sequence[str]) -> list[dict[str, Any]]:
-    """Rows as ``whole_gpu_sums`` gives, of the series-only runs among ``run_ids`` (no row in
-    ``gpu_intervals``, store/series_segments.py): busy_us and energy_mj from ``series_day_sums``
-    (None when no row measured it; no throttle time, the day sums keep none), count and last_seq
-    from the seq segments. Their rows never reach ``gpu_intervals``, so the cursors never see them:
-    these sums are read again on every scrape (one grouped read of each table per chunk)."""
+def series_only_sums(
+    conn: Connection, run_ids: Sequence[str], reasons: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(GPU rows, host rows) as ``whole_gpu_sums`` / ``whole_host_sums`` give them, of the
+    series-only runs among ``run_ids`` (no row in ``gpu_intervals`` / ``host_intervals``,
+    store/series_segments.py): busy_us and energy_mj from ``series_day_sums`` (None when no row
+    measured it), count and last_seq from the seq segments, throttle time, the host's cpu_us and
+    the GPU rows' gauges (``power_max_w``, ``mem_used_last_b``, ``temp_max_c`` of the latest row)
+    from ``series_streams`` (store/series_streams.py; sums None where a stream's rows predate it).
+    Their rows never reach the interval tables, so the cursors never see them: these sums are read
+    again on every scrape (one read of each table per chunk, the segments' only for such runs)."""
     d, s = series_day_sums.c, series_segments.c
-    out = []
+    gpu_out: list[dict[str, Any]] = []
+    host_out: list[dict[str, Any]] = []
     for chunk in _chunks(sorted(set(run_ids))):
+        streams = series_streams.read(conn, chunk)
         q = (
             sa.select(
                 d.run_id,
@@ -192,6 +201,11 @@ def series_only_gpu_sums(conn: Connection, run_ids: Sequence[str], reasons: Sequ
             .group_by(d.run_id, d.device_uuid)
         )
         sums = {(r["run_id"], r["device_uuid"]): dict(r) for r in conn.execute(q).mappings()}
+        host_out += [
+            {"run_id": run_id, "cpu_us": series_streams.cpu_us(row)}
+            for (run_id, uuid), row in streams.items()
+            if uuid == series_streams.HOST
+        ]
         if not sums:
             continue
         sq = (
@@ -206,12 +220,14 @@ def series_only_gpu_sums(conn: Connection, run_ids: Sequence[str], reasons: Sequ
         )
         seqs = {(r["run_id"], r["device_uuid"]): r for r in conn.execute(sq).mappings()}
         for key, row in sums.items():
-            seg = seqs.get(key)
+            seg, stream = seqs.get(key), streams.get(key)
             row["last_seq"] = -1 if seg is None else int(seg["last_seq"])
             row["count"] = 0 if seg is None else int(seg["count"])
-            row.update({f"throttle_{r}": None for r in reasons})
-            out.append(row)
-    return out
+            throttle = {} if stream is None else series_streams.throttle_us(stream)
+            row.update({f"throttle_{r}": throttle.get(r) for r in reasons})
+            row.update({c: None if stream is None else stream[c] for c in GAUGES})
+            gpu_out.append(row)
+    return gpu_out, host_out
 
 
 def gpu_rows_at(conn: Connection, keys: Sequence[tuple[str, str, int]]) -> list[dict[str, Any]]:

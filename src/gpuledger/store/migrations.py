@@ -337,6 +337,31 @@ def _add_series_only(conn: Connection) -> None:
         table.create(conn, checkfirst=True)
 
 
+def _add_series_streams(conn: Connection) -> None:
+    # Version 20: series_streams as schema_series_streams.py defines it at 20. The streams of runs
+    # already series-only get a row each, not complete: their rows so far are in the store only,
+    # so their sums would miss them (n/a until `db migrate --series URL` recomputes them); gauges
+    # come from a row later than any held (last_seq: the highest the segments hold).
+    from gpuledger.store import schema_series_streams
+
+    frozen = sa.MetaData()
+    sa.Table("runs", frozen, sa.Column("id", sa.String, primary_key=True))
+    seg = sa.Table(
+        "series_segments",
+        frozen,
+        sa.Column("run_id", sa.String),
+        sa.Column("device_uuid", sa.String),
+        sa.Column("last_seq", sa.BigInteger),
+    )
+    table = schema_series_streams.define(frozen)
+    table.create(conn, checkfirst=True)
+    held = sa.select(seg.c.run_id, seg.c.device_uuid, sa.false(), sa.func.max(seg.c.last_seq)).group_by(
+        seg.c.run_id, seg.c.device_uuid
+    )
+    if conn.scalar(sa.select(sa.func.count()).select_from(table)) == 0:
+        conn.execute(sa.insert(table).from_select(["run_id", "device_uuid", "complete", "last_seq"], held))
+
+
 def _add_swept_at(conn: Connection) -> None:
     # Version 14: runs.swept_at, the liveness sweep's verdict as a column only the server sets (it
     # was read from status_reason, text any push could copy). A run gets it once here when its
@@ -412,6 +437,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         19,
         "add series_only_runs, series_segments, series_day_sums: runs whose raw intervals only the series store holds",
         _add_series_only,
+    ),
+    Migration(
+        20,
+        "add series_streams: a series-only run's host CPU, throttle time and last-row gauges for /metrics",
+        _add_series_streams,
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -21,6 +21,7 @@ from gpuledger.store import (
     schema_lineage,
     schema_refusals,
     schema_series_only,
+    schema_series_streams,
     schema_team,
 )
 
@@ -346,10 +347,13 @@ run_lineage = schema_lineage.define(metadata)
 # Runs whose raw intervals the series store holds, and the seq ranges it holds for them
 # (migration 19; store/series_segments.py).
 series_only_runs, series_segments, series_day_sums = schema_series_only.define(metadata)
+# Per stream of such a run, the host CPU, throttle sums and last-row gauges /metrics reads
+# (migration 20; store/series_streams.py).
+series_streams = schema_series_streams.define(metadata)
 
 # Children of a run, in the order they are deleted.
 RUN_CHILDREN = (
     run_labels, devices, gpu_intervals, host_intervals, events, metrics, logs, gpu_rollups, rollup_marks,
     quarantined_rows, run_liveness, run_owners, run_lineage, series_segments, series_day_sums,
-    series_only_runs,
+    series_streams, series_only_runs,
 )  # fmt: skip

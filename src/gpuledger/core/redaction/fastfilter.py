@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+from gpuledger.core.hyperscan_cache import compile_database
 from gpuledger.core.hyperscan_lib import hyperscan as _hyperscan
 
 try:  # Python 3.11+ names the regex parser re._parser; 3.10 has only sre_parse
@@ -62,10 +63,7 @@ def match_ends_finder(entries: Sequence[tuple[bytes, bytes | None]]) -> MatchEnd
     caseless = all(not any(b in _UPPER for b in literal) and case_blind(rest or b"") for literal, rest in entries)
     flags = [hs.HS_FLAG_CASELESS if caseless else 0] * len(expressions)
     try:
-        database = hs.Database(mode=hs.HS_MODE_BLOCK)
-        database.compile(
-            expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
-        )
+        database = compile_database(hs.HS_MODE_BLOCK, expressions, flags)
     except hs.error:  # a construct it does not support (a look-behind), or a CPU it does not run on
         return None
     return _Finder(database, caseless)
@@ -79,12 +77,8 @@ def present_finder(keywords: frozenset[bytes]) -> Callable[[bytes], frozenset[by
     if hs is None or not words or any(0 in k for k in words):
         return None
     try:
-        database = hs.Database(mode=hs.HS_MODE_BLOCK)
-        database.compile(
-            expressions=[_literal(k) for k in words],
-            ids=list(range(len(words))),
-            elements=len(words),
-            flags=hs.HS_FLAG_SINGLEMATCH,
+        database = compile_database(
+            hs.HS_MODE_BLOCK, [_literal(k) for k in words], [hs.HS_FLAG_SINGLEMATCH] * len(words)
         )
     except hs.error:  # a CPU it does not run on
         return None

@@ -15,7 +15,7 @@ and the draws after the last one taken may be blank in that sense. Outputs the f
 not claim to handle return None, and the caller reads every line: no Hyperscan, an OSC escape
 (which may run across lines, so the screen's lines are not the raw lines), or a character that
 IGNORECASE matches with ``i`` or ``s`` (failures.py lower-cases ASCII only). The failure words
-are failures.py's own, so a word added there is found here too.
+are failures.py's own (failure_words.py), so a word added there is found here too.
 tests/test_relay_parse.py checks the result against reading every line.
 """
 
@@ -26,7 +26,9 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from gpuledger.core.hyperscan_cache import compile_database
 from gpuledger.core.hyperscan_lib import hyperscan as _hyperscan
+from gpuledger.core.training import failure_words
 
 if TYPE_CHECKING:
     from gpuledger.core.training.lineindex import LineIndex
@@ -58,15 +60,13 @@ def _expressions() -> tuple[list[bytes], list[int]]:
     ``len(_unhandled())``) say: read every line."""
     hs = _hyperscan()
     assert hs is not None
-    from gpuledger.core.training import failures  # here: failures.py imports this module
-
     expressions = [_literal(seq) for seq in _unhandled()]
     expressions += [_DRAW + first + _TO_LINE_END for first in _FIRST_WORD]
     flags = [0] * len(expressions)
-    for word in (*_PHRASES, *_SEQUENCES, *failures._WORDS):
+    for word in (*_PHRASES, *_SEQUENCES, *failure_words.WORDS):
         expressions.append(_literal(word))
         flags.append(0)
-    for word in failures._WORDS_ANY_CASE:
+    for word in failure_words.WORDS_ANY_CASE:
         expressions.append(_literal(word))
         flags.append(hs.HS_FLAG_CASELESS)
     return expressions, flags
@@ -78,18 +78,14 @@ def _compile(mode: int, extra: tuple[bytes, ...] = ()) -> object | None:
     expressions, flags = _expressions()
     expressions += [_literal(word) for word in extra]
     flags += [0] * len(extra)
-    db: object | None = hs.Database(mode=mode)
     try:
-        db.compile(  # type: ignore[union-attr]
-            expressions=expressions, ids=list(range(len(expressions))), elements=len(expressions), flags=flags
-        )
+        return compile_database(mode, expressions, flags)  # kept on disk: core/hyperscan_cache.py
     except hs.error:  # a CPU it does not run on: every line is read
-        db = None
-    return db
+        return None
 
 
 def _database() -> object | None:
-    """The compiled patterns, built once (about 10 ms); None without Hyperscan."""
+    """The compiled patterns, built once (about 10 ms, or read from the cache); None without Hyperscan."""
     hs = _hyperscan()
     if hs is None:
         return None
@@ -120,9 +116,7 @@ _local = threading.local()
 
 
 def _unhandled() -> tuple[bytes, ...]:
-    from gpuledger.core.training import failures
-
-    return (_OSC, *(c.encode() for c in failures._CASE_SPECIALS))
+    return (_OSC, *(c.encode() for c in failure_words.CASE_SPECIALS))
 
 
 def candidate_lines(data: bytes, min_b: int = MIN_B) -> tuple[list[tuple[int, bytes]], int] | None:

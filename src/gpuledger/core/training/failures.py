@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuledger.core.training import failure_words
 from gpuledger.core.training.candidates import MIN_B, candidate_lines
 from gpuledger.core.training.logparse import ParsedLog, parse_lines, parse_numbered, screen_line, screen_lines
 
@@ -43,16 +44,13 @@ _WORKER_KILLED = re.compile(r"DataLoader worker \(pid[^)]*\) is killed by signal
 _SHELL_KILLED = re.compile(r"(?:^|:\s|\s\d+\s+)Killed(?:\s|$)")
 # Applied only to a line one of the patterns above matched: they need none of the words below.
 DETAIL_PATTERNS = (_OOM_RETRY, _OOM_DETAIL, _OOM_GPU)
-# Words every match of the patterns above holds: a line with none of them is not searched (on long
-# lines the patterns cost far more than finding these words in the whole log, and most lines of
-# training output hold none). _NAN and _DATASET ignore case: their words are found lower-cased.
-# tests/test_relay_parse.py generates matches of every pattern of this module not in
-# DETAIL_PATTERNS and checks that these words find each one, so a new pattern cannot be missed.
-_WORDS = (b"out of memory", b"OutOfMemoryError", b"CUBLAS_STATUS_ALLOC_FAILED", b"DataLoader worker", b"Killed")
-_WORDS_ANY_CASE = (b"nan", b"non-finite", b"dataset")
-# IGNORECASE also matches these with i or s, which lower-casing does not give: a log holding one
-# has every line searched.
-_CASE_SPECIALS = ("\u0130", "\u0131", "\u017f")
+# Words every match of the patterns above holds (failure_words.py): a line with none of them is not
+# searched (on long lines the patterns cost far more than finding these words in the whole log, and
+# most lines of training output hold none). _NAN and _DATASET ignore case: their words are found
+# lower-cased.
+_WORDS = failure_words.WORDS
+_WORDS_ANY_CASE = failure_words.WORDS_ANY_CASE
+_CASE_SPECIALS = failure_words.CASE_SPECIALS
 
 
 def _lines_to_search(lines: list[str]) -> Sequence[int]:
