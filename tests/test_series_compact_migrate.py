@@ -33,8 +33,10 @@ import test_series_tier as tiers
 from gpuledger.cli.main import cli
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.series import quantum
-from gpuledger.store import Ledger, audit, partitions, rollup_stale, schema, series_compact, series_tier
+from gpuledger.store import Ledger, audit, partitions, rollup_stale, schema, series_compact, series_streams, series_tier
+from gpuledger.store import metrics_queries as mq
 from gpuledger.store.retention import DAY_S, Policy, _tampered, run_retention
+from gpuledger.store.schema_series_streams import REASONS
 from server_support import bearer, devices_doc, gpu_rows, host_of, host_rows, run_doc, setup_accounts
 from test_pg_partitions import OPEN_DAYS, TODAY, _client
 
@@ -169,6 +171,22 @@ def _diff(a: Any, b: Any, at: str = "") -> list[str]:
     return [] if a == b or at.endswith(".generated_at") else [f"{at}: {a!r} != {b!r}"]
 
 
+def _metrics_sums(conn: sa.Connection, run_ids: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (run, GPU or "" for the host): what /metrics sums of a plain run's rows (µs)."""
+    out = {(g["run_id"], g["device_uuid"]): {r: g[f"throttle_{r}"] for r in REASONS}
+           for g in mq.whole_gpu_sums(conn, run_ids, REASONS)}  # fmt: skip
+    out |= {(h["run_id"], ""): {"cpu_us": h["cpu_us"]} for h in mq.whole_host_sums(conn, run_ids)}
+    return out
+
+
+def _stream_sums(conn: sa.Connection, run_ids: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The same of series-only runs, from their ``series_streams``."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for key, row in series_streams.read(conn, run_ids).items():
+        out[key] = {"cpu_us": series_streams.cpu_us(row)} if key[1] == "" else series_streams.throttle_us(row)
+    return out
+
+
 def _rollups(led: Ledger, run_ids: list[str]) -> list[dict[str, Any]]:
     t = schema.gpu_rollups
 
@@ -221,6 +239,7 @@ def test_a_populated_ledger_moves_to_the_compact_layout_with_the_same_figures(
     before = _figures(pg_url, env, finished)
     with Ledger(pg_url) as led:
         rollups = _rollups(led, finished)
+        plain = led.read(lambda conn: _metrics_sums(conn, finished[1:]))  # the tiered run's: not whole in SQL
     assert len({r["run_id"] for r in rollups}) == len(finished)
     migrate = ["db", "migrate", "--db", pg_url, "--layout", "compact", "--series", series_url]
 
@@ -245,6 +264,8 @@ def test_a_populated_ledger_moves_to_the_compact_layout_with_the_same_figures(
     assert _diff(before, _figures(pg_url, env, finished)) == []
     with Ledger(pg_url) as led:
         assert _rollups(led, finished) == rollups  # kept as they were
+        # /metrics' CPU and throttle sums and last-row gauges, from series_streams now
+        assert led.read(lambda conn: _stream_sums(conn, finished[1:])) == plain
         moved = led.read(lambda conn: [p for p in audit_payloads(conn, series_compact.ACTION)])
     assert sorted(moved) == sorted(finished)
     rebuilt = _rebuilt_rollups(pg_url, finished)  # from the day sums now (the tiered run's stay frozen)

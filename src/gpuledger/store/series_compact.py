@@ -13,10 +13,11 @@ finds it moved and goes to the store, store/ingest.py):
    twice;
 3. what the store holds of the run is read back and checked against the ledger's rows (and its
    tiered days' entries); a run the store does not hold exactly stays as it was;
-4. its ``series_segments`` and ``series_day_sums`` are written from its ledger rows as its pushes
-   would have written them in the series-only mode (a day the ledger dropped after tiering it adds
-   segments only: its sums stay in its ``run.raw_tiered`` entries and its frozen rollups, where
-   the readers take them), the store's seal recorded (``run.series_sealed``), the raw rows deleted,
+4. its ``series_segments``, ``series_day_sums`` and ``series_streams`` are written from its ledger
+   rows as its pushes would have written them in the series-only mode (a day the ledger dropped
+   after tiering it adds to the segments and streams from the store's rows, not to the day sums:
+   its busy and energy stay in its ``run.raw_tiered`` entries and frozen rollups, where the
+   readers take them), the store's seal recorded (``run.series_sealed``), the raw rows deleted,
    the run listed in ``series_only_runs``, ``run.compacted`` appended and the run resealed over
    what the ledger now keeps, so ``audit verify`` (and with ``--series``, the store) passes after.
 """
@@ -31,7 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import run_is_open
-from gpuledger.store import audit, schema, series_day_sums, series_live, series_segments, series_tier
+from gpuledger.store import audit, schema, series_day_sums, series_live, series_segments, series_streams, series_tier
 from gpuledger.store.series_compact_check import CompactError, check, dropped_parts, why_not
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ BATCH_ROWS = 50_000  # rows per store write
 GPU_COLUMNS, HOST_COLUMNS = series_tier.GPU_COLUMNS, series_tier.HOST_COLUMNS
 _SEGMENT_COLUMNS = ("device_uuid", "seq", "t0", "t1")
 _DAY_SUM_COLUMNS = ("device_uuid", "t0", "t1", *series_day_sums.SUMMED)
+_STREAM_GPU = ("device_uuid", "seq", "throttle_s", *series_streams.GAUGES)
+_STREAM_HOST = ("seq", "cpu_s")
 
 Row = dict[str, Any]
 
@@ -108,15 +111,18 @@ def _stored(tier: series_tier.Tier, run_id: str) -> tuple[list[Row], list[Row]]:
     return gpu, sorted(tier.store.host_intervals(run_id), key=lambda r: int(r["seq"]))
 
 
-def _segments(
+def _streams(
     conn: Connection, run_id: str, gpu: Sequence[Row], host: Sequence[Row], sg: list[Row], sh: list[Row]
 ) -> None:
-    """Segments over every row the store holds: the ledger's own times where it held the row (a
-    push would have recorded those), the store's for rows of days the ledger dropped."""
+    """Segments and stream sums (CPU, throttle, last-row gauges: store/series_streams.py) over
+    every row the store holds: the ledger's own rows where it held them (a push would have
+    recorded those), the store's for rows of days the ledger dropped."""
     held_gpu = {(str(r["device_uuid"]), int(r["seq"])) for r in gpu}
     held_host = {int(r["seq"]) for r in host}
     g_rows = [*gpu, *(r for r in sg if (str(r["device_uuid"]), int(r["seq"])) not in held_gpu)]
     h_rows = [*host, *(r for r in sh if int(r["seq"]) not in held_host)]
+    series_streams.add(conn, run_id, [[r[c] for c in _STREAM_GPU] for r in g_rows], _STREAM_GPU,
+                       [[r[c] for c in _STREAM_HOST] for r in h_rows], _STREAM_HOST)  # fmt: skip
     series_segments.record(conn, run_id, "gpu", [[r[c] for c in _SEGMENT_COLUMNS] for r in g_rows], _SEGMENT_COLUMNS)
     series_segments.record(conn, run_id, "host", [[r[c] for c in _SEGMENT_COLUMNS[1:]] for r in h_rows],
                            _SEGMENT_COLUMNS[1:])  # fmt: skip
@@ -144,7 +150,7 @@ def _switch(conn: Connection, tier: series_tier.Tier, run_id: str, dry_run: bool
         sealed = check(run_id, gpu, host, stored_gpu, stored_host, dropped_parts(conn, run_id, tier.url))
     except CompactError as exc:
         return _Outcome(failed=str(exc))
-    _segments(conn, run_id, gpu, host, stored_gpu, stored_host)
+    _streams(conn, run_id, gpu, host, stored_gpu, stored_host)
     sums = series_day_sums.add(conn, run_id, [[g[c] for c in _DAY_SUM_COLUMNS] for g in gpu], _DAY_SUM_COLUMNS)
     conn.execute(sa.delete(schema.gpu_intervals).where(schema.gpu_intervals.c.run_id == run_id))
     conn.execute(sa.delete(schema.host_intervals).where(schema.host_intervals.c.run_id == run_id))
