@@ -198,24 +198,43 @@ def db_group() -> None:
     "--series-days", type=click.IntRange(1), default=366, show_default=True,
     help="With --series, ClickHouse: how long the store keeps raw rows (its TTL).",
 )  # fmt: skip
-@click.option("--dry-run", is_flag=True, help="With --series: say what would be copied; change nothing.")
+@click.option(
+    "--layout", type=click.Choice(["compact"]),
+    help="compact: then move each ended run's raw intervals into the series store (--series, or "
+    "GPULEDGER_SERIES) run by run, checked, keeping in PostgreSQL only their seq ranges, day sums and the "
+    "store's seal, as serve --series-only does (docs/SCALE.md, Migration); resumable.",
+)  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="With --series: say what would be copied or moved; change nothing.")
 @cli_errors
-def db_migrate_cmd(db: str | None, series: str | None, raw_days: float, series_days: int, dry_run: bool) -> None:
+def db_migrate_cmd(
+    db: str | None, series: str | None, raw_days: float, series_days: int, layout: str | None, dry_run: bool
+) -> None:
     """Apply pending schema migrations (safe with several processes; each runs once); with
-    --series, tier the existing raw days into a series store."""
+    --series, tier the existing raw days into a series store; with --layout compact, move each
+    ended run's raw intervals into it."""
     from gpuledger.store import migrations
     from gpuledger.store.engine import Database
 
     if not db:
         raise click.UsageError("give the database with --db URL (or GPULEDGER_DB)")
     check_ledger_url(db)
+    if layout:
+        from gpuledger.cli.db_compact import compact_ledger, series_url
+
+        url = series_url(series)
+        if not dry_run:
+            db_migrate_cmd.callback(db=db, series=None, raw_days=raw_days, series_days=series_days, layout=None,  # type: ignore[misc]
+                                    dry_run=False)  # fmt: skip
+        compact_ledger(db, url, series_days, dry_run)
+        return
     if dry_run and not series:
         raise click.UsageError("--dry-run says what --series would copy: give --series URL")
     if series:
         from gpuledger.cli.db_tier import tier_existing_days
 
         if not dry_run:
-            db_migrate_cmd.callback(db=db, series=None, raw_days=raw_days, series_days=series_days, dry_run=False)  # type: ignore[misc]
+            db_migrate_cmd.callback(db=db, series=None, raw_days=raw_days, series_days=series_days, layout=None,  # type: ignore[misc]
+                                    dry_run=False)  # fmt: skip
         tier_existing_days(db, series, raw_days, series_days, dry_run)
         return
     database = Database(db)
