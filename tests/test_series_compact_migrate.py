@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -474,3 +475,23 @@ def test_a_run_whose_dropped_days_are_not_in_the_store_stays(pg_url: str, pg_sto
         )
         assert _raw_rows(pg_url, led_.tiered) == (N, N // 2)
         _cli(env, "audit", "verify", "--db", pg_url)
+
+
+def test_a_moved_run_stays_verifiable_once_the_store_drops_its_first_days(
+    pg_url: str, series_url: str, tmp_path: Path
+) -> None:
+    """The seal the migration records keeps per-day summaries, as a series-only push's does: once
+    the store's window drops a moved run's early days, `audit verify --series` names them expired
+    and still checks the days kept against the seal, not against the day sums alone."""
+    led_ = _populate(pg_url, series_url, big=N // 2)
+    env = _env(tmp_path, series_url)
+    _cli(env, "db", "migrate", "--db", pg_url, "--layout", "compact", "--series", series_url)
+    assert tiers.expire_store_days(pg_url, series_url, 10, time.time()) >= 1  # drops TODAY-11 and TODAY-10
+    gpu, _host = _stored(series_url, led_.tiered)
+    assert gpu == []  # the run across MIDNIGHT is gone from the store whole
+    assert _stored(series_url, led_.finished[1])[0] != []  # the next day's run is kept
+
+    checked = _cli(env, "audit", "verify", "--db", pg_url, "--series", series_url)
+    assert "TAMPERED" not in checked.output and "missing" not in checked.output, checked.output
+    assert "series-only run days" in checked.output and "expired from the series store" in checked.output
+    assert "sealed before the seal kept per-day summaries" not in checked.output, checked.output

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.series import quantum
-from gpuledger.store import schema, series_tier, tiered_totals
+from gpuledger.store import schema, series_only_verify, series_tier, tiered_totals
 from gpuledger.store.partitions import DROPPED_LEVEL
 
 Row = dict[str, Any]
@@ -81,7 +81,8 @@ def check(
 ) -> dict[str, Any]:
     """CompactError unless the store's rows of the run (``stored_*``, in (device, seq) and seq order)
     are exactly the quantized ledger rows (``gpu``, ``host``) and the dropped tiered days ``parts``;
-    the summary (series_tier.day_summary) of all the store's rows of the run: its seal."""
+    the summary (series_tier.day_summary) of all the store's rows of the run, and per day
+    (series_only_verify.by_day): its seal."""
     held_gpu = {(str(r["device_uuid"]), int(r["seq"])) for r in gpu}
     held_host = {int(r["seq"]) for r in host}
     mine_gpu = [r for r in stored_gpu if (str(r["device_uuid"]), int(r["seq"])) in held_gpu]
@@ -103,6 +104,7 @@ def check(
         problems.append(f"run {run_id}: the series store holds {extra} rows of it the ledger never held")
     if problems:
         raise CompactError("; ".join(problems))
-    if covered == len(mine_gpu) + len(mine_host):  # the store holds the ledger's rows alone: summed already
-        return found
-    return series_tier.day_summary(stored_gpu, stored_host)
+    whole = found if covered == len(mine_gpu) + len(mine_host) else series_tier.day_summary(stored_gpu, stored_host)
+    # and per day, as a series-only push's seal (LiveSeries.summary): the days the store keeps stay
+    # verifiable once its window has dropped the others (store/series_only_verify.py)
+    return {**whole, "days": series_only_verify.by_day(stored_gpu, stored_host)}
