@@ -110,16 +110,20 @@ class PostgresSeries:
 
     def create(self) -> None:
         ddl.create(self._conn, self.schema)
-        self.maintain()
+        self.maintain(compact=False)  # a server creating it at start must not wait on others' snapshots
 
-    def maintain(self, now: float | None = None, ahead_days: int = AHEAD_DAYS) -> list[str]:
+    def maintain(self, now: float | None = None, ahead_days: int = AHEAD_DAYS, *, compact: bool = True) -> list[str]:
         """What a server runs at start and hourly: the day partitions from yesterday to
-        ``ahead_days`` ahead made where missing (a write also makes the ones it needs), and the key
-        index of each day that ended ``COMPACT_AFTER_S`` ago rebuilt full once
-        (postgres_ddl.compact_before). The partitions and indexes made."""
+        ``ahead_days`` ahead made where missing (a write also makes the ones it needs), and with
+        ``compact`` the key index of each day that ended ``COMPACT_AFTER_S`` ago rebuilt full once
+        (postgres_ddl.compact_before). A start leaves the rebuild to the hourly pass: ``REINDEX
+        CONCURRENTLY`` waits for every older transaction of the database, and one left idle by any
+        client would hold the server's start. The partitions and indexes made."""
         now = time.time() if now is None else now
         today = int(now // 86400)
         made = ddl.ensure_days(self._conn, self.schema, set(range(today - 1, today + ahead_days + 1)))
+        if not compact:
+            return made
         return made + ddl.compact_before(self._conn, self.schema, int((now - COMPACT_AFTER_S) // 86400))
 
     def _stage(self) -> None:

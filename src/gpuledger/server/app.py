@@ -76,7 +76,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
         sweeper = asyncio.create_task(_sweep_forever(ledger, settings)) if settings.lost_after_s > 0 else None
         keep_days = ledger.dialect == "postgresql" and settings.partition_every_s > 0
         if keep_days:  # before the first request: a read planned while strays move could miss them
-            await _maintain_partitions(ledger, settings.series)
+            await _maintain_partitions(ledger, settings.series, compact=False)
         partitioner = asyncio.create_task(_partition_forever(ledger, settings)) if keep_days else None
         async with checkpoint_keeper.keeping(keeper):
             yield
@@ -146,7 +146,7 @@ def _live_series(settings: Settings) -> Any:
     return LiveSeries(settings.series)
 
 
-async def _maintain_partitions(ledger: Ledger, series: str | None = None) -> None:
+async def _maintain_partitions(ledger: Ledger, series: str | None = None, *, compact: bool = True) -> None:
     """PostgreSQL: the raw tables' day partitions from yesterday to two days ahead, and strays moved
     out of the default partitions (store/partitions.py); with ``--series`` on a compact PostgreSQL
     store, that store's own days ahead and closed days' indexes (store/series_window.py)."""
@@ -158,24 +158,30 @@ async def _maintain_partitions(ledger: Ledger, series: str | None = None) -> Non
         logging.getLogger("gpuledger.server").warning("partition maintenance failed: %s", exc)
     if series and urlsplit(series).scheme.lower() in POSTGRES_SCHEMES:
         try:
-            await run_in_threadpool(_maintain_series, series)
+            await run_in_threadpool(_maintain_series, series, compact)
         except Exception as exc:  # the store away or not created yet (retention run --series creates it)
             logging.getLogger("gpuledger.server").warning("series store maintenance failed: %s", exc)
 
 
-def _maintain_series(url: str) -> None:
+def _maintain_series(url: str, compact: bool = True) -> None:
     """On a connection of its own: the store the ledger reads from is not shared across threads."""
     from gpuledger.store import series_tier, series_window
 
     store = series_tier.open_store(url, create=False)
     try:
-        series_window.maintain(store)
+        series_window.maintain(store, compact=compact)
     finally:
         store.close()
 
 
 async def _partition_forever(ledger: Ledger, settings: Settings) -> None:
-    """The maintenance every partition_every_s after the one at start (which the lifespan awaits)."""
+    """The maintenance every partition_every_s after the one at start (which the lifespan awaits
+    without the series store's index rebuilds: those run here at once, while the server serves)."""
+    if settings.series and urlsplit(settings.series).scheme.lower() in POSTGRES_SCHEMES:
+        try:
+            await run_in_threadpool(_maintain_series, settings.series, True)
+        except Exception as exc:
+            logging.getLogger("gpuledger.server").warning("series store maintenance failed: %s", exc)
     while True:
         await asyncio.sleep(settings.partition_every_s)
         await _maintain_partitions(ledger, settings.series)

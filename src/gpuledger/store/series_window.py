@@ -46,11 +46,12 @@ def cut_day(now: float, series_days: int) -> date:
     return date.fromordinal(_EPOCH.toordinal() + int(now // _DAY_S) - series_days + 1)
 
 
-def maintain(store: SeriesStore, now: float | None = None) -> list[str]:
+def maintain(store: SeriesStore, now: float | None = None, *, compact: bool = True) -> list[str]:
     """The store's periodic maintenance where it has one (the compact PostgreSQL store's
-    ``maintain()``; ClickHouse merges by itself): what it made."""
+    ``maintain()``, ``compact``: its closed days' index rebuilds too; ClickHouse merges by
+    itself): what it made."""
     step = getattr(store, "maintain", None)
-    return list(step(now)) if callable(step) else []
+    return list(step(now, compact=compact)) if callable(step) else []
 
 
 def _recorded(conn: Connection, url: str, cut: str) -> list[str]:
