@@ -29,7 +29,7 @@ from gpuledger.series.base import SeriesStore
 from gpuledger.series.quantum import to_units
 from gpuledger.store import audit
 from gpuledger.store.schema import gpu_capacity
-from gpuledger.store.series_tier import Tier, TierError, digest
+from gpuledger.store.series_tier import Tier, TierError, digest, why_differs
 
 ACTION = "capacity.raw_tiered"
 SUMS = (*capacity.STATES, "energy_mj")
@@ -80,15 +80,7 @@ def differences(host: str, expected: Mapping[str, Any], found: Mapping[str, Any]
         got = found.get(gpu)
         if got == want:
             continue
-        if got is None:
-            why = "missing from the series store"
-        elif got["rows"] != want["rows"]:
-            why = f"{got['rows']} rows in the series store, {want['rows']} tiered"
-        elif got["sums"] != want["sums"]:
-            changed = [k for k in want["sums"] if want["sums"][k] != got["sums"].get(k)]
-            why = f"sums of {', '.join(changed)} differ from those tiered"
-        else:
-            why = "rows changed (sha256 differs from the one tiered)"
+        why = why_differs(want, got)
         lo, hi = want["t0"]
         out.append(f"capacity of GPU {gpu} on host {host} from {lo} to {hi} ms: {why}")
     return out

@@ -100,15 +100,7 @@ def _day_differences(
             if got == want:
                 continue
             lo, hi = want["seq"]
-            if got is None:
-                why = "missing from the series store"
-            elif got["rows"] != want["rows"]:
-                why = f"{got['rows']} rows in the series store, {want['rows']} sealed"
-            elif got["sums"] != want["sums"]:
-                changed = [k for k in want["sums"] if want["sums"][k] != got["sums"].get(k)]
-                why = f"sums of {', '.join(changed)} differ from those sealed"
-            else:
-                why = "rows changed (sha256 differs from the one sealed)"
+            why = series_tier.why_differs(want, got, "sealed")
             out.append(f"run {run_id} {what} seq {lo}-{hi} ({day}): {why} (sealed series-only run)")
     return out
 

@@ -173,17 +173,21 @@ def differences(run_id: str, expected: Mapping[str, Any], found: Mapping[str, An
         if got == want:
             continue
         lo, hi = want["seq"]
-        if got is None:
-            why = "missing from the series store"
-        elif got["rows"] != want["rows"]:
-            why = f"{got['rows']} rows in the series store, {want['rows']} tiered"
-        elif got["sums"] != want["sums"]:
-            changed = [k for k in want["sums"] if want["sums"][k] != got["sums"].get(k)]
-            why = f"sums of {', '.join(changed)} differ from those tiered"
-        else:
-            why = "rows changed (sha256 differs from the one tiered)"
-        out.append(f"run {run_id} {what} seq {lo}-{hi}: {why}")
+        out.append(f"run {run_id} {what} seq {lo}-{hi}: {why_differs(want, got)}")
     return out
+
+
+def why_differs(want: Mapping[str, Any], got: Mapping[str, Any] | None, recorded: str = "tiered") -> str:
+    """Why a summary the store gives (``got``: rows, sums, sha256; None: nothing) differs from
+    the one ``recorded`` in the trail (``want``), in the words every verify line uses."""
+    if got is None:
+        return "missing from the series store"
+    if got["rows"] != want["rows"]:
+        return f"{got['rows']} rows in the series store, {want['rows']} {recorded}"
+    if got["sums"] != want["sums"]:
+        changed = [k for k in want["sums"] if want["sums"][k] != got["sums"].get(k)]
+        return f"sums of {', '.join(changed)} differ from those {recorded}"
+    return f"rows changed (sha256 differs from the one {recorded})"
 
 
 def day_rows(conn: Connection, names: Sequence[tuple[str, bool]]) -> dict[str, tuple[list[dict], list[dict]]]:  # type: ignore[type-arg]

@@ -86,32 +86,20 @@ def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
     expiries = ledger.read(lambda c: _expiries(c, shown))
     expired: dict[tuple[str, str], list[str]] = {}  # (retention's date, what) -> the tiered days it dropped
     only_expired: dict[str, list[str]] = {}  # retention's date -> the series-only runs' days it dropped
-    for seq, run_id, payload in ledger.read(lambda c: list(_tiered(c))):
-        if payload.get("series") != shown:
-            others.add(str(payload.get("series")))
-            continue
-        on = _expired_by(expiries, seq, payload["day"])
-        if on is not None:
-            expired.setdefault((on, "run days"), []).append(payload["day"])
-            out.days_expired += 1
-            continue
-        found = series_tier.stored_summary(store, run_id, payload)
-        lines = series_tier.differences(run_id, payload, found)
-        out.problems += [f"{line} (tiered {payload['day']})" for line in lines]
-        out.days_checked += 1
-    for seq, host, payload in ledger.read(lambda c: list(_tiered(c, capacity_tier.ACTION))):
-        if payload.get("series") != shown:
-            others.add(str(payload.get("series")))
-            continue
-        on = _expired_by(expiries, seq, payload["day"])
-        if on is not None:
-            expired.setdefault((on, "capacity host days"), []).append(payload["day"])
-            out.days_expired += 1
-            continue
-        found = capacity_tier.stored_summary(store, host, payload)
-        lines = capacity_tier.differences(host, payload, found)
-        out.problems += [f"{line} (tiered {payload['day']})" for line in lines]
-        out.capacity_checked += 1
+    kinds = ((series_tier, "run days", "days_checked"), (capacity_tier, "capacity host days", "capacity_checked"))
+    for kind, what, counted in kinds:  # a run's tiered days (by run), capacity's (by host)
+        for seq, key, payload in ledger.read(lambda c, action=kind.ACTION: list(_tiered(c, action))):
+            if payload.get("series") != shown:
+                others.add(str(payload.get("series")))
+                continue
+            on = _expired_by(expiries, seq, payload["day"])
+            if on is not None:
+                expired.setdefault((on, what), []).append(payload["day"])
+                out.days_expired += 1
+                continue
+            lines = kind.differences(key, payload, kind.stored_summary(store, key, payload))
+            out.problems += [f"{line} (tiered {payload['day']})" for line in lines]
+            setattr(out, counted, getattr(out, counted) + 1)
     kept = ledger.read(lambda c: series_only_window.kept_from(c, shown))
     for run_id, payload in ledger.read(series_segments.series_seals).items():  # series-only runs
         if payload.get("series") != shown:
