@@ -305,8 +305,9 @@ def ingest(
     raises SeriesRequired, nothing stored. ``summary(run_id)``: what the store holds of such a run
     (``LiveSeries.summary``), recorded in the trail as the seal of its intervals when the run is
     sealed (``run.series_sealed``; ``audit verify --series`` compares the store with it).
-    ``pushing()`` (``LiveSeries.pushing``): entered once the push holds its run's lock, left with
-    its transaction, so a group commit of the store waits for it (store/series_batch.py)."""
+    ``pushing()`` (``LiveSeries.pushing``): entered once the push holds its run's lock and left
+    when its work in the transaction ends, so a group commit of the store waits for it while it
+    may still write (store/series_batch.py)."""
     times = [_times(r, c) for rows, c in ((gpu, gpu_columns), (host, host_columns)) for r in rows]
 
     def tx(conn: Connection) -> IngestOutcome:
