@@ -124,7 +124,7 @@ class Agent:
         self.index, self.fleet, self.start = index, fleet, start
         self.run_id = str(uuid.uuid5(NS, f"fleet-{index}"))
         self.acked = 0  # minutes 0 .. acked-1 acknowledged
-        self.replica = index % 2
+        self.replica = index  # taken modulo the replicas there are (one with chDB)
         self.resends = 0
 
     def body(self, minutes: range) -> dict[str, Any]:
@@ -159,7 +159,8 @@ def _send(agents: list[Agent], replicas: list[Replica], token: str, until: float
                 body = a.body(minutes)
                 t0 = time.perf_counter()
                 try:
-                    got = client.post(replicas[a.replica].url + "/api/v1/ingest", json=body, headers=headers)
+                    url = replicas[a.replica % len(replicas)].url
+                    got = client.post(url + "/api/v1/ingest", json=body, headers=headers)
                     ok = got.status_code == 200
                     if not ok and got.status_code < 500:
                         raise SystemExit(f"push refused: {got.status_code} {got.text[:300]}")
@@ -173,7 +174,7 @@ def _send(agents: list[Agent], replicas: list[Replica], token: str, until: float
                 else:  # the replica is gone (or said 5xx): the outbox keeps the minutes, the other replica gets them
                     a.resends += 1
                     out["failed"] += 1
-                    a.replica = (a.replica + 1) % len(replicas)
+                    a.replica += 1
                     time.sleep(0.1)  # an agent's back-off (shortened): no busy loop while a lone replica restarts
                 if time.time() >= until:
                     break

@@ -2,7 +2,8 @@
 through ``gpuledger serve``, which is not wired to the store.
 
     python benchmarks/fleet_sim.py [--gpus 100000] [--seconds 60] [--writers 4] [--batch-minutes 1]
-                                   [--url chdb:///abs/dir]
+                                   [--url chdb:///abs/dir] [--live-batch-rows N [--live-batch-ms MS]]
+                                   [--compare-group]
                                    [--year-gpus N] [--runs-per-day 3] [--pg-runs 500000]
                                    [--skip-ingest] [--skip-year] [--skip-pg]
 
@@ -18,6 +19,13 @@ through ``gpuledger serve``, which is not wired to the store.
    included), bytes per interval at rest; then per run the stored count and sums against what
    the agents sent (nothing lost, nothing doubled): raw rows, the per GPU day rollups and the
    per run day rollups chargeback reads.
+   ``--live-batch-rows N``: the writers push as ``serve --series-live`` writes, through
+   ``LiveSeries`` (store/series_live.py: the rows the store holds left out first, each push
+   inside ``pushing()`` as if it held its run's lock), N > 0 gathering concurrent pushes into
+   one insert per ``--live-batch-ms`` or N rows (group commit, store/series_batch.py), 0 one
+   insert per push. ``--compare-group``: ``--rounds`` rounds of each, alternating, per-push
+   first, each on a new store; intervals/s min / median / max per mode (``--live-batch-rows``,
+   default 10,000, is the grouped mode's).
 2. A year's chargeback (ClickHouse): a year of ``gpu_day_rollups`` for ``--year-gpus`` GPUs
    (default ``--gpus``) made in the engine (``INSERT ... SELECT FROM numbers()``: nodes of 8 GPUs,
    ``--runs-per-day`` jobs per node a day, each on all 8 GPUs, 60-95 % of the day allocated, busy
@@ -122,8 +130,23 @@ def writer(args: argparse.Namespace) -> None:
 
     work = Path(args.work)
     fleet = Fleet(args.gpus, args.start, args.batch_minutes)
-    store = open_series(args.url, raw_days=args.raw_days)
-    store.create()
+    live = None
+    if args.live_batch_rows is None:
+        store = open_series(args.url, raw_days=args.raw_days)
+        store.create()
+
+        def put(run_id: str, rows: list[dict[str, Any]], token: str) -> int:
+            return store.write(run_id, rows, [], token)
+    else:  # as serve --series-live writes a push: the held lookup, per push or grouped
+        from gpuledger.store.series_live import LiveSeries
+
+        live = LiveSeries(args.url, create=True, batch_rows=args.live_batch_rows, batch_ms=args.live_batch_ms)
+        store = live.reader
+
+        def put(run_id: str, rows: list[dict[str, Any]], token: str) -> int:
+            with live.pushing():  # the push holds its run's lock: a group waits for it
+                return live.write(run_id, rows, [])
+
     logged = _lines(work / "outbox.log")
     acked = {int(x.split()[0]) for x in _lines(work / "acked.log")}
     resend = sorted({int(x) for x in logged} - acked)
@@ -151,7 +174,7 @@ def writer(args: argparse.Namespace) -> None:
             i, again = job
             run_id, rows, token = fleet.batch(*fleet.schedule(i))
             t = time.perf_counter()
-            n = store.write(run_id, rows, [], token)
+            n = put(run_id, rows, token)
             took = time.perf_counter() - t
             if again:
                 with lock:
@@ -169,8 +192,12 @@ def writer(args: argparse.Namespace) -> None:
     for t in threads:
         t.join()
     cpu = time.process_time() - cpu0
+    group = live.group if live is not None else None
     print(json.dumps({"resent": resent_stored[1], "resent_rows_stored": resent_stored[0], "cpu_s": cpu,
-                      "cpu_batches": written[0]}), flush=True)  # fmt: skip
+                      "cpu_batches": written[0], "flushes": group.flushes if group else None,
+                      "pushes": group.pushes if group else None}), flush=True)  # fmt: skip
+    if live is not None:
+        live.close()
     store.close()
 
 
@@ -187,6 +214,8 @@ def _spawn(args: argparse.Namespace, work: Path, until: float) -> subprocess.Pop
            "--gpus", str(args.gpus), "--writers", str(args.writers), "--start", str(args.start),
            "--until", f"{until:.3f}", "--raw-days", str(args.raw_days),
            "--batch-minutes", str(args.batch_minutes)]  # fmt: skip
+    if args.live_batch_rows is not None:
+        cmd += ["--live-batch-rows", str(args.live_batch_rows), "--live-batch-ms", str(args.live_batch_ms)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
@@ -269,8 +298,10 @@ def check(args: argparse.Namespace, sent: list[int]) -> dict[str, Any]:
     bad_rolled = sorted(r for r in set(want) | set(got_rolled) if want.get(r) != got_rolled.get(r))
     bad_rolled += sorted(r for r in set(want) | set(got_by_day) if want[r][1:] != got_by_day.get(r))
     intervals = sum(v[0] for v in want.values())
+    detail = [f"{r}: sent {want.get(r)}, raw {got_raw.get(r)}, per GPU day {got_rolled.get(r)}, "
+              f"per run day {got_by_day.get(r)}" for r in sorted(set(bad_raw) | set(bad_rolled))[:5]]  # fmt: skip
     return {"runs": len(want), "intervals": intervals, "stored": sum(v[0] for v in got_raw.values()),
-            "bad_raw": bad_raw, "bad_rollups": bad_rolled, "bytes": at_rest}  # fmt: skip
+            "bad_raw": bad_raw, "bad_rollups": bad_rolled, "bytes": at_rest, "detail": detail}  # fmt: skip
 
 
 # -- a year's chargeback -------------------------------------------------------------------------
@@ -387,6 +418,9 @@ def main() -> None:
     ap.add_argument("--pg-url", default=PG)
     ap.add_argument("--pg-runs", type=int, default=500_000, help="runs of the PostgreSQL year (1,024 GPUs)")
     ap.add_argument("--pg-schema", help="use (and keep) this PostgreSQL schema; loaded if empty")
+    ap.add_argument("--live-batch-rows", type=int, help="write as serve --series-live: 0 per push, N > 0 grouped")
+    ap.add_argument("--live-batch-ms", type=float, default=1000.0, help="a group's longest wait (default 1000)")
+    ap.add_argument("--compare-group", action="store_true", help="per-push and grouped live writes, alternating")
     ap.add_argument("--skip-ingest", action="store_true")
     ap.add_argument("--skip-year", action="store_true")
     ap.add_argument("--skip-pg", action="store_true")
@@ -407,41 +441,80 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # the store (unless --url), the outbox, the year's folder
 
 
+def compare_group(args: argparse.Namespace, tmp: Path) -> None:
+    """Per-push and grouped live writes, alternating, each round on a new store."""
+    grouped_rows = args.live_batch_rows or 10_000
+    rates: dict[str, list[float]] = {"per push": [], "grouped": []}
+    for r in range(args.rounds):
+        for mode, rows in (("per push", 0), ("grouped", grouped_rows)):
+            folder = tmp / f"round-{r}-{rows}"
+            folder.mkdir()
+            one = argparse.Namespace(**{**vars(args), "live_batch_rows": rows, "url": f"chdb://{folder}/series"})
+            print(f"-- round {r + 1}, {mode} (--live-batch-rows {rows}), load {_load()}", flush=True)
+            rates[mode].append(ingest_round(one, folder))
+    for mode, xs in rates.items():
+        print(f"{mode:9s} intervals/s while writing over {len(xs)} rounds: {_mmm(xs)}", flush=True)
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def run(args: argparse.Namespace, tmp: Path) -> None:
-    args.url = args.url or f"chdb://{tmp}/series"
     args.start = int(time.time()) // 86400 * 86400 - 86400  # yesterday: inside the raw window
     print(f"fleet_sim {date.today()} load {os.getloadavg()[0]:.1f}", flush=True)
+    if args.compare_group:
+        return compare_group(args, tmp)
+    args.url = args.url or f"chdb://{tmp}/series"
     if not args.skip_ingest:
-        res = ingest(args, tmp)
-        got = check(args, res["sent"])
-        rate = got["intervals"] / res["wall"]
-        steady = res["n_acked"] * GPUS_PER_NODE * PER_MINUTE * args.batch_minutes / max(res["steady_s"], 1e-9)
-        lat = res["lat_ms"]
-        p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-        print(f"ingest   {args.gpus:,} GPUs ({args.gpus // GPUS_PER_NODE:,} agents), {args.writers} writers, "
-              f"{res['wall']:.0f} s: {len(res['sent']):,} batches of {GPUS_PER_NODE * PER_MINUTE * args.batch_minutes} "
-              f"intervals, {got['intervals']:,} intervals sent, "
-              f"{got['stored']:,} stored", flush=True)  # fmt: skip
-        print(f"         sustained {rate:,.0f} intervals/s over the whole run, kill and restart included "
-              f"({rate * INTERVAL_S:,.0f} GPUs at 5 s); {steady:,.0f} intervals/s while writing "
-              f"({steady * INTERVAL_S:,.0f} GPUs); per batch p50 {p50:.1f} ms, p99 {p99:.1f} ms",
-              flush=True)  # fmt: skip
-        per_cpu = res["cpu_batches"] * GPUS_PER_NODE * PER_MINUTE * args.batch_minutes / max(res["cpu_s"], 1e-9)
-        cpu_ms = res["cpu_s"] * 1000 / max(1, res["cpu_batches"])
-        print(f"         CPU of the restarted writer process (engine included): {cpu_ms:.1f} ms per batch over "
-              f"{res['cpu_batches']:,} batches = {per_cpu:,.0f} "
-              "intervals per CPU-second", flush=True)  # fmt: skip
-        print(f"         SIGKILLed with {res['in_flight']} batches in flight; the restart resent {res['resent']}: "
-              f"{res['resent_rows_stored']} rows stored by the resend, the rest dropped by token (stored before "
-              "the kill)", flush=True)  # fmt: skip
-        per = got["bytes"] / max(1, got["stored"])
-        print(f"         at rest {got['bytes']:,} B = {per:.1f} B per interval", flush=True)
-        ok = not got["bad_raw"] and not got["bad_rollups"] and got["stored"] == got["intervals"]
-        verdict = "nothing lost, nothing doubled" if ok else f"MISMATCH {got['bad_raw'][:5]} {got['bad_rollups'][:5]}"
-        print(f"         per run ({got['runs']:,} runs), raw rows and rollups against what the agents sent: {verdict}",
-              flush=True)  # fmt: skip
-        if not ok:
+        ingest_round(args, tmp)
+    year(args, tmp)
+
+
+def ingest_round(args: argparse.Namespace, tmp: Path) -> float:
+    """The ingest with its kill and restart, checked; the intervals/s while writing."""
+    res = ingest(args, tmp)
+    got = check(args, res["sent"])
+    rate = got["intervals"] / res["wall"]
+    steady = res["n_acked"] * GPUS_PER_NODE * PER_MINUTE * args.batch_minutes / max(res["steady_s"], 1e-9)
+    lat = res["lat_ms"]
+    p50, p99 = lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    print(f"ingest   {args.gpus:,} GPUs ({args.gpus // GPUS_PER_NODE:,} agents), {args.writers} writers, "
+          f"{res['wall']:.0f} s: {len(res['sent']):,} batches of {GPUS_PER_NODE * PER_MINUTE * args.batch_minutes} "
+          f"intervals, {got['intervals']:,} intervals sent, "
+          f"{got['stored']:,} stored", flush=True)  # fmt: skip
+    print(f"         sustained {rate:,.0f} intervals/s over the whole run, kill and restart included "
+          f"({rate * INTERVAL_S:,.0f} GPUs at 5 s); {steady:,.0f} intervals/s while writing "
+          f"({steady * INTERVAL_S:,.0f} GPUs); per batch p50 {p50:.1f} ms, p99 {p99:.1f} ms",
+          flush=True)  # fmt: skip
+    per_cpu = res["cpu_batches"] * GPUS_PER_NODE * PER_MINUTE * args.batch_minutes / max(res["cpu_s"], 1e-9)
+    cpu_ms = res["cpu_s"] * 1000 / max(1, res["cpu_batches"])
+    print(f"         CPU of the restarted writer process (engine included): {cpu_ms:.1f} ms per batch over "
+          f"{res['cpu_batches']:,} batches = {per_cpu:,.0f} "
+          "intervals per CPU-second", flush=True)  # fmt: skip
+    print(f"         SIGKILLed with {res['in_flight']} batches in flight; the restart resent {res['resent']}: "
+          f"{res['resent_rows_stored']} rows stored by the resend, the rest stored before the kill (dropped "
+          "by token; through LiveSeries left out as held)", flush=True)  # fmt: skip
+    per = got["bytes"] / max(1, got["stored"])
+    print(f"         at rest {got['bytes']:,} B = {per:.1f} B per interval", flush=True)
+    ok = not got["bad_raw"] and not got["bad_rollups"] and got["stored"] == got["intervals"]
+    verdict = "nothing lost, nothing doubled" if ok else f"MISMATCH {got['bad_raw'][:5]} {got['bad_rollups'][:5]}"
+    print(f"         per run ({got['runs']:,} runs), raw rows and rollups against what the agents sent: {verdict}",
+          flush=True)  # fmt: skip
+    if res.get("flushes") is not None:
+        print(f"         restarted writer: {res['pushes']:,} pushes in {res['flushes']:,} inserts "
+              f"({res['pushes'] / max(1, res['flushes']):.1f} pushes each)", flush=True)  # fmt: skip
+    if not ok:
+        for line in got["detail"]:
+            print(f"         {line}", flush=True)
+        if not args.compare_group:
             raise SystemExit(1)
+    return steady
+
+
+def year(args: argparse.Namespace, tmp: Path) -> None:
+    """A year's chargeback on ClickHouse and on today's PostgreSQL layout (parts 2 and 3)."""
     if not args.skip_year:
         cmd = [sys.executable, __file__, "--role", "year", "--work", str(tmp), "--year-gpus", str(args.year_gpus),
                "--runs-per-day", str(args.runs_per_day), "--rounds", str(args.rounds)]  # fmt: skip

@@ -110,10 +110,24 @@ def _close_after_days(ctx: click.Context, _param: click.Parameter, days: float) 
     "only: the ledger keeps their runs, audit and the seq ranges the store holds, not the rows (docs/SCALE.md "
     "section 5). Such a run's later pushes need a server with the store. Env GPULEDGER_SERIES_ONLY=1.",
 )  # fmt: skip
+@click.option(
+    "--series-batch-rows", type=click.IntRange(0), default=10_000, show_default=True,
+    envvar="GPULEDGER_SERIES_BATCH_ROWS",
+    help="With --series-live on ClickHouse: concurrent pushes' rows are written as one insert once this many "
+    "wait, or --series-batch-ms after the first, or when no other push is on its way; each push is acknowledged "
+    "once its insert is stored. 0: one insert per push. Env GPULEDGER_SERIES_BATCH_ROWS.",
+)  # fmt: skip
+@click.option(
+    "--series-batch-ms", type=FiniteFloat(0, 60_000), default=1000.0, show_default=True,
+    envvar="GPULEDGER_SERIES_BATCH_MS",
+    help="The longest a push waits for others to share its insert (0: none; pushes still share one while the "
+    "store is busy). Env GPULEDGER_SERIES_BATCH_MS.",
+)  # fmt: skip
 @cli_errors
 def serve_cmd(
     db: str | None, host: str, port: int, workers: int, rates: str | None, max_body_mb: float, log_level: str,
     unsigned: bool, checkpoint: str | None, series: str | None, series_live: bool, series_only: bool,
+    series_batch_rows: int, series_batch_ms: float,
 ) -> None:  # fmt: skip
     """Serve the team API (docs/SERVER.md). Stateless: run several behind a load balancer.
 
@@ -165,6 +179,8 @@ def serve_cmd(
         os.environ["GPULEDGER_SERIES_LIVE"] = "1"  # Settings.series_live
     if series_only:
         os.environ["GPULEDGER_SERIES_ONLY"] = "1"  # Settings.series_only
+    os.environ["GPULEDGER_SERIES_BATCH_ROWS"] = str(series_batch_rows)  # Settings.series_batch_rows
+    os.environ["GPULEDGER_SERIES_BATCH_MS"] = repr(series_batch_ms)
     click.echo(f"gpuledger: serving {display_url(db)} on http://{host}:{port} ({workers} worker(s))", err=True)
     uvicorn.run(
         "gpuledger.server.app:app_from_env",

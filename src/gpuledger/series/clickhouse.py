@@ -24,7 +24,7 @@ from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
 from gpuledger.series.clickhouse_columns import gpu_columns
 from gpuledger.series.clickhouse_ddl import DIMS_COLUMNS, ROLLUP_SUMS, Layout
 from gpuledger.series.clickhouse_hash import city_hash64
-from gpuledger.series.clickhouse_keyed import gpu_between, held, host_between
+from gpuledger.series.clickhouse_keyed import gpu_between, held, held_group, host_between
 from gpuledger.series.clickhouse_rows import (
     GPU_SELECT,
     HOST_INSERT,
@@ -202,6 +202,50 @@ class ClickHouseSeries:
             dropped = self.client.insert(self.layout.table("host_intervals"), host_rows, HOST_INSERT, settings)
             stored += len(host_rows) if not dropped else 0
         return stored if told else self._count(run, gpu_cols, host_rows) - before
+
+    def write_group(self, batches: Sequence[tuple[str, Sequence[Row], Sequence[Row]]], token: str) -> int:
+        """Several runs' batches ((run id, gpu rows, host rows) each) as ONE insert per table with
+        ``token`` (a group commit, store/series_batch.py: the per-insert parts and views paid once).
+        The rows sent, or 0 for a table whose insert the engine dropped whole as seen before; the
+        caller leaves out the rows the store holds first (``held_group``), since another grouping
+        of the same rows would carry another token."""
+        if not token:
+            raise ValueError("a batch needs a token: the same token again stores nothing")
+        for run_id, gpu, _ in batches:
+            for r in gpu:
+                if not isinstance(r.get("device_uuid"), str) or not r["device_uuid"]:
+                    raise BadRow(f"run {run_id} GPU interval seq {r.get('seq')}: device_uuid is required")
+        runs = self._keys("run", (run_id for run_id, _, _ in batches))
+        gpus = self._keys("gpu", (str(r["device_uuid"]) for _, gpu, _ in batches for r in gpu))
+        gpu_cols: dict[str, list[Any]] = {}
+        host_rows: list[dict[str, Any]] = []
+        for run_id, gpu, host in batches:
+            if gpu:  # numpy, column by column, per run (its key a column of its own)
+                for c, values in gpu_columns(gpu, gpus, runs[run_id], run_id).items():
+                    gpu_cols.setdefault(c, []).extend(values)
+            host_rows += [host_row(r, runs[run_id], f"run {run_id} host seq {r.get('seq')}") for r in host]
+        stored = 0
+        if gpu_cols:
+            settings = {**self._write_settings, "insert_deduplication_token": f"{token}:gpu"}
+            dropped = self.client.insert_columns(self.layout.table("gpu_intervals"), gpu_cols, settings)
+            stored += len(gpu_cols["t0"]) if not dropped else 0
+        if host_rows:
+            settings = {**self._write_settings, "insert_deduplication_token": f"{token}:host"}
+            dropped = self.client.insert(self.layout.table("host_intervals"), host_rows, HOST_INSERT, settings)
+            stored += len(host_rows) if not dropped else 0
+        return stored
+
+    def held_group(
+        self, batches: Sequence[tuple[str, Sequence[Row], Sequence[Row]]]
+    ) -> list[tuple[set[tuple[str, int]], set[int]]]:
+        """``held`` of many runs' batches (each run once) in one statement per table, per batch in order."""
+        runs = self._keys("run", (run_id for run_id, _, _ in batches))  # new names: one statement per kind
+        gpus = self._keys("gpu", {str(r["device_uuid"]) for _, gpu, _ in batches for r in gpu})
+        keyed = [
+            (runs[run_id], {str(r["device_uuid"]): gpus[str(r["device_uuid"])] for r in gpu}, gpu, host)
+            for run_id, gpu, host in batches
+        ]
+        return held_group(self.client, self.layout.table, keyed)
 
     def _count(self, run: int, gpu_cols: dict[str, list[Any]] | None, host_rows: list[dict[str, Any]]) -> int:
         """Rows stored in the key ranges of a batch (by key: no scan): the difference before and

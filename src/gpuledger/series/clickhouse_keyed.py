@@ -1,6 +1,7 @@
 """Reads of the ClickHouse raw-interval store that go by its sort keys, ``(gpu, t0)`` and
 ``(run, t0)`` (series/clickhouse_ddl.py), never a scan of a table: which rows of a batch the store
-already holds (store/series_live.py), and a run's rows in a time window (paged ``/intervals``,
+already holds (store/series_live.py; ``held_group``: a whole group commit's batches in one
+statement, store/series_batch.py), and a run's rows in a time window (paged ``/intervals``,
 store/series_read.py). Used by series/clickhouse.py, which hands in the client, table names and keys.
 
 A window read cannot know where the rows reaching into the window start: an interval lasts at
@@ -61,6 +62,53 @@ def held(
         )
         host_held = {int(s) for (s,) in rows}
     return gpu_held, host_held
+
+
+GROUP_CLAUSES = 256  # key ranges ORed in one statement (a few hundred bytes each, well within max_query_size)
+
+
+def _ms_text(rows: Sequence[Row]) -> str:
+    r = _ms_range(rows)
+    return (
+        f"t0 >= fromUnixTimestamp64Milli({int(r['a'])}, 'UTC') AND t0 <= fromUnixTimestamp64Milli({int(r['b'])}, 'UTC')"
+    )
+
+
+def held_group(
+    client: Client,
+    table: Callable[[str], str],
+    batches: Sequence[tuple[int, Mapping[str, int], Sequence[Row], Sequence[Row]]],
+) -> list[tuple[set[tuple[str, int]], set[int]]]:
+    """``held`` for many runs' batches at once ((run key, device -> key, gpu rows, host rows) each),
+    per batch in order: one statement per table (per GROUP_CLAUSES batches), its WHERE the batches'
+    key ranges ORed, so the engine still reads each batch's (gpu, t0) and (run, t0) ranges only.
+    The keys and times are integers computed here, written into the statement as numbers.
+    Each run once: its batches joined first."""
+    if len({run for run, *_ in batches}) < len(batches):
+        raise ValueError("held_group takes each run once (join its batches first)")
+    out: list[tuple[set[tuple[str, int]], set[int]]] = [(set(), set()) for _ in batches]
+    gpu_at = {(run, key): i for i, (run, gpus, rows, _) in enumerate(batches) if rows for key in gpus.values()}
+    host_at = {run: i for i, (run, _, _, rows) in enumerate(batches) if rows}
+    names = [{k: n for n, k in gpus.items()} for _, gpus, _, _ in batches]
+    gpu_where = [
+        f"(run = {int(run)} AND gpu IN ({', '.join(str(int(k)) for k in sorted(gpus.values()))}) AND {_ms_text(rows)})"
+        for run, gpus, rows, _ in batches
+        if rows
+    ]
+    host_where = [f"(run = {int(run)} AND {_ms_text(rows)})" for run, _, _, rows in batches if rows]
+    for i in range(0, len(gpu_where), GROUP_CLAUSES):
+        where = " OR ".join(gpu_where[i : i + GROUP_CLAUSES])
+        for run, g, s in client.query(f"SELECT run, gpu, seq FROM {table('gpu_intervals')} WHERE {where}"):
+            at = gpu_at.get((int(run), int(g)))
+            if at is not None:
+                out[at][0].add((names[at][int(g)], int(s)))
+    for i in range(0, len(host_where), GROUP_CLAUSES):
+        where = " OR ".join(host_where[i : i + GROUP_CLAUSES])
+        for run, s in client.query(f"SELECT run, seq FROM {table('host_intervals')} WHERE {where}"):
+            at = host_at.get(int(run))
+            if at is not None:
+                out[at][1].add(int(s))
+    return out
 
 
 def _window(t_from: float, t_to: float, first_ms: int = 0) -> dict[str, int]:

@@ -143,7 +143,7 @@ def _live_series(settings: Settings) -> Any:
         raise ValueError("series_live (GPULEDGER_SERIES_LIVE) writes into the series store: give series (--series URL)")
     from gpuledger.store.series_live import LiveSeries
 
-    return LiveSeries(settings.series)
+    return LiveSeries(settings.series, batch_rows=settings.series_batch_rows, batch_ms=settings.series_batch_ms)
 
 
 async def _maintain_partitions(ledger: Ledger, series: str | None = None, *, compact: bool = True) -> None:

@@ -58,6 +58,12 @@ def _live_write(request: Request) -> store_ingest.LiveWrite | None:
     return None if live is None else live.write
 
 
+def _pushing(request: Request) -> Any:
+    """``serve --series-live`` on ClickHouse: a push the store's group commit waits for."""
+    live = getattr(request.app.state, "series_live", None)
+    return None if live is None else live.pushing
+
+
 def _only(request: Request) -> str | None:
     """``serve --series-only``: the store (as shown) the runs this server creates keep their rows in."""
     live = getattr(request.app.state, "series_live", None)
@@ -108,6 +114,7 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
             live=_live_write(request),
             only=_only(request),
             summary=_summary(request),
+            pushing=_pushing(request),
         )
     except (series_live.SeriesUnavailable, series_segments.SeriesRequired) as exc:  # nothing kept: sent again
         retry = {"Retry-After": str(series_live.RETRY_AFTER_S)}

@@ -51,6 +51,11 @@ class Settings:
     # and more: runs created by this server keep their raw intervals in that store only, the
     # ledger their seq ranges (store/series_segments.py); implies series_live
     series_only: bool = False
+    # ClickHouse: concurrent pushes' rows written by one insert once this many rows wait, or this
+    # long after the first, or when no other push is on its way (store/series_batch.py); 0 rows:
+    # one insert per push
+    series_batch_rows: int = 10_000
+    series_batch_ms: float = 1000.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -16,6 +16,7 @@ A push that breaks a rule raises PushRefused; the attempt is audited in a transa
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -293,6 +294,7 @@ def ingest(
     live: LiveWrite | None = None,
     only: str | None = None,
     summary: Callable[[str], Mapping[str, Any]] | None = None,
+    pushing: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
 ) -> IngestOutcome:
     """Store one push of ``writer``. Raises PushRefused (nothing stored; the attempt audited).
     ``closed_before``: the months before it are closed (store/closed_months.py; None: none is).
@@ -303,12 +305,21 @@ def ingest(
     keeps the seq ranges it holds, not the rows. Such a run stays so: a push of it without ``live``
     raises SeriesRequired, nothing stored. ``summary(run_id)``: what the store holds of such a run
     (``LiveSeries.summary``), recorded in the trail as the seal of its intervals when the run is
-    sealed (``run.series_sealed``; ``audit verify --series`` compares the store with it)."""
+    sealed (``run.series_sealed``; ``audit verify --series`` compares the store with it).
+    ``pushing()`` (``LiveSeries.pushing``): entered once the push holds its run's lock and left
+    when its work in the transaction ends, so a group commit of the store waits for it while it
+    may still write (store/series_batch.py)."""
     times = [_times(r, c) for rows, c in ((gpu, gpu_columns), (host, host_columns)) for r in rows]
 
     def tx(conn: Connection) -> IngestOutcome:
+        with contextlib.ExitStack() as scope:
+            return body(conn, scope)
+
+    def body(conn: Connection, scope: contextlib.ExitStack) -> IngestOutcome:
         out = IngestOutcome(run.id)
         upserted = _upsert_run(db, conn, run, writer, authorize, devices, times, closed_before)
+        if pushing is not None and (gpu or host):  # it holds its run's lock: on its way to the store
+            scope.enter_context(pushing())
         out.created, changed, row, store_only = upserted
         uuids, new_devices = _devices(db, conn, row, devices, writer, out.created)
         span = replace(Span.of(row), closed=closed_before)

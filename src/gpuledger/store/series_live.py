@@ -21,12 +21,24 @@ A capacity push's new intervals (``POST /api/v1/capacity``, store/capacity.py) g
 store the same way, in the push's transaction, with the token of series/capacity.token; both
 stores leave out a capacity row they hold by its (GPU, start), the ledger's own key.
 
+Group commit (ClickHouse, ``serve --series-batch-rows/--series-batch-ms``, store/series_batch.py):
+concurrent pushes' new rows are written by one insert per table, each push waiting inside its
+own ledger transaction, with its run's lock, for the flush that carries its rows. It stays
+exactly once because the store's rows are left out before every flush (one ``held_group`` read
+for the whole batch) and a run's pushes never meet in two flushes at once (the run's lock, across
+replicas too): a member whose ledger commit then fails is resent, in another group or alone, and
+its rows are held already. The group's token is the sha256 of its members' sorted tokens. The
+compact PostgreSQL store keeps one write per push on a connection of its own (up to
+``connections`` at once): its cost is per row (index entries), and PostgreSQL already groups
+concurrent commits' WAL flushes.
+
 Retention later tiers these days without copying them again (``fill_only``): what the store holds
 is read back and checked as any tiered day, and ``run.raw_tiered`` recorded (store/series_tier.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -37,11 +49,13 @@ from gpuledger.series import capacity
 from gpuledger.series.base import SeriesStore
 from gpuledger.series.open import CLICKHOUSE_SCHEMES
 from gpuledger.store import series_only_verify, series_tier
+from gpuledger.store.series_batch import GroupCommit, Push
 
 Row = Mapping[str, Any]
 T = TypeVar("T")
 MAX_TOKEN = 200  # longer descriptions of a batch are hashed
 RETRY_AFTER_S = 5
+BATCH_ROWS, BATCH_MS = 10_000, 1000.0  # group commit's defaults: a flush at this many rows or this wait
 
 
 class SeriesUnavailable(RuntimeError):
@@ -65,6 +79,29 @@ def batch_token(run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> str:
     return f"{run_id}:sha256:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
+def group_token(tokens: Sequence[str]) -> str:
+    """A group commit's token: its members' tokens sorted and hashed (the same members, the same token)."""
+    return "group:sha256:" + hashlib.sha256("\n".join(sorted(tokens)).encode()).hexdigest()
+
+
+def _joined(pushes: Sequence[Push]) -> dict[str, tuple[list[Row], list[Row]]]:
+    """run -> its rows in the group, each (device, seq) or host seq once (a run's pushes meet in
+    one group only when not under the ledger's run lock: direct callers)."""
+    out: dict[str, tuple[list[Row], list[Row]]] = {}
+    seen: set[tuple[str, str, int]] = set()
+    for p in pushes:
+        gpu, host = out.setdefault(p.run_id, ([], []))
+        for r in p.gpu:
+            if (key := (p.run_id, str(r["device_uuid"]), int(r["seq"]))) not in seen:
+                seen.add(key)
+                gpu.append(r)
+        for r in p.host:
+            if (key := (p.run_id, "", int(r["seq"]))) not in seen:
+                seen.add(key)
+                host.append(r)
+    return out
+
+
 def _clickhouse(url: str) -> bool:
     return urlsplit(url).scheme.lower() in CLICKHOUSE_SCHEMES
 
@@ -84,9 +121,16 @@ class LiveSeries:
     PostgreSQL store: one store (a connection of its own) per concurrent writer, at most
     ``connections``, a broken one replaced."""
 
-    def __init__(self, url: str, *, connections: int = 8, create: bool = False) -> None:
+    def __init__(
+        self, url: str, *, connections: int = 8, create: bool = False, batch_rows: int = 0, batch_ms: float = BATCH_MS
+    ) -> None:
         """``create``: make the store's tables first (``serve`` makes them once, before its
-        workers start, so that they do not race each other making them)."""
+        workers start, so that they do not race each other making them). ``batch_rows`` > 0
+        (ClickHouse): concurrent pushes are written by one flush once that many rows wait, or
+        ``batch_ms`` after the first, or when no other push is on its way (``pushing``); 0: one
+        insert per push."""
+        if batch_rows < 0 or not batch_ms >= 0:
+            raise ValueError(f"series batch rows and ms are 0 or more, not {batch_rows} and {batch_ms}")
         self.url = url
         self._create = create
         self.shown = series_tier.shown_url(url)
@@ -95,6 +139,13 @@ class LiveSeries:
         self._slots = threading.BoundedSemaphore(1 if self.shared else connections)
         self._idle: list[SeriesStore] = [self._open()]
         self.reader: str | SeriesStore = self._idle[0] if self.shared else url  # for Ledger(series=)
+        self.group: GroupCommit | None = None
+        if self.shared and batch_rows > 0:
+            self.group = GroupCommit(self._flush, rows=batch_rows, wait_s=batch_ms / 1000, failed=self._failed)
+
+    def pushing(self) -> contextlib.AbstractContextManager[None]:
+        """Around a push that holds its run's lock and may ``write``: a group waits for it."""
+        return self.group.pushing() if self.group is not None else contextlib.nullcontext()
 
     def _open(self) -> SeriesStore:
         try:
@@ -131,6 +182,8 @@ class LiveSeries:
         SeriesUnavailable when the store does not take them."""
         if not gpu and not host:
             return 0
+        if self.group is not None:
+            return self.group.submit(run_id, gpu, host)
 
         def work(store: SeriesStore) -> int:
             g, h = _unheld(store, run_id, gpu, host) if self.shared else (gpu, host)
@@ -139,6 +192,49 @@ class LiveSeries:
             return store.write(run_id, g, h, token=batch_token(run_id, g, h))
 
         return self._use(work, "did not take the push")
+
+    def _flush(self, pushes: list[Push]) -> list[int]:
+        """A group commit (store/series_batch.py): the rows the store lacks of every push, looked up
+        at once, written as one insert per table; per push the rows it stored."""
+        runs = _joined(pushes)
+
+        def work(store: SeriesStore) -> dict[str, tuple[list[Row], list[Row]]]:
+            held = store.held_group([(run, gpu, host) for run, (gpu, host) in runs.items()])  # type: ignore[attr-defined]
+            left: dict[str, tuple[list[Row], list[Row]]] = {}
+            for (run, (gpu, host)), (gpu_held, host_held) in zip(runs.items(), held, strict=True):
+                gpu = [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in gpu_held]
+                host = [r for r in host if int(r["seq"]) not in host_held]
+                if gpu or host:
+                    left[run] = (gpu, host)
+            if left:
+                token = group_token([batch_token(run, gpu, host) for run, (gpu, host) in left.items()])
+                store.write_group([(run, gpu, host) for run, (gpu, host) in left.items()], token)  # type: ignore[attr-defined]
+            return left
+
+        left = self._use(work, "did not take the pushes")
+        sent = {run: ({(str(r["device_uuid"]), int(r["seq"])) for r in g}, {int(r["seq"]) for r in h})
+                for run, (g, h) in left.items()}  # fmt: skip
+        out = []
+        for p in pushes:  # each row counted for the first push of its run that carried it
+            gpu_keys, host_seqs = sent.get(p.run_id, (set(), set()))
+            n = 0
+            for key in ((str(r["device_uuid"]), int(r["seq"])) for r in p.gpu):
+                n += key in gpu_keys
+                gpu_keys.discard(key)
+            for seq in (int(r["seq"]) for r in p.host):
+                n += seq in host_seqs
+                host_seqs.discard(seq)
+            out.append(n)
+        return out
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        """What each member of a failed group raises: the push is answered 503, nothing kept."""
+        if isinstance(exc, SeriesUnavailable):
+            err = SeriesUnavailable(str(exc))
+        else:
+            err = SeriesUnavailable(f"the series store {self.shown} did not take the pushes: {exc}")
+        err.__cause__ = exc
+        return err
 
     def write_capacity(self, rows: Sequence[Row]) -> int:
         """Store a capacity push's new intervals (``gpu_capacity`` rows, series/capacity.py) once,
