@@ -63,6 +63,14 @@ def _check(pg_url: str, series_url: str) -> series_verify.SeriesCheck:
         store.close()
 
 
+def _change_day_sum(pg_url: str, run_id: str, gpu: str, **values: Any) -> None:
+    """Change the ledger's day sums of ``gpu`` on the kept day (TODAY - 10), as a tamperer would."""
+    d = schema.series_day_sums.c
+    where = (d.run_id == run_id, d.device_uuid == gpu, d.day == TODAY - 10)
+    with Ledger(pg_url) as led:
+        led.write(lambda conn: conn.execute(sa.update(schema.series_day_sums).where(*where).values(**values)))
+
+
 def _verify(pg_url: str, series_url: str, tmp_path: Path) -> Any:
     env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(OPEN_DAYS)}
     return CliRunner().invoke(cli, ["audit", "verify", "--db", pg_url, "--series", series_url], env=env)
@@ -116,15 +124,7 @@ def test_a_changed_day_sum_of_a_kept_day_is_tampered(pg_url: str, series_url: st
     """The day sums are what cost and the run lists read: checked against the store's rows."""
     run_id, gpus = _sealed(pg_url, series_url, tmp_path)
     _drop_first_day(pg_url, series_url)
-    d = schema.series_day_sums.c
-    with Ledger(pg_url) as led:
-        led.write(
-            lambda conn: conn.execute(
-                sa.update(schema.series_day_sums)
-                .where(d.run_id == run_id, d.device_uuid == gpus[0], d.day == TODAY - 10)
-                .values(busy_s=d.busy_s + 60.0)
-            )
-        )
+    _change_day_sum(pg_url, run_id, gpus[0], busy_s=schema.series_day_sums.c.busy_s + 60.0)
     (problem,) = _check(pg_url, series_url).problems
     assert problem.startswith(f"run {run_id} GPU {gpus[0]} ({SECOND}): the ledger's day sums differ")
     assert "busy_s" in problem
@@ -188,14 +188,6 @@ def test_a_seal_without_per_day_summaries_checks_the_kept_days_against_the_day_s
     found = _check(pg_url, series_url)
     assert found.problems == [] and found.run_days_expired == 1
     assert any("sealed before the seal kept per-day summaries" in n for n in found.notes), found.notes
-    d = schema.series_day_sums.c
-    with Ledger(pg_url) as led:
-        led.write(
-            lambda conn: conn.execute(
-                sa.update(schema.series_day_sums)
-                .where(d.run_id == run_id, d.device_uuid == gpus[1], d.day == TODAY - 10)
-                .values(energy_j=d.energy_j - 1.0)
-            )
-        )
+    _change_day_sum(pg_url, run_id, gpus[1], energy_j=schema.series_day_sums.c.energy_j - 1.0)
     (problem,) = _check(pg_url, series_url).problems
     assert f"GPU {gpus[1]} ({SECOND}): the ledger's day sums differ" in problem and "energy_j" in problem
