@@ -18,7 +18,7 @@ from datetime import date, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from gpuledger.series import capacity, clickhouse_capacity
+from gpuledger.series import capacity, clickhouse_capacity, clickhouse_repair
 from gpuledger.series.base import DayRollup, Row
 from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
 from gpuledger.series.clickhouse_columns import gpu_columns
@@ -246,6 +246,19 @@ class ClickHouseSeries:
             for run_id, gpu, host in batches
         ]
         return held_group(self.client, self.layout.table, keyed)
+
+    def repair_rollups(self, held: Sequence[tuple[str, Sequence[Row]]]) -> int:
+        """(run id, GPU rows of it that ``held`` found in the store) of a push or a group: the
+        rollups of those runs, GPUs and days made equal to their raw rows where a killed insert
+        left them short (series/clickhouse_repair.py). The rollup rows inserted (0: all whole)."""
+        runs = self._keys("run", (run_id for run_id, rows in held if rows))
+        gpus = self._keys("gpu", {str(r["device_uuid"]) for _, rows in held for r in rows})
+        by_stream: dict[tuple[int, int], list[Row]] = {}
+        for run_id, rows in held:
+            for r in rows:
+                by_stream.setdefault((runs[run_id], gpus[str(r["device_uuid"])]), []).append(r)
+        streams = {k: clickhouse_repair.days_reached(rows) for k, rows in by_stream.items()}
+        return clickhouse_repair.repair(self.client, self.layout.table, self._write_settings, streams)
 
     def _count(self, run: int, gpu_cols: dict[str, list[Any]] | None, host_rows: list[dict[str, Any]]) -> int:
         """Rows stored in the key ranges of a batch (by key: no scan): the difference before and

@@ -107,12 +107,28 @@ def _clickhouse(url: str) -> bool:
 
 
 def _unheld(store: Any, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[list[Row], list[Row]]:
-    """The batch less the rows the ClickHouse store already holds (``ClickHouseSeries.held``, by key)."""
+    """The batch less the rows the ClickHouse store already holds (``ClickHouseSeries.held``, by
+    key); where it holds GPU rows, their rollups repaired first (``_repair``)."""
     gpu_held, host_held = store.held(run_id, gpu, host)
+    _repair(store, [(run_id, gpu, gpu_held)])
     return (
         [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in gpu_held],
         [r for r in host if int(r["seq"]) not in host_held],
     )
+
+
+def _repair(store: Any, held: Sequence[tuple[str, Sequence[Row], set[tuple[str, int]]]]) -> None:
+    """(run, GPU rows, the (device, seq)s of them the store holds) of a push or group: rows held
+    are rows an earlier write stored whose push was not acknowledged (a kill, a failed ledger
+    commit), maybe killed between the raw part and the rollup views' parts. They are never sent
+    again (another grouping would carry another token), so the rollups of their runs, GPUs and days
+    are checked against the raw rows and made whole (``ClickHouseSeries.repair_rollups``). Rare:
+    nothing is read when nothing is held."""
+    found = [
+        (run, [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) in keys]) for run, gpu, keys in held if keys
+    ]
+    if found:
+        store.repair_rollups(found)
 
 
 class LiveSeries:
@@ -200,6 +216,9 @@ class LiveSeries:
 
         def work(store: SeriesStore) -> dict[str, tuple[list[Row], list[Row]]]:
             held = store.held_group([(run, gpu, host) for run, (gpu, host) in runs.items()])  # type: ignore[attr-defined]
+            _repair(
+                store, [(run, gpu, gpu_held) for (run, (gpu, _)), (gpu_held, _) in zip(runs.items(), held, strict=True)]
+            )
             left: dict[str, tuple[list[Row], list[Row]]] = {}
             for (run, (gpu, host)), (gpu_held, host_held) in zip(runs.items(), held, strict=True):
                 gpu = [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in gpu_held]
