@@ -15,7 +15,10 @@ Exactly once, on both stores:
   between the two) leaves rows the ledger lacks; the agent's resend, possibly batched otherwise,
   would carry another token. The compact PostgreSQL store drops those rows on its (stream, seq)
   key; ClickHouse has no unique key, so the rows it already holds are looked up by key first
-  (``ClickHouseSeries.held``) and left out.
+  (``ClickHouseSeries.held``) and left out. A write killed between its raw part and its rollup
+  views' parts left those rows without their rollups, which a resend leaving them out would never
+  add: where the lookup finds rows, their runs', GPUs' and days' rollups are checked against the
+  raw rows and the missing sums added (``ClickHouseSeries.repair_rollups``, series/clickhouse_repair.py).
 
 A capacity push's new intervals (``POST /api/v1/capacity``, store/capacity.py) go into the
 store the same way, in the push's transaction, with the token of series/capacity.token; both
