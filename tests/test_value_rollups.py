@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
 from cost_support import H, card, price_change, ts
 from gpuledger.core.chargeback.value_trends import RunValue
@@ -22,12 +23,28 @@ from gpuledger.prom.value_source import ValueSource
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.reports.cost.usage import collect_runs
 from gpuledger.reports.cost.value_trends import run_values, value_trends
-from gpuledger.store import Ledger, rollup_stale
+from gpuledger.server.app import create_app
+from gpuledger.server.settings import Settings
+from gpuledger.store import Ledger, accounts, rollup_stale
 
 A100 = "NVIDIA A100-SXM4-40GB"
 START, END = ts("2026-03-01"), ts("2026-04-06")
 NOW = ts("2026-04-02")  # the gauges' clock: every run ended within their (widened) window
 GAUGE_WINDOW_S = 40 * 86400.0
+CARD_FILE = """[card]
+currency = "USD"
+basis = "busy"
+
+[[gpu]]
+model = "A100-40GB-SXM"
+price_per_hour = "3.00"
+effective_to = 2026-03-11T21:00:00
+
+[[gpu]]
+model = "A100-40GB-SXM"
+price_per_hour = "1.00"
+effective_from = 2026-03-11T21:00:00
+"""
 ROLLED = ("two-gpus", "change", "month-end", "share-1", "share-2", "midnight")
 
 
@@ -176,3 +193,25 @@ def _assert_reads(led: Ledger) -> None:
         assert runs_read() == {"late", "change"}
     finally:
         sa.event.remove(led.database.engine, "before_cursor_execute", seen)
+
+
+def test_the_server_value_trends_route_answers_the_same_from_rollups(ledger_url: str, tmp_path: Path) -> None:
+    # GET /api/v1/reports/value-trends (real app, the server's rate card), before and after a rollup pass.
+    rates = tmp_path / "rates.toml"
+    rates.write_text(CARD_FILE)
+    with Ledger(ledger_url) as ledger:
+        _seed(ledger)
+        accounts.add_project(ledger, "det", actor="test")
+        _, token = accounts.issue_token(ledger, "root", role="admin", actor="test", create_user=True)
+
+    def trends() -> dict[str, Any]:
+        with TestClient(create_app(ledger_url, settings=Settings(rates=str(rates)))) as client:
+            got = client.get("/api/v1/reports/value-trends?month=2026-03", headers={"Authorization": f"Bearer {token}"})
+        assert got.status_code == 200, got.text
+        return got.json()
+
+    before = trends()
+    with Ledger(ledger_url) as ledger:
+        _roll_up_all_but_late(ledger)
+        assert _rolled_up(ledger) == {*ROLLED}
+    assert trends() == before and before["runs"] == 6  # month-end ended in April
