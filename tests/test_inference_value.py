@@ -18,6 +18,7 @@ W1 = "1" * 64
 WEEK = ts("2026-03-23")  # Monday of 2026-W13
 END = ts("2026-03-30")
 STEP = 60.0
+V1 = {"model_version": "v1"}
 
 
 def _run(ledger: Ledger, rid: str, start: float, minutes: int, meta: dict, labels: dict | None = None) -> None:
@@ -93,3 +94,17 @@ def test_lineage_prices_each_version_with_the_rate_card(tmp_path, monkeypatch) -
     assert version["cost"] == f"{RATE} USD" and version["gpu_hours"] == 1.0  # one allocated hour
     table = CliRunner().invoke(cli, ["lineage", "v1", "--db", db]).stdout
     assert "3.43 USD" in table
+
+
+def test_rolled_up_evaluations_cost_the_same_per_1k_images(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Priced from their rollups once `report rollup` ran, as the chargeback prices them: same cells.
+    from gpuledger.reports.cost.rollups import materialise_rollups
+
+    db = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger(db) as ledger:
+        _run(ledger, "0190c0c0-0000-7000-8000-0000000003e1", WEEK + 7200, 30, _evaluation(5000, 1500.0), V1)
+        _run(ledger, "0190c0c0-0000-7000-8000-0000000003e2", WEEK + 14400, 15, _evaluation(1000, 500.0), V1)
+        before = value_trends(ledger, scope=None, card=CARD, end=END, weeks=2).as_dict()["inference"]
+        assert materialise_rollups(ledger)["runs"] == 2
+        after = value_trends(ledger, scope=None, card=CARD, end=END, weeks=2).as_dict()["inference"]
+    assert after == before and Decimal(after[0]["cost"]) == Decimal(str(RATE)) * Decimal(45) / Decimal(60)

@@ -2,10 +2,10 @@
 
 Runs that ended within ``recent_s`` (the same hour the run series stay in the scrape), carry a
 model or model_version label and were metered (not imported); newest first, at most ``max_runs``.
-Each is priced once per process with the server's rate card (reports/cost/value_trends.py, as
-``gpuledger cost`` prices it) and kept: an ended run's figures do not change, so a scrape reads
-only the list of runs and prices the runs it has not seen. A run whose end or status changes is
-priced again.
+Each is priced once per process with the server's rate card (reports/cost/value_trends.py: as the
+chargeback prices it, a rolled-up run from its rollups, reports/cost/run_rollups.py) and kept: an
+ended run's figures do not change, so a scrape reads only the list of runs and prices the runs it
+has not seen. A run whose end or status changes is priced again.
 """
 
 from __future__ import annotations

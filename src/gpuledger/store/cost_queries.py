@@ -789,6 +789,20 @@ def rollup_group_sums(
     return _fetch(conn, _real_rollups(conn, q, replayed).group_by(*group))
 
 
+def rollups_of(conn: Connection, ids: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The rollup rows of the runs among ``ids`` that are rolled up and not frozen, in
+    ``rollup_days`` form: read by run key, so a few runs' value costs no scan of the day range.
+    Frozen runs (raw days dropped) are left to ``frozen_rollups``, which prices them per model."""
+    r = gpu_rollups.c
+    cols = (r.run_id, r.day, r.gpu_name, r.mig_profile, r.t0, r.t1, r.alloc_s, r.busy_s, r.energy_j,
+            r.share_rule, r.instance_type)  # fmt: skip
+    out: list[tuple[Any, ...]] = []
+    for chunk in _chunks(sorted(ids)):
+        q = sa.select(*cols).where(r.run_id.in_(chunk), ~rollup_stale.frozen(r.run_id))
+        out.extend(_fetch(conn, q))
+    return out
+
+
 def frozen_rollups(conn: Connection, ids: Sequence[str]) -> list[Any]:
     """The rollup rows of the runs among ``ids`` whose raw intervals went with a dropped day
     partition (store/rollup_stale.frozen): what they used is read from these rows, never from the

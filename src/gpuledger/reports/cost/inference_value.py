@@ -22,7 +22,7 @@ from gpuledger.core.diagnosis.inference_rules import inference_slower, value_ano
 from gpuledger.core.ids import short_id
 from gpuledger.core.money import EXACT, MONEY_SCALE, money_str
 from gpuledger.core.pricing.cost import Pricer
-from gpuledger.reports.cost.usage import collect_runs
+from gpuledger.reports.cost.run_rollups import collect_named, price_named
 from gpuledger.reports.run import comparability
 from gpuledger.store import lineage as store_lineage
 from gpuledger.store import schema
@@ -140,14 +140,15 @@ def inference_value(
 
     def read(conn: Connection) -> tuple[list[dict[str, Any]], Any]:
         rows = evaluation_rows(conn, scope=scope, start=weeks[0], end=end, replayed=include_replayed)
-        usage = collect_runs(conn, [r["id"] for r in rows], scope=None, cuts=card.change_points) if rows else None
+        # Rolled-up evaluations from their rollups, as the chargeback prices them (run_rollups.py).
+        usage = collect_named(conn, [r["id"] for r in rows], cuts=card.change_points) if rows else None
         return rows, usage
 
     rows, usage = ledger.read(read)
     costs: dict[str, int] = {}
     if usage is not None:
-        for line in Pricer(card, basis).price_all(usage.usages):
-            costs[line.run_id] = costs.get(line.run_id, 0) + line.cost
+        for run_id, *_, amounts, _flags in price_named(Pricer(card, basis), usage):
+            costs[run_id] = costs.get(run_id, 0) + amounts[5]  # cost, AMOUNTS order (core/pricing/cost.py)
     return cells(rows, costs, weeks)
 
 

@@ -2,7 +2,8 @@
 "Value for money over weeks"): what the chargeback HTML and the server's /metrics show.
 
 ``run_values`` reads the finished runs that carry a model or model_version label and prices each
-as ``gpuledger cost`` does (from its intervals, the card's basis); ``value_trends`` sums them per
+as the chargeback does (rolled-up runs from their rollups, the others from their intervals:
+run_rollups.py; the card's basis); ``value_trends`` sums them per
 group and week (core/chargeback/value_trends.py), finds the weeks that got worse (core/chargeback/anomaly_rule.py) and
 explains them: only the runs of a flagged group, in the weeks compared, are diagnosed
 (core/diagnosis/diagnose.py), so a report of many weeks reads few runs in full.
@@ -32,7 +33,7 @@ from gpuledger.core.chargeback.value_trends import (
 )
 from gpuledger.core.pricing.cost import Pricer
 from gpuledger.core.units import iso_utc
-from gpuledger.reports.cost.usage import collect_runs
+from gpuledger.reports.cost.run_rollups import collect_named, price_named
 from gpuledger.store import value_queries as vq
 
 if TYPE_CHECKING:
@@ -111,7 +112,8 @@ def _read(conn: Connection, rows: Sequence[Mapping[str, Any]], cuts: Sequence[fl
     chains = vq.ancestors(conn, rows)
     earlier = sorted({a for chain in chains.values() for a in chain})
     # Unscoped on purpose: the rows are already the reader's; a shared GPU's split needs every tenant.
-    usage = collect_runs(conn, ids, scope=None, cuts=cuts)
+    # Rolled-up runs are priced from their rollups, as the chargeback prices them (run_rollups.py).
+    usage = collect_named(conn, ids, cuts=cuts)
     return vq.metric_figures(conn, ids + earlier), chains, vq.run_meta(conn, earlier), usage
 
 
@@ -124,14 +126,14 @@ def values_of(
     figures, chains, earlier_meta, usage = ledger.read(lambda conn: _read(conn, rows, card.change_points))
     sums: dict[str, list[int]] = {}
     models: dict[str, set[str]] = {}
-    for ln in Pricer(card, basis).price_all(usage.usages):
-        acc = sums.setdefault(ln.run_id, [0, 0, 0, 0, 0])
-        acc[0] += ln.cost
-        acc[1] += ln.idle_cost
-        acc[2] += ln.alloc_uh
-        acc[3] += ln.busy_uh
-        acc[4] += ln.alloc_uh - ln.unmeasured_uh
-        models.setdefault(ln.run_id, set()).add(ln.model)
+    for run_id, model, _instance, _month, _t0, v, _flags in price_named(Pricer(card, basis), usage):
+        acc = sums.setdefault(run_id, [0, 0, 0, 0, 0])
+        acc[0] += v[5]  # cost (AMOUNTS order, core/pricing/cost.py)
+        acc[1] += v[6]  # idle cost
+        acc[2] += v[0]  # held µh
+        acc[3] += v[1]  # busy µh
+        acc[4] += v[0] - v[2]  # measured µh: held less unmeasured
+        models.setdefault(run_id, set()).add(model)
     out = []
     for row in rows:
         rid, meta, labels = row["id"], row["meta"] or {}, row["labels"] or {}
