@@ -195,7 +195,8 @@ def writer(args: argparse.Namespace) -> None:
     group = live.group if live is not None else None
     print(json.dumps({"resent": resent_stored[1], "resent_rows_stored": resent_stored[0], "cpu_s": cpu,
                       "cpu_batches": written[0], "flushes": group.flushes if group else None,
-                      "pushes": group.pushes if group else None}), flush=True)  # fmt: skip
+                      "pushes": group.pushes if group else None,
+                      "repaired": getattr(store, "rollups_repaired", None)}), flush=True)  # fmt: skip
     if live is not None:
         live.close()
     store.close()
@@ -495,7 +496,9 @@ def ingest_round(args: argparse.Namespace, tmp: Path) -> float:
           "intervals per CPU-second", flush=True)  # fmt: skip
     print(f"         SIGKILLed with {res['in_flight']} batches in flight; the restart resent {res['resent']}: "
           f"{res['resent_rows_stored']} rows stored by the resend, the rest stored before the kill (dropped "
-          "by token; through LiveSeries left out as held)", flush=True)  # fmt: skip
+          "by token; through LiveSeries left out as held)"
+          + (f"; {res['repaired']} rollup rows repaired (views the kill cut off)" if res.get("repaired") is not None
+             else ""), flush=True)  # fmt: skip
     per = got["bytes"] / max(1, got["stored"])
     print(f"         at rest {got['bytes']:,} B = {per:.1f} B per interval", flush=True)
     ok = not got["bad_raw"] and not got["bad_rollups"] and got["stored"] == got["intervals"]

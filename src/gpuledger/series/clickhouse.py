@@ -79,6 +79,7 @@ class ClickHouseSeries:
             self._write_settings["distributed_foreground_insert"] = 1
         self._hashes: dict[tuple[str, str], int] = {}  # (kind, name) -> key, for names already registered
         self._names: dict[tuple[str, int], str] = {}
+        self.rollups_repaired = 0  # rollup rows repair_rollups inserted (benchmarks: did a kill need one?)
 
     # -- schema ---------------------------------------------------------------------------------
 
@@ -258,7 +259,9 @@ class ClickHouseSeries:
             for r in rows:
                 by_stream.setdefault((runs[run_id], gpus[str(r["device_uuid"])]), []).append(r)
         streams = {k: clickhouse_repair.days_reached(rows) for k, rows in by_stream.items()}
-        return clickhouse_repair.repair(self.client, self.layout.table, self._write_settings, streams)
+        n = clickhouse_repair.repair(self.client, self.layout.table, self._write_settings, streams)
+        self.rollups_repaired += n
+        return n
 
     def _count(self, run: int, gpu_cols: dict[str, list[Any]] | None, host_rows: list[dict[str, Any]]) -> int:
         """Rows stored in the key ranges of a batch (by key: no scan): the difference before and
