@@ -263,3 +263,23 @@ def test_migration_21_partitions_a_populated_capacity_table_keeping_every_row(pg
     ivs = [CapacityInterval(r[0], r[1], r[2], r[3], States(*r[4:8]), r[8], r[9]) for p in parts.values() for r in p]
     with Ledger(pg_url) as led:
         assert led.write(lambda c: write_capacity(led.database, c, ivs, [])) == 0
+
+
+def test_a_day_whose_day_sums_miss_an_interval_is_kept(pg_url: str, tmp_path: Path) -> None:
+    """An interval written behind the ledger's back (SQL, not write_capacity) is in no day sum: its
+    day stays, so the interval is not lost to the reports for good, and the report says why."""
+    _populate(pg_url)
+    t0 = MIDNIGHT_MS - DAY_MS + 3_600_000  # four days ago, 01:00: a day only node-1 wrote
+    with Ledger(pg_url) as led:
+        led.write(lambda c: c.exec_driver_sql(
+            "INSERT INTO gpu_capacity (gpu_uuid, t0_ms, t1_ms, host, unallocated_ms, alloc_idle_ms, busy_attr_ms, "
+            f"busy_unattr_ms, unmeasured_ms) VALUES ('{GPUS[0]}', {t0}, {t0 + 10_000}, '{HOST}', 10000, 0, 0, 0, 0)"
+        ))  # fmt: skip
+    out = _cli(tmp_path, "retention", "run", "--db", pg_url, "--keep-logs", "--capacity-days", "1")
+    assert out.exit_code == 0, out.output
+    kept = f"kept capacity of {tiers._date(TODAY - 4)}: the day sums (gpu_capacity_days) of GPU {GPUS[0]}"
+    assert kept in out.output, out.output
+    with Ledger(pg_url) as led:
+        assert _exists(led, partitions.day_name("gpu_capacity", TODAY - 4))
+        assert not _exists(led, partitions.day_name("gpu_capacity", TODAY - 3))
+        assert (GPUS[0], t0) in _starts(led)

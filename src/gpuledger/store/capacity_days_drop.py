@@ -4,10 +4,12 @@ deleted (store/partitions.py partitions it by UTC day of ``t0_ms`` since migrati
 A day partition that ends by the cut (a UTC midnight, store/capacity_retention.cut_of) goes in one
 transaction of its own, after a check under a SHARE lock (no push lands in it meanwhile) that:
 
-- every interval in it ends by the cut (one running past the cut's midnight keeps its day until a
-  later cut passes it: the ledger refuses only replays that end by the cut, store/capacity.py);
 - a team server has acknowledged every interval in it, where the ledger pushes capacity (as the
-  DELETE keeps such rows, store/capacity_retention.unpushed_guard);
+  DELETE keeps such rows, store/capacity_retention.unpushed_guard; those ending by the cut are
+  counted in ``Pruned.kept_unpushed`` as the DELETE counts them);
+- every interval in it ends by the cut (one running past the cut's midnight keeps its day until a
+  later cut passes it: the ledger refuses only replays that end by the cut, store/capacity.py).
+  So where the DELETE would take a day's rows but the one that crosses the cut, the day waits;
 - the day sums every capacity report reads (``gpu_capacity_days``, written in the transaction that
   inserts the intervals) hold at least as many intervals per GPU and host as the partition;
 - with a series store (``tier``), each host's rows of the day were copied into it, read back and
@@ -64,28 +66,33 @@ def _check(conn: Connection, day: int, name: str, cut_ms: int) -> dict[str, int]
         str(host): (int(n), int(last))
         for host, n, last in conn.exec_driver_sql(f"SELECT host, count(*), max(t1_ms) FROM {name} GROUP BY host")
     }
-    late = sorted(h for h, (_, last) in per_host.items() if last > cut_ms)
-    if late:
-        raise _Kept(f"intervals of host {late[0]} run past the cut; the day goes once a later cut passes them")
     if per_host and conn.execute(sa.select(capacity_pushes.c.server).limit(1)).first() is not None:
-        q = sa.select(sa.func.count()).select_from(gpu_capacity).where(_in_day(day), unpushed_guard())
+        q = (
+            sa.select(sa.func.count())
+            .select_from(gpu_capacity)
+            .where(_in_day(day), gpu_capacity.c.t1_ms <= cut_ms, unpushed_guard())
+        )
         unpushed = int(conn.scalar(q) or 0)
         if unpushed:
             raise _Kept(f"{unpushed} intervals not acknowledged by a team server yet", unpushed)
+    late = sorted(h for h, (_, last) in per_host.items() if last > cut_ms)
+    if late:
+        raise _Kept(f"intervals of host {late[0]} run past the cut; the day goes once a later cut passes them")
+    # An interval counts in the day sums of the day it ends in (core/capacity/model.split_days): per
+    # GPU, host and that day, the sums must count at least the partition's intervals.
     d = gpu_capacity_days.c
+    last_day = f"floor((t1_ms - 1) / {DAY_MS})::int"
     counts = (
-        sa.text(f"SELECT gpu_uuid, host, count(*) AS n FROM {name} GROUP BY 1, 2")
-        .columns(gpu_uuid=sa.String, host=sa.Text, n=sa.Integer)
+        sa.text(f"SELECT gpu_uuid, host, {last_day} AS day, count(*) AS n FROM {name} GROUP BY 1, 2, 3")
+        .columns(gpu_uuid=sa.String, host=sa.Text, day=sa.Integer, n=sa.Integer)
         .subquery("p")
     )
+    p = counts.c
+    held = sa.and_(d.gpu_uuid == p.gpu_uuid, d.host == p.host, d.day == p.day)
     short = (
-        sa.select(counts.c.gpu_uuid, counts.c.host)
-        .select_from(
-            counts.outerjoin(
-                gpu_capacity_days, sa.and_(d.gpu_uuid == counts.c.gpu_uuid, d.host == counts.c.host, d.day == day)
-            )
-        )
-        .where(sa.or_(d.intervals.is_(None), d.intervals < counts.c.n))
+        sa.select(p.gpu_uuid, p.host)
+        .select_from(counts.outerjoin(gpu_capacity_days, held))
+        .where(sa.or_(d.intervals.is_(None), d.intervals < p.n))
         .limit(1)
     )
     missing = conn.execute(short).first()
