@@ -51,6 +51,14 @@ class _Kept(Exception):
         self.unpushed = unpushed
 
 
+class _Untiered(Exception):
+    """The series store did not hold one host's rows of the day exactly (rolled back)."""
+
+    def __init__(self, host: str, why: str) -> None:
+        super().__init__(f"host {host}: {why}")
+        self.host, self.why = host, why
+
+
 def partitioned(ledger: Ledger) -> bool:
     return ledger.dialect == "postgresql" and ledger.read(lambda c: partitions.is_partitioned(c, partitions.CAPACITY))
 
@@ -108,7 +116,7 @@ def _drop_day(
     conn: Connection, day: int, name: str, cut_ms: int, tier: Tier | None, window_ms: int, actor: str
 ) -> tuple[dict[str, int], int]:
     """Drop the day's partition when the rules allow, copying it into ``tier`` first where the
-    store keeps the day: (rows per host dropped, rows copied). _Kept or TierError otherwise."""
+    store keeps the day: (rows per host dropped, rows copied). _Kept or _Untiered otherwise."""
     conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'")
     conn.exec_driver_sql(f"LOCK TABLE {name} IN SHARE MODE")  # no interval of the day arrives meanwhile
     per_host = _check(conn, day, name, cut_ms)
@@ -119,7 +127,7 @@ def _drop_day(
             try:
                 copied += capacity_tier.tier_rows(conn, tier, host, where, actor=actor)
             except TierError as exc:
-                raise TierError(f"host {host}: {exc}") from exc
+                raise _Untiered(host, str(exc)) from exc
     conn.exec_driver_sql(f"DROP TABLE {name}")
     if per_host:
         date = capacity_tier.day_of(day)
@@ -164,9 +172,9 @@ def drop_days(ledger: Ledger, before_ms: int, tier: Tier | None = None, *, actor
             kept[date] = str(why)
             unpushed += why.unpushed
             continue
-        except TierError as exc:
+        except _Untiered as exc:
             kept[date] = f"not tiered into {tier.url if tier else 'the series store'}: {exc}"
-            untiered[str(exc).split(":", 1)[0].removeprefix("host ")] = f"{date}: {exc}"
+            untiered[exc.host] = f"{date}: {exc.why}"
             continue
         except sa.exc.OperationalError as exc:
             if not _lock_timeout(exc):
