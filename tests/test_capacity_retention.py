@@ -1,10 +1,15 @@
 """Retention of the capacity ledger (store/capacity_retention.py), on SQLite and PostgreSQL: the raw
 intervals of days before the cut go, every day sum stays exactly what it was, and an interval a
-team server has not acknowledged is never deleted (an agent's outbox loses nothing)."""
+team server has not acknowledged is never deleted (an agent's outbox loses nothing).
+
+PostgreSQL drops whole day partitions (store/capacity_days_drop.py), so what goes is a day's worth:
+a day goes only when every interval of it may (``_gone``): one crossing the cut, or one a server
+lacks, keeps its whole day until a later pass."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -21,9 +26,10 @@ from gpuledger.store.capacity_queries import day_rows, intervals
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 from server_support import free_port
 
-DAY0 = 20_500  # 2026-02-15 UTC
+DAY0 = 20_500  # 2026-02-16 UTC
 STEP = 3 * 3600 * 1000  # 3-hour intervals, offset so some cross midnight
 GPUS = {"GPU-1": "node-a", "GPU-2": "node-a", "GPU-3": "node-b"}
+Key = tuple[str, int]
 
 
 def _fleet_days(days: int = 4) -> list[CapacityInterval]:
@@ -35,6 +41,18 @@ def _fleet_days(days: int = 4) -> list[CapacityInterval]:
             out.append(CapacityInterval(gpu, host, t, t + STEP, States(STEP - busy, 0, busy, 0), 0, 12.5))
             t += STEP
     return out
+
+
+def _gone(url: str, ivs: list[CapacityInterval], cut: int, ok: Callable[[CapacityInterval], bool]) -> set[Key]:
+    """The intervals retention removes at ``cut``, of those ``ok`` (acknowledged): on SQLite each one
+    that ends by the cut; on PostgreSQL the whole days before it none of whose intervals stays."""
+    may = {(iv.gpu_uuid, iv.t0_ms) for iv in ivs if iv.t1_ms <= cut and ok(iv)}
+    if not url.startswith("postgresql"):
+        return may
+    by_day: dict[int, set[Key]] = {}
+    for iv in ivs:
+        by_day.setdefault(iv.t0_ms // DAY_MS, set()).add((iv.gpu_uuid, iv.t0_ms))
+    return {k for day, keys in by_day.items() if (day + 1) * DAY_MS <= cut and keys <= may for k in keys}
 
 
 def _now_cutting_at(day: int) -> float:
@@ -51,10 +69,10 @@ def test_the_raw_intervals_before_the_cut_go_and_the_day_sums_stay(ledger_url: s
         report = run_retention(led, Policy(raw_days=30, capacity_days=1), actor="test", now=_now_cutting_at(DAY0 + 2))
 
         assert report.capacity is not None and report.capacity.cut_ms == cut
-        ended_by_cut = [iv for iv in ivs if iv.t1_ms <= cut]
+        ended_by_cut = _gone(ledger_url, ivs, cut, lambda iv: True)
         assert report.capacity.rows == len(ended_by_cut) > 0 and report.capacity.kept_unpushed == 0
         left = {(r["gpu_uuid"], r["t0_ms"]) for r in led.read(lambda c: intervals(c))}
-        assert left == {(iv.gpu_uuid, iv.t0_ms) for iv in ivs if iv.t1_ms > cut}  # one crossing the cut stays
+        assert left == {(iv.gpu_uuid, iv.t0_ms) for iv in ivs} - ended_by_cut  # one crossing the cut stays
         assert sorted(led.read(lambda c: day_rows(c, 0, 10**6))) == days_before  # what every report reads
         assert led.write(lambda c: rebuild_days(led.database, c, from_day=DAY0 + 2)) > 0
         assert sorted(led.read(lambda c: day_rows(c, 0, 10**6))) == days_before  # the kept days still add up
@@ -80,11 +98,12 @@ def test_an_interval_a_server_has_not_acknowledged_is_kept(ledger_url: str) -> N
         def pushed_everywhere(iv: CapacityInterval) -> bool:
             return iv.gpu_uuid == "GPU-1" or (iv.gpu_uuid == "GPU-2" and iv.t0_ms < half)
 
-        gone = {(iv.gpu_uuid, iv.t0_ms) for iv in ivs if iv.t1_ms <= cut and pushed_everywhere(iv)}
+        gone = _gone(ledger_url, ivs, cut, pushed_everywhere)
         left = {(r["gpu_uuid"], r["t0_ms"]) for r in led.read(lambda c: intervals(c))}
         assert left == {(iv.gpu_uuid, iv.t0_ms) for iv in ivs} - gone
         assert report.capacity is not None and report.capacity.rows == len(gone)
-        assert report.capacity.kept_unpushed == sum(1 for iv in ivs if iv.t1_ms <= cut) - len(gone) > 0
+        unpushed = sum(1 for iv in ivs if iv.t1_ms <= cut and not pushed_everywhere(iv))
+        assert report.capacity.kept_unpushed == unpushed > 0
 
 
 def test_a_server_that_was_never_reached_keeps_what_it_lacks(ledger_url: str) -> None:
@@ -149,7 +168,7 @@ def test_a_forgotten_server_no_longer_holds_back_retention(ledger_url: str) -> N
         assert [b.server for b in outbox(led)] == [kept]
         report = run_retention(led, Policy(raw_days=30, capacity_days=1), actor="test", now=_now_cutting_at(DAY0 + 3))
         assert report.capacity is not None and report.capacity.kept_unpushed == 0
-        assert report.capacity.rows == sum(1 for iv in ivs if iv.t1_ms <= (DAY0 + 3) * DAY_MS) > 0
+        assert report.capacity.rows == len(_gone(ledger_url, ivs, (DAY0 + 3) * DAY_MS, lambda iv: True)) > 0
         log = schema.audit_log.c
         q = sa.select(log.object, log.payload).where(log.action == "capacity.forget_server")
         obj, payload = led.read(lambda c: c.execute(q).one())

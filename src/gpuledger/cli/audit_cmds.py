@@ -361,6 +361,10 @@ def retention_run_cmd(
         held = f"; {kept} kept until a team server acknowledges them" if kept else ""
         into = f", tiered into {tier.url} first" if tier is not None else ""
         click.echo(f"capacity: {report.capacity.rows} raw intervals before {cut} deleted (day sums kept){into}{held}")
+    if report.capacity is not None and report.capacity.days_dropped:  # PostgreSQL: whole day partitions
+        click.echo(f"capacity days dropped as partitions: {', '.join(report.capacity.days_dropped)}")
+    for day, why in ({} if report.capacity is None else report.capacity.days_kept).items():
+        click.echo(f"kept capacity of {day}: {why}")
     untiered = {} if report.capacity is None else report.capacity.untiered
     for host, why in untiered.items():
         click.echo(f"KEPT capacity of host {host}: the series store does not hold it exactly: {why}", err=True)

@@ -10,6 +10,8 @@ rows a day), and nothing reads them once their day sums exist except the outbox 
   (``capacity_pushes`` has rows; a sync registers its server there before its first request, so a
   server that was never reached counts too), a row goes only when every server it pushes to has
   a watermark for that GPU past the row's start, so an agent's outbox never loses data to retention;
+- on PostgreSQL, where ``gpu_capacity`` is partitioned by day (migration 21), whole days are
+  dropped instead, under the same rules (store/capacity_days_drop.py): no DELETE, no bloat;
 - each host's rows go in a transaction of their own (bounded work, the index on host and start);
 - where a series store is configured (``tier``), each host's rows are first copied into it and
   checked, in that transaction (store/capacity_tier.py); a host whose rows the store does not
@@ -36,7 +38,7 @@ from gpuledger.store.series_tier import Tier, TierError
 if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
 
-__all__ = ["Pruned", "prune_capacity", "unpushed_guard"]
+__all__ = ["Pruned", "cut_of", "prune_capacity", "tier_window_ms", "unpushed_guard"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class Pruned:
     hosts: int  # hosts whose intervals were looked at
     tiered: int = 0  # intervals copied into the series store before they were deleted (not held there yet)
     untiered: dict[str, str] = field(default_factory=dict)  # host -> why its rows were kept (the store)
+    # PostgreSQL (store/capacity_days_drop.py): the days dropped as partitions, and those kept and why
+    days_dropped: list[str] = field(default_factory=list)
+    days_kept: dict[str, str] = field(default_factory=dict)
 
 
 def cut_of(before_ms: int) -> int:
@@ -65,6 +70,11 @@ def unpushed_guard() -> sa.ColumnElement[bool]:
         .correlate(gpu_capacity, servers)
     )
     return sa.exists(sa.select(servers.c.server).where(~acknowledged).correlate(gpu_capacity))
+
+
+def tier_window_ms(tier: Tier | None, now: float) -> int:
+    """The first instant of the days ``tier``'s store keeps (store/series_window.py); 0 without one."""
+    return 0 if tier is None else (int(now // 86400) - tier.series_days + 1) * DAY_MS
 
 
 def _before(host: str, cut_ms: int) -> sa.ColumnElement[bool]:
@@ -113,7 +123,7 @@ def prune_capacity(
     the days the store keeps: ``tier.series_days`` back from ``now``, as store/series_window.py)."""
     cut = cut_of(before_ms)
     now = time.time() if now is None else now
-    window_ms = 0 if tier is None else (int(now // 86400) - tier.series_days + 1) * DAY_MS
+    window_ms = tier_window_ms(tier, now)
     rows = kept = copied = 0
     untiered: dict[str, str] = {}
     hosts = ledger.read(lambda conn: hosts_before(conn, cut))

@@ -42,6 +42,7 @@ class Migration:
 def _create_all(conn: Connection) -> None:
     schema.metadata.create_all(conn)
     partitions.partition_tables(conn)  # PostgreSQL: the raw tables by day, as migration 18 makes them
+    partitions.partition_capacity(conn)  # and the capacity intervals, as migration 21 does
 
 
 def _add_gpu_rollups(conn: Connection) -> None:
@@ -442,6 +443,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         20,
         "add series_streams: a series-only run's host CPU, throttle time and last-row gauges for /metrics",
         _add_series_streams,
+    ),
+    Migration(
+        21,
+        "PostgreSQL: gpu_capacity partitioned by UTC day of t0_ms (rewrites it once)",
+        partitions.partition_capacity,
     ),
 )
 LATEST = MIGRATIONS[-1].version

@@ -1,5 +1,9 @@
 """PostgreSQL: the raw interval tables partitioned by UTC day, so retention drops days, never rows.
 
+The node agents' capacity intervals (``gpu_capacity``) are partitioned the same way by ``t0_ms``
+(milliseconds: ``SPECS`` gives each table's column and unit), since migration 21; retention drops
+their days too (store/capacity_days_drop.py).
+
 ``gpu_intervals`` and ``host_intervals`` are ``PARTITION BY RANGE (t0)`` (seconds since the epoch),
 one partition per UTC day named ``<table>_p<YYYYMMDD>``, plus ``<table>_default``, which catches a
 row no day partition takes (an insert never fails: a replay of a long-gone day, a clock far off).
@@ -29,6 +33,34 @@ DAY_S = 86400
 KEYS: dict[str, tuple[str, ...]] = {
     "gpu_intervals": ("run_id", "device_uuid", "seq", "t0"),
     "host_intervals": ("run_id", "seq", "t0"),
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How a table is partitioned: its key, the start column and its units per second, and what
+    the rewrite re-creates after the copy (the runs foreign key, secondary indexes: name, columns)."""
+
+    key: tuple[str, ...]
+    column: str = "t0"
+    per_s: int = 1
+    run_fk: bool = True
+    indexes: tuple[tuple[str, str], ...] = ()
+
+    def day_of(self) -> str:
+        """SQL: the UTC day of a row's start."""
+        return f"floor({self.column} / {DAY_S * self.per_s})"
+
+    def bounds(self, day: int) -> tuple[int, int]:
+        return day * DAY_S * self.per_s, (day + 1) * DAY_S * self.per_s
+
+
+CAPACITY = "gpu_capacity"
+SPECS: dict[str, Spec] = {
+    **{table: Spec(key) for table, key in KEYS.items()},
+    CAPACITY: Spec(
+        ("gpu_uuid", "t0_ms"), "t0_ms", 1000, run_fk=False, indexes=(("ix_gpu_capacity_host_t0", "host, t0_ms"),)
+    ),
 }
 # rollup_marks.level_s of a run's device whose raw rows went with their day (store/retention_days.py);
 # such a run's cost rollups are final (store/rollup_stale.py).
@@ -68,7 +100,7 @@ def day_partitions(conn: Connection, table: str) -> dict[int, str]:
     return out
 
 
-def partition_tables(conn: Connection) -> None:
+def partition_tables(conn: Connection, tables: tuple[str, ...] = tuple(KEYS)) -> None:
     """Make both raw tables partitioned by day, keeping every row (migration 18, and a fresh
     PostgreSQL ledger). Skipped on SQLite and for a table already partitioned. An existing table is
     rewritten once: a partitioned twin is created with a partition per day holding rows, the rows
@@ -76,12 +108,18 @@ def partition_tables(conn: Connection) -> None:
     size again in free disk while it runs and holds an exclusive lock on the table throughout."""
     if conn.dialect.name != "postgresql":
         return
-    for table, key in KEYS.items():
+    for table in tables:
         if not is_partitioned(conn, table):
-            _partition(conn, table, key)
+            _partition(conn, table, SPECS[table])
 
 
-def _partition(conn: Connection, table: str, key: tuple[str, ...]) -> None:
+def partition_capacity(conn: Connection) -> None:
+    """``gpu_capacity`` partitioned by UTC day of ``t0_ms``, every row kept (migration 21, and a
+    fresh PostgreSQL ledger); as ``partition_tables`` does it."""
+    partition_tables(conn, (CAPACITY,))
+
+
+def _partition(conn: Connection, table: str, spec: Spec) -> None:
     old = f"{table}_unpartitioned"
     x = conn.exec_driver_sql
     x(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
@@ -91,18 +129,21 @@ def _partition(conn: Connection, table: str, key: tuple[str, ...]) -> None:
     x(f"ALTER TABLE {table} RENAME TO {old}")
     if pk:  # the constraint's index is a relation: its name must be free for the new table's
         x(f'ALTER TABLE {old} RENAME CONSTRAINT "{pk}" TO {old}_pkey')
-    x(f"CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS) PARTITION BY RANGE (t0)")
+    x(f"CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS) PARTITION BY RANGE ({spec.column})")
     x(f"CREATE TABLE {default_name(table)} PARTITION OF {table} DEFAULT")
-    days = [int(d) for (d,) in conn.exec_driver_sql(f"SELECT DISTINCT floor(t0 / {DAY_S}) FROM {old}")]
+    days = [int(d) for (d,) in conn.exec_driver_sql(f"SELECT DISTINCT {spec.day_of()} FROM {old}")]
     for day in sorted(days):
         _create_day(conn, table, day)
     columns = ", ".join(f'"{c}"' for c in _columns(conn, old))
     x(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {old}")
     # The key and the foreign key after the copy: one index build per partition, not row by row.
-    x(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY ({', '.join(key)})")
-    fk = f"{table}_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs (id) ON DELETE CASCADE"
-    x(f"ALTER TABLE {table} ADD CONSTRAINT {fk}")
-    x(f"DROP TABLE {old}")
+    x(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY ({', '.join(spec.key)})")
+    if spec.run_fk:
+        fk = f"{table}_run_id_fkey FOREIGN KEY (run_id) REFERENCES runs (id) ON DELETE CASCADE"
+        x(f"ALTER TABLE {table} ADD CONSTRAINT {fk}")
+    x(f"DROP TABLE {old}")  # its indexes with it: their names are free for the new table's
+    for name, columns in spec.indexes:
+        x(f"CREATE INDEX {name} ON {table} ({columns})")
 
 
 def _columns(conn: Connection, table: str) -> list[str]:
@@ -115,14 +156,13 @@ def _columns(conn: Connection, table: str) -> list[str]:
 
 def _create_day(conn: Connection, table: str, day: int) -> str:
     name = day_name(table, day)
-    conn.exec_driver_sql(
-        f"CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM ({day * DAY_S}) TO ({(day + 1) * DAY_S})"
-    )
+    lo, hi = SPECS[table].bounds(day)
+    conn.exec_driver_sql(f"CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM ({lo}) TO ({hi})")
     return name
 
 
 def ensure_partitions(conn: Connection, t_from: float, t_to: float) -> Maintained:
-    """The day partitions of both tables covering [t_from, t_to] and every day a stray row in a
+    """The day partitions of the partitioned tables (SPECS) covering [t_from, t_to] and every day a stray row in a
     default partition belongs to, created where missing; the strays moved into them. Serialised
     between server replicas by an advisory lock; ingest is not held up (see _attach_day)."""
     out = Maintained()
@@ -133,11 +173,11 @@ def ensure_partitions(conn: Connection, t_from: float, t_to: float) -> Maintaine
         sa.text("SELECT pg_advisory_xact_lock(:k, hashtext(coalesce(current_schema(), '')))"), {"k": _LOCK_KEY}
     )
     wanted = set(range(math.floor(t_from / DAY_S), math.floor(t_to / DAY_S) + 1))
-    for table in KEYS:
+    for table, spec in SPECS.items():
         if not is_partitioned(conn, table):
             continue
         default = default_name(table)
-        days_of = f"SELECT DISTINCT floor(t0 / {DAY_S}) FROM {default}"
+        days_of = f"SELECT DISTINCT {spec.day_of()} FROM {default}"
         if {int(d) for (d,) in conn.exec_driver_sql(days_of)} - set(day_partitions(conn, table)):
             # Rows will move: no statement may be planned against the old partitions and run after
             # the move (it would read the default partition without them and miss the new one), so
@@ -161,11 +201,12 @@ def _attach_day(conn: Connection, table: str, day: int) -> int:
     attached after (PostgreSQL then locks only the default partition, and its check finds none of
     the day's rows there; the CHECK spares it a scan of the new one)."""
     name, default = day_name(table, day), default_name(table)
-    lo, hi = day * DAY_S, (day + 1) * DAY_S
+    col = SPECS[table].column
+    lo, hi = SPECS[table].bounds(day)
     x = conn.exec_driver_sql
     x(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS)")
-    x(f"ALTER TABLE {name} ADD CONSTRAINT {name}_bound CHECK (t0 >= {lo} AND t0 < {hi})")
-    moved = x(f"WITH gone AS (DELETE FROM {default} WHERE t0 >= {lo} AND t0 < {hi} RETURNING *) "
+    x(f"ALTER TABLE {name} ADD CONSTRAINT {name}_bound CHECK ({col} >= {lo} AND {col} < {hi})")
+    moved = x(f"WITH gone AS (DELETE FROM {default} WHERE {col} >= {lo} AND {col} < {hi} RETURNING *) "
               f"INSERT INTO {name} SELECT * FROM gone").rowcount  # fmt: skip
     x(f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ({lo}) TO ({hi})")
     x(f"ALTER TABLE {name} DROP CONSTRAINT {name}_bound")

@@ -16,7 +16,8 @@ Per finished run, one transaction each, audited:
    audit chain); runs older than ``run_days`` (off by default) are deleted whole;
 4. the capacity ledger's raw intervals older than ``capacity_days`` are deleted, its day sums kept
    (store/capacity_retention.py: cut at a midnight, nothing a server has not acknowledged); with a
-   series store (``tier``), copied into it and checked first (store/capacity_tier.py).
+   series store (``tier``), copied into it and checked first (store/capacity_tier.py). PostgreSQL:
+   whole day partitions are dropped instead (store/capacity_days_drop.py).
 
 A run's rows are checked against its seal before they are rewritten: a tampered run is skipped
 and reported, never laundered into a fresh seal, and so is a finished run nobody sealed (an admin
@@ -40,7 +41,7 @@ from gpuledger.core.metering import rollup
 from gpuledger.core.model import run_is_open
 from gpuledger.core.pricing.usage import held_span
 from gpuledger.core.training.epochs import BOUNDARY_KINDS
-from gpuledger.store import audit, codec, cost_queries, liveness_sweep, schema, writes
+from gpuledger.store import audit, capacity_days_drop, codec, cost_queries, liveness_sweep, schema, writes
 from gpuledger.store.capacity_retention import Pruned, prune_capacity
 from gpuledger.store.retention_days import DayReport, drop_old_days
 from gpuledger.store.series_tier import Tier
@@ -288,9 +289,11 @@ def run_retention(
         for run_id in read(lambda c: _ended_before(c, now - policy.run_days * DAY_S)):  # type: ignore[operator]
             _delete_run(ledger, run_id, actor, report)
     if policy.capacity_days is not None:
-        report.capacity = prune_capacity(
-            ledger, int((now - policy.capacity_days * DAY_S) * 1000), tier, actor=actor, now=now
-        )
+        before_ms = int((now - policy.capacity_days * DAY_S) * 1000)
+        if capacity_days_drop.partitioned(ledger):  # PostgreSQL: whole days, no DELETE
+            report.capacity = capacity_days_drop.drop_days(ledger, before_ms, tier, actor=actor, now=now)
+        else:
+            report.capacity = prune_capacity(ledger, before_ms, tier, actor=actor, now=now)
     summary = {
         "policy": policy.__dict__,
         "rolled_up": {str(k): v for k, v in report.rolled_up.items()},
