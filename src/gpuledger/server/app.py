@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -77,7 +77,8 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
         keep_days = ledger.dialect == "postgresql" and settings.partition_every_s > 0
         if keep_days:  # before the first request: a read planned while strays move could miss them
             await _maintain_partitions(ledger, settings.series, compact=False)
-        partitioner = asyncio.create_task(_partition_forever(ledger, settings)) if keep_days else None
+        inflight: set[asyncio.Future[None]] = set()  # maintenance passes running in a worker thread
+        partitioner = asyncio.create_task(_partition_forever(ledger, settings, inflight)) if keep_days else None
         async with checkpoint_keeper.keeping(keeper):
             yield
         for task in (sweeper, partitioner):
@@ -85,6 +86,9 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        # A cancelled await leaves its thread running: a pass under way ends before the server does,
+        # so no index rebuild of a stopped server overlaps the next process's work on the store.
+        await asyncio.gather(*inflight, return_exceptions=True)
         ledger.close()
         if live is not None:
             live.close()
@@ -174,17 +178,29 @@ def _maintain_series(url: str, compact: bool = True) -> None:
         store.close()
 
 
-async def _partition_forever(ledger: Ledger, settings: Settings) -> None:
+async def _partition_forever(ledger: Ledger, settings: Settings, inflight: set[asyncio.Future[None]]) -> None:
     """The maintenance every partition_every_s after the one at start (which the lifespan awaits
-    without the series store's index rebuilds: those run here at once, while the server serves)."""
+    without the series store's index rebuilds: those run here at once, while the server serves).
+    Each pass is listed in ``inflight`` while it runs, so that a stopping server waits for it."""
+
+    async def step(work: Coroutine[Any, Any, None]) -> None:
+        fut = asyncio.ensure_future(work)
+        inflight.add(fut)
+        fut.add_done_callback(inflight.discard)
+        await asyncio.shield(fut)
+
     if settings.series and urlsplit(settings.series).scheme.lower() in POSTGRES_SCHEMES:
-        try:
-            await run_in_threadpool(_maintain_series, settings.series, True)
-        except Exception as exc:
-            logging.getLogger("gpuledger.server").warning("series store maintenance failed: %s", exc)
+        await step(_compact_series(settings.series))
     while True:
         await asyncio.sleep(settings.partition_every_s)
-        await _maintain_partitions(ledger, settings.series)
+        await step(_maintain_partitions(ledger, settings.series))
+
+
+async def _compact_series(url: str) -> None:
+    try:
+        await run_in_threadpool(_maintain_series, url, True)
+    except Exception as exc:  # e.g. chosen as a deadlock's victim: the next hourly pass tries again
+        logging.getLogger("gpuledger.server").warning("series store maintenance failed: %s", exc)
 
 
 async def _sweep_forever(ledger: Ledger, settings: Settings) -> None:
