@@ -13,7 +13,7 @@ rollup view from summing it twice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -193,6 +193,12 @@ class ClickHouseSeries:
         # the inserts (two queries more).
         told = self.client.tells_duplicates and len(_days(gpu_cols)) <= 1 and len(_days(host_rows)) <= 1
         before = 0 if told else self._count(run, gpu_cols, host_rows)
+        stored = self._insert(gpu_cols, host_rows, token)
+        return stored if told else self._count(run, gpu_cols, host_rows) - before
+
+    def _insert(self, gpu_cols: Mapping[str, Any] | None, host_rows: list[dict[str, Any]], token: str) -> int:
+        """One insert per table with the batch's token (``:gpu``, ``:host``): the rows sent, 0 for a
+        table whose insert the engine dropped whole as seen before."""
         stored = 0
         if gpu_cols:
             settings = {**self._write_settings, "insert_deduplication_token": f"{token}:gpu"}
@@ -202,7 +208,7 @@ class ClickHouseSeries:
             settings = {**self._write_settings, "insert_deduplication_token": f"{token}:host"}
             dropped = self.client.insert(self.layout.table("host_intervals"), host_rows, HOST_INSERT, settings)
             stored += len(host_rows) if not dropped else 0
-        return stored if told else self._count(run, gpu_cols, host_rows) - before
+        return stored
 
     def write_group(self, batches: Sequence[tuple[str, Sequence[Row], Sequence[Row]]], token: str) -> int:
         """Several runs' batches ((run id, gpu rows, host rows) each) as ONE insert per table with
@@ -225,16 +231,7 @@ class ClickHouseSeries:
                 for c, values in gpu_columns(gpu, gpus, runs[run_id], run_id).items():
                     gpu_cols.setdefault(c, []).extend(values)
             host_rows += [host_row(r, runs[run_id], f"run {run_id} host seq {r.get('seq')}") for r in host]
-        stored = 0
-        if gpu_cols:
-            settings = {**self._write_settings, "insert_deduplication_token": f"{token}:gpu"}
-            dropped = self.client.insert_columns(self.layout.table("gpu_intervals"), gpu_cols, settings)
-            stored += len(gpu_cols["t0"]) if not dropped else 0
-        if host_rows:
-            settings = {**self._write_settings, "insert_deduplication_token": f"{token}:host"}
-            dropped = self.client.insert(self.layout.table("host_intervals"), host_rows, HOST_INSERT, settings)
-            stored += len(host_rows) if not dropped else 0
-        return stored
+        return self._insert(gpu_cols, host_rows, token)
 
     def held_group(
         self, batches: Sequence[tuple[str, Sequence[Row], Sequence[Row]]]
