@@ -186,7 +186,7 @@ def _back_to_19(pg_url: str) -> None:
     try:
         db.write(lambda conn: conn.execute(sa.text("DROP TABLE series_streams")))
         db.write(
-            lambda conn: conn.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version == 20))
+            lambda conn: conn.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version >= 20))
         )
         assert migrations.upgrade(db) == migrations.LATEST
     finally:
@@ -249,11 +249,12 @@ def test_migration_20_marks_the_streams_of_existing_series_only_runs_incomplete(
             ],
         )
         conn.execute(sa.text("DROP TABLE series_streams"))
-        conn.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version == 20))
+        # back to 19: the later migrations are applied again (21 skips a table partitioned already)
+        conn.execute(sa.delete(schema.schema_version).where(schema.schema_version.c.version >= 20))
 
     try:
         db.write(seed)
-        assert migrations.upgrade(db) == migrations.LATEST == 20
+        assert migrations.upgrade(db) == migrations.LATEST
         got = db.read(lambda conn: series_streams.read(conn, ["old", "plain"]))
         assert {k: (r["complete"], r["last_seq"], r["cpu_us"]) for k, r in got.items()} == {
             ("old", "GPU-0"): (False, 9, None),
