@@ -181,3 +181,62 @@ def test_a_compact_migration_killed_before_the_views_is_made_whole_by_the_next_c
         store.close()
     with Ledger(pg_url) as led:
         assert led.gpu_intervals(victim) == [] and led.gpu_intervals(control) == []  # both moved
+
+
+def test_a_day_whose_rollups_are_short_is_kept_in_postgresql_until_a_rerun_repairs_it(pg_url: str, series: str) -> None:
+    """A write killed between the two views, the process going on: every raw row reads back, but
+    chargeback's run × day rollup is missing; the tier check names it and the day stays."""
+    victim, control = _two_runs(pg_url)
+    tier = series_tier.Tier.open(series)
+    store = tier.store
+    assert isinstance(store, ClickHouseSeries)
+    try:
+        with Ledger(pg_url) as led:
+            killing = KilledBeforeViews(store, f"tier:{SECOND}:{victim}", RUN_DAYS, die=False)
+            report = tiers._retention(led, series_tier.Tier(killing, tier.url))  # type: ignore[arg-type]
+            assert killing.killed == 1 and report.days is not None
+            assert report.days.dropped == [FIRST] and list(report.days.kept) == [SECOND], report.days
+            why = report.days.kept[SECOND]
+            assert f"run {victim} run × day rollup (chargeback) of {SECOND} short of its raw rows: " in why, why
+            assert "busy_ms 0 of " in why, why
+            assert len(led.gpu_intervals(victim)) == N  # the day stays in PostgreSQL
+            report = tiers._retention(led, tier)
+            assert report.days is not None and report.days.dropped == [SECOND], report.days
+        assert _state(store, victim) == _state(store, control)
+    finally:
+        store.close()
+
+
+def test_audit_verify_series_names_a_tiered_day_whose_rollups_are_short(
+    pg_url: str, series: str, tmp_path: Path
+) -> None:
+    victim, control = _two_runs(pg_url)
+    tier = series_tier.Tier.open(series)
+    store = tier.store
+    assert isinstance(store, ClickHouseSeries)
+    env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_CLOSE_AFTER_DAYS": str(OPEN_DAYS)}
+    args = ["audit", "verify", "--db", pg_url, "--series", series]
+    try:
+        with Ledger(pg_url) as led:
+            report = tiers._retention(led, tier)
+            assert report.days is not None and report.days.dropped == [FIRST, SECOND], report.days
+        ok = CliRunner().invoke(cli, args, env=env)
+        assert ok.exit_code == 0 and "4 tiered run days checked" in ok.output, ok.output
+        # The victim's rollups lose half their busy time (as a lost view part would), raw rows intact.
+        device = _state(store, victim)["days"][0]["device_uuid"]
+        run = store._key("run", victim)
+        for table, where in (("run_day_rollups", f"day = '{FIRST}'"), ("gpu_day_rollups", f"day = '{SECOND}'")):
+            if table == "gpu_day_rollups":
+                where += f" AND gpu = {store._key('gpu', device)}"
+            store.client.command(
+                f"ALTER TABLE {store.layout.local(table)} UPDATE busy_ms = intDiv(busy_ms, 2) "
+                f"WHERE run = {run} AND {where}",
+                {"mutations_sync": 2},
+            )
+    finally:
+        store.close()
+    bad = CliRunner().invoke(cli, args, env=env)
+    assert bad.exit_code == 1, bad.output
+    assert f"run {victim} run × day rollup (chargeback) of {FIRST} short of its raw rows: busy_ms " in bad.output
+    assert f"run {victim} GPU {device} day rollup of {SECOND} short of its raw rows: busy_ms " in bad.output
+    assert control not in bad.output and bad.output.count("short of its raw rows") == 2, bad.output
