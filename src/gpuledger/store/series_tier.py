@@ -222,7 +222,7 @@ def copy_run(tier: Tier, date: str, run_id: str, gpu: list[dict], host: list[dic
     expected = day_summary([quantum.quantize_gpu(r) for r in gpu], [quantum.quantize_host(r) for r in host])
     written = tier.store.write(run_id, gpu, host, token=f"tier:{date}:{run_id}")
     problems = differences(run_id, expected, stored_summary(tier.store, run_id, expected))
-    problems += rollup_differences(tier.store, run_id, expected, date)
+    problems = problems or rollup_differences(tier.store, run_id, expected, date)  # rows as copied: their rollups
     if problems:
         raise TierError("; ".join(problems))
     return {"day": date, "series": tier.url, "written": written, **expected}
