@@ -260,6 +260,20 @@ class ClickHouseSeries:
         self.rollups_repaired += n
         return n
 
+    def short_rollups(self, run_id: str, device_uuids: Iterable[str], day: date) -> list[str]:
+        """One line per rollup of ``run_id`` on ``day`` short of its raw rows: per GPU of
+        ``device_uuids`` its ``gpu_day_rollups`` against the view's SELECT over the raw rows, and
+        the run's ``run_day_rollups`` against its GPU rollups (series/clickhouse_repair.short).
+        Read only (the keys hashed here, no name registered); [] when they are whole."""
+        names = {city_hash64(u): u for u in set(device_uuids)}
+        n = (day - clickhouse_repair.EPOCH).days
+        streams = {(city_hash64(run_id), k): (n, n) for k in names}
+        out = []
+        for _, gpu, on, how in clickhouse_repair.short(self.client, self.layout.table, streams):
+            what = f"GPU {names.get(gpu, gpu)} day rollup" if gpu is not None else "run × day rollup (chargeback)"
+            out.append(f"{what} of {on.isoformat()} short of its raw rows: {how}")
+        return out
+
     def _count(self, run: int, gpu_cols: dict[str, list[Any]] | None, host_rows: list[dict[str, Any]]) -> int:
         """Rows stored in the key ranges of a batch (by key: no scan): the difference before and
         after an insert is what it stored, a resent batch's 0. (The engine does not say whether

@@ -5,8 +5,11 @@ An insert into ``gpu_intervals`` commits the raw part first and the views' parts
 rows without their rollups. Sending the same rows again with the same token would let the engine
 fill just the missing view parts (``deduplicate_blocks_in_dependent_materialized_views``), but the
 live server cannot rebuild that block: it leaves out the rows the store holds (``held``) and a
-resend may be grouped otherwise (another push, another group commit), so another token. Hence
-the repair here, which the server runs only when ``held`` found rows (rare: after a kill):
+resend may be grouped otherwise (another push, another group commit), so another token. Tiering
+(``retention run --series``) and ``db migrate --layout compact`` leave out the rows the store holds
+the same way (store/series_live.lacking). Hence the repair here, which those writers run only
+where ``held`` found rows (the server: rare, after a kill; tiering and the migration: the rows
+live ingest or a write cut short stored):
 
 - per (run, GPU) stream of the held rows, the days they reach are compared: the view's own SELECT
   (clickhouse_ddl.rollup_select) over the raw rows of that run and GPU against the
@@ -25,6 +28,9 @@ the repair here, which the server runs only when ``held`` found rows (rare: afte
 
 A rollup ABOVE its raw rows is left alone and logged: the raw window (TTL, ``drop_days_before``)
 has dropped rows whose rollups stay, which is not a kill's doing.
+
+``short`` is the same comparison read only: the tier check and ``audit verify --series`` name a
+tiered day whose rollups are short of its raw rows (store/series_tier.rollup_differences).
 """
 
 from __future__ import annotations
@@ -77,9 +83,35 @@ def repair(
     return _gpu_days(client, table, settings, streams) + _run_days(client, table, settings, streams)
 
 
-def _gpu_days(
-    client: Client, table: Callable[[str], str], settings: Mapping[str, Any], streams: Mapping[Stream, tuple[int, int]]
-) -> int:
+def short(
+    client: Client, table: Callable[[str], str], streams: Mapping[Stream, tuple[int, int]]
+) -> list[tuple[int, int | None, date, str]]:
+    """What ``repair`` would add, read only (the tier check, ``audit verify --series``): (run key,
+    gpu key, day, how short) per GPU rollup below its raw rows and (run key, None, day, how short)
+    per run × day rollup below its GPU rollups. A rollup above is not named: a raw day the store's
+    window dropped leaves its rollups (and the part of the next day's that its last row reached)."""
+    if not streams:
+        return []
+    out: list[tuple[int, int | None, date, str]] = []
+    for (r, g, d), have, want in _gpu_compared(client, table, streams):
+        if any(w > h for w, h in zip(want, have, strict=True)):
+            out.append((r, g, EPOCH + timedelta(days=d), _shortfall(ROLLUP_SUMS, have, want)))
+    for (r, d), have, want in _run_compared(client, table, streams):
+        if any(w > h for w, h in zip(want, have, strict=True)):
+            out.append((r, None, EPOCH + timedelta(days=d), _shortfall(CHARGE_SUMS, have, want)))
+    return out
+
+
+def _shortfall(columns: Sequence[str], have: Sequence[int], want: Sequence[int]) -> str:
+    """``busy_ms 1200 of 1500, ...``: each column below what it should hold."""
+    return ", ".join(f"{c} {h} of {w}" for c, h, w in zip(columns, have, want, strict=True) if w > h)
+
+
+def _gpu_compared(
+    client: Client, table: Callable[[str], str], streams: Mapping[Stream, tuple[int, int]]
+) -> list[tuple[tuple[int, int, int], list[int], list[int]]]:
+    """(run, gpu, day), the ``gpu_day_rollups`` sums and the view's SELECT over the raw rows, of
+    each day of ``streams`` where the two differ."""
     keys = sorted(streams)
     sums = ", ".join(f"sum({c})" for c in ROLLUP_SUMS)
     first: dict[Stream, int] = {}
@@ -111,14 +143,20 @@ def _gpu_days(
             lo, hi = streams[(int(r), int(g))]
             if lo <= int(d) <= hi:
                 wanted[(int(r), int(g), int(d))] = [int(x) for x in v]
-    rows = []
     zero = [0] * len(ROLLUP_SUMS)
-    for key in sorted(set(found) | set(wanted)):
-        have, want = found.get(key, zero), wanted.get(key, zero)
+    pairs = ((key, found.get(key, zero), wanted.get(key, zero)) for key in sorted(set(found) | set(wanted)))
+    return [(key, have, want) for key, have, want in pairs if have != want]
+
+
+def _gpu_days(
+    client: Client, table: Callable[[str], str], settings: Mapping[str, Any], streams: Mapping[Stream, tuple[int, int]]
+) -> int:
+    rows = []
+    for key, have, want in _gpu_compared(client, table, streams):
         delta = [w - h for w, h in zip(want, have, strict=True)]
         if any(x < 0 for x in delta):
             log.warning("rollup of run %s GPU %s day %s above its raw rows (raw window?): left as is", *key)
-        elif any(delta):
+        else:
             rows.append((key, have, want, delta))
     if not rows:
         return 0
@@ -132,9 +170,11 @@ def _gpu_days(
     return len(out)
 
 
-def _run_days(
-    client: Client, table: Callable[[str], str], settings: Mapping[str, Any], streams: Mapping[Stream, tuple[int, int]]
-) -> int:
+def _run_compared(
+    client: Client, table: Callable[[str], str], streams: Mapping[Stream, tuple[int, int]]
+) -> list[tuple[tuple[int, int], list[int], list[int]]]:
+    """(run, day), the ``run_day_rollups`` sums and those of the run's ``gpu_day_rollups`` (the
+    rows its view was fed), of each day the runs of ``streams`` reach where the two differ."""
     spans: dict[int, tuple[int, int]] = {}
     for (r, _), (lo, hi) in streams.items():
         a, b = spans.get(r, (lo, hi))
@@ -151,11 +191,14 @@ def _run_days(
             for r, d, *v in client.query(q):
                 into[(int(r), int(d))] = [int(x) for x in v]
     zero = [0] * len(CHARGE_SUMS)
-    rows = []
-    for key in sorted(set(found) | set(wanted)):
-        have, want = found.get(key, zero), wanted.get(key, zero)
-        if have != want:  # both rollups are kept whole: either way the GPU days are right
-            rows.append((key, have, want))
+    pairs = ((key, found.get(key, zero), wanted.get(key, zero)) for key in sorted(set(found) | set(wanted)))
+    return [(key, have, want) for key, have, want in pairs if have != want]
+
+
+def _run_days(
+    client: Client, table: Callable[[str], str], settings: Mapping[str, Any], streams: Mapping[Stream, tuple[int, int]]
+) -> int:
+    rows = _run_compared(client, table, streams)  # both rollups kept whole: either way the GPU days are right
     if not rows:
         return 0
     out = [

@@ -96,10 +96,7 @@ def _batches(gpu: Sequence[Row], host: Sequence[Row]) -> Iterator[tuple[Sequence
 def copy_rows(tier: series_tier.Tier, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> int:
     """Write the rows the store lacks; the rows it stored. A batch's token names its rows, so the
     same batch sent again (a call cut short after the store took it) stores nothing twice."""
-    have_gpu = {(str(r["device_uuid"]), int(r["seq"])) for r in tier.store.gpu_intervals(run_id)} if gpu else set()
-    have_host = {int(r["seq"]) for r in tier.store.host_intervals(run_id)} if host else set()
-    gpu = [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in have_gpu]
-    host = [r for r in host if int(r["seq"]) not in have_host]
+    gpu, host = series_live.lacking(tier.store, run_id, gpu, host)  # ClickHouse: held rows' rollups repaired
     written = 0
     for g, h in _batches(gpu, host):
         written += tier.store.write(run_id, g, h, token="compact:" + series_live.batch_token(run_id, g, h))

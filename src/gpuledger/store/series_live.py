@@ -134,6 +134,22 @@ def _repair(store: Any, held: Sequence[tuple[str, Sequence[Row], set[tuple[str, 
         store.repair_rollups(found)
 
 
+def lacking(store: Any, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[list[Row], list[Row]]:
+    """The rows of a batch the store lacks (by device and seq, the host's by seq), for writers that
+    leave out what it holds and write the rest under a token of their own (tiering: ``_FillOnly``;
+    the compact migration: store/series_compact.copy_rows). ClickHouse: ``_unheld``, read by key,
+    the rollups of the rows held repaired, since the write that stored them may have been killed
+    before its views' parts and the rows are never sent again; another store: its rows of the run."""
+    if callable(getattr(store, "repair_rollups", None)):  # ClickHouseSeries (a wrapper passes it on)
+        return _unheld(store, run_id, gpu, host)
+    have_gpu = {(str(r["device_uuid"]), int(r["seq"])) for r in store.gpu_intervals(run_id)} if gpu else set()
+    have_host = {int(r["seq"]) for r in store.host_intervals(run_id)} if host else set()
+    return (
+        [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in have_gpu],
+        [r for r in host if int(r["seq"]) not in have_host],
+    )
+
+
 class LiveSeries:
     """The series store a server writes pushes into. ClickHouse: one store shared by the
     process's threads (chDB holds one folder per process), writes taking turns; the compact
@@ -296,9 +312,10 @@ class LiveSeries:
 
 
 class _FillOnly:
-    """A store whose ``write`` leaves out the rows it already holds (by run, device and seq), so
-    tiering a day that live ingest wrote copies nothing again, on ClickHouse too, where another
-    token would store the rows twice. Everything else is the store's."""
+    """A store whose ``write`` leaves out the rows it already holds (``lacking``), so tiering a
+    day that live ingest wrote copies nothing again, on ClickHouse too, where another token would
+    store the rows twice; there the rollups of the rows held are made whole first, which a tiering
+    write killed between its raw and view parts left short. Everything else is the store's."""
 
     def __init__(self, store: SeriesStore) -> None:
         self.store = store
@@ -307,15 +324,7 @@ class _FillOnly:
         return getattr(self.store, name)
 
     def write(self, run_id: str, gpu: Sequence[Row], host: Sequence[Row], token: str) -> int:
-        devices = {str(r["device_uuid"]) for r in gpu}
-        gpu_held = {
-            (str(r["device_uuid"]), int(r["seq"]))
-            for r in self.store.gpu_intervals(run_id)
-            if r["device_uuid"] in devices
-        }
-        host_held = {int(r["seq"]) for r in self.store.host_intervals(run_id)} if host else set()
-        gpu = [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in gpu_held]
-        host = [r for r in host if int(r["seq"]) not in host_held]
+        gpu, host = lacking(self.store, run_id, gpu, host)
         return self.store.write(run_id, gpu, host, token)  # nothing left: stores nothing, returns 0
 
 

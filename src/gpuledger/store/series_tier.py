@@ -11,6 +11,7 @@ of the counted columns in the store's integer units and a sha256 over the quanti
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import re
@@ -190,6 +191,18 @@ def why_differs(want: Mapping[str, Any], got: Mapping[str, Any] | None, recorded
     return f"rows changed (sha256 differs from the one {recorded})"
 
 
+def rollup_differences(store: SeriesStore, run_id: str, expected: Mapping[str, Any], day: str) -> list[str]:
+    """On ClickHouse, whose rollups (what chargeback reads) are written by views after the raw
+    rows: one line per rollup of the run's GPUs in ``expected`` on ``day`` (YYYY-MM-DD) short of
+    the raw rows the store holds (``ClickHouseSeries.short_rollups``: per GPU one GROUP BY of its
+    raw rows through the view's SELECT); [] for a store whose sums are read from its rows."""
+    short = getattr(store, "short_rollups", None)
+    if short is None or not expected["gpu"]:
+        return []
+    lines = short(run_id, sorted(expected["gpu"]), datetime.date.fromisoformat(day))
+    return [f"run {run_id} {line}" for line in lines]
+
+
 def day_rows(conn: Connection, names: Sequence[tuple[str, bool]]) -> dict[str, tuple[list[dict], list[dict]]]:  # type: ignore[type-arg]
     """Each run's GPU and host rows held in these day partitions (name, is gpu), in seq order."""
     out: dict[str, tuple[list[dict], list[dict]]] = {}  # type: ignore[type-arg]
@@ -209,6 +222,7 @@ def copy_run(tier: Tier, date: str, run_id: str, gpu: list[dict], host: list[dic
     expected = day_summary([quantum.quantize_gpu(r) for r in gpu], [quantum.quantize_host(r) for r in host])
     written = tier.store.write(run_id, gpu, host, token=f"tier:{date}:{run_id}")
     problems = differences(run_id, expected, stored_summary(tier.store, run_id, expected))
+    problems = problems or rollup_differences(tier.store, run_id, expected, date)  # rows as copied: their rollups
     if problems:
         raise TierError("; ".join(problems))
     return {"day": date, "series": tier.url, "written": written, **expected}

@@ -4,7 +4,10 @@ rows per GPU and host, the same sums, the same digest. A changed or missing row 
 device and seq range. A day the store dropped on purpose, past its own window (a later
 ``series.days_dropped`` entry for that store, store/series_window.py), is named as expired instead
 and not read; a day gone without such an entry is still missing. The same for each host's day of
-capacity intervals retention tiered (``capacity.raw_tiered``, store/capacity_tier.py). A sealed
+capacity intervals retention tiered (``capacity.raw_tiered``, store/capacity_tier.py). On
+ClickHouse a tiered run day's rollups, which views write after the raw rows, must not be short of
+them either (series_tier.rollup_differences): a kill between the two would leave chargeback short
+though every raw row is there. A sealed
 series-only run is checked as store/series_only_verify.py says, by the same rule for the days its
 store dropped."""
 
@@ -98,6 +101,9 @@ def check(ledger: Ledger, store: SeriesStore, url: str) -> SeriesCheck:
                 out.days_expired += 1
                 continue
             lines = kind.differences(key, payload, kind.stored_summary(store, key, payload))
+            if kind is series_tier and not lines:  # ClickHouse: the day's rollups (chargeback's) against
+                # its raw rows, once those are as tiered (a changed row is named above already)
+                lines += series_tier.rollup_differences(store, key, payload, payload["day"])
             out.problems += [f"{line} (tiered {payload['day']})" for line in lines]
             setattr(out, counted, getattr(out, counted) + 1)
     kept = ledger.read(lambda c: series_only_window.kept_from(c, shown))
