@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+import statement_support
 import test_series_tier as tiers
 from gpuledger.core.capacity.model import DAY_MS, CapacityInterval, States
 from gpuledger.series import capacity
@@ -46,6 +46,7 @@ from test_series_capacity import GPUS, HOST, MIDNIGHT_MS, _cli, _wire
 pytestmark = pytest.mark.postgres
 
 pg_url, series_url = tiers.pg_url, tiers.series_url
+statements = statement_support.statements
 HOST2 = "node-2"
 GPUS2 = ("GPU-n2-0", "GPU-n2-1")
 RECENT_MS = (TODAY - 1) * DAY_MS + 3_600_000  # yesterday 01:00: inside a one-day capacity window
@@ -115,21 +116,6 @@ def _exists(led: Ledger, name: str) -> bool:
 
 def _starts(led: Ledger) -> list[tuple[str, int]]:
     return sorted((r["gpu_uuid"], r["t0_ms"]) for r in led.read(lambda c: intervals(c)))
-
-
-@pytest.fixture
-def statements() -> Iterator[list[str]]:
-    """Every SQL statement any engine in this process sends while the test runs (the CLI's too)."""
-    seen: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        seen.append(statement)
-
-    sa.event.listen(sa.engine.Engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", record)
 
 
 def test_retention_drops_old_capacity_days_as_partitions_and_the_reports_stay_the_same(
@@ -283,3 +269,34 @@ def test_a_day_whose_day_sums_miss_an_interval_is_kept(pg_url: str, tmp_path: Pa
         assert _exists(led, partitions.day_name("gpu_capacity", TODAY - 4))
         assert not _exists(led, partitions.day_name("gpu_capacity", TODAY - 3))
         assert (GPUS[0], t0) in _starts(led)
+
+
+def test_a_capacity_push_ten_days_late_makes_its_days_first_and_deletes_nothing(
+    pg_url: str, statements: list[str]
+) -> None:
+    """An agent's outbox sent ten days late: its days get their partitions before the rows go in,
+    the default partition stays empty, and the hourly pass after has nothing to move."""
+    setup_accounts(pg_url)
+    token = enroll(pg_url, HOST)
+    shift = (TODAY - 10) * DAY_MS - MIDNIGHT_MS  # across the midnight ten days ago
+    rows = [[r[0], r[1], r[2] + shift, r[3] + shift, *r[4:]] for r in _wire()]
+    with TestClient(create_app(pg_url, settings=Settings(close_after_days=OPEN_DAYS))) as client, Ledger(pg_url) as led:
+        assert not _exists(led, partitions.day_name("gpu_capacity", TODAY - 11))
+        statements.clear()
+        first, last = rows[0][2] / 1000 - 600, rows[-1][3] / 1000
+        seen = [{"uuid": g, "name": "NVIDIA L4", "host": HOST, "first_seen": first, "last_seen": last} for g in GPUS]
+        got = client.post("/api/v1/capacity", json={"intervals": rows, "gpus": seen}, headers=bearer(token))
+        assert got.status_code == 200 and got.json()["stored"] == len(rows), got.text
+        made = [s for s in statements if s.startswith("CREATE TABLE gpu_capacity_p")]
+        assert made == [
+            f"CREATE TABLE {partitions.day_name('gpu_capacity', d)} (LIKE gpu_capacity INCLUDING DEFAULTS)"
+            for d in (TODAY - 11, TODAY - 10)
+        ]
+        where = "SELECT tableoid::regclass::text, count(*) FROM gpu_capacity GROUP BY 1"
+        assert dict(led.read(lambda c: c.exec_driver_sql(where).all())) == {  # type: ignore[arg-type]
+            partitions.day_name("gpu_capacity", TODAY - 11): len([r for r in rows if r[2] < (TODAY - 10) * DAY_MS]),
+            partitions.day_name("gpu_capacity", TODAY - 10): len([r for r in rows if r[2] >= (TODAY - 10) * DAY_MS]),
+        }
+        assert partitions.maintain(led.database).moved == 0
+        assert led.read(lambda c: c.exec_driver_sql("SELECT count(*) FROM gpu_capacity_default").scalar()) == 0
+        assert [s for s in statements if DELETE_CAPACITY.search(s)] == []

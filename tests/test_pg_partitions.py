@@ -8,8 +8,10 @@ passes after, and migration 18 converts a populated ledger keeping every row.
 
 from __future__ import annotations
 
+import calendar
 import json
 import math
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+import statement_support
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.server.app import create_app
 from gpuledger.server.settings import Settings
@@ -26,8 +29,10 @@ from gpuledger.store import Ledger, audit, migrations, partitions, rollup_stale,
 from gpuledger.store.engine import Database
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 from server_support import NOW, backend_url, bearer, devices_doc, gpu_rows, host_rows, run_doc, setup_accounts
+from statement_support import DELETE_ROWS
 
 pytestmark = pytest.mark.postgres
+statements = statement_support.statements
 
 OPEN_DAYS = 62  # pushes of runs ten days old: no month may have closed (store/closed_months.py)
 TODAY = math.floor(NOW / DAY_S)
@@ -88,7 +93,16 @@ def test_the_server_creates_day_partitions_ahead_of_the_clock(pg_url: str) -> No
             assert pk == f"PRIMARY KEY ({', '.join(key)})"
 
 
-def test_a_push_lands_in_its_day_a_retransmit_is_dropped_and_strays_are_moved_out(pg_url: str) -> None:
+def _defaults(led: Ledger) -> dict[str, int]:
+    """Rows in each partitioned table's default partition."""
+    q = "SELECT count(*) FROM {}"
+    return {
+        t: led.read(lambda c, t=t: c.exec_driver_sql(q.format(partitions.default_name(t))).scalar())
+        for t in partitions.SPECS
+    }
+
+
+def test_a_push_lands_in_its_days_a_retransmit_is_dropped_and_strays_are_moved_out(pg_url: str) -> None:
     tokens = setup_accounts(pg_url)
     midnight = (TODAY - 1) * DAY_S  # half the run before it: a day no partition was made for yet
     body = _body(midnight - N / 2 * 5.0)
@@ -99,18 +113,138 @@ def test_a_push_lands_in_its_day_a_retransmit_is_dropped_and_strays_are_moved_ou
         first = client.post("/api/v1/ingest", json=body, headers=bearer(tokens.agent_a))
         assert first.status_code == 200, first.text
         assert first.json()["gpu_intervals"] == N
-        assert _where(led, "gpu_intervals", run_id) == {"gpu_intervals_default": N // 2, yesterday: N // 2}
-        again = client.post("/api/v1/ingest", json=body, headers=bearer(tokens.agent_a))
-        assert again.status_code == 200 and again.json()["gpu_intervals"] == 0
-        assert sum(_where(led, "gpu_intervals", run_id).values()) == N
-        moved = partitions.maintain(led.database)
-        assert moved.moved == N // 2 + N // 2  # the GPU's and the host's strays
-        assert _where(led, "gpu_intervals", run_id) == {before: N // 2, yesterday: N // 2}
+        assert _where(led, "gpu_intervals", run_id) == {before: N // 2, yesterday: N // 2}  # its day made first
         assert _where(led, "host_intervals", run_id) == {
             partitions.day_name("host_intervals", TODAY - 2): N // 2,
             partitions.day_name("host_intervals", TODAY - 1): N // 2,
         }
+        again = client.post("/api/v1/ingest", json=body, headers=bearer(tokens.agent_a))
+        assert again.status_code == 200 and again.json()["gpu_intervals"] == 0
+        assert sum(_where(led, "gpu_intervals", run_id).values()) == N
+        # An older ledger's strays (rows written before writes made their day) are still moved out.
+        stray_day = TODAY - 20
+        shift = (stray_day - (TODAY - 2)) * DAY_S
+        for table in partitions.KEYS:
+            cols = ", ".join(f'"{c}"' for c in led.read(lambda c, t=table: partitions._columns(c, t)))
+            moved_cols = cols.replace('"t0"', f'"t0" + {shift}').replace('"seq"', '"seq" + 100000')
+            sql = (f"INSERT INTO {partitions.default_name(table)} ({cols}) SELECT {moved_cols} FROM {table} "
+                   f"WHERE run_id = :r AND seq = 0")  # fmt: skip
+            led.write(lambda c, q=sql: c.execute(sa.text(q), {"r": run_id}))
+        assert _defaults(led)["gpu_intervals"] == 1 and _defaults(led)["host_intervals"] == 1
+        moved = partitions.maintain(led.database)
+        assert moved.moved == 2  # the GPU's and the host's stray
+        assert _where(led, "gpu_intervals", run_id) == {
+            before: N // 2,
+            yesterday: N // 2,
+            partitions.day_name("gpu_intervals", stray_day): 1,
+        }
+        assert set(_defaults(led).values()) == {0}
+
+
+def test_a_late_push_makes_its_day_first_and_no_row_is_deleted(pg_url: str, statements: list[str]) -> None:
+    tokens = setup_accounts(pg_url)
+    late = TODAY - 10
+    body = _body(late * DAY_S + 3600)
+    run_id = body["run"]["id"]
+    with _client(pg_url) as client, Ledger(pg_url) as led:
+        partitions.maintain(led.database)
+        statements.clear()
+        got = client.post("/api/v1/ingest", json=body, headers=bearer(tokens.agent_a))
+        assert got.status_code == 200 and got.json()["gpu_intervals"] == N, got.text
+        assert _where(led, "gpu_intervals", run_id) == {partitions.day_name("gpu_intervals", late): N}
+        assert _where(led, "host_intervals", run_id) == {partitions.day_name("host_intervals", late): N}
+        assert set(_defaults(led).values()) == {0}
+        assert partitions.maintain(led.database).moved == 0
+        assert set(_defaults(led).values()) == {0}
+        assert [s for s in statements if DELETE_ROWS.search(s)] == []  # nothing moved, nothing deleted
+        assert _made(statements, "gpu_intervals") == [late]  # once, by the write that needed it
         assert audit.verify(led, close_after_days=OPEN_DAYS).ok
+
+
+def _made(statements: list[str], table: str) -> list[int]:
+    """The days of ``table`` whose partition the captured statements made."""
+    found = re.findall(rf"^CREATE TABLE {table}_p(\d{{8}}) \(LIKE", "\n".join(statements), re.M)
+    return [calendar.timegm(time.strptime(d, "%Y%m%d")) // int(DAY_S) for d in found]
+
+
+def test_the_local_recorder_makes_a_late_day_first_on_postgresql(pg_url: str, statements: list[str]) -> None:
+    from test_store_records import full_gpu, full_run, run_id
+
+    late = TODAY - 9
+    run = full_run(run_id(3))
+    with Ledger(pg_url) as led:  # a ledger gpuledger run records into (no server, no tokens)
+        partitions.maintain(led.database)
+        led.create_run(run)
+        statements.clear()
+        led.append(run.id, [full_gpu("GPU-a", i, t0=late * DAY_S + 60.0 * i) for i in range(3)])
+        assert _made(statements, "gpu_intervals") == [late] and _made(statements, "host_intervals") == [late]
+        assert [s for s in statements if DELETE_ROWS.search(s)] == []
+        statements.clear()
+        led.append(run.id, [full_gpu("GPU-a", 3, t0=late * DAY_S + 600.0)])
+        assert [s for s in statements if "pg_inherits" in s or "pg_partitioned_table" in s] == []  # the day is known
+        assert _where(led, "gpu_intervals", run.id) == {partitions.day_name("gpu_intervals", late): 4}
+        assert set(_defaults(led).values()) == {0}
+
+
+def test_two_replicas_pushing_the_same_late_day_at_once_both_succeed(pg_url: str) -> None:
+    import threading
+
+    tokens = setup_accounts(pg_url)
+    late = TODAY - 12
+    bodies = [_body(late * DAY_S + 3600), _body(late * DAY_S + 7200)]  # two runs, the same day
+    start = threading.Barrier(2)
+    answers: list[Any] = []
+
+    def push(client: TestClient, order: list[dict[str, Any]]) -> None:
+        start.wait(30)
+        answers.extend(client.post("/api/v1/ingest", json=b, headers=bearer(tokens.agent_a)) for b in order)
+
+    with _client(pg_url) as one, _client(pg_url) as two, Ledger(pg_url) as led:  # two servers, two processes' state
+        pushers = [
+            threading.Thread(target=push, args=(one, bodies)),
+            threading.Thread(target=push, args=(two, bodies[::-1])),
+        ]
+        for t in pushers:
+            t.start()
+        for t in pushers:
+            t.join(120)
+        assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+        assert sorted(a.json()["gpu_intervals"] for a in answers) == [0, 0, N, N]  # each run's rows once
+        for body in bodies:
+            assert _where(led, "gpu_intervals", body["run"]["id"]) == {partitions.day_name("gpu_intervals", late): N}
+        assert set(_defaults(led).values()) == {0}
+
+
+def test_writers_racing_to_make_the_same_day_both_succeed(pg_url: str) -> None:
+    import threading
+
+    from gpuledger.store import partition_days
+
+    day = TODAY - 40
+    dbs = [Database(pg_url), Database(pg_url)]
+    migrations.upgrade(dbs[0])
+    start = threading.Barrier(2)
+    failed: list[BaseException] = []
+
+    def make(db: Database) -> None:
+        start.wait(30)
+        try:
+            partition_days.make(db, {"gpu_capacity": {day}, "gpu_intervals": {day}})
+        except BaseException as exc:
+            failed.append(exc)
+
+    try:
+        racers = [threading.Thread(target=make, args=(db,)) for db in dbs]
+        for t in racers:
+            t.start()
+        for t in racers:
+            t.join(60)
+        assert failed == []
+        for table in partitions.SPECS:  # a GPU interval's day is made for the host intervals too
+            assert day in dbs[1].read(lambda c, t=table: partitions.day_partitions(c, t))
+    finally:
+        for db in dbs:
+            db.close()
 
 
 def test_the_key_drops_an_interval_written_twice_through_the_ledger(pg_url: str) -> None:
@@ -301,7 +435,7 @@ def test_a_day_another_transaction_holds_is_kept_and_dropped_next_time(pg_url: s
         assert audit.verify(led, close_after_days=OPEN_DAYS).ok
 
 
-def test_a_write_racing_the_attach_of_its_day_is_retried_into_that_day(pg_url: str) -> None:
+def test_a_write_for_a_day_being_made_waits_for_it_and_lands_in_that_day(pg_url: str) -> None:
     import threading
 
     from test_store_records import full_gpu, full_run, run_id
@@ -324,11 +458,15 @@ def test_a_write_racing_the_attach_of_its_day_is_retried_into_that_day(pg_url: s
 
         writer = threading.Thread(target=write)
         writer.start()
-        waiting = "SELECT count(*) FROM pg_locks WHERE relation = to_regclass('gpu_intervals_default') AND NOT granted"
+        # the write waits to make its day (the maintainers' lock) or to write into the default partition
+        waiting = (
+            "SELECT count(*) FROM pg_locks WHERE NOT granted "
+            "AND (locktype = 'advisory' OR relation = to_regclass('gpu_intervals_default'))"
+        )
         deadline = time.monotonic() + 60
         while led.read(lambda c: c.exec_driver_sql(waiting).scalar()) == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert led.read(lambda c: c.exec_driver_sql(waiting).scalar()) == 1  # the write waits on the attach
+        assert led.read(lambda c: c.exec_driver_sql(waiting).scalar()) == 1  # the write waits for the attach
         tx.commit()
         conn.close()
         writer.join(60)

@@ -44,20 +44,35 @@ def tier_existing_days(db: str, series: str, raw_days: float, series_days: int, 
         f"series {tier.url}: {verb} {len(done.copied)} days ({rows} rows); {len(done.done)} days already tiered; "
         f"{len(done.kept)} days retention may not drop yet"
     )
-    if streams:
+    completed, short = streams
+    if completed:
         verb = "would recompute" if dry_run else "recomputed"
         click.echo(
-            f"series {tier.url}: {verb} the host CPU and throttle sums of {streams} series-only runs from the store"
+            f"series {tier.url}: {verb} the host CPU and throttle sums of {completed} series-only runs from the store"
+        )
+    for run_id, expired in short.items():
+        days = f" (its days {', '.join(expired)} are past the store's window)" if expired else ""
+        click.echo(
+            f"series {tier.url}: run {run_id} keeps n/a host CPU and throttle sums: the store no longer holds all "
+            f"of its rows{days}, and a sum of what is left would be short"
         )
 
 
-def _complete_streams(ledger: Any, store: Any, dry_run: bool) -> int:
+def _complete_streams(ledger: Any, store: Any, dry_run: bool) -> tuple[int, dict[str, tuple[str, ...]]]:
     """Series-only runs created before migration 20 (their sums miss their first rows): each
-    recomputed from the store's rows in a transaction of its own (store/series_streams.py); how many."""
+    recomputed from the store's rows in a transaction of its own (store/series_streams.py). How
+    many runs were completed; the runs left incomplete, as the store no longer holds all their rows
+    (-> the days of them it dropped past its window)."""
     from gpuledger.store import series_streams
 
     runs = ledger.database.read(series_streams.incomplete_runs)
-    if not dry_run:
-        for run_id in runs:
-            ledger.database.write(lambda conn, run_id=run_id: series_streams.recompute(conn, run_id, store))
-    return len(runs)
+    if dry_run:
+        return len(runs), {}
+    completed, short = 0, dict[str, tuple[str, ...]]()
+    for run_id in runs:
+        done = ledger.database.write(lambda conn, run_id=run_id: series_streams.recompute(conn, run_id, store))
+        if done.short:
+            short[run_id] = done.expired
+        else:
+            completed += 1
+    return completed, short

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gpuledger.store import schema
+from gpuledger.store import partition_days, schema
 from gpuledger.store.engine import Database
 
 Row = Sequence[Any]
@@ -102,6 +102,8 @@ def insert_intervals(
                 new.append(r)
         fresh = new
     if fresh:
+        t0_at = columns.index("t0")  # their days' partitions first, so none lands in the default one
+        partition_days.require(db, conn, {table.name: [r[t0_at] for r in fresh]})
         _copy(conn, table, run_id, fresh, columns)
         if inserted is not None:
             inserted.extend(fresh)

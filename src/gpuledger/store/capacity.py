@@ -28,7 +28,7 @@ from gpuledger.core.capacity.model import (
     merge_days,
     split_days,
 )
-from gpuledger.store import capacity_audit, capacity_fleet
+from gpuledger.store import capacity_audit, capacity_fleet, partition_days
 from gpuledger.store.engine import Database
 from gpuledger.store.schema import audit_log, gpu_capacity, gpu_capacity_days, gpu_fleet, gpu_fleet_hosts
 from gpuledger.store.schema_capacity import STATE_COLUMNS
@@ -104,6 +104,7 @@ def write_capacity(
     inserted: list[CapacityInterval] = []
     by_key = {(iv.gpu_uuid, iv.t0_ms): iv for iv in intervals}
     keys = list(by_key)
+    partition_days.require(db, conn, {gpu_capacity.name: [k[1] for k in keys]})  # their days' partitions first
     for i in range(0, len(keys), _CHUNK):
         rows = [interval_row(by_key[k]) for k in keys[i : i + _CHUNK]]
         ins = db.insert(gpu_capacity).on_conflict_do_nothing(index_elements=["gpu_uuid", "t0_ms"])

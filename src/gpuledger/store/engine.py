@@ -23,7 +23,7 @@ from sqlalchemy.pool import StaticPool
 
 from gpuledger.store import sqlite_conn
 from gpuledger.store.direct_insert import DirectInserts
-from gpuledger.store.errors import LedgerError, LedgerLocked, LedgerUnavailable
+from gpuledger.store.errors import LedgerError, LedgerLocked, LedgerUnavailable, PrepareFirst
 from gpuledger.store.json_text import dumps
 from gpuledger.store.url import display_url, parse, sqlite_path
 
@@ -38,6 +38,9 @@ _PG_RETRY = frozenset({"40001", "40P01", "23514"})
 _BEGIN_OPTION = "gpuledger_begin"
 # PostgreSQL: the server shut down or is starting (class 08, connection exceptions, is checked too).
 _PG_GONE = frozenset({"57P01", "57P02", "57P03"})
+# PrepareFirst rounds one transaction may ask for (each settles what it asked for: one per table's
+# new days in practice); more is a bug, raised rather than looped on.
+_PREPARES = 8
 
 
 class Database:
@@ -179,7 +182,19 @@ class Database:
             raw.close()  # back to the pool
 
     def _retrying(self, engine: sa.Engine, fn: Callable[[Connection], T]) -> T:
-        return self._retrying_attempts(lambda: self._transaction(engine, fn))
+        """``fn`` in a transaction, retried as ``_retrying_attempts`` says; a transaction that
+        raises PrepareFirst (rolled back) is run again after what it asked for was done."""
+        asked = ""
+        for _ in range(_PREPARES):
+            try:
+                return self._retrying_attempts(lambda: self._transaction(engine, fn))
+            except PrepareFirst as need:
+                asked = str(need)
+                need.first()
+        raise LedgerError(
+            f"a write on {self.display} asked {_PREPARES} times for work before it (last: {asked}); nothing "
+            "was written. This is a bug in gpuledger: please report it"
+        )
 
     def _transaction(self, engine: sa.Engine, fn: Callable[[Connection], T]) -> T:
         with self._connect(engine.connect) as conn, conn.begin():

@@ -6,6 +6,8 @@ as is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class LedgerError(Exception):
     """Base class of every error the ledger raises on purpose."""
@@ -48,3 +50,14 @@ class SchemaTooNew(LedgerError):
 
 class LedgerUnavailable(LedgerError):
     """The database cannot be reached or opened (server down, bad URL, missing driver, bad path)."""
+
+
+class PrepareFirst(Exception):
+    """Raised inside a ``Database.write`` transaction that needs something done first in a
+    transaction of its own (a day partition its rows need, store/partition_days.py). ``Database``
+    rolls the transaction back, calls ``first()`` and runs the transaction again; callers never see
+    it. ``first`` must leave the next attempt with no reason to raise it again for the same thing."""
+
+    def __init__(self, first: Callable[[], object], why: str) -> None:
+        super().__init__(why)
+        self.first = first

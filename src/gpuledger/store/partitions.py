@@ -12,7 +12,10 @@ and (run_id, seq, t0). A retransmitted interval carries the same t0 as the first
 conflicts with it and ``ON CONFLICT DO NOTHING`` (and the bulk ingest's own filter) drop it.
 
 ``maintain`` creates the partitions ahead and moves strays out of the default partition into their
-day (serve runs it at start and every ``partition_every_s``; retention runs it first).
+day (serve runs it at start and every ``partition_every_s``; retention runs it first). A write of
+rows for a day with no partition (a replay, an outbox sent days late) makes that day first
+(``ensure_days``, store/partition_days.py), so the default partition stays empty: it is kept for a
+row that comes some other way (an older gpuledger, plain SQL) and for an older ledger's strays.
 SQLite ledgers keep one plain table each: nothing here runs there.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import calendar
 import math
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -165,6 +169,20 @@ def ensure_partitions(conn: Connection, t_from: float, t_to: float) -> Maintaine
     """The day partitions of the partitioned tables (SPECS) covering [t_from, t_to] and every day a stray row in a
     default partition belongs to, created where missing; the strays moved into them. Serialised
     between server replicas by an advisory lock; ingest is not held up (see _attach_day)."""
+    wanted = set(range(math.floor(t_from / DAY_S), math.floor(t_to / DAY_S) + 1))
+    return _ensure(conn, dict.fromkeys(SPECS, wanted), every_stray=True)
+
+
+def ensure_days(conn: Connection, days: Mapping[str, Collection[int]]) -> Maintained:
+    """The day partitions of ``days`` (table -> days since 1970-01-01 UTC) created where missing, for
+    rows about to be written (store/partition_days.py), under the same lock and rules as
+    ``ensure_partitions``: a writer racing another to make the same day waits for it and finds the
+    day made. Only strays of those days are moved (an older ledger's); the others wait for the
+    hourly pass, so a late row does not hold its write up for them."""
+    return _ensure(conn, days, every_stray=False)
+
+
+def _ensure(conn: Connection, days: Mapping[str, Collection[int]], every_stray: bool) -> Maintained:
     out = Maintained()
     if conn.dialect.name != "postgresql":
         return out
@@ -172,42 +190,62 @@ def ensure_partitions(conn: Connection, t_from: float, t_to: float) -> Maintaine
     conn.execute(
         sa.text("SELECT pg_advisory_xact_lock(:k, hashtext(coalesce(current_schema(), '')))"), {"k": _LOCK_KEY}
     )
-    wanted = set(range(math.floor(t_from / DAY_S), math.floor(t_to / DAY_S) + 1))
-    for table, spec in SPECS.items():
-        if not is_partitioned(conn, table):
+    for table, spec in SPECS.items():  # this order, parent before partitions: as every maintainer locks
+        wanted = set(days.get(table, ()))
+        if not (wanted or every_stray) or not is_partitioned(conn, table):
             continue
+        if not every_stray and wanted <= set(day_partitions(conn, table)):
+            continue  # another writer made them while this one waited for the lock: nothing to hold
         default = default_name(table)
         days_of = f"SELECT DISTINCT {spec.day_of()} FROM {default}"
-        if {int(d) for (d,) in conn.exec_driver_sql(days_of)} - set(day_partitions(conn, table)):
+        if not every_stray:  # only these days' strays: no scan of all an older ledger left there
+            lo, hi = spec.bounds(min(wanted))[0], spec.bounds(max(wanted))[1]
+            days_of += f" WHERE {spec.column} >= {lo} AND {spec.column} < {hi}"
+        only = None if every_stray else wanted
+        if _strays(conn, days_of, only) - set(day_partitions(conn, table)):
             # Rows will move: no statement may be planned against the old partitions and run after
             # the move (it would read the default partition without them and miss the new one), so
             # the whole table is held for the move. Taken first, parent before partitions, as every
-            # writer takes them: no deadlock with ingest. Rare: only rows outside the days made ahead.
+            # writer takes them: no deadlock with ingest. Rare: rows an older ledger left there
+            # (writes make their day first now, store/partition_days.py), or a day it failed to make.
             conn.exec_driver_sql(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
         else:
             # No row may reach the default partition between the attach and its check of it.
             conn.exec_driver_sql(f"LOCK TABLE {default} IN EXCLUSIVE MODE")
-        strays = {int(d) for (d,) in conn.exec_driver_sql(days_of)}
-        for day in sorted((wanted | strays) - set(day_partitions(conn, table))):
-            out.moved += _attach_day(conn, table, day)
+        moving = _strays(conn, days_of, only)  # held now: no row can join them
+        for day in sorted((wanted | moving) - set(day_partitions(conn, table))):
+            out.moved += _attach_day(conn, table, day, move=day in moving)
             out.created.append(day_name(table, day))
     return out
 
 
-def _attach_day(conn: Connection, table: str, day: int) -> int:
-    """A day partition, holding the day's rows moved out of the default partition; their count.
+def _strays(conn: Connection, days_of: str, only: set[int] | None) -> set[int]:
+    """The days of the rows in a default partition (``days_of`` reads them), of ``only`` those."""
+    found = {int(d) for (d,) in conn.exec_driver_sql(days_of)}
+    return found if only is None else found & only
+
+
+def _attach_day(conn: Connection, table: str, day: int, *, move: bool) -> int:
+    """A day partition, holding the day's rows moved out of the default partition (``move``: the
+    caller found some there, under its lock); their count.
     ``CREATE TABLE ... PARTITION OF`` would lock the whole table against ingest and refuses a day
     whose rows sit in the default partition, so the day's table is made and filled on its own and
     attached after (PostgreSQL then locks only the default partition, and its check finds none of
-    the day's rows there; the CHECK spares it a scan of the new one)."""
+    the day's rows there; the CHECK spares it a scan of the new one).
+    The move is a DELETE ... INSERT (dead rows in the default partition, until vacuum): writes make
+    their day before they write (store/partition_days.py), so it runs only for rows already there,
+    which an older ledger (or a day that could not be made in time) left, and which no DDL can
+    move any other way."""
     name, default = day_name(table, day), default_name(table)
     col = SPECS[table].column
     lo, hi = SPECS[table].bounds(day)
     x = conn.exec_driver_sql
     x(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS)")
     x(f"ALTER TABLE {name} ADD CONSTRAINT {name}_bound CHECK ({col} >= {lo} AND {col} < {hi})")
-    moved = x(f"WITH gone AS (DELETE FROM {default} WHERE {col} >= {lo} AND {col} < {hi} RETURNING *) "
-              f"INSERT INTO {name} SELECT * FROM gone").rowcount  # fmt: skip
+    moved = 0
+    if move:
+        moved = x(f"WITH gone AS (DELETE FROM {default} WHERE {col} >= {lo} AND {col} < {hi} RETURNING *) "
+                  f"INSERT INTO {name} SELECT * FROM gone").rowcount  # fmt: skip
     x(f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ({lo}) TO ({hi})")
     x(f"ALTER TABLE {name} DROP CONSTRAINT {name}_bound")
     return int(moved)

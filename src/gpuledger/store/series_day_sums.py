@@ -16,6 +16,7 @@ the run's rows of the day from the store instead (store/series_cut_days.py).
 
 from __future__ import annotations
 
+import calendar
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -129,15 +130,37 @@ def run_days(conn: Connection, run_id: str) -> list[str]:
     return [iso_day(x) for x in sorted(days)]
 
 
-def store_days(conn: Connection, shown: str) -> list[str]:
-    """The days (YYYY-MM-DD) the rows of the series-only runs writing into the store ``shown`` lie
-    on (by their day sums, as ``run_days``): those a drop of that store's days may remove."""
+def store_days(conn: Connection, shown: str, since: str = "", before: str | None = None) -> list[str]:
+    """The days (YYYY-MM-DD) in [``since``, ``before``) ("": no bound) the rows of the series-only
+    runs writing into the store ``shown`` lie on (by their day sums, as ``run_days``): those a drop
+    of that store's days may remove. Reads only what the window needs: the runs with a segment
+    reaching into it (a segment spans its rows, so no other run has a row there), and of those
+    their days inside it; a retention pass looks at the days since its last one, so the runs of
+    the weeks before cost it nothing."""
     d, m, s = schema.series_day_sums.c, schema.series_only_runs.c, schema.series_segments.c
-    runs = sa.select(m.run_id).where(m.store == shown)
-    days = {int(x) for x in conn.scalars(sa.select(d.day).where(d.run_id.in_(runs)).distinct())}
-    firsts = sa.select(sa.func.min(s.t0)).where(s.run_id.in_(runs)).group_by(s.run_id)
-    days |= {int(float(t) // DAY_S) for t in conn.scalars(firsts) if t is not None}
+    lo = None if not since else _day_number(since)
+    hi = None if before is None else _day_number(before)
+    reaching = sa.select(s.run_id).where(s.run_id.in_(sa.select(m.run_id).where(m.store == shown)))
+    sums = sa.select(d.day)
+    firsts = sa.select(sa.func.min(s.t0)).group_by(s.run_id)
+    if hi is not None:
+        reaching = reaching.where(s.t0 < hi * DAY_S)
+        sums = sums.where(d.day < hi)
+        firsts = firsts.having(sa.func.min(s.t0) < hi * DAY_S)
+    if lo is not None:
+        reaching = reaching.where(s.t1 >= lo * DAY_S)
+        sums = sums.where(d.day >= lo)
+        firsts = firsts.having(sa.func.min(s.t0) >= lo * DAY_S)
+    runs = reaching.distinct()
+    days = {int(x) for x in conn.scalars(sums.where(d.run_id.in_(runs)).distinct())}
+    # the day a run's first row starts on (a host row before its GPU rows): by the run's first segment
+    days |= {int(float(t) // DAY_S) for t in conn.scalars(firsts.where(s.run_id.in_(runs))) if t is not None}
     return [iso_day(x) for x in sorted(days)]
+
+
+def _day_number(iso: str) -> int:
+    """YYYY-MM-DD as days since 1970-01-01."""
+    return int(calendar.timegm(time.strptime(iso, "%Y-%m-%d")) // DAY_S)
 
 
 def run_sums(conn: Connection, run_id: str) -> list[dict[str, Any]]:

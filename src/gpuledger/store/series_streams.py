@@ -13,9 +13,11 @@ come here, so a resent batch adds nothing and a rolled-back push added nothing.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -143,19 +145,31 @@ def incomplete_runs(conn: Connection) -> list[str]:
     return sorted(str(r) for r in conn.scalars(sa.select(c.run_id).where(c.complete.is_(False)).distinct()))
 
 
-def recompute(conn: Connection, run_id: str, store: Any) -> int:
+@dataclass(frozen=True)
+class Recomputed:
+    """What ``recompute`` did of one run's incomplete streams."""
+
+    completed: int = 0  # streams whose sums now count every row the segments hold
+    short: int = 0  # streams left incomplete: the store no longer holds all their rows
+    expired: tuple[str, ...] = ()  # the run's days its store dropped past its window (the trail's word)
+
+
+def recompute(conn: Connection, run_id: str, store: Any) -> Recomputed:
     """Recompute the run's incomplete streams from the rows ``store`` (a series/base.SeriesStore)
     holds of it within its segments (rows a failed ledger commit left there are not the run's),
     under the run's row lock so no push of it interleaves; the streams completed. The store's rows
-    are quantized to its units (series/quantum.py), so these sums are to those units."""
-    from gpuledger.store import series_segments
+    are quantized to its units (series/quantum.py), so these sums are to those units.
+    A stream some of whose rows the store no longer holds (days it dropped past its window, or a
+    TTL removed) cannot be completed: summing what is left would show a part as the whole, so it
+    stays incomplete (its sums read n/a) and is counted as ``short``."""
+    from gpuledger.store import series_only_window, series_segments
 
     s = schema.series_streams
     if conn.dialect.name == "postgresql":
         conn.execute(sa.select(schema.runs.c.id).where(schema.runs.c.id == run_id).with_for_update())
     todo = set(conn.scalars(sa.select(s.c.device_uuid).where(s.c.run_id == run_id, s.c.complete.is_(False))))
     if not todo:
-        return 0
+        return Recomputed()
     spans = series_segments.segments(conn, run_id, todo)
 
     def held(uuid: str, seq: int) -> bool:
@@ -165,9 +179,12 @@ def recompute(conn: Connection, run_id: str, store: Any) -> int:
     gpu = [tuple(r.get(c) for c in gpu_cols) for r in store.gpu_intervals(run_id) if held(r["device_uuid"], r["seq"])]
     host = [(r["seq"], r["cpu_s"]) for r in store.host_intervals(run_id) if HOST in todo and held(HOST, r["seq"])]
     found = {r["device_uuid"]: r for r in stream_rows(run_id, gpu, gpu_cols, host, ("seq", "cpu_s"))}
-    for uuid in todo:
+    got = collections.Counter([str(r[0]) for r in gpu] + [HOST] * len(host))
+    short = {u for u in todo if got[u] < sum(sp.last_seq - sp.first_seq + 1 for sp in spans.get(u, ()))}
+    for uuid in todo - short:
         values = {
             k: v for k, v in (found.get(uuid) or _blank(run_id, uuid)).items() if k not in ("run_id", "device_uuid")
         }
         conn.execute(sa.update(s).where(s.c.run_id == run_id, s.c.device_uuid == uuid).values(**values))
-    return len(todo)
+    expired = tuple(series_only_window.expired_days(conn, run_id)) if short else ()
+    return Recomputed(len(todo - short), len(short), expired)

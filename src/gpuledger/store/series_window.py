@@ -69,7 +69,7 @@ def _recorded(conn: Connection, url: str, cut: str) -> list[str]:
         if p.get("series") == url and since <= p["day"] < cut:
             days.add(p["day"])
     # and the days of the series-only runs that write into it (store/series_only_window.py)
-    days.update(d for d in series_day_sums.store_days(conn, url) if since <= d < cut)
+    days.update(series_day_sums.store_days(conn, url, since, cut))  # only the window's runs and days read
     return sorted(days)
 
 

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import Event, GpuIdentity, GpuInterval, HostInterval, Metric, RunRecord
-from gpuledger.store import bulk, lineage, log_codec, rollup_stale, schema
+from gpuledger.store import bulk, lineage, log_codec, partition_days, rollup_stale, schema
 from gpuledger.store.codec import device_from_row, label_rows, run_row, to_row
 from gpuledger.store.engine import Database
 from gpuledger.store.errors import RunNotFound
@@ -92,6 +92,9 @@ def append(
     if finished:
         gpu = bulk.unreplaced(conn, run_id, "gpu", gpu, lambda i: (i.device_uuid, i.seq)) if gpu else gpu
         host = bulk.unreplaced(conn, run_id, "host", host, lambda i: ("", i.seq)) if host else host
+    if gpu or host:  # their days' partitions first (PostgreSQL), so none lands in the default one
+        starts = {"gpu_intervals": [i.t0 for i in gpu], "host_intervals": [i.t0 for i in host]}
+        partition_days.require(db, conn, starts)
     if gpu:
         db.insert_new_rows(conn, schema.gpu_intervals, [to_row(i, run_id=run_id) for i in gpu])
         spans = [(i.device_uuid, i.t0, i.t1) for i in gpu]
