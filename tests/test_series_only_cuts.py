@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import test_series_tier as tiers
@@ -169,8 +169,13 @@ def _rows(draw: Any) -> tuple[list[dict[str, Any]], list[float]]:
     return rows, cuts
 
 
+_SLIVER = 86399.99999999999  # one float step before the first midnight: (t0 + 86400) / 2 rounds onto it
+
+
 @settings(max_examples=200, deadline=None)
 @given(_rows())
+@example(([{"device_uuid": "GPU-0", "seq": 0, "t0": _SLIVER, "t1": _SLIVER + 5.0, "busy_s": None, "energy_j": 500.0}],
+          [86401.0]))  # fmt: skip
 def test_day_sums_with_the_cut_days_read_raw_price_as_the_raw_rows(
     drawn: tuple[list[dict[str, Any]], list[float]],
 ) -> None:

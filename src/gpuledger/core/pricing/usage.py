@@ -108,9 +108,9 @@ def split_days(t0: float, t1: float, cuts: Sequence[float] = ()) -> list[tuple[i
 
 def period_of(a: float, b: float, cuts: Sequence[float] = ()) -> tuple[int, int]:
     """The (day, period) a piece [a, b) from ``split_days`` lies in: pieces never straddle a
-    midnight or a cut, so the midpoint names the period."""
-    mid = (a + b) / 2 if b > a else a
-    return day_of(mid), bisect.bisect_right(cuts, mid)
+    midnight or a cut, so its start names them. Not the midpoint: a piece one float step wide just
+    before a midnight or a cut has its midpoint rounded onto it, in the next day or period."""
+    return day_of(a), bisect.bisect_right(cuts, a)
 
 
 def _scaled(value: float | None, share: float) -> float | None:
