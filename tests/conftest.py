@@ -16,6 +16,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests check arithmetic, not speed: on a loaded CI machine Hypothesis's per-example
+# deadline and its "data generation too slow" check fail tests whose figures are right.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 PG_URL = os.environ.get("GPULEDGER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
