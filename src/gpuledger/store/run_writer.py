@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import random
 import sqlite3
@@ -237,9 +238,11 @@ class RunWriter:
 
         self._write(tx, lambda: self._full().update_run(run_id, **fields))
 
-    def set_log(self, run_id: str, data: bytes, *, truncated: bool = False) -> None:
-        """As ``Ledger.set_log``: the run's output, stored compressed when that is shorter."""
-        data = bytes(data)
+    def set_log(self, run_id: str, data: bytes | mmap.mmap, *, truncated: bool = False) -> None:
+        """As ``Ledger.set_log``: the run's output, stored compressed when that is shorter. ``data``
+        may be the log file mapped (recorder/wrap.py): hashed and compressed without a copy."""
+        if not isinstance(data, (bytes, mmap.mmap)):
+            data = bytes(data)
         row = {
             "run_id": run_id,
             "data": log_codec.encode(data),
