@@ -151,3 +151,65 @@ def test_a_bad_log_cap_is_refused_before_the_command_starts(env: dict[str, str],
         "gpuledger: GPULEDGER_LOG_MAX_B='lots': 'lots' is not a size (bytes, or a number with KiB, MiB or GiB)"
     ]
     assert not marker.exists()
+
+
+# A YOLO training's output, well over a pipe's and the relay's buffers, that dies of a CUDA OOM;
+# the second form is killed with SIGKILL in the middle of a progress bar.
+TRAINING = textwrap.dedent(
+    """
+    import os, signal, sys
+    out = sys.stdout.buffer
+    head = b"\\n      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\\n"
+    for epoch in range(1, 41):
+        out.write(head)
+        for i in range(0, 401):
+            out.write(b"\\r  %5d/40      3.2G      1.234      2.345      1.111         12        640: %3d%%|"
+                      % (epoch, i // 4))
+        out.write(b"\\n                 Class     Images  Instances      Box(P          R      mAP50  mAP50-95)\\n")
+        out.write(b"                   all        128        929      0.512      0.433      0.%03d      0.3\\n" % epoch)
+        if epoch == 20:
+            out.write(b"password: hunter2hunter2\\n")
+    out.flush()
+    if sys.argv[1] == "kill":
+        out.write(b"\\r      41/40      3.2G      1.234")
+        out.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    out.write(b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0)\\n")
+    sys.exit(1)
+    """
+)
+
+
+@pytest.mark.parametrize("end", ["oom", "kill"])
+def test_a_whole_log_is_stored_as_printed_redacted_and_read_as_the_stored_bytes_read(
+    tmp_path: Path, ledger_url: str, end: str
+) -> None:
+    """Under the log cap the stored log is the redacted output itself, with its own sha256 (the
+    seal's), and the run's end is explained from it as from those bytes (gpuledger run maps the
+    relay's file instead of reading it: recorder/wrap.py)."""
+    from gpuledger.core.training import failures
+
+    env = cli_env(tmp_path / "home", ledger_url)
+    bare = subprocess.run([*py(TRAINING), end], capture_output=True, timeout=120).stdout
+    assert len(bare) > 1_000_000
+    wrapped = run_cli(["run", "-q", "--", *py(TRAINING), end], env, timeout=300)
+    assert wrapped.returncode == (137 if end == "kill" else 1), wrapped.stderr.decode()
+    assert wrapped.stdout == bare
+    run = only_run(env)
+    assert not any((tmp_path / "home" / "logs").iterdir())  # archived in the ledger, file removed
+    stored = run_cli(["logs", run["id"]], env).stdout
+    assert stored == R.redact_bytes(bare) and b"hunter2hunter2" not in stored
+    with Ledger(ledger_url) as ledger:
+        info = ledger.log_info(run["id"])
+        assert info == {"sha256": hashlib.sha256(stored).hexdigest(), "size_b": len(stored), "truncated": False}
+        kinds = {e.kind for e in ledger.events(run["id"])}
+        metrics = [(m.epoch, m.key, m.value) for m in ledger.metrics(run["id"])]
+    signal_ = 9 if end == "kill" else None
+    expected = failures.explain(stored, "failed", None if signal_ else 1, signal_)
+    assert len(expected.parsed.epochs) >= 39  # the epochs the log shows, as its bytes give them
+    assert metrics == [(e.epoch, k, v) for e in expected.parsed.epochs for k, v in e.metrics.items()]
+    if end == "oom":
+        assert "cuda_oom" in kinds and run["status_reason"] == expected.reason
+    else:
+        assert "SIGKILL" in run["status_reason"]
+    assert "log_parsed" in kinds

@@ -5,11 +5,14 @@ where it cannot be exact (a capped log, an output candidates.py does not claim).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import mmap
 import os
 import subprocess
 import sys
 import threading
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +21,6 @@ from hypothesis import strategies as st
 import ci_support
 from gpuledger.core.redaction.redact import Redactor
 from gpuledger.core.training import candidates, failures, lineindex
-from gpuledger.core.training.logcap import CappedLog
 from gpuledger.integrations.ultralytics.eval_postrun import console_record
 from gpuledger.recorder import relay, wrap
 
@@ -176,13 +178,20 @@ def test_the_relay_index_of_the_redacted_log_reads_like_the_log(tmp_path_factory
     with open(log_path, "rb") as fh:
         log = fh.read()
     assert b"hunter2hunter2" not in log  # redacted: the index describes the stored bytes
-    capped = CappedLog(log, len(log), False)
-    index = wrap._line_index(log_path, True, capped)
+    index = wrap._line_index(log_path, True)
     assert not os.path.exists(lineindex.index_path(log_path))  # read once, then removed
     assert index is not None and index.size == len(log)
     expected = _read_all(log)
     with candidates.attached(log, index):
         assert _read_all(log) == expected
+    # as gpuledger run hands it over: the file mapped (every line read: the bytes), the same answers
+    handed, truncated, kept = wrap._read_log(log_path, 64 << 20, index)
+    assert not truncated and kept is index and handed[:] == log
+    assert isinstance(handed, mmap.mmap) is not index.every_line
+    # and the failure reader cuts its lines out of the mapping, never copying the log whole
+    copied = mock.patch.object(failures, "whole", side_effect=AssertionError("the mapped log was copied"))
+    with candidates.attached(handed, kept), copied if isinstance(handed, mmap.mmap) else contextlib.nullcontext():
+        assert _read_all(handed) == expected
 
 
 def test_a_capped_log_or_a_relay_still_running_is_read_the_usual_way(tmp_path) -> None:
@@ -191,10 +200,17 @@ def test_a_capped_log_or_a_relay_still_running_is_read_the_usual_way(tmp_path) -
     _pump([_HUGE[0], b"\nEpoch\n"], log_path)
     path = lineindex.index_path(log_path)
     assert os.path.exists(path)
-    assert wrap._line_index(log_path, False, CappedLog(b"", 0, False)) is None  # the relay may still write
+    assert wrap._line_index(log_path, False) is None  # the relay may still write
     assert os.path.exists(path)  # left for it
-    assert wrap._line_index(log_path, True, CappedLog(b"head...tail", 10**9, True)) is None  # capped
-    assert not os.path.exists(path)
+    assert wrap._read_log(log_path, 64 << 20, None)[0] == _HUGE[0] + b"\nEpoch\n"  # read, not mapped
+    index = wrap._line_index(log_path, True)
+    assert index is not None and not os.path.exists(path)
+    log, truncated, kept = wrap._read_log(log_path, 64 << 10, index)  # over the cap: head and tail
+    assert truncated and isinstance(log, bytes) and kept is None
+    with open(log_path, "ab") as fh:  # the file is not what the index describes: read, index kept for the check
+        fh.write(b"more\n")
+    log, truncated, kept = wrap._read_log(log_path, 64 << 20, index)
+    assert isinstance(log, bytes) and not truncated and len(log) != index.size
 
 
 def test_a_log_the_relay_could_not_write_gets_no_index(tmp_path) -> None:

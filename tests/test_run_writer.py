@@ -54,6 +54,8 @@ def record(led: object) -> None:
     metrics = [Metric(T0 + 2, "loss", math.nan, epoch=0), Metric(T0 + 2, "mAP50", 0.5, epoch=0, step=10)]
     led.append(RID, events=events, metrics=metrics)
     led.append(RID, events=events[:1], metrics=metrics[:1])  # resent without numbers: skipped
+    led.append(RID, metrics=[metrics[1], Metric(T0 + 4, "epochs", 3)])  # half resent; an int stays an int
+    led.append(RID, metrics=[Metric(T0 + 5, "lr", 0.01, step=7)], metric_seq=9)  # numbered by the sender
     led.append(RID, events=[Event(T0 + 3, "alert", "idle GPU", {"gpu": 1})], event_seq=2)
     led.update_run(RID, labels={"project": "vision", "team": "robotics"}, meta={})
     led.set_log(RID, b"epoch 1/3 loss 0.5\n" * 200, truncated=True)

@@ -8,10 +8,14 @@ from typing import TYPE_CHECKING
 from gpuledger.recorder.hooks import Push, RunHooks, Warn
 
 if TYPE_CHECKING:
+    import mmap
+
     from gpuledger.recorder.session import Session
 
 
-def explain_run(session: Session, log: bytes, status: str, exit_code: int | None, signal: int | None) -> str | None:
+def explain_run(
+    session: Session, log: bytes | mmap.mmap, status: str, exit_code: int | None, signal: int | None
+) -> str | None:
     # imported when CMD has ended, not before it starts
     from gpuledger.integrations.ultralytics.postrun import explain_run as explain
 

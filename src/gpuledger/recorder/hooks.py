@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import mmap
+
     from gpuledger.recorder.session import Session
 
 Warn = Callable[[str], None]
-# (session, status, exit code, signal) -> the reason for the run's status, or None to keep it
-Explain = Callable[["Session", bytes, str, "int | None", "int | None"], "str | None"]
+# (session, log, status, exit code, signal) -> the reason for the run's status, or None to keep it;
+# the log may be the file mapped (recorder/wrap.py), with the relay's line index attached
+Explain = Callable[["Session", "bytes | mmap.mmap", str, "int | None", "int | None"], "str | None"]
 
 
 class Push(Protocol):

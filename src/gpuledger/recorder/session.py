@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gpuledger.collect.base import GpuCollector, HostCollector
 from gpuledger.core.ids import uuid7
@@ -30,6 +31,9 @@ from gpuledger.recorder.hooks import Explain
 from gpuledger.recorder.messages import handle as handle_message
 from gpuledger.recorder.recorder import Pending, Recorder
 from gpuledger.runs.host import host_name
+
+if TYPE_CHECKING:
+    import mmap
 
 
 def stderr_line(line: str) -> None:
@@ -279,7 +283,7 @@ class Session:
         exit_code: int | None = None,
         signal: int | None = None,
         reason: str | None = None,
-        log: bytes | None = None,
+        log: bytes | mmap.mmap | None = None,
         explain: Explain | None = None,
         log_truncated: bool = False,
         log_still_written: bool = False,
@@ -288,6 +292,7 @@ class Session:
         """Stop recording, write the end state and the log; return the summary (None if unwritable;
         ``{}`` when written but ``summarize`` is False: nobody shows it, and reading it back costs
         the database layer a quick run otherwise does without).
+        ``log``: CMD's output as stored, or the log file mapped (recorder/wrap.py).
         ``log_truncated``: ``log`` is the head and tail of a longer output (core/training/logcap.py).
         ``log_still_written``: a process CMD started still writes the log file, so a spooled run's
         ``recover`` must keep the file.

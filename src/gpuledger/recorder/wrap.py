@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import select
 import signal
@@ -16,6 +17,7 @@ from gpuledger.core.ids import uuid7
 from gpuledger.core.training.candidates import attached
 from gpuledger.core.training.lineindex import index_path
 from gpuledger.core.training.lineindex import load as load_index
+from gpuledger.core.training.logcap import windows
 from gpuledger.paths import log_dir
 from gpuledger.recorder.clock import SteadyClock
 from gpuledger.recorder.control import ENV_VAR as CONTROL_ENV
@@ -24,12 +26,11 @@ from gpuledger.recorder.edge import Edge, open_edge
 from gpuledger.recorder.hooks import RunHooks
 from gpuledger.recorder.launch import LaunchError, become_subreaper, copy_window_size, launch
 from gpuledger.recorder.session import Session, new_run_record, stderr_line
-from gpuledger.runs.logfile import log_cap, read_capped, remove_file
+from gpuledger.runs.logfile import log_cap, map_whole, read_capped, remove_file
 
 if TYPE_CHECKING:
     from gpuledger.core.model import RunRecord
     from gpuledger.core.training.lineindex import LineIndex
-    from gpuledger.core.training.logcap import CappedLog
     from gpuledger.prom.serve import MetricsServer
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -166,22 +167,25 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     status, code, sig, reason = _status(wait_status, forwarded[-1] if forwarded else None)
     summary = None
     if session is not None:
-        capped = read_capped(log_path, log_cap_b)
-        log = None if capped is None else capped.data
-        with attached(log, _line_index(log_path, relay_done, capped)):
+        index = _line_index(log_path, relay_done)
+        log, truncated, index = _read_log(log_path, log_cap_b, index)
+        with attached(log, index):
             summary = session.finish(
                 status,
                 exit_code=None if sig else code,
                 signal=sig,
                 reason=reason,
                 log=log,
-                log_truncated=capped is not None and capped.truncated,
+                log_truncated=truncated,
                 explain=opts.hooks.explain,
                 log_still_written=not relay_done,
                 summarize=opts.summary,
             )
         session.close()
-        if summary is not None and capped is not None and relay_done:
+        if isinstance(log, mmap.mmap):
+            with contextlib.suppress(BufferError):  # a reader still holding a view: freed with it
+                log.close()
+        if summary is not None and log is not None and relay_done:
             remove_file(log_path)  # archived in the ledger: the file was only the crash-safe copy
     if pusher is not None:
         pusher.finish(stderr_line)
@@ -195,14 +199,32 @@ def wrap(argv: Sequence[str], opts: WrapOptions, env: Mapping[str, str] | None =
     return Outcome(code, status, sig, reason, summary, run_id)
 
 
-def _line_index(log_path: str, relay_done: bool, capped: CappedLog | None) -> LineIndex | None:
-    """The relay's index of the log's lines (core/training/lineindex.py), when it describes the
-    bytes read: the relay has ended and the log is whole (a capped log is read the usual way)."""
+def _line_index(log_path: str, relay_done: bool) -> LineIndex | None:
+    """The relay's index of the log's lines (core/training/lineindex.py), once the relay has ended."""
+    if not relay_done:
+        return None
     path = index_path(log_path)
-    index = load_index(path) if relay_done and capped is not None and not capped.truncated else None
-    if relay_done:
-        remove_file(path)
+    index = load_index(path)
+    remove_file(path)
     return index
+
+
+def _read_log(
+    log_path: str, cap_b: int, index: LineIndex | None
+) -> tuple[bytes | mmap.mmap | None, bool, LineIndex | None]:
+    """The log as it will be stored, whether it is capped, and the index when it describes those
+    bytes. A whole log the index covers line by line is mapped, not read (runs/logfile.map_whole):
+    the end-of-run readers only cut its candidate lines out. Any other log is read: capped (the
+    index, if any, is dropped: it describes the whole output), one whose every line is read, or
+    one that could not be mapped."""
+    if index is not None and not index.every_line and not windows(index.size, cap_b)[0]:
+        mapped = map_whole(log_path, index.size)
+        if mapped is not None:
+            return mapped, False, index
+    capped = read_capped(log_path, cap_b)
+    if capped is None:
+        return None, False, None
+    return capped.data, capped.truncated, None if capped.truncated else index
 
 
 def _open_edge(opts: WrapOptions, env: Mapping[str, str], clock: SteadyClock) -> Edge | None:

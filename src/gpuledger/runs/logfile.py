@@ -17,6 +17,7 @@ The cap is ``GPULEDGER_LOG_MAX_B`` (bytes, or e.g. ``256MiB``; at least 64 KiB),
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 from collections.abc import Mapping
 
@@ -60,6 +61,24 @@ def read_capped(path: str, cap_b: int) -> CappedLog | None:
     except OSError:
         return None
     return cap_parts(head, tail, total, cap_b)
+
+
+def map_whole(path: str, size_b: int) -> mmap.mmap | None:
+    """The log file mapped read-only, when it holds exactly ``size_b`` bytes (``gpuledger run``:
+    the bytes the relay's line index describes, the relay having ended). The end-of-run readers
+    cut their lines out of the mapping and the ledger hashes and compresses it where it lies, so
+    a chatty run's log is never copied whole into gpuledger (50 MB: 0.02-0.03 s of CPU and its
+    memory). None where it cannot be mapped so: read it with ``read_capped``."""
+    if size_b <= 0:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size != size_b:
+                return None
+            # The relay, the only writer, has ended and only ever appended: the pages stay valid.
+            return mmap.mmap(fh.fileno(), size_b, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return None
 
 
 def archive(ledger, run_id: str, path: str, cap_b: int, *, remove: bool) -> CappedLog | None:

@@ -16,6 +16,7 @@ zlib's level 1 writes the same format (0.3 s, 12.7 MB).
 from __future__ import annotations
 
 import hashlib
+import mmap
 import zlib
 from collections.abc import Callable
 
@@ -25,7 +26,7 @@ _ISAL_LEVEL = 2  # ISA-L's levels are 0-3; 2 is as fast as 1 (0.09 s for 50 MB) 
 _ZLIB_LEVEL = 1  # without isal: zlib's fastest, 3.5x quicker than its default 6 for 30 % more bytes
 
 
-def _compressor() -> Callable[[bytes], bytes]:
+def _compressor() -> Callable[[bytes | mmap.mmap], bytes]:
     try:
         from isal import isal_zlib
     except ImportError:  # a platform without an isal wheel: the same format, slower
@@ -33,10 +34,13 @@ def _compressor() -> Callable[[bytes], bytes]:
     return lambda data: isal_zlib.compress(data, _ISAL_LEVEL)
 
 
-def encode(data: bytes) -> bytes:
-    """The stored form of ``data``: compressed when that is shorter, else ``data`` itself."""
+def encode(data: bytes | mmap.mmap) -> bytes:
+    """The stored form of ``data`` (bytes, or a log file mapped): compressed when that is shorter,
+    else ``data`` itself."""
     packed = _compressor()(data)
-    return packed if len(packed) < len(data) else data
+    if len(packed) < len(data):
+        return packed
+    return data if isinstance(data, bytes) else bytes(data)
 
 
 def decode(stored: bytes, size_b: int) -> bytes:

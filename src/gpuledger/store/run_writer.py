@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
+import mmap
 import os
 import random
 import sqlite3
@@ -46,8 +46,7 @@ _JSON = {
     "events": frozenset({"payload"}),
     "gpu_intervals": frozenset({"throttle_s"}),
 }
-_EVENT_KEY = ("t", "kind", "message")  # as writes._EVENT_KEY / _METRIC_KEY
-_METRIC_KEY = ("t", "key", "epoch", "step")
+_EVENT_KEY = ("t", "kind", "message")  # as writes._EVENT_KEY (metrics: _insert_metrics)
 
 
 class _Decline(Exception):
@@ -210,8 +209,7 @@ class RunWriter:
                     row["payload"] = dict(row["payload"] or {})
                 _insert_new(c, "events", _numbered(c, "events", run_id, rows, event_seq, _EVENT_KEY))
             if metrics:
-                rows = [to_row(m, run_id=run_id) for m in metrics]
-                _insert_new(c, "metrics", _numbered(c, "metrics", run_id, rows, metric_seq, _METRIC_KEY))
+                _insert_metrics(c, run_id, metrics, metric_seq)
 
         self._write(
             tx,
@@ -240,9 +238,11 @@ class RunWriter:
 
         self._write(tx, lambda: self._full().update_run(run_id, **fields))
 
-    def set_log(self, run_id: str, data: bytes, *, truncated: bool = False) -> None:
-        """As ``Ledger.set_log``: the run's output, stored compressed when that is shorter."""
-        data = bytes(data)
+    def set_log(self, run_id: str, data: bytes | mmap.mmap, *, truncated: bool = False) -> None:
+        """As ``Ledger.set_log``: the run's output, stored compressed when that is shorter. ``data``
+        may be the log file mapped (recorder/wrap.py): hashed and compressed without a copy."""
+        if not isinstance(data, (bytes, mmap.mmap)):
+            data = bytes(data)
         row = {
             "run_id": run_id,
             "data": log_codec.encode(data),
@@ -328,8 +328,6 @@ def _values(table: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
     for name, value in row.items():
         if name in json_cols:
             value = None if value is None else dumps(value)  # Json(none_as_null=True)
-        elif table == "metrics" and name == "value" and isinstance(value, float) and math.isnan(value):
-            value = "NaN"  # schema.MetricValue: a NaN loss is a result; SQLite would store NULL
         out.append(value)  # a NaN measurement: SQLite stores NULL, as schema.Measured wants
     return tuple(out)
 
@@ -338,6 +336,34 @@ def _insert_new(c: sqlite3.Connection, table: str, rows: list[dict[str, Any]]) -
     """``INSERT ... ON CONFLICT DO NOTHING`` of rows (one column set): a resent batch is skipped."""
     if rows:
         c.executemany(_insert_sql(table, rows[0].keys(), "ON CONFLICT DO NOTHING"), [_values(table, r) for r in rows])
+
+
+_METRICS_INSERT = (
+    'INSERT INTO metrics (run_id, seq, t, "key", value, epoch, step) VALUES (?, ?, ?, ?, ?, ?, ?) '
+    "ON CONFLICT DO NOTHING"
+)
+
+
+def _insert_metrics(c: sqlite3.Connection, run_id: str, metrics: Sequence[Metric], first_seq: int | None) -> None:
+    """The metric rows as ``_numbered`` and ``_insert_new`` would write them, built as tuples
+    straight from the records: a chatty run's end parses thousands of metrics from its log, and a
+    dict per row, then a tuple from the dict, cost more than the insert itself."""
+    if first_seq is None:
+        ts = [m.t for m in metrics]
+        q = 'SELECT t, "key", epoch, step FROM metrics WHERE run_id = ? AND t >= ? AND t <= ?'
+        stored = c.execute(q, (run_id, min(ts), max(ts)))
+        seen = {tuple(r) for r in stored}
+        if seen:  # a resent batch: rows already stored (same t, key, epoch, step) are dropped
+            metrics = [m for m in metrics if (m.t, m.key, m.epoch, m.step) not in seen]
+        last = c.execute("SELECT max(seq) FROM metrics WHERE run_id = ?", (run_id,)).fetchone()[0]
+        first_seq = 0 if last is None else last + 1
+    # schema.MetricValue: a NaN loss is a result, stored as 'NaN' (SQLite would store NULL)
+    rows = [
+        (run_id, first_seq + i, m.t, m.key, "NaN" if isinstance(v := m.value, float) and v != v else v, m.epoch, m.step)
+        for i, m in enumerate(metrics)
+    ]
+    if rows:
+        c.executemany(_METRICS_INSERT, rows)
 
 
 def _replace_labels(c: sqlite3.Connection, run_id: str, labels: Mapping[str, Any]) -> None:

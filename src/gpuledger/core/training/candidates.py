@@ -22,6 +22,7 @@ tests/test_relay_parse.py checks the result against reading every line.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -119,15 +120,18 @@ def _unhandled() -> tuple[bytes, ...]:
     return (_OSC, *(c.encode() for c in failure_words.CASE_SPECIALS))
 
 
-def candidate_lines(data: bytes, min_b: int = MIN_B) -> tuple[list[tuple[int, bytes]], int] | None:
+def candidate_lines(data: bytes | mmap.mmap, min_b: int = MIN_B) -> tuple[list[tuple[int, bytes]], int] | None:
     """(index, raw bytes without the ``\\n``) of each line, split at ``\\n``, that may matter to
     the end-of-run reader, in order, and how many lines there are; None when every line must be
-    read (see the module doc, and outputs shorter than ``min_b``)."""
-    if not isinstance(data, bytes) or not data or len(data) < min_b:
+    read (see the module doc, and outputs shorter than ``min_b``). ``data`` may be the log file
+    mapped (``gpuledger run``, runs/logfile.map_whole) only while an index is attached to it."""
+    if not isinstance(data, (bytes, mmap.mmap)) or not data or len(data) < min_b:
         return None
     index = _index_of(data)
     if index is not None:
         return _from_index(data, index)
+    if not isinstance(data, bytes):
+        return None
     db = _database()
     hs = _hyperscan()
     if db is None or hs is None:
@@ -171,11 +175,11 @@ def candidate_lines(data: bytes, min_b: int = MIN_B) -> tuple[list[tuple[int, by
 # run`` attaches the index to the bytes it hands the end-of-run readers, which then neither count
 # the lines nor scan the log again. Held by identity and checked with ``is``: equal bytes read
 # elsewhere are scanned as before.
-_attached: dict[int, tuple[bytes, LineIndex]] = {}
+_attached: dict[int, tuple[bytes | mmap.mmap, LineIndex]] = {}
 
 
 @contextlib.contextmanager
-def attached(data: bytes | None, index: LineIndex | None) -> Iterator[None]:
+def attached(data: bytes | mmap.mmap | None, index: LineIndex | None) -> Iterator[None]:
     """While inside, ``candidate_lines(data)`` and ``holds_marker(data)`` answer from ``index``
     (which must describe exactly these bytes: its size is checked, the rest is trusted)."""
     if data is None or index is None or index.size != len(data):
@@ -191,12 +195,12 @@ def attached(data: bytes | None, index: LineIndex | None) -> Iterator[None]:
             _attached.pop(key, None)
 
 
-def _index_of(data: bytes) -> LineIndex | None:
+def _index_of(data: bytes | mmap.mmap) -> LineIndex | None:
     held = _attached.get(id(data))
     return held[1] if held is not None and held[0] is data else None
 
 
-def _from_index(data: bytes, index: LineIndex) -> tuple[list[tuple[int, bytes]], int] | None:
+def _from_index(data: bytes | mmap.mmap, index: LineIndex) -> tuple[list[tuple[int, bytes]], int] | None:
     """What the scan above gives, from the lines the relay found: each line's bytes are cut from
     ``data`` around a byte the relay saw matched, the count is the relay's."""
     if index.every_line:
@@ -209,9 +213,14 @@ def _from_index(data: bytes, index: LineIndex) -> tuple[list[tuple[int, bytes]],
     return out, index.newlines + 1
 
 
-def holds_marker(log: bytes) -> bool:
+def holds_marker(log: bytes | mmap.mmap) -> bool:
     """Whether ``EVAL_MARKER`` is in ``log``: the relay's answer when it indexed these bytes."""
-    index = _index_of(log) if isinstance(log, bytes) else None
+    index = _index_of(log)
     if index is not None and index.marker is not None:
         return index.marker
-    return EVAL_MARKER in log
+    return log.find(EVAL_MARKER) >= 0
+
+
+def whole(log: bytes | mmap.mmap) -> bytes:
+    """The log as bytes, for a reader that needs all of it (a mapped log is copied then)."""
+    return log if isinstance(log, bytes) else bytes(log)

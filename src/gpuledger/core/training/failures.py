@@ -20,11 +20,14 @@ import re
 import signal as signals
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuledger.core.training import failure_words
-from gpuledger.core.training.candidates import MIN_B, candidate_lines
+from gpuledger.core.training.candidates import MIN_B, candidate_lines, whole
 from gpuledger.core.training.logparse import ParsedLog, parse_lines, parse_numbered, screen_line, screen_lines
+
+if TYPE_CHECKING:
+    import mmap
 
 CUDA_OOM = "cuda_oom"
 NAN_LOSS = "nan_loss"
@@ -75,13 +78,13 @@ def _lines_to_search(lines: list[str]) -> Sequence[int]:
     return sorted(found)
 
 
-def _read(log: bytes | str, fast_min_b: int = MIN_B) -> tuple[ParsedLog, list[tuple[int, str]]]:
+def _read(log: bytes | mmap.mmap | str, fast_min_b: int = MIN_B) -> tuple[ParsedLog, list[tuple[int, str]]]:
     """The parsed training output, and the screen lines (index, text) the failure patterns must
     search. Only the lines that may matter are decoded when core/training/candidates.py can
     find them (the same result: tests/test_relay_parse.py), else every line."""
-    found = candidate_lines(log, fast_min_b) if isinstance(log, bytes) else None
+    found = candidate_lines(log, fast_min_b) if not isinstance(log, str) else None
     if found is None:
-        lines = screen_lines(log)
+        lines = screen_lines(log if isinstance(log, str) else whole(log))
         return parse_lines(lines), [(i, lines[i]) for i in _lines_to_search(lines)]
     raw, count = found
     numbered = [(i, screen_line(line)) for i, line in raw]
@@ -125,7 +128,7 @@ def killed_by_sigkill(exit_code: int | None, signal: int | None) -> bool:
 
 
 def explain(
-    log: bytes | str | None,
+    log: bytes | mmap.mmap | str | None,
     status: str = "failed",
     exit_code: int | None = None,
     signal: int | None = None,

@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING, Any
 from gpuledger.core.evaluation import console
 from gpuledger.core.evaluation.window import window_usage
 from gpuledger.core.model import GpuInterval
-from gpuledger.core.training.candidates import holds_marker
+from gpuledger.core.training.candidates import holds_marker, whole
 from gpuledger.integrations.ultralytics import fingerprint
 from gpuledger.integrations.ultralytics.describe import sha256_file
 from gpuledger.integrations.ultralytics.evaluation import EVALUATION
 from gpuledger.integrations.ultralytics.file_hashes import FileHashes
 
 if TYPE_CHECKING:
+    import mmap
+
     from gpuledger.recorder.session import Session
 
 MODES = ("val", "predict", "benchmark")
@@ -101,7 +103,7 @@ def _int(text: str | None) -> int | None:
 
 
 def console_record(
-    log: bytes, command: Sequence[str], started: float, ended: float, mode: str | None = None
+    log: bytes | mmap.mmap, command: Sequence[str], started: float, ended: float, mode: str | None = None
 ) -> tuple[dict[str, Any], dict[str, str]] | None:
     """The evaluation the console shows and the command's ``key=value`` arguments, reading no
     file (paths stay as printed: the node agent maps a container's through its mounts). ``mode``
@@ -110,16 +112,16 @@ def console_record(
     mode = mode or named
     parsed: dict[str, Any] | None = None
     if mode == "benchmark" or (mode is None and holds_marker(log)):
-        table = console.parse_benchmark(log)
+        table = console.parse_benchmark(whole(log))
         if table:
             mode = "benchmark"
             parsed = {"benchmark": table["rows"], "imgsz": table["imgsz"], "images": None, "ms_per_image": None}
             args.setdefault("model", table["model"] or "")
             args.setdefault("data", table["data"] or "")
     elif mode == "val":
-        parsed = console.parse_val(log)
+        parsed = console.parse_val(whole(log))
     elif mode == "predict":
-        parsed = console.parse_predict(log)
+        parsed = console.parse_predict(whole(log))
     if parsed is None:
         return None
     record: dict[str, Any] = {
@@ -143,7 +145,9 @@ def console_record(
     return record, args
 
 
-def from_console(log: bytes, command: Sequence[str], cwd: str, started: float, ended: float) -> dict[str, Any] | None:
+def from_console(
+    log: bytes | mmap.mmap, command: Sequence[str], cwd: str, started: float, ended: float
+) -> dict[str, Any] | None:
     found = console_record(log, command, started, ended)
     if found is None:
         return None
@@ -165,7 +169,7 @@ def from_console(log: bytes, command: Sequence[str], cwd: str, started: float, e
     return record
 
 
-def complete_evaluation(session: Session, log: bytes) -> None:
+def complete_evaluation(session: Session, log: bytes | mmap.mmap) -> None:
     """Fill in ``meta.evaluation`` (see the module doc); never raises into the end of the run."""
     run = session.run
     record = run.meta.get("evaluation")

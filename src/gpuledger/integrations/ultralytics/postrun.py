@@ -28,6 +28,8 @@ from gpuledger.integrations.ultralytics.guard import debug_traceback
 from gpuledger.integrations.ultralytics.lineage import record_lineage
 
 if TYPE_CHECKING:
+    import mmap
+
     from gpuledger.recorder.session import Session
 
 
@@ -56,7 +58,9 @@ def _rss_peak_b(session: Session, exit_code: int | None, signal: int | None) -> 
     return max(peaks) if peaks else None
 
 
-def explain_run(session: Session, log: bytes, status: str, exit_code: int | None, signal: int | None) -> str | None:
+def explain_run(
+    session: Session, log: bytes | mmap.mmap, status: str, exit_code: int | None, signal: int | None
+) -> str | None:
     """Record what ``log`` says about the run's end; return the reason for its status (or None)."""
     from gpuledger.recorder.messages import epoch_ends_seen
 
