@@ -8,8 +8,9 @@ batch adds nothing: one row per (run, list, sha256 of the item).
 Agent side (``record_answer`` / ``for_server``): the rows a server said it quarantined, kept in
 the local ledger beside the outbox, for ``gpuledger sync --status``.
 
-The same call also notes when the run was last pushed (``run_liveness``), which the server's
-liveness sweep reads (store/liveness_sweep.py).
+When the run was last pushed (``run_liveness``, which the server's liveness sweep reads,
+store/liveness_sweep.py) is noted by the push's own transaction (store/ingest.py); ``after_push``
+notes it only when asked (``note``).
 """
 
 from __future__ import annotations
