@@ -18,7 +18,12 @@ the other; then nothing may be lost or doubled, in the ledger or in the store.
   store's units) are compared with what the agents had acknowledged (nothing lost) and sent
   (nothing doubled: each (GPU, seq) once).
 - Printed: sustained intervals/s (acknowledged, over the sending time), p50/p99 push latency,
-  bytes per GPU interval at rest in the store and in the ledger's ``gpu_intervals``, the load.
+  bytes per GPU interval at rest in the store and in the ledger's ``gpu_intervals``, the load,
+  and the CPU per acknowledged push over the sending time: of the ``serve`` processes
+  (``server_cpu_ms_per_push``, user + system, psutil) and of the PostgreSQL backends connected
+  to them (``pg_backend_cpu_ms_per_push``: those alive at the end, the ledger's and the store's;
+  a pooled connection closed meanwhile is missed, so a lower bound). On a loaded machine the
+  CPU per push is steadier than intervals/s, which the other work's share of the cores moves.
 
 The store: ``postgres`` is the compact PostgreSQL store (a schema of the same server), which two
 server processes can share; chDB runs in-process and one folder opens in one process only, so
@@ -73,6 +78,7 @@ class Replica:
         self.url = f"http://127.0.0.1:{self.port}"
         self.db, self.series, self.work, self.name = db, series, work, name
         self.proc: subprocess.Popen[bytes] | None = None
+        self.spent_s, self.cpu_mark = 0.0, 0.0
 
     def start(self) -> None:
         env = {
@@ -100,10 +106,45 @@ class Replica:
             time.sleep(0.1)
         raise SystemExit(f"serve {self.name} did not answer in 60 s")
 
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the serve process and its children so far (0 once gone)."""
+        import psutil
+
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0
+        try:
+            procs = [psutil.Process(self.proc.pid)]
+            procs += procs[0].children(recursive=True)
+            return sum(t.user + t.system for p in procs for t in [p.cpu_times()])
+        except psutil.Error:
+            return 0.0
+
+    def backends(self) -> set[int]:
+        """The local ports of this process's TCP connections (to PostgreSQL, among others)."""
+        import psutil
+
+        if self.proc is None or self.proc.poll() is not None:
+            return set()
+        try:
+            return {c.laddr.port for c in psutil.Process(self.proc.pid).net_connections("tcp") if c.raddr}
+        except psutil.Error:
+            return set()
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.spent_s += self.cpu_s() - self.cpu_mark
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+    def mark(self) -> None:
+        """From now on, CPU counts into ``spent_s``."""
+        self.cpu_mark = self.cpu_s()
+
+    def spent(self) -> float:
+        """CPU seconds since ``mark``, across a kill (what the killed process had used until then)."""
+        return self.spent_s + (
+            self.cpu_s() - self.cpu_mark if self.proc is not None and self.proc.poll() is None else 0
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -178,6 +219,24 @@ def _send(agents: list[Agent], replicas: list[Replica], token: str, until: float
                     time.sleep(0.1)  # an agent's back-off (shortened): no busy loop while a lone replica restarts
                 if time.time() >= until:
                     break
+
+
+def _pg_cpu(replicas: list[Replica]) -> dict[int, float]:
+    """backend pid -> its CPU seconds so far, of the PostgreSQL backends the replicas are connected to."""
+    import psutil
+    import psycopg
+
+    ports = set().union(*(r.backends() for r in replicas))
+    with psycopg.connect(PG, autocommit=True) as conn:
+        pids = [p for (p,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)", (sorted(ports),)
+        )]  # fmt: skip
+    out = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            out[pid] = t.user + t.system
+    return out
 
 
 # -- the check ---------------------------------------------------------------------------------
@@ -330,6 +389,9 @@ def main() -> None:
         for r in replicas:
             r.start()
         load_before = _load()
+        for r in replicas:
+            r.mark()
+        pg_before = _pg_cpu(replicas)
         out: dict[str, Any] = {"lat": [], "acked": 0, "failed": 0}
         t_begin = time.time()
         until = t_begin + args.seconds
@@ -346,10 +408,14 @@ def main() -> None:
             killed_at = time.time() - t_begin
             if args.replicas == 1:
                 replicas[0].start()  # the same replica again: its agents wait for it
+                replicas[0].cpu_mark = replicas[0].cpu_s()
         for t in threads:
             t.join()
         wall = time.time() - t_begin
         load_after = _load()
+        server_cpu = sum(r.spent() for r in replicas)
+        pg_after = _pg_cpu(replicas)
+        pg_cpu = sum(t - pg_before.get(pid, 0.0) for pid, t in pg_after.items())
         for r in replicas:
             r.stop()
         checked = check(agents, fleet, db, None if args.no_live else series, args.series_only)
@@ -362,7 +428,10 @@ def main() -> None:
             "killed_at_s": killed_at and round(killed_at, 1),
             "pushes": len(lat), "failed_pushes": out["failed"], "intervals_acked": out["acked"],
             "intervals_per_s": round(out["acked"] / wall), "p50_ms": round(q[49] * 1000, 1),
-            "p99_ms": round(q[98] * 1000, 1), "runs": checked["runs"], "intervals_checked": checked["intervals"],
+            "p99_ms": round(q[98] * 1000, 1),
+            "server_cpu_ms_per_push": round(server_cpu * 1000 / max(1, len(lat)), 2),
+            "pg_backend_cpu_ms_per_push": round(pg_cpu * 1000 / max(1, len(lat)), 2),
+            "runs": checked["runs"], "intervals_checked": checked["intervals"],
             "lost_or_doubled_ledger": len(checked["bad_ledger"]), "lost_or_doubled_store": len(checked["bad_store"]),
             "store_b_per_interval": round(checked["store_bytes"] / max(1, checked["intervals"]), 1),
             "ledger_b_per_interval": round(checked["ledger_bytes"] / max(1, checked["intervals"]), 1),

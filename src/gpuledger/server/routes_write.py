@@ -24,7 +24,7 @@ from gpuledger.server.auth import Principal, current_principal, require_writer
 from gpuledger.server.models import IngestBatch, IngestResult, QuarantinedItem
 from gpuledger.server.redaction import redact_batch, redact_refused, redactor
 from gpuledger.server.rows import GPU_COLUMNS, HOST_COLUMNS, gpu_tuple, host_tuple
-from gpuledger.store import closed_months, liveness_sweep, quarantine, series_live, series_segments, server_queries
+from gpuledger.store import closed_months, quarantine, series_live, series_segments, server_queries
 from gpuledger.store import ingest as store_ingest
 
 router = APIRouter(prefix="/api/v1", tags=["ingest"])
@@ -94,8 +94,6 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
         metrics.append(row)
     actor = actor_of(principal)
     writer = store_ingest.Writer.of(principal)
-    if batch.run.status == "running":  # the agent is alive: undo the liveness sweep's verdict, if any
-        liveness_sweep.revive(ledger.database, batch.run.id, writer)
     try:
         out = store_ingest.ingest(
             ledger.database,
@@ -115,6 +113,7 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
             only=_only(request),
             summary=_summary(request),
             pushing=_pushing(request),
+            noted_at=time.time(),  # the run's last sign of life, noted in the push's transaction
         )
     except (series_live.SeriesUnavailable, series_segments.SeriesRequired) as exc:  # nothing kept: sent again
         retry = {"Retry-After": str(series_live.RETRY_AFTER_S)}
@@ -128,10 +127,11 @@ def _write(request: Request, principal: Principal, checked: batch_check.CheckedB
     out_of_span = _span_refusals(batch, out.refused)
     refused = [{"series": r.series, "item": r.item, "reason": r.reason, "raw": r.raw} for r in checked.refused]
     refused += [{"series": r.series, "item": r.item, "reason": r.reason, "raw": r.raw} for r in out_of_span]
-    quarantine.after_push(
-        ledger.database, batch.run.id, redact_refused(refused), actor=actor, token_id=principal.token_id,
-        redact=redactor().redact_text,
-    )  # fmt: skip
+    if refused:  # one more transaction only for a push with refused rows
+        quarantine.after_push(
+            ledger.database, batch.run.id, redact_refused(refused), actor=actor, token_id=principal.token_id,
+            redact=redactor().redact_text, note=False,
+        )  # fmt: skip
     items = [
         QuarantinedItem(series=r.series, index=r.index, item=r.item, reason=r.reason)
         for r in [*checked.refused, *out_of_span]

@@ -11,7 +11,7 @@ intervals a rollup already replaced (rollup_marks) are dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -41,20 +41,40 @@ def _pg_type(col: sa.Column[Any]) -> str:
     return "text"
 
 
+Marks = Mapping[str, Mapping[str, int]]  # series ("gpu", "host") -> device uuid ("" for host) -> upto_seq
+NO_MARKS: Marks = {"gpu": {}, "host": {}}  # a run retention never rolled up: the usual case
+
+
 def _marks(conn: Connection, run_id: str, series: str) -> dict[str, int]:
     m = schema.rollup_marks.c
     q = sa.select(m.device_uuid, m.upto_seq).where(m.run_id == run_id, m.series == series)
     return {r.device_uuid: r.upto_seq for r in conn.execute(q)}
 
 
+def run_marks(conn: Connection, run_id: str) -> Marks:
+    """Every series' marks of the run in one query (a push reads them once for its GPU and host rows)."""
+    m = schema.rollup_marks.c
+    out: dict[str, dict[str, int]] = {"gpu": {}, "host": {}}
+    for r in conn.execute(sa.select(m.series, m.device_uuid, m.upto_seq).where(m.run_id == run_id)):
+        out.setdefault(r.series, {})[r.device_uuid] = r.upto_seq
+    return out
+
+
 def unreplaced(
-    conn: Connection, run_id: str, series: str, rows: Sequence[T], key: Callable[[T], tuple[str, int]]
+    conn: Connection,
+    run_id: str,
+    series: str,
+    rows: Sequence[T],
+    key: Callable[[T], tuple[str, int]],
+    marks: Mapping[str, int] | None = None,
 ) -> Sequence[T]:
     """``rows`` of one run's ``series`` ("gpu" or "host") less those a rollup already replaced:
     seq at or below the mark retention left for their device (rollup_marks.upto_seq). ``key(row)``
     gives (device uuid, "" for host rows; seq). Every writer of raw intervals filters through here
-    (this bulk path and store/writes.append), so a replay never adds to a rolled-up sum."""
-    marks = _marks(conn, run_id, series)
+    (this bulk path and store/writes.append), so a replay never adds to a rolled-up sum. ``marks``:
+    the series' marks as read already in this transaction (``run_marks``); None: read here."""
+    if marks is None:
+        marks = _marks(conn, run_id, series)
     if not marks:  # the usual case: a run retention never rolled up
         return rows
     return [r for r in rows if key(r)[1] > marks.get(key(r)[0], -1)]
@@ -75,17 +95,25 @@ def insert_intervals(
     rows: Sequence[Row],
     columns: Sequence[str],
     inserted: list[Row] | None = None,
+    *,
+    marks: Mapping[str, int] | None = None,
+    held: set[tuple[str, int]] | None = None,
 ) -> tuple[int, int]:
     """Insert the new ``rows`` (``series`` "gpu" or "host", values in ``columns`` order) of one
     run. Returns (inserted, dropped because a rollup already replaced them). ``inserted``
-    (PostgreSQL): extended by the rows this call inserted, for live ingest (store/series_live.py)."""
+    (PostgreSQL): extended by the rows this call inserted, for live ingest (store/series_live.py).
+    ``marks``: as ``unreplaced``. ``held`` (PostgreSQL): the (device uuid or "", seq) keys stored,
+    read in this transaction under the run's lock at every seq of ``rows`` and maybe more
+    (series_rules.keep_timeline reads them): no second read of the same keys."""
     if not rows:
         return 0, 0
     gpu = series == "gpu"
     table = schema.gpu_intervals if gpu else schema.host_intervals
     seq_at = columns.index("seq")
     uuid_at = columns.index("device_uuid") if gpu else None
-    fresh = unreplaced(conn, run_id, series, rows, lambda r: (r[uuid_at] if uuid_at is not None else "", r[seq_at]))
+    fresh = unreplaced(
+        conn, run_id, series, rows, lambda r: (r[uuid_at] if uuid_at is not None else "", r[seq_at]), marks
+    )
     dropped = len(rows) - len(fresh)  # rare: a replay of a run that retention already rolled up
     if not fresh:
         return 0, dropped
@@ -93,7 +121,7 @@ def insert_intervals(
         return _insert_generic(db, conn, table, run_id, fresh, columns), dropped
     seqs = [r[seq_at] for r in fresh]
     keys = list(zip([r[uuid_at] for r in fresh], seqs, strict=True)) if uuid_at is not None else [("", q) for q in seqs]
-    stored = _stored(conn, table, run_id, seqs, gpu)
+    stored = set(held) if held is not None else _stored(conn, table, run_id, seqs, gpu)
     if stored or len(set(keys)) != len(keys):  # a replay, or a key twice in one batch (the first wins)
         new: list[Row] = []
         for key, r in zip(keys, fresh, strict=True):

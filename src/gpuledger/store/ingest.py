@@ -17,22 +17,24 @@ A push that breaks a rule raises PushRefused; the attempt is audited in a transa
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.audit import run_rules
 from gpuledger.core.audit.run_rules import FINAL, Span, is_final
-from gpuledger.core.model import RunRecord
+from gpuledger.core.model import RunRecord, run_is_open
 from gpuledger.store import (
     audit,
     bulk,
     closed_months,
     codec,
     lineage,
+    liveness_sweep,
     ownership,
     refusal_trail,
     rollup_stale,
@@ -109,18 +111,35 @@ def _audit_end(conn: Connection, actor: str, run_id: str, row: Mapping[str, Any]
     audit.append(conn, actor=actor, action="run.ended", obj=f"run:{run_id}", payload=info)
 
 
-_STORE_ONLY = "_store_only"  # a column of the lock query only, never a run field
+_STORE_ONLY = "_store_only"  # columns of the lock query only, never run fields
+_MARKED = "_marked"
+
+
+@functools.cache
+def _lock_query(dialect: str) -> sa.Select[Any]:
+    """The run's row (bound ``run``), locked on PostgreSQL, with whether it is series-only
+    (store/series_segments.py) and whether retention left it rollup marks (store/bulk.py): a push
+    reads the row anyway, so neither costs a round trip. Built once: building it costs more than
+    running it."""
+    r = schema.runs
+    only = sa.exists().where(schema.series_only_runs.c.run_id == r.c.id).label(_STORE_ONLY)
+    marked = sa.exists().where(schema.rollup_marks.c.run_id == r.c.id).label(_MARKED)
+    q = sa.select(r, only, marked).where(r.c.id == sa.bindparam("run"))
+    return q.with_for_update(of=r) if dialect == "postgresql" else q
 
 
 def _lock_run(db: Database, conn: Connection, run_id: str) -> dict[str, Any] | None:
-    """The run's row, locked, with whether it is series-only (store/series_segments.py) read in
-    the same statement: a push reads it anyway, so the mode costs no extra round trip."""
-    only = sa.exists().where(schema.series_only_runs.c.run_id == schema.runs.c.id).label(_STORE_ONLY)
-    q = sa.select(schema.runs, only).where(schema.runs.c.id == run_id)
-    if db.dialect == "postgresql":
-        q = q.with_for_update(of=schema.runs)
-    row = conn.execute(q).mappings().first()
+    """The run's row, locked, with the ``_STORE_ONLY`` and ``_MARKED`` flags (``_lock_query``)."""
+    row = conn.execute(_lock_query(db.dialect), {"run": run_id}).mappings().first()
     return None if row is None else dict(row)
+
+
+class _Upserted(NamedTuple):
+    created: bool
+    changed: bool
+    row: dict[str, Any]  # the run's row now
+    store_only: bool  # its raw rows live in the series store only (store/series_segments.py)
+    marked: bool  # retention left it rollup marks (store/bulk.py)
 
 
 def _upsert_run(
@@ -132,10 +151,11 @@ def _upsert_run(
     new_devices: Sequence[Mapping[str, Any]],
     pushed: Sequence[tuple[float, float]],
     closed_before: float | None,
-) -> tuple[bool, bool, dict[str, Any], bool]:
-    """(created, changed, the run's row now, whether it is series-only).
+) -> _Upserted:
+    """The run created or updated under its row lock.
     ``authorize(existing_project, new_project)`` raises to refuse; PushRefused for a push that
-    breaks the rules of core/audit/run_rules.py.
+    breaks the rules of core/audit/run_rules.py. A run the liveness sweep took for lost that its
+    agent pushes as running is revived first (store/liveness_sweep.py), in this transaction.
     ``pushed``: (t0, t1) of the push's intervals; ``closed_before``: no run may start before it."""
     existing = _lock_run(db, conn, run.id)
     new_row = codec.run_row(run)
@@ -154,10 +174,12 @@ def _upsert_run(
             audit.append(conn, actor=writer.actor, action="run.created", obj=f"run:{run.id}", payload=info)
             if is_final(run.status, run.ended_at):
                 _audit_end(conn, writer.actor, run.id, new_row)
-            return True, True, new_row, False
+            return _Upserted(True, True, new_row, False, False)
         existing = _lock_run(db, conn, run.id)  # a concurrent push created it just now
         assert existing is not None
-    store_only = bool(existing.pop(_STORE_ONLY))
+    store_only, marked = bool(existing.pop(_STORE_ONLY)), bool(existing.pop(_MARKED))
+    if run.status == "running":  # the agent is alive: undo the liveness sweep's verdict, if any
+        existing |= liveness_sweep.revive_locked(conn, run.id, existing, writer)
     authorize(existing["project"], new_row["project"])
     ownership.check_pusher(conn, run.id, writer, existing["host"])
     last = _last_row_t1(conn, existing, pushed) if existing["status"] == "lost" else None
@@ -166,7 +188,7 @@ def _upsert_run(
     if verdict.refusal:
         raise PushRefused(verdict.refusal)
     if not verdict.changes:
-        return False, False, existing, store_only
+        return _Upserted(False, False, existing, store_only, marked)
     changes, old = dict(verdict.changes), dict(verdict.old)
     if existing.get("swept_at") is not None and "status" in changes:  # the owner's word replaces the sweep's
         changes["swept_at"], old["swept_at"] = None, existing["swept_at"]
@@ -179,7 +201,7 @@ def _upsert_run(
     audit.append(conn, actor=writer.actor, action="run.changed", obj=f"run:{run.id}", payload=payload)
     if verdict.ended_now:
         _audit_end(conn, writer.actor, run.id, new_row)
-    return False, True, {**existing, **changes}, store_only
+    return _Upserted(False, True, {**existing, **changes}, store_only, marked)
 
 
 def _last_row_t1(conn: Connection, run: Mapping[str, Any], pushed: Sequence[tuple[float, float]]) -> float | None:
@@ -237,11 +259,15 @@ def _refuser(series: str, columns: Sequence[str], refused: list[RefusedRow]) -> 
 
 def _keep_intervals(
     conn: Connection, run_id: str, series: str, rows: Sequence[Sequence[Any]], columns: Sequence[str], span: Span,
-    devices: set[str] | None, refused: list[RefusedRow], only: bool = False,
+    devices: set[str] | None, refused: list[RefusedRow], only: bool = False, *, marks: bulk.Marks | None = None,
+    held: Any = None,
 ) -> list[Sequence[Any]]:  # fmt: skip
     """The rows inside the run's span that keep their series a timeline; the others are added to
     ``refused``. ``only``: a run whose rows only the series store holds: checked against the seq
-    ranges it holds, and only the rows it lacks returned (store/series_segments.py)."""
+    ranges it holds, and only the rows it lacks returned (store/series_segments.py). ``marks``:
+    the run's rollup marks (bulk.run_marks). ``held``: extended by what the check read (the stored
+    keys, series_rules.keep_timeline; with ``only`` the segments, series_segments.keep_new), for
+    the writes that follow in this transaction."""
     t0_at, t1_at = columns.index("t0"), columns.index("t1")
     refuse = _refuser(series, columns, refused)
     items = []
@@ -251,8 +277,24 @@ def _keep_intervals(
             items.append((i, r))
         else:
             refuse(i, r, why)
-    keep = series_segments.keep_new if only else series_rules.keep_timeline
-    return [r for _, r in keep(conn, run_id, series, items, columns, devices, refuse)]
+    if only:
+        kept = series_segments.keep_new(conn, run_id, series, items, columns, devices, refuse, held=held)
+    else:
+        marked = None if marks is None else marks.get(series, {})
+        kept = series_rules.keep_timeline(
+            conn, run_id, series, items, columns, devices, refuse, marks=marked, held=held
+        )
+    return [r for _, r in kept]
+
+
+def _segments_read(
+    conn: Connection, run_id: str, gpu: Sequence[Sequence[Any]], gpu_columns: Sequence[str], host: Sequence[Any]
+) -> dict[str, list[series_segments.Segment]]:
+    """A series-only run's segments of every stream the push names (its GPUs', its host's), one
+    read for the checks of both series and the record after them."""
+    uuid_at = gpu_columns.index("device_uuid")
+    names = {str(r[uuid_at]) for r in gpu} | ({series_segments.HOST} if host else set())
+    return series_segments.streams(conn, run_id, names)
 
 
 def _keep_timed(series: str, items: Sequence[Mapping[str, Any]], span: Span, refused: list[RefusedRow]) -> list[dict]:  # type: ignore[type-arg]
@@ -295,6 +337,7 @@ def ingest(
     only: str | None = None,
     summary: Callable[[str], Mapping[str, Any]] | None = None,
     pushing: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
+    noted_at: float | None = None,
 ) -> IngestOutcome:
     """Store one push of ``writer``. Raises PushRefused (nothing stored; the attempt audited).
     ``closed_before``: the months before it are closed (store/closed_months.py; None: none is).
@@ -308,7 +351,8 @@ def ingest(
     sealed (``run.series_sealed``; ``audit verify --series`` compares the store with it).
     ``pushing()`` (``LiveSeries.pushing``): entered once the push holds its run's lock and left
     when its work in the transaction ends, so a group commit of the store waits for it while it
-    may still write (store/series_batch.py)."""
+    may still write (store/series_batch.py). ``noted_at``: the push's time, noted as the run's last
+    sign of life (``run_liveness``, store/liveness_sweep.py) in this transaction."""
     times = [_times(r, c) for rows, c in ((gpu, gpu_columns), (host, host_columns)) for r in rows]
 
     def tx(conn: Connection) -> IngestOutcome:
@@ -320,7 +364,7 @@ def ingest(
         upserted = _upsert_run(db, conn, run, writer, authorize, devices, times, closed_before)
         if pushing is not None and (gpu or host):  # it holds its run's lock: on its way to the store
             scope.enter_context(pushing())
-        out.created, changed, row, store_only = upserted
+        out.created, changed, row, store_only, marked = upserted
         uuids, new_devices = _devices(db, conn, row, devices, writer, out.created)
         span = replace(Span.of(row), closed=closed_before)
         if out.created and only is not None and live is not None:
@@ -330,8 +374,13 @@ def ingest(
             raise series_segments.SeriesRequired(
                 f"run {run.id} keeps its intervals in the series store only, and this server writes none"
             )
-        gpu_in = _keep_intervals(conn, run.id, "gpu", gpu, gpu_columns, span, uuids, out.refused, store_only)
-        host_in = _keep_intervals(conn, run.id, "host", host, host_columns, span, None, out.refused, store_only)
+        # read once for both series: the rollup marks (only where the lock query found some), and
+        # what the checks read, which the writes below reuse instead of reading it again
+        marks = bulk.run_marks(conn, run.id) if marked and not store_only else bulk.NO_MARKS
+        held: Any = _segments_read(conn, run.id, gpu, gpu_columns, host) if store_only else set()
+        keep = functools.partial(_keep_intervals, conn, run.id, refused=out.refused, only=store_only, held=held)
+        gpu_in = keep("gpu", gpu, gpu_columns, span, uuids, marks=marks)
+        host_in = keep("host", host, host_columns, span, None, marks=marks)
         events_in = _keep_timed("events", events, span, out.refused)
         metrics_in = _keep_timed("metrics", metrics, span, out.refused)
         new_gpu: list[Sequence[Any]] | None = [] if live is not None else None
@@ -340,16 +389,20 @@ def ingest(
             assert new_gpu is not None and new_host is not None
             new_gpu.extend(gpu_in)
             new_host.extend(host_in)
-            series_segments.record(conn, run.id, "gpu", gpu_in, gpu_columns)
-            series_segments.record(conn, run.id, "host", host_in, host_columns)
+            parts = [("gpu", gpu_in, gpu_columns), ("host", host_in, host_columns)]
+            series_segments.record_all(conn, run.id, parts, held)
             series_day_sums.add(conn, run.id, gpu_in, gpu_columns)  # what cost queries sum (materialise_rollups)
             series_streams.add(conn, run.id, gpu_in, gpu_columns, host_in, host_columns)  # CPU, throttle, gauges
             out.gpu_intervals, d1 = len(gpu_in), 0
         else:
-            out.gpu_intervals, d1 = bulk.insert_intervals(db, conn, "gpu", run.id, gpu_in, gpu_columns, new_gpu)
+            out.gpu_intervals, d1 = bulk.insert_intervals(
+                db, conn, "gpu", run.id, gpu_in, gpu_columns, new_gpu, marks=marks["gpu"], held=held
+            )
         if out.gpu_intervals:  # new rows only: a resent batch changes nothing
             at = [gpu_columns.index(c) for c in ("device_uuid", "t0", "t1")]
-            rollup_stale.drop_after_append(conn, run.id, [(r[at[0]], r[at[1]], r[at[2]]) for r in gpu_in])
+            spans = [(r[at[0]], r[at[1]], r[at[2]]) for r in gpu_in]
+            finished = not run_is_open(row["status"], row["ended_at"])  # rollup_stale.run_finished, from the locked row
+            rollup_stale.drop_after_append(conn, run.id, spans, finished=finished)
         elif new_devices or (changed and not out.created):
             # Only a change a rollup summed: devices sent again as stored, or rows all dropped as
             # rolled up (a late replay), leave the rollups standing.
@@ -357,7 +410,9 @@ def ingest(
         if store_only:
             out.host_intervals, d2 = len(host_in), 0
         else:
-            out.host_intervals, d2 = bulk.insert_intervals(db, conn, "host", run.id, host_in, host_columns, new_host)
+            out.host_intervals, d2 = bulk.insert_intervals(
+                db, conn, "host", run.id, host_in, host_columns, new_host, marks=marks["host"], held=held
+            )
         out.dropped_rolled_up = d1 + d2
         out.events = _insert_numbered(db, conn, schema.events, run.id, events_in)
         out.metrics = _insert_numbered(db, conn, schema.metrics, run.id, metrics_in)
@@ -371,6 +426,8 @@ def ingest(
             live(run.id, _dicts(new_gpu, gpu_columns), _dicts(new_host, host_columns))
         if store_only and sealing and summary is not None:  # after the store's write: what it holds now
             out.sealed = series_segments.seal(conn, run.id, summary(run.id), actor=writer.actor) or out.sealed
+        if noted_at is not None:
+            liveness_sweep.note_push(conn, run.id, noted_at)
         return out
 
     if live is not None and db.dialect != "postgresql":

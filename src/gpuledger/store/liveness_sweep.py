@@ -14,19 +14,23 @@ The last sign of life is the latest of: the last push (``run_liveness``, noted b
 end of the last host interval, and the run's start.
 
 ``lost`` is a verdict drawn from silence, not a fact: when the run's own agent pushes it again as
-still running (a long network cut), ``revive`` puts it back to ``running`` (audited,
-``run.revived``) before the push is applied, unless the run was sealed meanwhile; and whatever the
+still running (a long network cut), ``revive_locked`` puts it back to ``running`` (audited,
+``run.revived``) in the push's transaction before the push is applied, unless the run was sealed
+meanwhile (a push refused for another reason revives nothing: it is rolled back whole); and whatever the
 verdict, its owner may still report how the run really ended, within the bounds of
 core/audit/run_rules.py (that report clears ``swept_at``: the verdict is then the owner's).
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from gpuledger.store import audit, ownership, rollup_stale, schema
@@ -103,26 +107,32 @@ def swept(status: str | None, swept_at: float | None) -> bool:
     return status == "lost" and swept_at is not None
 
 
-def revive(db: Database, run_id: str, writer: ownership.Writer) -> bool:
-    """Put a run the sweep marked lost back to ``running``, because its owner pushed it as running.
-    False (nothing done) when it is not such a run, the writer is not its owner, or it is sealed."""
+def revive_locked(conn: Connection, run_id: str, row: Mapping[str, Any], writer: ownership.Writer) -> dict[str, Any]:
+    """Put a run the sweep marked lost back to ``running``, because its owner pushed it as running,
+    in the push's transaction, which holds the run's ``row`` locked (store/ingest.py): the changed
+    fields, or {} (nothing done) when it is not such a run, the writer is not its owner, or it is
+    sealed. A run that is not swept costs nothing: the locked row tells."""
+    if not swept(row["status"], row["swept_at"]):
+        return {}
+    owner = ownership.owner_of(conn, run_id)
+    if owner is None or owner["user_name"] != writer.user or audit.latest_seal(conn, run_id) is not None:
+        return {}
+    values = {"status": "running", "ended_at": None, "status_reason": None, "swept_at": None}
+    conn.execute(sa.update(schema.runs).where(schema.runs.c.id == run_id).values(values))
+    rollup_stale.drop_rollups(conn, [run_id])  # a rollup made while it looked finished
+    payload = {"old": {k: row[k] for k in ("status", "ended_at", "status_reason", "swept_at")}}
+    audit.append(conn, actor=writer.actor, action="run.revived", obj=f"run:{run_id}", payload=payload)
+    return values
 
-    def tx(conn: Connection) -> bool:
-        r = schema.runs.c
-        q = sa.select(r.status, r.status_reason, r.ended_at, r.swept_at).where(r.id == run_id)
-        if db.dialect == "postgresql":
-            q = q.with_for_update()
-        row = conn.execute(q).first()
-        if row is None or not swept(row.status, row.swept_at):
-            return False
-        owner = ownership.owner_of(conn, run_id)
-        if owner is None or owner["user_name"] != writer.user or audit.latest_seal(conn, run_id) is not None:
-            return False
-        values = {"status": "running", "ended_at": None, "status_reason": None, "swept_at": None}
-        conn.execute(sa.update(schema.runs).where(r.id == run_id).values(values))
-        rollup_stale.drop_rollups(conn, [run_id])  # a rollup made while it looked finished
-        payload = {"old": {k: getattr(row, k) for k in ("status", "ended_at", "status_reason", "swept_at")}}
-        audit.append(conn, actor=writer.actor, action="run.revived", obj=f"run:{run_id}", payload=payload)
-        return True
 
-    return db.write(tx)
+@functools.cache
+def _note_query(dialect: str) -> Any:
+    """``note_push``'s upsert (bound ``run``, ``at``), built once per dialect."""
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(schema.run_liveness)
+    ins = ins.values(run_id=sa.bindparam("run"), last_push_at=sa.bindparam("at"))
+    return ins.on_conflict_do_update(index_elements=["run_id"], set_={"last_push_at": ins.excluded.last_push_at})
+
+
+def note_push(conn: Connection, run_id: str, at: float) -> None:
+    """The run was pushed at ``at`` (``run_liveness``, its last sign of life), in the push's transaction."""
+    conn.execute(_note_query(conn.dialect.name), {"run": run_id, "at": at})

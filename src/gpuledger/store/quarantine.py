@@ -8,8 +8,9 @@ batch adds nothing: one row per (run, list, sha256 of the item).
 Agent side (``record_answer`` / ``for_server``): the rows a server said it quarantined, kept in
 the local ledger beside the outbox, for ``gpuledger sync --status``.
 
-The same call also notes when the run was last pushed (``run_liveness``), which the server's
-liveness sweep reads (store/liveness_sweep.py).
+When the run was last pushed (``run_liveness``, which the server's liveness sweep reads,
+store/liveness_sweep.py) is noted by the push's own transaction (store/ingest.py); ``after_push``
+notes it only when asked (``note``).
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ def after_push(
     token_id: str,
     now: float | None = None,
     redact: Any = None,
+    note: bool = True,
 ) -> None:
-    """Note the push (``run_liveness``) and keep its refused rows, in one short transaction.
+    """Note the push (``run_liveness``; not with ``note`` False: the push's own transaction noted
+    it, store/ingest.py) and keep its refused rows, in one short transaction (none when there is
+    nothing to write).
 
     ``refused``: dicts with series, item, reason and raw (the row as sent); ``redact`` (text ->
     text) is applied to the stored copy of each row."""
@@ -70,9 +74,11 @@ def after_push(
             }
         )
 
+    from gpuledger.store import liveness_sweep  # the server's: audit (cryptography) stays out of the agent's imports
+
     def tx(conn: Connection) -> None:
-        live = db.insert(schema.run_liveness).values(run_id=run_id, last_push_at=now)
-        conn.execute(live.on_conflict_do_update(index_elements=["run_id"], set_={"last_push_at": now}))
+        if note:
+            liveness_sweep.note_push(conn, run_id, now)
         if rows:
             ins = db.insert(schema.quarantined_rows).on_conflict_do_nothing(
                 index_elements=["run_id", "series", "payload_sha256"]
@@ -83,7 +89,8 @@ def after_push(
             kept = [r for r in rows if (r["series"], r["payload_sha256"]) in went_in]
             quarantine_audit.record(conn, run_id, kept, actor=actor)
 
-    db.write(tx)
+    if note or rows:
+        db.write(tx)
 
 
 def for_run(conn: Connection, run_id: str, limit: int = 1000) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ the run's rows of the day from the store instead (store/series_cut_days.py).
 from __future__ import annotations
 
 import calendar
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -64,15 +65,13 @@ def _plus(old: Any, new: Any) -> Any:
     )
 
 
-def add(conn: Connection, run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> int:
-    """Add the new GPU ``rows``' day sums (PostgreSQL); the rows written."""
-    sums = day_rows(run_id, rows, columns)
-    if not sums:
-        return 0
+@functools.cache
+def _upsert() -> Any:
+    """The statement ``add`` runs, built once (building and keying it costs more than running it)."""
     t = schema.series_day_sums
     ins = pg_insert(t)
     ex = ins.excluded
-    ins = ins.on_conflict_do_update(
+    return ins.on_conflict_do_update(
         index_elements=[t.c.run_id, t.c.device_uuid, t.c.day],
         set_={
             "t0": sa.func.least(t.c.t0, ex.t0),
@@ -84,7 +83,14 @@ def add(conn: Connection, run_id: str, rows: Sequence[Sequence[Any]], columns: S
             "intervals": t.c.intervals + ex.intervals,
         },
     )
-    conn.execute(ins, sums)
+
+
+def add(conn: Connection, run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> int:
+    """Add the new GPU ``rows``' day sums (PostgreSQL); the rows written."""
+    sums = day_rows(run_id, rows, columns)
+    if not sums:
+        return 0
+    conn.execute(_upsert(), sums)
     return len(sums)
 
 

@@ -18,6 +18,7 @@ Runs of seqs are only merged when consecutive: a gap may still be filled by a la
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -94,6 +95,13 @@ def segments(conn: Connection, run_id: str, streams: Iterable[str] | None = None
     return out
 
 
+def streams(conn: Connection, run_id: str, uuids: Iterable[str]) -> dict[str, list[Segment]]:
+    """``segments`` of those streams, each of them a key (a stream the store holds nothing of: [])."""
+    wanted = sorted(set(uuids))
+    found = segments(conn, run_id, wanted) if wanted else {}
+    return {uuid: found.get(uuid, []) for uuid in wanted}
+
+
 def last_t1(conn: Connection, run_id: str) -> float | None:
     """The end of the run's last interval the store holds, by the segments."""
     c = schema.series_segments.c
@@ -109,10 +117,14 @@ def keep_new(
     columns: Sequence[str],
     devices: set[str] | None,
     refuse: Refuse,
+    *,
+    held: dict[str, list[Segment]] | None = None,
 ) -> list[Item]:
     """The ``items`` of ``series`` ("gpu" or "host") the store does not hold yet that keep each
     stream a timeline, in push order; a row held already (or twice in the push: the first wins) is
-    left out silently, ``refuse(index, row, reason)`` for each other one left out."""
+    left out silently, ``refuse(index, row, reason)`` for each other one left out. ``held``: the
+    segments of streams read already in this transaction (``streams``), under the run's lock;
+    those of its streams it lacks are read and added (``record`` then needs no read of its own)."""
     seq_at, t0_at, t1_at = (columns.index(c) for c in ("seq", "t0", "t1"))
     uuid_at = columns.index("device_uuid") if series == "gpu" else None
     groups: dict[str, list[Item]] = {}
@@ -122,10 +134,13 @@ def keep_new(
             refuse(i, r, f"GPU {uuid} is not among the run's devices")
             continue
         groups.setdefault(uuid, []).append((i, r))
-    held = segments(conn, run_id, groups) if groups else {}
+    read = held if held is not None else {}
+    missing = [uuid for uuid in groups if uuid not in read]
+    if missing:
+        read |= streams(conn, run_id, missing)
     kept: list[Item] = []
     for uuid, group in groups.items():
-        spans = list(held.get(uuid, []))  # disjoint, by first_seq; the push's kept rows join them
+        spans = list(read.get(uuid, []))  # disjoint, by first_seq; the push's kept rows join them
         firsts = [s.first_seq for s in spans]
         for i, r in sorted(group, key=lambda it: int(it[1][seq_at])):
             seq, t0, t1 = int(r[seq_at]), float(r[t0_at]), float(r[t1_at])
@@ -172,35 +187,70 @@ def merged(spans: Iterable[Segment]) -> list[Segment]:
     return out
 
 
-def record(conn: Connection, run_id: str, series: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> int:
-    """Add the new ``rows`` (kept by ``keep_new``) to the run's segments; the rows written."""
-    if not rows:
-        return 0
-    seq_at, t0_at, t1_at = (columns.index(c) for c in ("seq", "t0", "t1"))
-    uuid_at = columns.index("device_uuid") if series == "gpu" else None
+def record(
+    conn: Connection,
+    run_id: str,
+    series: str,
+    rows: Sequence[Sequence[Any]],
+    columns: Sequence[str],
+    held: Mapping[str, list[Segment]] | None = None,
+) -> int:
+    """Add the new ``rows`` (kept by ``keep_new``) to the run's segments; the rows written.
+    ``held``: as ``record_all``."""
+    return record_all(conn, run_id, [(series, rows, columns)], held)
+
+
+def record_all(
+    conn: Connection,
+    run_id: str,
+    parts: Sequence[tuple[str, Sequence[Sequence[Any]], Sequence[str]]],
+    held: Mapping[str, list[Segment]] | None = None,
+) -> int:
+    """``record`` of each (series, rows, columns) of a push, its GPUs' and its host's: the
+    segments that grew updated by one executemany (a steady agent: one segment per stream and
+    push), the new ones inserted by one more; the rows written. ``held``: the segments
+    ``keep_new`` read in this transaction, under the run's lock (the streams of the rows among
+    them); None, or a stream missing: read here."""
     new: dict[str, list[Segment]] = {}
-    for r in rows:
-        uuid = HOST if uuid_at is None else str(r[uuid_at])
-        new.setdefault(uuid, []).append(Segment(int(r[seq_at]), int(r[seq_at]), float(r[t0_at]), float(r[t1_at])))
-    old = segments(conn, run_id, new)
+    for series, rows, columns in parts:
+        seq_at, t0_at, t1_at = (columns.index(c) for c in ("seq", "t0", "t1"))
+        uuid_at = columns.index("device_uuid") if series == "gpu" else None
+        for r in rows:
+            uuid = HOST if uuid_at is None else str(r[uuid_at])
+            seg = Segment(int(r[seq_at]), int(r[seq_at]), float(r[t0_at]), float(r[t1_at]))
+            new.setdefault(uuid, []).append(seg)
+    if not new:
+        return 0
+    old = held if held is not None and all(uuid in held for uuid in new) else segments(conn, run_id, new)
     t = schema.series_segments
     c = t.c
-    written = 0
+    inserts, updates, deleted = [], [], 0
     for uuid, spans in new.items():
         before = {s.first_seq: s for s in old.get(uuid, [])}
         after = {s.first_seq: s for s in merged([*before.values(), *spans])}
         gone = [q for q in before if q not in after]
-        if gone:
+        if gone:  # a gap filled: the segment above joins the one below (rare)
             conn.execute(sa.delete(t).where(c.run_id == run_id, c.device_uuid == uuid, c.first_seq.in_(gone)))
-        inserts = []
+            deleted += len(gone)
         for q, s in after.items():
             if q not in before:
                 inserts.append({"run_id": run_id, "device_uuid": uuid, **s._asdict()})
             elif before[q] != s:
-                key = (c.run_id == run_id, c.device_uuid == uuid, c.first_seq == q)
-                conn.execute(sa.update(t).where(*key).values(last_seq=s.last_seq, t1=s.t1))
-                written += 1
-        if inserts:
-            conn.execute(sa.insert(t), inserts)
-        written += len(gone) + len(inserts)
-    return written
+                updates.append({"r": run_id, "u": uuid, "q": q, "new_last": s.last_seq, "new_t1": s.t1})
+    if updates:
+        conn.execute(_grow(), updates)
+    if inserts:
+        conn.execute(sa.insert(t), inserts)
+    return deleted + len(updates) + len(inserts)
+
+
+@functools.cache
+def _grow() -> sa.Update:
+    """``record``'s update of a segment that grew (bound r, u, q, new_last, new_t1), built once."""
+    c = schema.series_segments.c
+    key = (c.run_id == sa.bindparam("r"), c.device_uuid == sa.bindparam("u"), c.first_seq == sa.bindparam("q"))
+    return (
+        sa.update(schema.series_segments)
+        .where(*key)
+        .values(last_seq=sa.bindparam("new_last"), t1=sa.bindparam("new_t1"))
+    )
