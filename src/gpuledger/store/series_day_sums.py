@@ -30,10 +30,20 @@ from gpuledger.store import schema
 SUMMED = ("busy_s", "energy_j")
 
 
+DaySums = dict[tuple[str, int], dict[str, Any]]  # (GPU, day) -> its day_rows row
+
+
 def day_rows(run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> list[dict[str, Any]]:
     """The (run, GPU, day) sums of GPU ``rows`` (values in ``columns`` order)."""
+    out: DaySums = {}
+    fold(out, run_id, rows, columns)
+    return list(out.values())
+
+
+def fold(out: DaySums, run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> None:
+    """Add GPU ``rows`` to the sums ``out``, row by row: rows given a page at a time sum as the
+    same rows given at once do, to the last bit (store/series_compact.py)."""
     at = {c: columns.index(c) for c in ("device_uuid", "t0", "t1", *SUMMED)}
-    out: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
         uuid, t0, t1 = str(r[at["device_uuid"]]), float(r[at["t0"]]), float(r[at["t1"]])
         length = t1 - t0
@@ -52,7 +62,6 @@ def day_rows(run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str])
                     row[col] = (row[col] or 0.0) + float(value) * share
                     row[count] += 1
             row["intervals"] += int(b == t1)
-    return list(out.values())
 
 
 def _plus(old: Any, new: Any) -> Any:
@@ -65,7 +74,11 @@ def _plus(old: Any, new: Any) -> Any:
 
 def add(conn: Connection, run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> int:
     """Add the new GPU ``rows``' day sums (PostgreSQL); the rows written."""
-    sums = day_rows(run_id, rows, columns)
+    return write(conn, day_rows(run_id, rows, columns))
+
+
+def write(conn: Connection, sums: Sequence[dict[str, Any]]) -> int:
+    """Add ``sums`` (``day_rows`` rows) to the ledger's (PostgreSQL); the rows written."""
     if not sums:
         return 0
     t = schema.series_day_sums
