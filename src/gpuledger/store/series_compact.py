@@ -62,6 +62,7 @@ class Compacted:
 @dataclass
 class _Outcome:
     rows: int = 0
+    tiered: int = 0  # rows of days the ledger dropped, checked in the store
     done: bool = False
     kept: str | None = None
     failed: str | None = None
@@ -231,10 +232,14 @@ def _switch(conn: Connection, tier: series_tier.Tier, run_id: str, dry_run: bool
     series_segments.mark(conn, run_id, tier.url)
     # the trail last: its appends serialise every writer until this commits
     series_segments.seal(conn, run_id, {"series": tier.url, **sealed}, actor=actor)
-    payload = {"series": tier.url, "gpu_rows": gpu_rows, "host_rows": host_rows, "written": written, "day_sums": sums}
+    tiered = sealed["gpu_rows"] + sealed["host_rows"] - gpu_rows - host_rows
+    payload = {
+        "series": tier.url, "gpu_rows": gpu_rows, "host_rows": host_rows, "tiered_rows": tiered, "written": written,
+        "day_sums": sums,
+    }  # fmt: skip
     audit.append(conn, actor=actor, action=ACTION, obj=f"run:{run_id}", payload=payload)
     audit.seal_run(conn, run_id, actor=actor, reason=f"raw intervals moved into the series store {tier.url}")
-    return _Outcome(rows=gpu_rows + host_rows)
+    return _Outcome(rows=gpu_rows + host_rows, tiered=tiered)
 
 
 def compact(
@@ -263,5 +268,6 @@ def compact(
             progress(f"{head}: NOT moved, the series store does not hold its rows exactly: {got.failed}")
         else:
             out.moved[run_id] = got.rows
-            progress(f"{head}: {'would move' if dry_run else 'moved and checked'} {got.rows} rows")
+            tiered = f" and {got.tiered} rows of its dropped days the store held" if got.tiered else ""
+            progress(f"{head}: {'would move' if dry_run else 'moved and checked'} {got.rows} rows{tiered}")
     return out

@@ -25,7 +25,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.pricing.usage import DAY_S, day_of, split_days
-from gpuledger.store import schema
+from gpuledger.store import schema, series_tier
 
 SUMMED = ("busy_s", "energy_j")
 
@@ -132,14 +132,16 @@ def iso_day(day: int) -> str:
 
 
 def run_days(conn: Connection, run_id: str) -> list[str]:
-    """The UTC days (YYYY-MM-DD) the run's rows lie on: those its GPU rows end on (its day sums)
-    and the day its first row starts on (the store keeps a row on the day it starts)."""
+    """The UTC days (YYYY-MM-DD) the run's rows lie on: those its GPU rows end on (its day sums),
+    the day its first row starts on (the store keeps a row on the day it starts), and the days
+    tiered and dropped from the ledger before ``db migrate --layout compact`` moved it, which
+    have no day sums (their ``run.raw_tiered`` entries hold them)."""
     d, s = schema.series_day_sums.c, schema.series_segments.c
     days = {int(x) for x in conn.scalars(sa.select(d.day).where(d.run_id == run_id).distinct())}
     first = conn.scalar(sa.select(sa.func.min(s.t0)).where(s.run_id == run_id))
     if first is not None:
         days.add(int(float(first) // DAY_S))
-    return [iso_day(x) for x in sorted(days)]
+    return sorted({*(iso_day(x) for x in days), *series_tier.tiered_days(conn, run_id)})
 
 
 def store_days(conn: Connection, shown: str) -> list[str]:
