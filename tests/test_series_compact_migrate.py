@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from gpuledger.store import (
     rollup_stale,
     schema,
     series_compact,
+    series_compact_read,
     series_segments,
     series_streams,
     series_tier,
@@ -408,6 +410,24 @@ def test_a_store_holding_other_rows_of_a_run_leaves_it_in_postgresql(
     _cli(env, "audit", "verify", "--db", pg_url)
 
 
+def test_a_run_changed_since_its_seal_stays_named(pg_url: str, pg_store_url: str, tmp_path: Path) -> None:
+    """The seal is checked a page at a time; a run whose rows changed after it was sealed is not
+    moved (nor laundered into a fresh seal): it stays, with the row that changed named."""
+    led_ = _populate(pg_url, pg_store_url)
+    env = _env(tmp_path, pg_store_url)
+    victim = led_.finished[1]
+    g = schema.gpu_intervals.c
+    with Ledger(pg_url) as led:
+        led.write(lambda conn: conn.execute(
+            sa.update(schema.gpu_intervals).where(g.run_id == victim, g.seq == 7).values(energy_j=g.energy_j + 1.0)
+        ))  # fmt: skip
+    out = _cli(env, "db", "migrate", "--db", pg_url, "--layout", "compact", "--series", pg_store_url)
+    assert "moved and checked 3 runs" in out.stdout and "2 runs kept" in out.stdout, out.output
+    assert f"run {victim}: kept in PostgreSQL for now: gpu_intervals/" in out.stderr, out.output
+    assert "row seq 7 edited" in out.stderr, out.output
+    assert _raw_rows(pg_url, victim) == (N, N) and _stored(pg_store_url, victim) == ([], [])
+
+
 def test_layout_compact_needs_a_postgresql_ledger_and_a_store(tmp_path: Path, pg_store_url: str) -> None:
     env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_SERIES": ""}
     db = f"sqlite:///{tmp_path}/team.db"
@@ -541,6 +561,92 @@ def test_a_run_whose_every_day_was_tiered_and_dropped_moves_too(pg_url: str, ser
     shown = _cli(env, "show", gone, "--db", pg_url)
     days = f"{tiers._date(TODAY - 12)} to {tiers._date(TODAY - 11)}"
     assert f"raw curves of 2 days ({days}) expired from the series store" in shown.output, shown.output
+
+
+class _Watched:
+    """The real store, noting the rows of each write and any read of a whole run."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.writes, self.whole_reads = store, [], []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def write(self, run_id: str, gpu: Any, host: Any, token: str) -> int:
+        self.writes.append(len(gpu) + len(host))
+        return int(self.store.write(run_id, gpu, host, token=token))
+
+    def gpu_intervals(self, *args: Any) -> Any:
+        self.whole_reads.append("gpu_intervals")
+        return self.store.gpu_intervals(*args)
+
+    def host_intervals(self, *args: Any) -> Any:
+        self.whole_reads.append("host_intervals")
+        return self.store.host_intervals(*args)
+
+
+def _run_rows_bytes(led: Ledger, run_id: str) -> int:
+    """The Python memory a run's ledger rows take held whole, as dicts (as the migration held them)."""
+    g, h = schema.gpu_intervals, schema.host_intervals
+
+    def read(conn: sa.Connection) -> int:
+        tracemalloc.start()
+        try:
+            rows = [dict(r) for r in conn.execute(sa.select(g).where(g.c.run_id == run_id)).mappings()]
+            rows += [dict(r) for r in conn.execute(sa.select(h).where(h.c.run_id == run_id)).mappings()]
+            return tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+            del rows
+
+    return led.read(read)
+
+
+def test_a_long_run_is_moved_a_page_at_a_time(pg_url: str, series_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The migration holds a few pages of a run, never the whole: with pages of 250 rows, a run of
+    2 GPUs x 3,000 intervals and its host's 3,000 is read from the ledger (its seal checked too)
+    and from the store, and written into the store, 250 rows at most at a time, never by a read
+    of the whole run; the Python memory the migration takes at its peak is a small part of what
+    the run's rows take held whole."""
+    big, page = 3000, 250
+    led_ = _populate(pg_url, series_url, big=big)
+    long_run = led_.finished[2]
+    monkeypatch.setattr(series_compact, "BATCH_ROWS", page)
+    read: dict[str, list[int]] = {}
+
+    def counted(name: str, pages: Any) -> Any:
+        def each(*args: Any, **kwargs: Any) -> Any:
+            for rows in pages(*args, **kwargs):
+                read.setdefault(name, []).append(len(rows))
+                yield rows
+
+        return each
+
+    for name in ("ledger_gpu_pages", "ledger_host_pages", "store_gpu_pages", "store_host_pages"):
+        monkeypatch.setattr(series_compact_read, name, counted(name, getattr(series_compact_read, name)))
+    tier = series_tier.Tier.open(series_url)
+    try:
+        with Ledger(pg_url) as led:
+            whole = _run_rows_bytes(led, long_run)
+            watched = _Watched(tier.store)
+            paged = series_tier.Tier(watched, tier.url)  # type: ignore[arg-type]
+            tracemalloc.start()
+            try:
+                done = series_compact.compact(led, paged, actor="test", tampered=_tampered)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert sorted(done.moved) == sorted(led_.finished) and not done.failed, done
+            assert audit.verify(led, close_after_days=OPEN_DAYS).ok
+    finally:
+        tier.store.close()
+    assert watched.whole_reads == []
+    assert max(watched.writes) == page and sum(watched.writes) == (N + N // 2) + 2 * N + 3 * big + 2 * N
+    assert set(read) == {"ledger_gpu_pages", "ledger_host_pages", "store_gpu_pages", "store_host_pages"}
+    assert all(max(sizes) == page for sizes in read.values()), read
+    assert peak < whole / 3, (peak, whole)  # a few pages and fixed costs (4.3 MB at pages of 500, any run)
+    gpu, host = _stored(series_url, long_run)
+    assert len(gpu) == 2 * big and len(host) == big
 
 
 def test_a_moved_run_stays_verifiable_once_the_store_drops_its_first_days(

@@ -32,7 +32,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.model import run_is_open
-from gpuledger.store import audit, schema, series_day_sums, series_live, series_segments, series_streams, series_tier
+from gpuledger.store import (
+    audit,
+    schema,
+    series_compact_seal,
+    series_day_sums,
+    series_live,
+    series_segments,
+    series_streams,
+    series_tier,
+)
 from gpuledger.store import series_compact_read as pages
 from gpuledger.store.partitions import DROPPED_LEVEL
 from gpuledger.store.series_compact_check import Check, CompactError, dropped_parts, why_not
@@ -41,7 +50,7 @@ if TYPE_CHECKING:
     from gpuledger.store.ledger import Ledger
 
 ACTION = "run.compacted"
-BATCH_ROWS = pages.PAGE_ROWS  # rows per store write, and per write of segments and stream sums
+BATCH_ROWS = 10_000  # rows per page read (ledger, store), store write and write of segments and stream sums
 GPU_COLUMNS, HOST_COLUMNS = series_tier.GPU_COLUMNS, series_tier.HOST_COLUMNS
 _SEGMENT_COLUMNS = ("device_uuid", "seq", "t0", "t1")
 _DAY_SUM_COLUMNS = ("device_uuid", "t0", "t1", *series_day_sums.SUMMED)
@@ -98,15 +107,12 @@ def _held(
     have_gpu = {
         (uuid, int(r["seq"]))
         for uuid, (lo, hi) in spans.items()
-        for page in pages.store_gpu_pages(tier.store, run_id, uuid, after=lo - 1, upto=hi)
+        for page in pages.store_gpu_pages(tier.store, run_id, uuid, BATCH_ROWS, after=lo - 1, upto=hi)
         for r in page
     }
     seqs = [int(r["seq"]) for r in host]
-    have_host = (
-        {int(r["seq"]) for page in pages.store_host_pages(tier.store, run_id, after=min(seqs) - 1, upto=max(seqs))
-         for r in page} if seqs else set()
-    )  # fmt: skip
-    return have_gpu, have_host
+    held = pages.store_host_pages(tier.store, run_id, BATCH_ROWS, after=min(seqs) - 1, upto=max(seqs)) if seqs else []
+    return have_gpu, {int(r["seq"]) for page in held for r in page}
 
 
 def _batches(gpu: Sequence[Row], host: Sequence[Row]) -> Iterator[tuple[Sequence[Row], Sequence[Row]]]:
@@ -133,8 +139,8 @@ def _copy(conn: Connection, tier: series_tier.Tier, run_id: str, devices: Sequen
     """Copy the run's ledger rows the store lacks, BATCH_ROWS at a time (a store write takes the
     GPU rows of several short streams at once): (rows written, GPU rows, host rows)."""
     written, counts = 0, [0, 0]
-    for host, streams in ((False, [pages.ledger_gpu_pages(conn, run_id, d) for d in devices]),
-                          (True, [pages.ledger_host_pages(conn, run_id)])):  # fmt: skip
+    for host, streams in ((False, [pages.ledger_gpu_pages(conn, run_id, d, BATCH_ROWS) for d in devices]),
+                          (True, [pages.ledger_host_pages(conn, run_id, BATCH_ROWS)])):  # fmt: skip
         pending: list[Row] = []
         for page in (page for stream in streams for page in stream):
             counts[host] += len(page)
@@ -190,10 +196,14 @@ def _check(conn: Connection, tier: series_tier.Tier, run_id: str, devices: Seque
     derived = _Derived(conn, run_id)
     check = Check(run_id, dropped_parts(conn, run_id, tier.url), BATCH_ROWS)
     for uuid in sorted({*devices, *tier.store.gpu_devices(run_id)}):
-        ledger, stored = pages.ledger_gpu_pages(conn, run_id, uuid), pages.store_gpu_pages(tier.store, run_id, uuid)
+        ledger = pages.ledger_gpu_pages(conn, run_id, uuid, BATCH_ROWS)
+        stored = pages.store_gpu_pages(tier.store, run_id, uuid, BATCH_ROWS)
         check.stream(uuid, ledger, stored, derived.gpu)
-    host = series_segments.HOST
-    check.stream(host, pages.ledger_host_pages(conn, run_id), pages.store_host_pages(tier.store, run_id), derived.host)
+    ledger, stored = (
+        pages.ledger_host_pages(conn, run_id, BATCH_ROWS),
+        pages.store_host_pages(tier.store, run_id, BATCH_ROWS),
+    )
+    check.stream(series_segments.HOST, ledger, stored, derived.host)
     sealed = check.result()
     return sealed, series_day_sums.write(conn, list(derived.day_sums.values()))
 
@@ -216,7 +226,9 @@ def _switch(conn: Connection, tier: series_tier.Tier, run_id: str, dry_run: bool
         return _Outcome(done=True)
     if run_is_open(row.status, row.ended_at):
         return _Outcome(kept="still recording: moved by a later call once it has ended")
-    why = why_not(conn, run_id, tier.url) or "; ".join(tampered(conn, run_id)[:3])
+    # the seal checked a page at a time; retention's check (the run whole) only names what changed
+    same = series_compact_seal.unchanged(conn, run_id, BATCH_ROWS)
+    why = why_not(conn, run_id, tier.url) or ("" if same else "; ".join(tampered(conn, run_id)[:3]))
     if why:
         return _Outcome(kept=why)
     if dry_run:

@@ -16,7 +16,6 @@ from sqlalchemy.engine import Connection
 from gpuledger.series.base import SeriesStore
 from gpuledger.store import schema, series_tier
 
-PAGE_ROWS = 10_000  # rows per page read, and per store write (series_compact.BATCH_ROWS)
 FIRST = -(2**31)  # below every seq (an int4 in the ledger)
 Row = dict[str, Any]
 
@@ -54,7 +53,7 @@ def _pages(fetch: Callable[[int], list[Row]], after: int, limit: int, upto: int 
         after = int(page[-1]["seq"])
 
 
-def ledger_gpu_pages(conn: Connection, run_id: str, device_uuid: str, limit: int = PAGE_ROWS) -> Iterator[list[Row]]:
+def ledger_gpu_pages(conn: Connection, run_id: str, device_uuid: str, limit: int) -> Iterator[list[Row]]:
     """The run's rows of one GPU in seq order, ``limit`` a page, without run_id."""
     g = schema.gpu_intervals
     q = sa.select(*(g.c[c] for c in series_tier.GPU_COLUMNS)).where(
@@ -68,7 +67,7 @@ def ledger_gpu_pages(conn: Connection, run_id: str, device_uuid: str, limit: int
     return _pages(fetch, FIRST, limit)
 
 
-def ledger_host_pages(conn: Connection, run_id: str, limit: int = PAGE_ROWS) -> Iterator[list[Row]]:
+def ledger_host_pages(conn: Connection, run_id: str, limit: int) -> Iterator[list[Row]]:
     """The run's host rows in seq order, ``limit`` a page, without run_id."""
     h = schema.host_intervals
     q = sa.select(*(h.c[c] for c in series_tier.HOST_COLUMNS)).where(h.c.run_id == run_id)
@@ -81,16 +80,15 @@ def ledger_host_pages(conn: Connection, run_id: str, limit: int = PAGE_ROWS) -> 
 
 
 def store_gpu_pages(
-    store: SeriesStore, run_id: str, device_uuid: str, *, after: int = FIRST, upto: int | None = None,
-    limit: int = PAGE_ROWS,
-) -> Iterator[list[Row]]:  # fmt: skip
+    store: SeriesStore, run_id: str, device_uuid: str, limit: int, *, after: int = FIRST, upto: int | None = None
+) -> Iterator[list[Row]]:
     """The store's rows of the run's GPU with seq > ``after`` (and <= ``upto``), in seq order, a
     page at a time (a page may pass ``limit`` by rows tied at its last seq)."""
     return _pages(lambda a: store.gpu_page(run_id, device_uuid, a, limit), after, limit, upto)
 
 
 def store_host_pages(
-    store: SeriesStore, run_id: str, *, after: int = FIRST, upto: int | None = None, limit: int = PAGE_ROWS
+    store: SeriesStore, run_id: str, limit: int, *, after: int = FIRST, upto: int | None = None
 ) -> Iterator[list[Row]]:
     """The store's host rows of the run, as ``store_gpu_pages``."""
     return _pages(lambda a: store.host_page(run_id, a, limit), after, limit, upto)
