@@ -27,7 +27,7 @@ from gpuledger.series import quantum
 from gpuledger.store import schema, series_only_verify, series_tier, tiered_totals
 from gpuledger.store.partitions import DROPPED_LEVEL
 from gpuledger.store.series_segments import HOST
-from gpuledger.store.series_tier import GPU_COLUMNS, GPU_SUMS, HOST_COLUMNS, HOST_SUMS, Summing
+from gpuledger.store.series_tier import GPU_COLUMNS, GPU_SUMS, HOST_COLUMNS, HOST_SUMS, Item, Summing
 
 Row = dict[str, Any]
 DROPPED = "run.raw_dropped"  # store/retention_days.py
@@ -79,12 +79,16 @@ class _Stream:
         self.sums, self.columns = (GPU_SUMS, GPU_COLUMNS) if gpu else (HOST_SUMS, HOST_COLUMNS)
         self.expected = self.new()  # the ledger's rows, quantized
         self.found = self.new()  # the store's rows of seqs the ledger holds
-        self.whole = self.new()  # every row the store holds
+        self.apart: Summing | None = None  # every row the store holds, once one is not in ``found``
         self.days: dict[str, Summing] = {}  # the same, per day a row starts on
         self.parts: dict[int, Summing] = {}  # per dropped tiered day: the store's rows in its seq range
 
     def new(self) -> Summing:
         return Summing(self.sums, self.columns)
+
+    @property
+    def whole(self) -> Summing:
+        return self.found if self.apart is None else self.apart
 
 
 def _in(seq_range: Sequence[int] | None, seq: int) -> bool:
@@ -123,22 +127,39 @@ class Check:
             theirs.clear()
 
         for page in stored:
-            held: list[Row] = []
+            items = [s.found.item(r) for r in page]  # each row's line hashed once, for every summary
+            held: list[Item] = []
             lacked: list[Row] = []
-            for r in page:
-                seq = int(r["seq"])
+            day, run_of_day = "", []  # consecutive rows of one day, added at once
+            for r, item in zip(page, items, strict=True):
+                seq = item[0]
                 while head is not None and int(head["seq"]) < seq:
                     theirs.append(head)
                     head = next(rows, None)
                     if len(theirs) >= self.batch:
                         flush()
-                (held if head is not None and int(head["seq"]) == seq else lacked).append(r)
-                s.days.setdefault(series_only_verify.day_of(r), s.new()).add((r,))
+                if head is not None and int(head["seq"]) == seq:
+                    held.append(item)
+                    if s.apart is not None:
+                        s.apart.add_items((item,))
+                else:
+                    if s.apart is None:  # the first row of the store the ledger lacks: the whole goes apart
+                        s.found.add_items(held)
+                        held = []
+                        s.apart = s.found.copy()
+                    s.apart.add_items((item,))
+                    lacked.append(r)
+                if series_only_verify.day_of(r) != day:
+                    if run_of_day:
+                        s.days.setdefault(day, s.new()).add_items(run_of_day)
+                    day, run_of_day = series_only_verify.day_of(r), []
+                run_of_day.append(item)
                 for i, seq_range in enumerate(ranges):
                     if _in(seq_range, seq):
-                        s.parts.setdefault(i, s.new()).add((r,))
-            s.found.add(held)
-            s.whole.add(page)
+                        s.parts.setdefault(i, s.new()).add_items((item,))
+            if run_of_day:
+                s.days.setdefault(day, s.new()).add_items(run_of_day)
+            s.found.add_items(held)
             derive([], lacked)
         while head is not None:
             theirs.append(head)

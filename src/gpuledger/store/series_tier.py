@@ -101,28 +101,49 @@ def digest(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
     return h.hexdigest()
 
 
+Item = tuple[int, bytes, tuple[int | None, ...]]  # a row as Summing adds it: seq, digest line, sums in units
+
+
 class Summing:
     """``summary`` of rows given a page at a time (in seq order across pages), for a run too long
-    to hold whole (store/series_compact_check.py); ``summary`` itself is one page."""
+    to hold whole (store/series_compact_check.py); ``summary`` itself is one page. A row's ``item``
+    is made once for all the summaries it goes into."""
 
     def __init__(self, sums: Mapping[str, tuple[str, int]], columns: Sequence[str]) -> None:
         self.sums, self.columns = sums, columns
-        self.totals = {name: 0 for name, _ in sums.values()}
-        self.measured = {name: 0 for name, _ in sums.values()}
+        self.names = [name for name, _ in sums.values()]
+        self.totals = dict.fromkeys(self.names, 0)
+        self.measured = dict.fromkeys(self.names, 0)
         self.rows, self.first, self.last = 0, 0, 0
         self.hash = hashlib.sha256()
 
+    def item(self, r: Mapping[str, Any]) -> Item:
+        units = tuple(
+            None if r.get(column) is None else quantum.to_units(r[column], scale) if scale != 1 else int(r[column])
+            for column, (_, scale) in self.sums.items()
+        )
+        return int(r["seq"]), _line(r, self.columns), units
+
     def add(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        self.add_items([self.item(r) for r in rows])
+
+    def add_items(self, items: Sequence[Item]) -> None:
         totals, measured, h = self.totals, self.measured, self.hash
-        for r in rows:
-            for column, (name, scale) in self.sums.items():
-                if r.get(column) is not None:
-                    totals[name] += quantum.to_units(r[column], scale) if scale != 1 else int(r[column])
+        for seq, line, units in items:
+            for name, value in zip(self.names, units, strict=True):
+                if value is not None:
+                    totals[name] += value
                     measured[name] += 1
-            seq = int(r["seq"])
             self.first, self.last = (seq, seq) if not self.rows else (min(self.first, seq), max(self.last, seq))
             self.rows += 1
-            h.update(_line(r, self.columns))
+            h.update(line)
+
+    def copy(self) -> Summing:
+        """A summary of the rows added so far that goes on apart from this one."""
+        out = Summing(self.sums, self.columns)
+        out.totals, out.measured = dict(self.totals), dict(self.measured)
+        out.rows, out.first, out.last, out.hash = self.rows, self.first, self.last, self.hash.copy()
+        return out
 
     def result(self) -> dict[str, Any]:
         return {
