@@ -36,6 +36,7 @@ from sqlalchemy.engine import make_url
 PG = os.environ.get("GPULEDGER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 STEP = 5.0
 PUSH_ROWS = 2500  # seqs per push: 2,500 x (GPUs + host) rows, under the server's 8 MiB a body
+PUSH_INTERVALS = 20_000  # and the server's most intervals a push
 
 
 def _gpu(uuid_: str, seq: int, t0: float) -> dict[str, Any]:
@@ -75,8 +76,9 @@ def _populate(db: str, runs: int, gpus: int, intervals: int) -> int:
                    "cwd": "/work", "started_at": begin, "labels": {"project": "bench", "team": "bench"}}  # fmt: skip
             devices = [{"index": d, "uuid": u, "name": "NVIDIA A100-SXM4-80GB", "memory_total_b": 80 * 2**30}
                        for d, u in enumerate(uuids)]  # fmt: skip
-            for at in range(0, intervals, PUSH_ROWS):
-                seqs = range(at, min(at + PUSH_ROWS, intervals))
+            step = min(PUSH_ROWS, PUSH_INTERVALS // (gpus + 1))
+            for at in range(0, intervals, step):
+                seqs = range(at, min(at + step, intervals))
                 last = seqs[-1] == intervals - 1
                 doc = dict(run, status="succeeded", ended_at=begin + intervals * STEP, exit_code=0) if last else run
                 body = {

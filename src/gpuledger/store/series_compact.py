@@ -2,11 +2,15 @@
 PostgreSQL team ledger moved run by run to the layout ``serve --series-only`` writes, where a run's
 raw intervals live in the series store only (store/series_segments.py).
 
-Each run, in one ledger transaction holding the run's row lock (a late push of the run waits, then
-finds it moved and goes to the store, store/ingest.py):
+The runs it takes: those with raw rows in the ledger, and those retention tiered and dropped
+(rollup marks at the dropped level), down to a run none of whose rows the ledger holds any more:
+the store holds them all, and the run moves as the others do, checked against its ``run.raw_tiered``
+entries alone. Each run, in one ledger transaction holding the run's row lock (a late push of the
+run waits, then finds it moved and goes to the store, store/ingest.py):
 
-1. the run must have ended and may move (series_compact_check.why_not); a run still recording is
-   skipped, named, and moved by a later call once it has ended;
+1. the run must have ended and may move (series_compact_check.why_not, and its rows must match its
+   seal, checked a page at a time: series_compact_seal.py); a run still recording is skipped,
+   named, and moved by a later call once it has ended;
 2. its GPU and host rows are copied into the store, only those the store lacks (written live by
    ``serve --series-live``, or by an earlier call cut short), in batches whose token names their
    rows (``compact:`` + series_live.batch_token), so a call cut short and run again stores nothing
@@ -20,6 +24,12 @@ finds it moved and goes to the store, store/ingest.py):
    readers take them), the store's seal recorded (``run.series_sealed``), the raw rows deleted,
    the run listed in ``series_only_runs``, ``run.compacted`` appended and the run resealed over
    what the ledger now keeps, so ``audit verify`` (and with ``--series``, the store) passes after.
+
+No step holds a whole run: the ledger and the store are read in keyset pages of BATCH_ROWS rows
+(series_compact_read.py), the check merges the two by seq with running summaries
+(series_compact_check.Check), and segments and stream sums are written a page at a time (the day
+sums, added up row by row in Python, once at the end), so a 72-hour run of 8 GPUs at 1 s takes
+what a few pages take, not its 2 GB. A check that fails rolls all of it back with the transaction.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ run ever had.
 
 The store's rows are checked as tiering checks a day (series_tier.differences): the rows the ledger
 holds, per GPU and the host, by count, integer sums and a sha256 of the quantized rows; the rows of
-tiered days the ledger dropped against their ``run.raw_tiered`` entries; and no other row.
+tiered days the ledger dropped against their ``run.raw_tiered`` entries (all of a run's rows, once
+retention has dropped every day of it); and no other row. ``Check`` does it a stream and a page at
+a time, the summaries kept running (series_tier.Summing), so no run is ever held whole.
 """
 
 from __future__ import annotations
