@@ -9,7 +9,7 @@ local ``test`` database) gets ``--runs`` finished runs of ``--gpus`` GPUs and ``
 intervals each (and one host interval per step), pushed through the server's ingest in 8 MiB
 bodies and sealed; then the migration into a fresh series store (the compact PostgreSQL store in a
 schema of its own, or chDB in a temporary folder) runs in a process of its own, as the CLI runs it,
-timed alone, its peak RSS (``ru_maxrss``) read after it and before it (imports, the store opened).
+timed alone, its peak RSS (VmHWM) read after it and before it (imports, the store opened).
 Printed per round: rows moved (GPU + host), seconds, seconds per million rows, peak RSS; then min /
 median / max over the rounds and the load average. The gpuledger it measures is the one on
 PYTHONPATH (an older tree's ``src`` measures that tree's migration on the same ledger).
@@ -93,6 +93,19 @@ def _populate(db: str, runs: int, gpus: int, intervals: int) -> int:
     return rows
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak RSS: VmHWM (Linux; ``ru_maxrss`` keeps the parent's peak across fork and
+    exec, which would hide the migration's under the population's), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _migrate(db_url: str, series: str) -> dict[str, float]:
     """The migration, in this (child) process: rows moved, seconds, and peak RSS (MiB) before and after."""
     from gpuledger.store import Ledger, series_compact, series_tier
@@ -101,7 +114,7 @@ def _migrate(db_url: str, series: str) -> dict[str, float]:
     tier = series_tier.Tier.open(series)
     try:
         with Ledger(db_url) as led:
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            before = _peak_rss_mib()
             t = time.perf_counter()
             done = series_compact.compact(led, tier, actor="bench", tampered=_tampered)
             took = time.perf_counter() - t
@@ -109,7 +122,7 @@ def _migrate(db_url: str, series: str) -> dict[str, float]:
         tier.store.close()
     if done.kept or done.failed:
         raise SystemExit(f"kept {done.kept}; failed {done.failed}")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _peak_rss_mib()
     return {"moved": sum(done.moved.values()), "took": took, "rss_before": before, "rss_peak": peak}
 
 
