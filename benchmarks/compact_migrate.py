@@ -1,4 +1,5 @@
-"""How long ``gpuledger db migrate --layout compact`` takes per million intervals (store/series_compact.py).
+"""How long ``gpuledger db migrate --layout compact`` takes per million intervals, and the memory it
+takes at its peak (store/series_compact.py).
 
     python benchmarks/compact_migrate.py [--runs 20] [--gpus 4] [--intervals 12500] [--store postgres|chdb]
                                          [--rounds 1]
@@ -7,17 +8,23 @@ Each round: a fresh PostgreSQL ledger (a schema of its own on GPULEDGER_TEST_PG_
 local ``test`` database) gets ``--runs`` finished runs of ``--gpus`` GPUs and ``--intervals`` 5 s
 intervals each (and one host interval per step), pushed through the server's ingest in 8 MiB
 bodies and sealed; then the migration into a fresh series store (the compact PostgreSQL store in a
-schema of its own, or chDB in a temporary folder) is timed alone, in this process, as the CLI runs
-it. Printed per round: rows moved (GPU + host), seconds, seconds per million rows; then min /
-median / max over the rounds and the load average.
+schema of its own, or chDB in a temporary folder) runs in a process of its own, as the CLI runs it,
+timed alone, its peak RSS (VmHWM) read after it and before it (imports, the store opened).
+Printed per round: rows moved (GPU + host), seconds, seconds per million rows, peak RSS; then min /
+median / max over the rounds and the load average. The gpuledger it measures is the one on
+PYTHONPATH (an older tree's ``src`` measures that tree's migration on the same ledger).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -29,6 +36,7 @@ from sqlalchemy.engine import make_url
 PG = os.environ.get("GPULEDGER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 STEP = 5.0
 PUSH_ROWS = 2500  # seqs per push: 2,500 x (GPUs + host) rows, under the server's 8 MiB a body
+PUSH_INTERVALS = 20_000  # and the server's most intervals a push
 
 
 def _gpu(uuid_: str, seq: int, t0: float) -> dict[str, Any]:
@@ -68,8 +76,9 @@ def _populate(db: str, runs: int, gpus: int, intervals: int) -> int:
                    "cwd": "/work", "started_at": begin, "labels": {"project": "bench", "team": "bench"}}  # fmt: skip
             devices = [{"index": d, "uuid": u, "name": "NVIDIA A100-SXM4-80GB", "memory_total_b": 80 * 2**30}
                        for d, u in enumerate(uuids)]  # fmt: skip
-            for at in range(0, intervals, PUSH_ROWS):
-                seqs = range(at, min(at + PUSH_ROWS, intervals))
+            step = min(PUSH_ROWS, PUSH_INTERVALS // (gpus + 1))
+            for at in range(0, intervals, step):
+                seqs = range(at, min(at + step, intervals))
                 last = seqs[-1] == intervals - 1
                 doc = dict(run, status="succeeded", ended_at=begin + intervals * STEP, exit_code=0) if last else run
                 body = {
@@ -84,10 +93,40 @@ def _populate(db: str, runs: int, gpus: int, intervals: int) -> int:
     return rows
 
 
-def _round(args: argparse.Namespace) -> tuple[int, float]:
+def _peak_rss_mib() -> float:
+    """This process's peak RSS: VmHWM (Linux; ``ru_maxrss`` keeps the parent's peak across fork and
+    exec, which would hide the migration's under the population's), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _migrate(db_url: str, series: str) -> dict[str, float]:
+    """The migration, in this (child) process: rows moved, seconds, and peak RSS (MiB) before and after."""
     from gpuledger.store import Ledger, series_compact, series_tier
     from gpuledger.store.retention import _tampered
 
+    tier = series_tier.Tier.open(series)
+    try:
+        with Ledger(db_url) as led:
+            before = _peak_rss_mib()
+            t = time.perf_counter()
+            done = series_compact.compact(led, tier, actor="bench", tampered=_tampered)
+            took = time.perf_counter() - t
+    finally:
+        tier.store.close()
+    if done.kept or done.failed:
+        raise SystemExit(f"kept {done.kept}; failed {done.failed}")
+    peak = _peak_rss_mib()
+    return {"moved": sum(done.moved.values()), "took": took, "rss_before": before, "rss_peak": peak}
+
+
+def _round(args: argparse.Namespace) -> dict[str, float]:
     tag = uuid.uuid4().hex[:10]
     ledger_schema, store_schema = f"compact_bench_{tag}", f"compact_series_{tag}"
     folder = tempfile.mkdtemp(prefix="compact-bench-")
@@ -103,18 +142,14 @@ def _round(args: argparse.Namespace) -> tuple[int, float]:
     series = f"{admin}?schema={store_schema}" if args.store == "postgres" else f"chdb://{folder}/series"
     try:
         rows = _populate(db_url, args.runs, args.gpus, args.intervals)
-        tier = series_tier.Tier.open(series)
-        try:
-            with Ledger(db_url) as led:
-                t = time.perf_counter()
-                done = series_compact.compact(led, tier, actor="bench", tampered=_tampered)
-                took = time.perf_counter() - t
-        finally:
-            tier.store.close()
-        moved = sum(done.moved.values())
-        if moved != rows or done.kept or done.failed:
-            raise SystemExit(f"moved {moved} of {rows} rows; kept {done.kept}; failed {done.failed}")
-        return moved, took
+        # a process of its own: its peak RSS is the migration's, not the population's
+        child = subprocess.run([sys.executable, __file__, "--child", db_url, series], capture_output=True, text=True)
+        if child.returncode != 0:
+            raise SystemExit(f"the migration failed: {child.stderr[-2000:]}")
+        got: dict[str, float] = json.loads(child.stdout.strip().splitlines()[-1])
+        if got["moved"] != rows:
+            raise SystemExit(f"moved {got['moved']} of {rows} rows")
+        return got
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute("SET lock_timeout = '30s'")
@@ -123,7 +158,14 @@ def _round(args: argparse.Namespace) -> tuple[int, float]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.1f} / {statistics.median(values):.1f} / {max(values):.1f}"
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        print(json.dumps(_migrate(sys.argv[2], sys.argv[3])))
+        return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--gpus", type=int, default=4)
@@ -131,15 +173,17 @@ def main() -> None:
     p.add_argument("--store", choices=["postgres", "chdb"], default="postgres")
     p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
-    per_million = []
+    per_million, peaks = [], []
     for i in range(args.rounds):
-        rows, took = _round(args)
-        per_million.append(took / rows * 1e6)
+        got = _round(args)
+        per_million.append(got["took"] / got["moved"] * 1e6)
+        peaks.append(got["rss_peak"])
         load = os.getloadavg()
-        print(f"round {i + 1}: {rows} rows moved in {took:.1f} s: {per_million[-1]:.1f} s per million rows "
+        print(f"round {i + 1}: {got['moved']:.0f} rows moved in {got['took']:.1f} s: {per_million[-1]:.1f} s per "
+              f"million rows; peak RSS {got['rss_peak']:.0f} MiB ({got['rss_before']:.0f} MiB before it) "
               f"(load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})", flush=True)  # fmt: skip
-    low, mid, high = min(per_million), statistics.median(per_million), max(per_million)
-    print(f"{args.store}: {low:.1f} / {mid:.1f} / {high:.1f} s per million rows (min / median / max of {args.rounds})")
+    print(f"{args.store}: {_spread(per_million)} s per million rows; peak RSS {_spread(peaks)} MiB "
+          f"(min / median / max of {args.rounds})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +35,18 @@ import test_series_tier as tiers
 from gpuledger.cli.main import cli
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.series import quantum
-from gpuledger.store import Ledger, audit, partitions, rollup_stale, schema, series_compact, series_streams, series_tier
+from gpuledger.store import (
+    Ledger,
+    audit,
+    partitions,
+    rollup_stale,
+    schema,
+    series_compact,
+    series_compact_read,
+    series_segments,
+    series_streams,
+    series_tier,
+)
 from gpuledger.store import metrics_queries as mq
 from gpuledger.store.retention import DAY_S, Policy, _tampered, run_retention
 from gpuledger.store.schema_series_streams import REASONS
@@ -91,12 +103,16 @@ class Ledgered:
     finished: list[str]  # every finished run, oldest first (the tiered one first)
     running: dict[str, Any]  # the body of the run still recording
     agent: dict[str, str]  # project -> its agent's Authorization header
+    gone: dict[str, Any] | None = None  # the body of a run all of whose days were tiered and dropped
 
 
-def _populate(pg_url: str, series_url: str, big: int = N) -> Ledgered:
-    """The runs; ``big``: the intervals per device of the third (a long run, 2 GPUs, across midnights)."""
+def _populate(pg_url: str, series_url: str, big: int = N, *, gone: bool = False) -> Ledgered:
+    """The runs; ``big``: the intervals per device of the third (a long run, 2 GPUs, across midnights);
+    ``gone``: and a run of 2 GPUs across the midnight before the day the first crosses into, its
+    both days tiered and dropped by retention (not in ``finished``)."""
     tokens = setup_accounts(pg_url)
     agent = {"A": bearer(tokens.agent_a), "B": bearer(tokens.agent_b)}
+    whole_day = _body(MIDNIGHT - DAY_S - N / 2 * 5.0, 2, "B", "nlp") if gone else None
     bodies = [
         ("A", _body(MIDNIGHT - N / 2 * 5.0, 2, "A", "vision")),  # across a midnight
         ("A", _body(MIDNIGHT + DAY_S + 3600, 1, "A", "vision")),  # GPU-0 again, a day on
@@ -105,7 +121,7 @@ def _populate(pg_url: str, series_url: str, big: int = N) -> Ledgered:
     ]
     running = _body(MIDNIGHT + 3 * DAY_S + big * 5.0, 1, "A", "vision", running=True)
     with _client(pg_url) as client, Ledger(pg_url) as led:
-        for project, body in [*bodies, ("A", running)]:
+        for project, body in [*bodies, ("A", running), *([("B", whole_day)] if whole_day else [])]:
             for part in _parts(body):
                 got = client.post("/api/v1/ingest", json=part, headers=agent[project])
                 assert got.status_code == 200 and got.json()["quarantined"] == [], got.text
@@ -117,11 +133,12 @@ def _populate(pg_url: str, series_url: str, big: int = N) -> Ledgered:
             cut = MIDNIGHT + 3600
             policy = Policy(raw_days=7, drop_partitions=True, log_days=None, capacity_days=None)
             report = run_retention(led, policy, actor="test", now=cut + 7 * DAY_S, tier=tier)
-            assert report.days is not None and report.days.dropped == [tiers._date(TODAY - 11)], report.days
+            dropped = [tiers._date(day) for day in ([TODAY - 12] if gone else []) + [TODAY - 11]]
+            assert report.days is not None and report.days.dropped == dropped, report.days
     finally:
         tier.store.close()
     ids = [b["run"]["id"] for _, b in bodies]
-    return Ledgered(ids[0], ids, running, agent)
+    return Ledgered(ids[0], ids, running, agent, whole_day)
 
 
 def _env(tmp_path: Path, series_url: str) -> dict[str, str]:
@@ -393,6 +410,24 @@ def test_a_store_holding_other_rows_of_a_run_leaves_it_in_postgresql(
     _cli(env, "audit", "verify", "--db", pg_url)
 
 
+def test_a_run_changed_since_its_seal_stays_named(pg_url: str, pg_store_url: str, tmp_path: Path) -> None:
+    """The seal is checked a page at a time; a run whose rows changed after it was sealed is not
+    moved (nor laundered into a fresh seal): it stays, with the row that changed named."""
+    led_ = _populate(pg_url, pg_store_url)
+    env = _env(tmp_path, pg_store_url)
+    victim = led_.finished[1]
+    g = schema.gpu_intervals.c
+    with Ledger(pg_url) as led:
+        led.write(lambda conn: conn.execute(
+            sa.update(schema.gpu_intervals).where(g.run_id == victim, g.seq == 7).values(energy_j=g.energy_j + 1.0)
+        ))  # fmt: skip
+    out = _cli(env, "db", "migrate", "--db", pg_url, "--layout", "compact", "--series", pg_store_url)
+    assert "moved and checked 3 runs" in out.stdout and "2 runs kept" in out.stdout, out.output
+    assert f"run {victim}: kept in PostgreSQL for now: gpu_intervals/" in out.stderr, out.output
+    assert "row seq 7 edited" in out.stderr, out.output
+    assert _raw_rows(pg_url, victim) == (N, N) and _stored(pg_store_url, victim) == ([], [])
+
+
 def test_layout_compact_needs_a_postgresql_ledger_and_a_store(tmp_path: Path, pg_store_url: str) -> None:
     env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_SERIES": ""}
     db = f"sqlite:///{tmp_path}/team.db"
@@ -475,6 +510,143 @@ def test_a_run_whose_dropped_days_are_not_in_the_store_stays(pg_url: str, pg_sto
         )
         assert _raw_rows(pg_url, led_.tiered) == (N, N // 2)
         _cli(env, "audit", "verify", "--db", pg_url)
+
+
+def test_a_run_whose_every_day_was_tiered_and_dropped_moves_too(pg_url: str, series_url: str, tmp_path: Path) -> None:
+    """A run retention tiered into the store and dropped from PostgreSQL whole (no raw row left but
+    its ``run.raw_tiered`` entries and frozen rollups) moves too: its rows in the store are checked
+    against those entries, its segments and stream sums written from them, the run listed as
+    series-only and sealed; ``audit verify`` (and ``--series``) pass and every figure stays."""
+    led_ = _populate(pg_url, series_url, gone=True)
+    assert led_.gone is not None
+    gone = led_.gone["run"]["id"]
+    env = _env(tmp_path, series_url)
+    runs = [gone, *led_.finished]
+    assert _raw_rows(pg_url, gone) == (0, 0) and _stored(series_url, gone) == _quantized(led_.gone)
+    verify = ["audit", "verify", "--db", pg_url]
+    before = _figures(pg_url, env, runs)
+    migrate = ["db", "migrate", "--db", pg_url, "--layout", "compact", "--series", series_url]
+
+    out = _cli(env, *migrate)
+    assert "moved and checked 5 runs" in out.stdout and "1 runs kept" in out.stdout, out.output
+    assert f"run {gone}: moved and checked 0 rows and {3 * N} rows of its dropped days the store held" in out.stderr
+    _cli(env, *verify)
+    checked = _cli(env, *verify, "--series", series_url)
+    assert "5 series-only runs checked" in checked.output, checked.output
+    assert _diff(before, _figures(pg_url, env, runs)) == []
+    with Ledger(pg_url) as led:
+        assert led.read(lambda conn: series_segments.is_marked(conn, gone))
+        spans = led.read(lambda conn: series_segments.segments(conn, gone))
+        streams = led.read(lambda conn: series_streams.read(conn, [gone]))
+        seal = led.read(lambda conn: series_segments.latest_seal(conn, gone))
+    gpu, host = _quantized(led_.gone)
+    uuids = sorted({r["device_uuid"] for r in gpu})
+    assert {k: [(s.first_seq, s.last_seq) for s in v] for k, v in spans.items()} == {
+        **{u: [(0, N - 1)] for u in [*uuids, ""]}
+    }
+    assert seal is not None and (seal["gpu_rows"], seal["host_rows"]) == (2 * N, N)
+    cols = ("device_uuid", "seq", "throttle_s", *series_streams.GAUGES)
+    want = series_streams.stream_rows(gone, [[r[c] for c in cols] for r in gpu], cols,
+                                      [[r["seq"], r["cpu_s"]] for r in host], ("seq", "cpu_s"))  # fmt: skip
+    assert {(gone, w["device_uuid"]): {k: streams[(gone, w["device_uuid"])][k] for k in w} for w in want} == {
+        (gone, w["device_uuid"]): w for w in want
+    }
+    again = _cli(env, *migrate)
+    assert "5 runs compact already" in again.stdout, again.output
+
+    # Once the store drops its days, the run's are named expired (each of them), never missing.
+    assert tiers.expire_store_days(pg_url, series_url, 10, time.time()) >= 2
+    checked = _cli(env, *verify, "--series", series_url)
+    assert "TAMPERED" not in checked.output and "missing" not in checked.output, checked.output
+    shown = _cli(env, "show", gone, "--db", pg_url)
+    days = f"{tiers._date(TODAY - 12)} to {tiers._date(TODAY - 11)}"
+    assert f"raw curves of 2 days ({days}) expired from the series store" in shown.output, shown.output
+
+
+class _Watched:
+    """The real store, noting the rows of each write and any read of a whole run."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.writes, self.whole_reads = store, [], []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def write(self, run_id: str, gpu: Any, host: Any, token: str) -> int:
+        self.writes.append(len(gpu) + len(host))
+        return int(self.store.write(run_id, gpu, host, token=token))
+
+    def gpu_intervals(self, *args: Any) -> Any:
+        self.whole_reads.append("gpu_intervals")
+        return self.store.gpu_intervals(*args)
+
+    def host_intervals(self, *args: Any) -> Any:
+        self.whole_reads.append("host_intervals")
+        return self.store.host_intervals(*args)
+
+
+def _run_rows_bytes(led: Ledger, run_id: str) -> int:
+    """The Python memory a run's ledger rows take held whole, as dicts (as the migration held them)."""
+    g, h = schema.gpu_intervals, schema.host_intervals
+
+    def read(conn: sa.Connection) -> int:
+        tracemalloc.start()
+        try:
+            rows = [dict(r) for r in conn.execute(sa.select(g).where(g.c.run_id == run_id)).mappings()]
+            rows += [dict(r) for r in conn.execute(sa.select(h).where(h.c.run_id == run_id)).mappings()]
+            return tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+            del rows
+
+    return led.read(read)
+
+
+def test_a_long_run_is_moved_a_page_at_a_time(pg_url: str, series_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The migration holds a few pages of a run, never the whole: with pages of 250 rows, a run of
+    2 GPUs x 3,000 intervals and its host's 3,000 is read from the ledger (its seal checked too)
+    and from the store, and written into the store, 250 rows at most at a time, never by a read
+    of the whole run; the Python memory the migration takes at its peak is a small part of what
+    the run's rows take held whole."""
+    big, page = 3000, 250
+    led_ = _populate(pg_url, series_url, big=big)
+    long_run = led_.finished[2]
+    monkeypatch.setattr(series_compact, "BATCH_ROWS", page)
+    read: dict[str, list[int]] = {}
+
+    def counted(name: str, pages: Any) -> Any:
+        def each(*args: Any, **kwargs: Any) -> Any:
+            for rows in pages(*args, **kwargs):
+                read.setdefault(name, []).append(len(rows))
+                yield rows
+
+        return each
+
+    for name in ("ledger_gpu_pages", "ledger_host_pages", "store_gpu_pages", "store_host_pages"):
+        monkeypatch.setattr(series_compact_read, name, counted(name, getattr(series_compact_read, name)))
+    tier = series_tier.Tier.open(series_url)
+    try:
+        with Ledger(pg_url) as led:
+            whole = _run_rows_bytes(led, long_run)
+            watched = _Watched(tier.store)
+            paged = series_tier.Tier(watched, tier.url)  # type: ignore[arg-type]
+            tracemalloc.start()
+            try:
+                done = series_compact.compact(led, paged, actor="test", tampered=_tampered)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert sorted(done.moved) == sorted(led_.finished) and not done.failed, done
+            assert audit.verify(led, close_after_days=OPEN_DAYS).ok
+    finally:
+        tier.store.close()
+    assert watched.whole_reads == []
+    assert max(watched.writes) == page and sum(watched.writes) == (N + N // 2) + 2 * N + 3 * big + 2 * N
+    assert set(read) == {"ledger_gpu_pages", "ledger_host_pages", "store_gpu_pages", "store_host_pages"}
+    assert all(max(sizes) == page for sizes in read.values()), read
+    assert peak < whole / 3, (peak, whole)  # a few pages and fixed costs (4.3 MB at pages of 500, any run)
+    gpu, host = _stored(series_url, long_run)
+    assert len(gpu) == 2 * big and len(host) == big
 
 
 def test_a_moved_run_stays_verifiable_once_the_store_drops_its_first_days(

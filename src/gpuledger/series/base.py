@@ -45,6 +45,17 @@ class SeriesStore(Protocol):
     def host_intervals(self, run_id: str) -> list[dict[str, Any]]:
         """The run's host intervals in seq order, as quantum.quantize_host of what was written."""
 
+    def gpu_devices(self, run_id: str) -> list[str]:
+        """The UUIDs of the GPUs the store holds rows of the run for, sorted."""
+
+    def gpu_page(self, run_id: str, device_uuid: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """The run's rows of one GPU with seq > ``after_seq``, in seq order, as ``gpu_intervals``:
+        the first ``limit`` and any more of the last one's seq, so the next page starts after it
+        (store/series_compact_read.py reads a run so, never all of it at once)."""
+
+    def host_page(self, run_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """The run's host rows with seq > ``after_seq``, in seq order, as ``gpu_page``."""
+
     def write_capacity(self, rows: Sequence[Row], token: str) -> int:
         """Store node agents' capacity intervals (``gpu_capacity`` rows, series/capacity.py) once:
         the same token again, or a row whose (GPU, start) is held, stores nothing. Rows stored."""

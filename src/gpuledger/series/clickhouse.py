@@ -18,7 +18,7 @@ from datetime import date, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from gpuledger.series import capacity, clickhouse_capacity, clickhouse_repair
+from gpuledger.series import capacity, clickhouse_capacity, clickhouse_pages, clickhouse_repair
 from gpuledger.series.base import DayRollup, Row
 from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
 from gpuledger.series.clickhouse_columns import gpu_columns
@@ -347,6 +347,21 @@ class ClickHouseSeries:
             out += [gpu_back(names[int(gpu)], r) for r in rows]
         out.sort(key=lambda r: (r["device_uuid"], r["seq"]))
         return out
+
+    def gpu_devices(self, run_id: str) -> list[str]:
+        """The UUIDs of the GPUs the store holds rows of the run for, sorted."""
+        spans = clickhouse_pages.gpu_spans(self.client, self.layout.table, self._key("run", run_id))
+        return sorted(self._decode("gpu", (int(s[0]) for s in spans)).values())
+
+    def gpu_page(self, run_id: str, device_uuid: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """The run's rows of the GPU with seq > ``after_seq`` in seq order: ``limit`` and those tied
+        with the last (series/clickhouse_pages.py)."""
+        run, gpu = self._key("run", run_id), self._key("gpu", device_uuid)
+        return clickhouse_pages.gpu_page(self.client, self.layout.table, run, gpu, device_uuid, after_seq, limit)
+
+    def host_page(self, run_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """The run's host rows with seq > ``after_seq`` in seq order, as ``gpu_page``."""
+        return clickhouse_pages.host_page(self.client, self.layout.table, self._key("run", run_id), after_seq, limit)
 
     def held(self, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[set[tuple[str, int]], set[int]]:
         """The (device, seq) of the batch's ``gpu`` rows and the seqs of its ``host`` rows that the

@@ -264,6 +264,25 @@ class PostgresSeries:
         """The run's host intervals with t1 > ``t_from`` and t0 < ``t_to``, in seq order."""
         return self._host(run_id, host_window_query(self.schema), window_params(t_from, t_to))
 
+    def gpu_devices(self, run_id: str) -> list[str]:
+        """The UUIDs of the GPUs the store holds a stream of the run for, sorted."""
+        run = self.keys.run_key(run_id, create=False)
+        return [] if run is None else sorted({uuid for _, uuid, _ in self.keys.run_streams(run)})
+
+    def gpu_page(self, run_id: str, device_uuid: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """The run's rows of the GPU with seq > ``after_seq`` in seq order: the first ``limit`` and
+        any more of the last one's seq (a seq in two day partitions), by the (stream, seq) keys."""
+        q = f"{gpu_run_query(self.schema)} AND seq > %s ORDER BY seq FETCH FIRST %s ROWS WITH TIES"
+        return self._gpu(run_id, device_uuid, q, ((after_seq, limit),))
+
+    def host_page(self, run_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """The run's host rows with seq > ``after_seq`` in seq order, as ``gpu_page``."""
+        q = (
+            f"SELECT {', '.join(HOST_NAMES)} FROM {self.schema}.host_iv WHERE run = %s AND seq > %s "
+            "ORDER BY seq FETCH FIRST %s ROWS WITH TIES"
+        )
+        return self._host(run_id, q, ((after_seq, limit),))
+
     def _gpu(
         self, run_id: str, device_uuid: str | None, q: str, parts: tuple[tuple[Any, ...], ...]
     ) -> list[dict[str, Any]]:

@@ -29,13 +29,15 @@ def _by_run(conn: Connection, table: sa.Table, ids: Sequence[str]) -> dict[str, 
     return out
 
 
-def current_seals(conn: Connection, run_ids: Sequence[str]) -> Iterator[tuple[str, Found]]:
-    """(run id, (seal now, rows per series)) for each of ``run_ids`` that exists, chunk by chunk."""
+def current_seals(conn: Connection, run_ids: Sequence[str], *, intervals: bool = True) -> Iterator[tuple[str, Found]]:
+    """(run id, (seal now, rows per series)) for each of ``run_ids`` that exists, chunk by chunk;
+    ``intervals=False``: without reading the interval rows (a seal with no series, for a caller
+    that seals them a page at a time: store/series_compact_seal.py)."""
+    tables = (T.run_labels, T.devices, *((T.gpu_intervals, T.host_intervals) if intervals else ()), T.events, T.metrics)
     for i in range(0, len(run_ids), CHUNK):
         ids = list(run_ids[i : i + CHUNK])
         runs = {r["id"]: dict(r) for r in conn.execute(sa.select(T.runs).where(T.runs.c.id.in_(ids))).mappings()}
-        parts = {t.name: _by_run(conn, t, ids) for t in (T.run_labels, T.devices, T.gpu_intervals, T.host_intervals,
-                                                         T.events, T.metrics)}  # fmt: skip
+        parts = {t.name: _by_run(conn, t, ids) for t in tables}
         lg = T.logs.c
         logs = {  # the log itself, whichever form it is stored in
             run_id: log_codec.digest(bytes(data), int(size_b))
@@ -45,8 +47,8 @@ def current_seals(conn: Connection, run_ids: Sequence[str]) -> Iterator[tuple[st
             run = runs.get(run_id)
             if run is None:
                 continue
-            gpu = parts["gpu_intervals"].get(run_id, [])
-            host = parts["host_intervals"].get(run_id, [])
+            gpu = parts.get("gpu_intervals", {}).get(run_id, [])
+            host = parts.get("host_intervals", {}).get(run_id, [])
             digest = seals.seal(
                 run,
                 parts["run_labels"].get(run_id, []),
@@ -63,8 +65,8 @@ def current_seals(conn: Connection, run_ids: Sequence[str]) -> Iterator[tuple[st
             yield run_id, (digest, by_series)
 
 
-def current_seal(conn: Connection, run_id: str) -> Found | None:
+def current_seal(conn: Connection, run_id: str, *, intervals: bool = True) -> Found | None:
     """The run's seal computed from its rows now, and the rows per series; None if no such run."""
-    for _, found in current_seals(conn, [run_id]):
+    for _, found in current_seals(conn, [run_id], intervals=intervals):
         return found
     return None

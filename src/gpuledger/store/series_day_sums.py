@@ -27,15 +27,25 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from gpuledger.core.pricing.usage import DAY_S, day_of, split_days
-from gpuledger.store import schema
+from gpuledger.store import schema, series_tier
 
 SUMMED = ("busy_s", "energy_j")
 
 
+DaySums = dict[tuple[str, int], dict[str, Any]]  # (GPU, day) -> its day_rows row
+
+
 def day_rows(run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> list[dict[str, Any]]:
     """The (run, GPU, day) sums of GPU ``rows`` (values in ``columns`` order)."""
+    out: DaySums = {}
+    fold(out, run_id, rows, columns)
+    return list(out.values())
+
+
+def fold(out: DaySums, run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> None:
+    """Add GPU ``rows`` to the sums ``out``, row by row: rows given a page at a time sum as the
+    same rows given at once do, to the last bit (store/series_compact.py)."""
     at = {c: columns.index(c) for c in ("device_uuid", "t0", "t1", *SUMMED)}
-    out: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
         uuid, t0, t1 = str(r[at["device_uuid"]]), float(r[at["t0"]]), float(r[at["t1"]])
         length = t1 - t0
@@ -54,7 +64,6 @@ def day_rows(run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str])
                     row[col] = (row[col] or 0.0) + float(value) * share
                     row[count] += 1
             row["intervals"] += int(b == t1)
-    return list(out.values())
 
 
 def _plus(old: Any, new: Any) -> Any:
@@ -67,7 +76,7 @@ def _plus(old: Any, new: Any) -> Any:
 
 @functools.cache
 def _upsert() -> Any:
-    """The statement ``add`` runs, built once (building and keying it costs more than running it)."""
+    """The statement ``write`` runs, built once (building and keying it costs more than running it)."""
     t = schema.series_day_sums
     ins = pg_insert(t)
     ex = ins.excluded
@@ -87,7 +96,11 @@ def _upsert() -> Any:
 
 def add(conn: Connection, run_id: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> int:
     """Add the new GPU ``rows``' day sums (PostgreSQL); the rows written."""
-    sums = day_rows(run_id, rows, columns)
+    return write(conn, day_rows(run_id, rows, columns))
+
+
+def write(conn: Connection, sums: Sequence[dict[str, Any]]) -> int:
+    """Add ``sums`` (``day_rows`` rows) to the ledger's (PostgreSQL); the rows written."""
     if not sums:
         return 0
     conn.execute(_upsert(), sums)
@@ -126,14 +139,16 @@ def iso_day(day: int) -> str:
 
 
 def run_days(conn: Connection, run_id: str) -> list[str]:
-    """The UTC days (YYYY-MM-DD) the run's rows lie on: those its GPU rows end on (its day sums)
-    and the day its first row starts on (the store keeps a row on the day it starts)."""
+    """The UTC days (YYYY-MM-DD) the run's rows lie on: those its GPU rows end on (its day sums),
+    the day its first row starts on (the store keeps a row on the day it starts), and the days
+    tiered and dropped from the ledger before ``db migrate --layout compact`` moved it, which
+    have no day sums (their ``run.raw_tiered`` entries hold them)."""
     d, s = schema.series_day_sums.c, schema.series_segments.c
     days = {int(x) for x in conn.scalars(sa.select(d.day).where(d.run_id == run_id).distinct())}
     first = conn.scalar(sa.select(sa.func.min(s.t0)).where(s.run_id == run_id))
     if first is not None:
         days.add(int(float(first) // DAY_S))
-    return [iso_day(x) for x in sorted(days)]
+    return sorted({*(iso_day(x) for x in days), *series_tier.tiered_days(conn, run_id)})
 
 
 def store_days(conn: Connection, shown: str, since: str = "", before: str | None = None) -> list[str]:

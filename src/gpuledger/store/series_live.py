@@ -134,13 +134,19 @@ def _repair(store: Any, held: Sequence[tuple[str, Sequence[Row], set[tuple[str, 
         store.repair_rollups(found)
 
 
+def keyed(store: Any) -> bool:
+    """Whether ``store`` finds held rows by key and repairs their rollups (ClickHouseSeries; a
+    wrapper passes the method on): its writers leave held rows out through ``lacking``."""
+    return callable(getattr(store, "repair_rollups", None))
+
+
 def lacking(store: Any, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[list[Row], list[Row]]:
     """The rows of a batch the store lacks (by device and seq, the host's by seq), for writers that
     leave out what it holds and write the rest under a token of their own (tiering: ``_FillOnly``;
     the compact migration: store/series_compact.copy_rows). ClickHouse: ``_unheld``, read by key,
     the rollups of the rows held repaired, since the write that stored them may have been killed
     before its views' parts and the rows are never sent again; another store: its rows of the run."""
-    if callable(getattr(store, "repair_rollups", None)):  # ClickHouseSeries (a wrapper passes it on)
+    if keyed(store):
         return _unheld(store, run_id, gpu, host)
     have_gpu = {(str(r["device_uuid"]), int(r["seq"])) for r in store.gpu_intervals(run_id)} if gpu else set()
     have_host = {int(r["seq"]) for r in store.host_intervals(run_id)} if host else set()

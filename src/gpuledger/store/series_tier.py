@@ -90,30 +90,76 @@ def _canon(value: Any) -> Any:
     return str(value)
 
 
+def _line(row: Mapping[str, Any], columns: Sequence[str]) -> bytes:
+    """A row as the digest hashes it: its values in ``columns`` order, one spelling each."""
+    return json.dumps([_canon(row.get(c)) for c in columns], sort_keys=True).encode() + b"\n"
+
+
 def digest(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
     h = hashlib.sha256()
     for row in rows:
-        h.update(json.dumps([_canon(row.get(c)) for c in columns], sort_keys=True).encode())
-        h.update(b"\n")
+        h.update(_line(row, columns))
     return h.hexdigest()
+
+
+Item = tuple[int, bytes, tuple[int | None, ...]]  # a row as Summing adds it: seq, digest line, sums in units
+
+
+class Summing:
+    """``summary`` of rows given a page at a time (in seq order across pages), for a run too long
+    to hold whole (store/series_compact_check.py); ``summary`` itself is one page. A row's ``item``
+    is made once for all the summaries it goes into."""
+
+    def __init__(self, sums: Mapping[str, tuple[str, int]], columns: Sequence[str]) -> None:
+        self.sums, self.columns = sums, columns
+        self.names = [name for name, _ in sums.values()]
+        self.totals = dict.fromkeys(self.names, 0)
+        self.measured = dict.fromkeys(self.names, 0)
+        self.rows, self.first, self.last = 0, 0, 0
+        self.hash = hashlib.sha256()
+
+    def item(self, r: Mapping[str, Any]) -> Item:
+        units = tuple(
+            None if r.get(column) is None else quantum.to_units(r[column], scale) if scale != 1 else int(r[column])
+            for column, (_, scale) in self.sums.items()
+        )
+        return int(r["seq"]), _line(r, self.columns), units
+
+    def add(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        self.add_items([self.item(r) for r in rows])
+
+    def add_items(self, items: Sequence[Item]) -> None:
+        totals, measured, h = self.totals, self.measured, self.hash
+        for seq, line, units in items:
+            for name, value in zip(self.names, units, strict=True):
+                if value is not None:
+                    totals[name] += value
+                    measured[name] += 1
+            self.first, self.last = (seq, seq) if not self.rows else (min(self.first, seq), max(self.last, seq))
+            self.rows += 1
+            h.update(line)
+
+    def copy(self) -> Summing:
+        """A summary of the rows added so far that goes on apart from this one."""
+        out = Summing(self.sums, self.columns)
+        out.totals, out.measured = dict(self.totals), dict(self.measured)
+        out.rows, out.first, out.last, out.hash = self.rows, self.first, self.last, self.hash.copy()
+        return out
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows, "seq": [self.first, self.last] if self.rows else None, "sums": dict(self.totals),
+            "measured": dict(self.measured), "sha256": self.hash.hexdigest(),
+        }  # fmt: skip
 
 
 def summary(rows: Sequence[Mapping[str, Any]], sums: Mapping[str, tuple[str, int]], columns: Sequence[str]) -> dict:  # type: ignore[type-arg]
     """Count, seq range, integer sums, the rows that measured each sum, and digest of quantized
     ``rows`` (already in seq order). ``measured`` keeps an unmeasured column (0 of the rows) from
     reading as a sum of 0 once the rows are gone (store/tiered_totals.py)."""
-    totals = {name: 0 for name, _ in sums.values()}
-    measured = {name: 0 for name, _ in sums.values()}
-    for r in rows:
-        for column, (name, scale) in sums.items():
-            if r.get(column) is not None:
-                totals[name] += quantum.to_units(r[column], scale) if scale != 1 else int(r[column])
-                measured[name] += 1
-    seqs = [int(r["seq"]) for r in rows]
-    return {
-        "rows": len(rows), "seq": [min(seqs), max(seqs)] if seqs else None, "sums": totals,
-        "measured": measured, "sha256": digest(rows, columns),
-    }  # fmt: skip
+    out = Summing(sums, columns)
+    out.add(rows)
+    return out.result()
 
 
 def day_summary(gpu: Sequence[Mapping[str, Any]], host: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

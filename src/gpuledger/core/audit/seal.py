@@ -69,6 +69,11 @@ def _h(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()[:SHORT]
 
 
+def chunk_hash(rows: Sequence[Row]) -> str:
+    """The hash of one chunk of a series' sealed rows (``sealed_row``), as ``seal_series`` keeps it."""
+    return _h(rows)
+
+
 def sealed_row(table: str, row: Row) -> dict[str, Any]:
     """The part of a row a seal covers: every column of the first format, later columns only when
     they hold a value, derived columns never."""
