@@ -104,27 +104,6 @@ def candidates(ledger: Ledger) -> list[str]:
     return ledger.read(lambda conn: list(conn.scalars(q)))
 
 
-def _held(
-    tier: series_tier.Tier, run_id: str, gpu: Sequence[Row], host: Sequence[Row]
-) -> tuple[set[tuple[str, int]], set[int]]:
-    """The (device, seq) of ``gpu`` and the seqs of ``host`` the store holds already: its rows in
-    each stream's seq range of them, read a page at a time."""
-    spans: dict[str, tuple[int, int]] = {}
-    for r in gpu:
-        uuid, seq = str(r["device_uuid"]), int(r["seq"])
-        lo, hi = spans.get(uuid, (seq, seq))
-        spans[uuid] = (min(lo, seq), max(hi, seq))
-    have_gpu = {
-        (uuid, int(r["seq"]))
-        for uuid, (lo, hi) in spans.items()
-        for page in pages.store_gpu_pages(tier.store, run_id, uuid, BATCH_ROWS, after=lo - 1, upto=hi)
-        for r in page
-    }
-    seqs = [int(r["seq"]) for r in host]
-    held = pages.store_host_pages(tier.store, run_id, BATCH_ROWS, after=min(seqs) - 1, upto=max(seqs)) if seqs else []
-    return have_gpu, {int(r["seq"]) for page in held for r in page}
-
-
 def _batches(gpu: Sequence[Row], host: Sequence[Row]) -> Iterator[tuple[Sequence[Row], Sequence[Row]]]:
     for i in range(0, len(gpu), BATCH_ROWS):
         yield gpu[i : i + BATCH_ROWS], []
@@ -136,12 +115,7 @@ def copy_rows(tier: series_tier.Tier, run_id: str, gpu: Sequence[Row], host: Seq
     """Write the rows (a few pages of the run) the store lacks; the rows it stored. A batch's token
     names its rows, so the same batch sent again (a call cut short after the store took it)
     stores nothing twice."""
-    if series_live.keyed(tier.store):  # ClickHouse: held rows read by key, their rollups repaired
-        gpu, host = series_live.lacking(tier.store, run_id, gpu, host)
-    else:
-        have_gpu, have_host = _held(tier, run_id, gpu, host)
-        gpu = [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in have_gpu]
-        host = [r for r in host if int(r["seq"]) not in have_host]
+    gpu, host = series_live.lacking(tier.store, run_id, gpu, host, page=BATCH_ROWS)
     written = 0
     for g, h in _batches(gpu, host):
         written += tier.store.write(run_id, g, h, token="compact:" + series_live.batch_token(run_id, g, h))

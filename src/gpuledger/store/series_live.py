@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 from gpuledger.series import capacity
 from gpuledger.series.base import SeriesStore
 from gpuledger.series.open import CLICKHOUSE_SCHEMES
+from gpuledger.store import series_compact_read as pages
 from gpuledger.store import series_only_verify, series_tier
 from gpuledger.store.series_batch import GroupCommit, Push
 
@@ -140,16 +141,31 @@ def keyed(store: Any) -> bool:
     return callable(getattr(store, "repair_rollups", None))
 
 
-def lacking(store: Any, run_id: str, gpu: Sequence[Row], host: Sequence[Row]) -> tuple[list[Row], list[Row]]:
+def lacking(
+    store: Any, run_id: str, gpu: Sequence[Row], host: Sequence[Row], page: int = 10_000
+) -> tuple[list[Row], list[Row]]:
     """The rows of a batch the store lacks (by device and seq, the host's by seq), for writers that
     leave out what it holds and write the rest under a token of their own (tiering: ``_FillOnly``;
     the compact migration: store/series_compact.copy_rows). ClickHouse: ``_unheld``, read by key,
     the rollups of the rows held repaired, since the write that stored them may have been killed
-    before its views' parts and the rows are never sent again; another store: its rows of the run."""
+    before its views' parts and the rows are never sent again; another store: its rows in each
+    stream's seq range of the batch, ``page`` rows a read, so a long run is never read whole."""
     if keyed(store):
         return _unheld(store, run_id, gpu, host)
-    have_gpu = {(str(r["device_uuid"]), int(r["seq"])) for r in store.gpu_intervals(run_id)} if gpu else set()
-    have_host = {int(r["seq"]) for r in store.host_intervals(run_id)} if host else set()
+    spans: dict[str, tuple[int, int]] = {}
+    for r in gpu:
+        uuid, seq = str(r["device_uuid"]), int(r["seq"])
+        lo, hi = spans.get(uuid, (seq, seq))
+        spans[uuid] = (min(lo, seq), max(hi, seq))
+    have_gpu = {
+        (uuid, int(r["seq"]))
+        for uuid, (lo, hi) in spans.items()
+        for rows in pages.store_gpu_pages(store, run_id, uuid, page, after=lo - 1, upto=hi)
+        for r in rows
+    }
+    seqs = [int(r["seq"]) for r in host]
+    held = pages.store_host_pages(store, run_id, page, after=min(seqs) - 1, upto=max(seqs)) if seqs else []
+    have_host = {int(r["seq"]) for rows in held for r in rows}
     return (
         [r for r in gpu if (str(r["device_uuid"]), int(r["seq"])) not in have_gpu],
         [r for r in host if int(r["seq"]) not in have_host],
