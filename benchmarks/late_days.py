@@ -14,9 +14,11 @@ Also the check's cost in the common case: ``require`` on a 5,000-row batch whose
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -30,35 +32,9 @@ _DEFAULT_SIZE = "SELECT pg_total_relation_size('gpu_capacity_default')"
 _BATCH = 5000
 
 
-def one(pg: str, rows: list[dict[str, Any]], mode: str) -> tuple[float, float, int, int]:
-    """(write seconds, hourly pass seconds, rows it moved, default partition bytes after it)."""
-    name = f"bench_ld_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg, autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {name}")
-    url = f"{pg.replace('postgresql://', 'postgresql+psycopg://')}?options=-csearch_path%3D{name}"
-    try:
-        with Ledger(url) as led:
-            partitions.maintain(led.database)  # today's days made ahead, as the server does at start
-            if mode == "before":
-                days = partition_days.days_of("gpu_capacity", [r["t0_ms"] for r in rows])
-                partition_days._catalog(led.database).settle("gpu_capacity", days)
-            ivs = [interval_from_row(r) for r in rows]
-            t = time.perf_counter()
-            for i in range(0, len(ivs), _BATCH):
-                led.write(lambda c, b=ivs[i : i + _BATCH]: write_capacity(led.database, c, b))  # type: ignore[misc]
-            wrote = time.perf_counter() - t
-            t = time.perf_counter()
-            done = partitions.maintain(led.database)
-            passed = time.perf_counter() - t
-            size = int(led.read(lambda c: c.exec_driver_sql(_DEFAULT_SIZE).scalar()))
-            return wrote, passed, done.moved, size
-    finally:
-        with psycopg.connect(pg, autocommit=True) as c:
-            c.execute(f"DROP SCHEMA {name} CASCADE")
-
-
-def check_cost(pg: str, rounds: int) -> list[float]:
-    """µs of one ``require`` of a 5,000-row batch on a known day (the common case), per round."""
+@contextlib.contextmanager
+def _fresh_ledger(pg: str) -> Iterator[Ledger]:
+    """A ledger in a schema of its own, its days made ahead as the server does at start; dropped after."""
     name = f"bench_ld_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg, autocommit=True) as c:
         c.execute(f"CREATE SCHEMA {name}")
@@ -66,18 +42,42 @@ def check_cost(pg: str, rounds: int) -> list[float]:
     try:
         with Ledger(url) as led:
             partitions.maintain(led.database)
-            now_ms = int(time.time() * 1000)
-            starts = {"gpu_capacity": [now_ms - 10_000 * k for k in range(_BATCH)]}
-            db = led.database
-            out = []
-            n = 200
-            for _ in range(rounds):
-                took = led.read(lambda c: _timed(lambda: [partition_days.require(db, c, starts) for _ in range(n)]))
-                out.append(took / n * 1e6)
-            return out
+            yield led
     finally:
         with psycopg.connect(pg, autocommit=True) as c:
             c.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+def one(pg: str, rows: list[dict[str, Any]], mode: str) -> tuple[float, float, int, int]:
+    """(write seconds, hourly pass seconds, rows it moved, default partition bytes after it)."""
+    with _fresh_ledger(pg) as led:
+        if mode == "before":
+            days = partition_days.days_of("gpu_capacity", [r["t0_ms"] for r in rows])
+            partition_days._catalog(led.database).settle("gpu_capacity", days)
+        ivs = [interval_from_row(r) for r in rows]
+        t = time.perf_counter()
+        for i in range(0, len(ivs), _BATCH):
+            led.write(lambda c, b=ivs[i : i + _BATCH]: write_capacity(led.database, c, b))  # type: ignore[misc]
+        wrote = time.perf_counter() - t
+        t = time.perf_counter()
+        done = partitions.maintain(led.database)
+        passed = time.perf_counter() - t
+        size = int(led.read(lambda c: c.exec_driver_sql(_DEFAULT_SIZE).scalar()))
+        return wrote, passed, done.moved, size
+
+
+def check_cost(pg: str, rounds: int) -> list[float]:
+    """µs of one ``require`` of a 5,000-row batch on a known day (the common case), per round."""
+    with _fresh_ledger(pg) as led:
+        now_ms = int(time.time() * 1000)
+        starts = {"gpu_capacity": [now_ms - 10_000 * k for k in range(_BATCH)]}
+        db = led.database
+        out = []
+        n = 200
+        for _ in range(rounds):
+            took = led.read(lambda c: _timed(lambda: [partition_days.require(db, c, starts) for _ in range(n)]))
+            out.append(took / n * 1e6)
+        return out
 
 
 def _timed(fn: Any) -> float:
