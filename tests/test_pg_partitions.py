@@ -25,7 +25,7 @@ import statement_support
 from gpuledger.reports.cost.rollups import materialise_rollups
 from gpuledger.server.app import create_app
 from gpuledger.server.settings import Settings
-from gpuledger.store import Ledger, audit, migrations, partitions, rollup_stale, schema
+from gpuledger.store import Ledger, audit, migrations, partition_days, partitions, rollup_stale, schema
 from gpuledger.store.engine import Database
 from gpuledger.store.retention import DAY_S, Policy, run_retention
 from server_support import NOW, backend_url, bearer, devices_doc, gpu_rows, host_rows, run_doc, setup_accounts
@@ -183,6 +183,27 @@ def test_the_local_recorder_makes_a_late_day_first_on_postgresql(pg_url: str, st
         led.append(run.id, [full_gpu("GPU-a", 3, t0=late * DAY_S + 600.0)])
         assert [s for s in statements if "pg_inherits" in s or "pg_partitioned_table" in s] == []  # the day is known
         assert _where(led, "gpu_intervals", run.id) == {partitions.day_name("gpu_intervals", late): 4}
+        assert set(_defaults(led).values()) == {0}
+
+
+def test_a_day_another_process_dropped_is_made_again_once_what_this_one_knows_is_old(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a process knows of the day partitions is re-read after a while (retention in another
+    process drops days): a row for a day dropped meanwhile then makes it again, not the default."""
+    from test_store_records import full_gpu, full_run, run_id
+
+    late = TODAY - 9
+    run = full_run(run_id(4))
+    day = partitions.day_name("gpu_intervals", late)
+    with Ledger(pg_url) as led, Ledger(pg_url) as other:
+        partitions.maintain(led.database)
+        led.create_run(run)
+        led.append(run.id, [full_gpu("GPU-a", 0, t0=late * DAY_S + 60.0)])
+        other.write(lambda c: c.exec_driver_sql(f"DROP TABLE {day}"))  # as a retention elsewhere drops it
+        monkeypatch.setattr(partition_days, "TTL_S", 0.0)  # what this process knows is old now
+        led.append(run.id, [full_gpu("GPU-a", 1, t0=late * DAY_S + 120.0)])
+        assert _where(led, "gpu_intervals", run.id) == {day: 1}
         assert set(_defaults(led).values()) == {0}
 
 
