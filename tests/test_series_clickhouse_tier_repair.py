@@ -183,6 +183,33 @@ def test_a_compact_migration_killed_before_the_views_is_made_whole_by_the_next_c
         assert led.gpu_intervals(victim) == [] and led.gpu_intervals(control) == []  # both moved
 
 
+def test_a_compact_run_whose_rollups_are_short_is_not_moved_until_a_call_repairs_them(pg_url: str, series: str) -> None:
+    """A migration write killed between the two views, the process going on: every raw row reads
+    back, but chargeback's run × day rollup is missing; the run is not moved (named), and the next
+    call repairs the rollups and moves it."""
+    victim, control = _two_runs(pg_url)
+    with Ledger(pg_url) as led:
+        gpu = [{c: getattr(g, c) for c in series_tier.GPU_COLUMNS} for g in led.gpu_intervals(victim)]
+    gpu.sort(key=lambda r: (r["device_uuid"], r["seq"]))
+    tier = series_tier.Tier.open(series)
+    store = tier.store
+    assert isinstance(store, ClickHouseSeries)
+    try:
+        with Ledger(pg_url) as led:
+            token = "compact:" + series_live.batch_token(victim, gpu, [])
+            killing = KilledBeforeViews(store, token, RUN_DAYS, die=False)
+            report = series_compact.compact(led, series_tier.Tier(killing, tier.url), actor="test", tampered=_tampered)  # type: ignore[arg-type]
+            assert killing.killed == 1
+            assert victim in report.failed and "run × day rollup (chargeback)" in report.failed[victim], report.failed
+            assert led.gpu_intervals(victim) != [] and led.gpu_intervals(control) == []
+            series_compact.compact(led, tier, actor="test", tampered=_tampered)
+            assert led.gpu_intervals(victim) == []
+        charged = _chargeback(store, victim, control)
+        assert charged["victim"] == charged["control"] and charged["victim"], charged
+    finally:
+        store.close()
+
+
 def test_a_day_whose_rollups_are_short_is_kept_in_postgresql_until_a_rerun_repairs_it(pg_url: str, series: str) -> None:
     """A write killed between the two views, the process going on: every raw row reads back, but
     chargeback's run × day rollup is missing; the tier check names it and the day stays."""

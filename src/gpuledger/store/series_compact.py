@@ -192,6 +192,13 @@ def _check(conn: Connection, tier: series_tier.Tier, run_id: str, devices: Seque
     )
     check.stream(series_segments.HOST, ledger, stored, derived.host)
     sealed = check.result()
+    # ClickHouse: chargeback reads the rollups its views wrote after the raw rows; a run whose
+    # rollups a killed write left short (and no repair reached) does not move until they are whole.
+    gpus = {k: v for k, v in check.streams.items() if k != series_segments.HOST}
+    days = sorted({day for stream in gpus.values() for day in stream.days})
+    short = [line for day in days for line in series_tier.rollup_differences(tier.store, run_id, {"gpu": gpus}, day)]
+    if short:
+        raise CompactError("; ".join(short))
     return sealed, series_day_sums.write(conn, list(derived.day_sums.values()))
 
 
