@@ -142,20 +142,26 @@ def test_a_tiering_killed_before_the_views_is_made_whole_by_the_rerun(
         store.close()
 
 
+def _compact_batch(pg_url: str, run: str) -> tuple[list[dict[str, Any]], str]:
+    """``run``'s GPU rows as the compact migration's one batch of them, and its token (the write to kill)."""
+    with Ledger(pg_url) as led:
+        gpu = [{c: getattr(g, c) for c in series_tier.GPU_COLUMNS} for g in led.gpu_intervals(run)]
+    gpu.sort(key=lambda r: (r["device_uuid"], r["seq"]))
+    return gpu, "compact:" + series_live.batch_token(run, gpu, [])
+
+
 @pytest.mark.parametrize("views", KILLS)
 def test_a_compact_migration_killed_before_the_views_is_made_whole_by_the_next_call(
     pg_url: str, series: str, tmp_path: Path, views: tuple[str, ...]
 ) -> None:
     victim, control = _two_runs(pg_url)
-    with Ledger(pg_url) as led:
-        gpu = [{c: getattr(g, c) for c in series_tier.GPU_COLUMNS} for g in led.gpu_intervals(victim)]
-    gpu.sort(key=lambda r: (r["device_uuid"], r["seq"]))
+    gpu, token = _compact_batch(pg_url, victim)
     tier = series_tier.Tier.open(series)
     store = tier.store
     assert isinstance(store, ClickHouseSeries)
     try:
         with Ledger(pg_url) as led:
-            killing = KilledBeforeViews(store, "compact:" + series_live.batch_token(victim, gpu, []), views)
+            killing = KilledBeforeViews(store, token, views)
             with pytest.raises(RuntimeError, match="killed between"):
                 series_compact.compact(led, series_tier.Tier(killing, tier.url), actor="test", tampered=_tampered)  # type: ignore[arg-type]
             assert killing.killed == 1
@@ -188,15 +194,12 @@ def test_a_compact_run_whose_rollups_are_short_is_not_moved_until_a_call_repairs
     back, but chargeback's run × day rollup is missing; the run is not moved (named), and the next
     call repairs the rollups and moves it."""
     victim, control = _two_runs(pg_url)
-    with Ledger(pg_url) as led:
-        gpu = [{c: getattr(g, c) for c in series_tier.GPU_COLUMNS} for g in led.gpu_intervals(victim)]
-    gpu.sort(key=lambda r: (r["device_uuid"], r["seq"]))
+    _, token = _compact_batch(pg_url, victim)
     tier = series_tier.Tier.open(series)
     store = tier.store
     assert isinstance(store, ClickHouseSeries)
     try:
         with Ledger(pg_url) as led:
-            token = "compact:" + series_live.batch_token(victim, gpu, [])
             killing = KilledBeforeViews(store, token, RUN_DAYS, die=False)
             report = series_compact.compact(led, series_tier.Tier(killing, tier.url), actor="test", tampered=_tampered)  # type: ignore[arg-type]
             assert killing.killed == 1
