@@ -44,6 +44,14 @@ PYTHONDONTWRITEBYTECODE (as benchmarks/wrapper_overhead.py does): an installed g
 bytecode, and a dev shell's PYTHONDONTWRITEBYTECODE=1 would make every run compile the ~40
 modules the end of a chatty run imports (about 0.04 s of CPU that is no cost of gpuledger's).
 To measure another tree, run this script with PYTHONPATH=TREE/src: that tree is compiled and run.
+
+`--floor`: instead, what the parts a 50 MB run cannot do without cost on this machine, each alone in
+this process on the same bytes (CPU time, best of --rounds): compressing the log as it is stored
+(store/log_codec.py, ISA-L; zstd's and lz4's fastest levels beside it where installed), its
+sha256, one Hyperscan pass of the redaction's line filter and counting the line ends (the least a
+relay that redacts and indexes can do), the redaction and the line index as the relay runs them,
+and the SQLite write of the stored log; with `gpuledger run -q -- python -c pass` (the fixed
+cost) and `tee`'s copy, it says how far below the 0.5 s that 100 MB/s allows a run can get here.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ import importlib.util
 import os
 import pty
 import random
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -60,6 +69,7 @@ import tempfile
 import threading
 import time
 import tty
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -283,6 +293,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each measurement (default 3)")
     ap.add_argument("--output", choices=["mix", "keywords", "assignments"], default="mix", help="what is printed")
     ap.add_argument("--skip-run", action="store_true", help="only the readers, not gpuledger run")
+    ap.add_argument("--floor", action="store_true", help="only the unavoidable parts' CPU, each alone")
     args = ap.parse_args()
     size = int(args.mb * 1e6)
     exe = gpuledger_executable()
@@ -293,8 +304,11 @@ def main() -> None:
         data = make(size)
         with open(path, "wb") as fh:
             fh.write(data)
-        del data
         print(f"# output: {size / 1e6:.0f} MB, {args.output}\n")
+        if args.floor:
+            floor(data, path, tmp, args.rounds)
+            return
+        del data
 
         readers = ("cat", "tee", "relay")
         got: dict[tuple[str, bool], list[float]] = {}
@@ -377,6 +391,129 @@ def main() -> None:
             f"(the printer's {args.rounds * 2 + 1} runs hold the logs; the log cap is 64 MiB), "
             f"logs folder {_size(os.path.join(home, 'logs')) / 1e6:.1f} MB"
         )
+
+
+def _best(rounds: int, work: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.process_time()
+        work()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+def _pieces(data: bytes, size: int = 128 << 10) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def _sqlite_store(packed: bytes, path: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE logs (run_id TEXT PRIMARY KEY, data BLOB)")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO logs VALUES ('r', ?)", (packed,))
+        conn.execute("COMMIT")
+    conn.close()
+
+
+def _relay_parts(pieces: list[bytes]) -> tuple[Callable[[], object], Callable[[], object]]:
+    from gpuledger.core.redaction.redact import Redactor
+    from gpuledger.core.training.lineindex import LineIndexer
+
+    redactor = Redactor.default()
+
+    def redact() -> None:
+        stream = redactor.stream()
+        for piece in pieces:
+            stream.feed(piece)
+        stream.flush()
+
+    def index() -> None:
+        indexer = LineIndexer()
+        for piece in pieces:
+            indexer.feed(piece)
+        if indexer.close() is None:
+            raise SystemExit("the line index was dropped: Hyperscan is missing here")
+
+    return redact, index
+
+
+def floor(data: bytes, path: str, tmp: str, rounds: int) -> None:
+    """The --floor table (see the module doc)."""
+    import hashlib
+
+    from gpuledger.core.redaction.redact import Redactor
+    from gpuledger.store import log_codec
+
+    pieces = _pieces(data)
+    finder = Redactor.default()._line_filter.match_ends()
+    if finder is None:
+        raise SystemExit("no Hyperscan here: the relay's line filter falls back to Python's re")
+    packed = log_codec.encode(data)
+    redact, index = _relay_parts(pieces)
+    rows = [
+        ("compress the log (store/log_codec.py, as stored)", _best(rounds, lambda: log_codec.encode(data))),
+        ("its sha256", _best(rounds, lambda: hashlib.sha256(data).digest())),
+        (
+            "one Hyperscan pass of the line filter + counting line ends",
+            _best(rounds, lambda: [(finder(p), p.count(b"\n")) for p in pieces]),
+        ),
+        ("SQLite: write the stored log (WAL, one commit)", _best(rounds, lambda: _sqlite_store(packed, f"{tmp}/f.db"))),
+    ]
+    floor_s = sum(cpu for _, cpu in rows)
+    rows += [
+        ("the relay's redaction as it runs (LineRedactor, 128 KiB pieces)", _best(rounds, redact)),
+        ("the relay's line index as it runs (LineIndexer)", _best(rounds, index)),
+    ]
+    others = []
+    for name, compress in _other_codecs():
+        others.append((f"beside it: {name}", _best(rounds, lambda c=compress: c(data))))
+    print(f"| part, {len(data) / 1e6:.0f} MB, best of {rounds} | CPU |\n|---|---:|")
+    for name, cpu in rows + others:
+        print(f"| {name} | {cpu:.3f} s |")
+    print(f"\nthe first four together: {floor_s:.3f} s (stored {len(packed) / 1e6:.1f} MB)")
+    env = {**os.environ, "GPULEDGER_HOME": os.path.join(tmp, "home")}
+    run = [gpuledger_executable(), "run", "-q", "--db", f"sqlite:///{tmp}/ledger.db", "--", sys.executable]
+    subprocess.run([*run, "-c", "pass"], env=env, check=True)  # creates the ledger: not a run's cost
+    fixed = []
+    for _ in range(rounds):
+        bare = whole_run([sys.executable, "-c", "pass"], dict(os.environ), False)[1]
+        fixed.append(whole_run([*run, "-c", "pass"], env, False)[1] - bare)
+    tee = min(_tee_cpu(path, f"{tmp}/tee.out") for _ in range(rounds))
+    print(
+        f"gpuledger's fixed cost (run -q -- python -c pass, less python -c pass), best of {rounds}: {min(fixed):.3f} s"
+    )
+    print(f"`tee COPY` of the file (its CPU from wait4), best of {rounds}: {tee:.3f} s")
+    least = floor_s + min(fixed) + tee
+    print(
+        f"the four, the fixed cost and tee's copy: {least:.3f} s of the 0.5 s that 100 MB/s allows; what is left"
+        f" ({0.5 - least:.3f} s) is all the redaction's and the index's logic, the epoch parse and the metric rows"
+    )
+
+
+def _tee_cpu(path: str, copy: str) -> float:
+    with open(path, "rb") as source:
+        return _wait(subprocess.Popen(["tee", copy], stdin=source, stdout=subprocess.DEVNULL))
+
+
+def _other_codecs() -> list[tuple[str, Callable[[bytes], object]]]:
+    out: list[tuple[str, Callable[[bytes], object]]] = []
+    try:
+        from backports import zstd  # type: ignore[import-not-found]
+
+        out.append(("zstd level -5", lambda d: zstd.compress(d, -5)))
+    except ImportError:
+        pass
+    try:
+        import lz4.frame  # type: ignore[import-not-found]
+
+        out.append(("lz4 frame, default", lz4.frame.compress))
+    except ImportError:
+        pass
+    return out
 
 
 if __name__ == "__main__":
