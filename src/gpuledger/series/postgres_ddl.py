@@ -22,6 +22,8 @@ day, so its partition's key catches it.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 
 import psycopg
@@ -29,6 +31,8 @@ import psycopg
 from gpuledger.series.postgres_codec import DAY_MS, GPU_COLUMNS, GPU_NOT_NULL, HOST_COLUMNS, HOST_NOT_NULL
 from gpuledger.store.partitions import day_name
 
+COMPACT_WAIT_S = 60.0  # the longest an index rebuild waits for older transactions (compact_before)
+_log = logging.getLogger(__name__)
 _LOCK_KEY = 0x67707502  # first key of this store's advisory lock (store/partitions.py takes ...01)
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 # Capacity intervals (series/capacity.py): per GPU and agent interval, its states in ms, NULL when 0
@@ -145,26 +149,60 @@ def ensure_days(conn: psycopg.Connection, schema: str, wanted: set[int]) -> list
     return created
 
 
-def compact_before(conn: psycopg.Connection, schema: str, cut: int) -> list[str]:
+def compact_before(conn: psycopg.Connection, schema: str, cut: int, wait_s: float = COMPACT_WAIT_S) -> list[str]:
     """Rebuild the key index of each day partition before ``cut`` once, full (fillfactor 100: a
     day that ended takes few rows more), marked done by its comment. While a day is written, each
     of its many streams appends in the middle of the index and leaves pages part empty (measured on
     benchmarks/scale_storage.py's day: two-thirds full, 30 B an interval); rebuilt, 20 B.
     ``REINDEX CONCURRENTLY``: writers and readers go on meanwhile, and a late row after it is still
-    taken. Needs autocommit (no transaction block around it)."""
+    taken. Needs autocommit (no transaction block around it).
+
+    The rebuild waits for every transaction of the database older than it, whoever's and on
+    whatever table: one left open by any client (an idle session, a long migration) would hold
+    ``retention run`` and the server's hourly pass for as long. So each waits at most ``wait_s``
+    (``lock_timeout``); one that times out leaves the rest for the next pass (the rebuild only
+    saves space) and its half-built copy is dropped, here or on the next pass."""
     s = check_schema(schema)
     done: list[str] = []
     q = "SELECT coalesce(obj_description(to_regclass(%s), 'pg_class'), '') = 'compacted'"
-    for table in TABLES:
-        for day, name in sorted(days(conn, s, table).items()):
-            index = f"{s}.{name}_key"
-            if day >= cut or conn.execute(q, (index,)).fetchone()[0]:  # type: ignore[index]
-                continue
-            conn.execute(f"ALTER INDEX {index} SET (fillfactor = 100)")
-            conn.execute(f"REINDEX INDEX CONCURRENTLY {index}")
-            conn.execute(f"COMMENT ON INDEX {index} IS 'compacted'")
-            done.append(f"{name}_key")
+    conn.execute(f"SET lock_timeout = {max(1, int(wait_s * 1000))}")
+    try:
+        for table in TABLES:
+            for day, name in sorted(days(conn, s, table).items()):
+                index = f"{s}.{name}_key"
+                if day >= cut or conn.execute(q, (index,)).fetchone()[0]:  # type: ignore[index]
+                    continue
+                try:
+                    _drop_half_built(conn, s, name)
+                    conn.execute(f"ALTER INDEX {index} SET (fillfactor = 100)")
+                    conn.execute(f"REINDEX INDEX CONCURRENTLY {index}")
+                except psycopg.errors.LockNotAvailable:
+                    with contextlib.suppress(psycopg.errors.LockNotAvailable):
+                        _drop_half_built(conn, s, name)
+                    _log.warning(
+                        "series store %s: the index rebuilds of closed days are left for the next pass "
+                        "(a transaction of the database older than them stayed open over %g s)",
+                        s,
+                        wait_s,
+                    )
+                    return done
+                conn.execute(f"COMMENT ON INDEX {index} IS 'compacted'")
+                done.append(f"{name}_key")
+    finally:
+        with contextlib.suppress(psycopg.Error):  # a broken connection: the error above says why
+            conn.execute("RESET lock_timeout")
     return done
+
+
+def _drop_half_built(conn: psycopg.Connection, schema: str, partition: str) -> None:
+    """The invalid copies a cancelled ``REINDEX CONCURRENTLY`` left on ``partition`` (``…_ccnew``,
+    ``…_ccold``): never used by a query, but written by every insert until dropped."""
+    q = (
+        "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE i.indrelid = to_regclass(%s) AND NOT i.indisvalid"
+    )
+    for (index,) in conn.execute(q, (f"{schema}.{partition}",)).fetchall():
+        conn.execute(f'DROP INDEX {schema}."{index}"')
 
 
 def drop_before(conn: psycopg.Connection, schema: str, cut: int) -> list[int]:
