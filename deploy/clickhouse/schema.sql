@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS gpuledger.gpu_intervals_local ON CLUSTER 'gpuledger'
     energy_method LowCardinality(Nullable(String)),
     proc_method LowCardinality(Nullable(String)),
     throttle_ms Map(LowCardinality(String), UInt32) CODEC(ZSTD(3)),
-    throttle_read Bool CODEC(ZSTD(3))
+    throttle_read Bool CODEC(ZSTD(3)),
+    INDEX seq_idx seq TYPE minmax GRANULARITY 1
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/gpuledger/gpu_intervals', '{replica}')
 PARTITION BY toDate(t0)
@@ -62,7 +63,8 @@ CREATE TABLE IF NOT EXISTS gpuledger.host_intervals_local ON CLUSTER 'gpuledger'
     disk_read_b Nullable(Int64) CODEC(T64, ZSTD(3)),
     disk_write_b Nullable(Int64) CODEC(T64, ZSTD(3)),
     net_rx_b Nullable(Int64) CODEC(T64, ZSTD(3)),
-    net_tx_b Nullable(Int64) CODEC(T64, ZSTD(3))
+    net_tx_b Nullable(Int64) CODEC(T64, ZSTD(3)),
+    INDEX seq_idx seq TYPE minmax GRANULARITY 1
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/gpuledger/host_intervals', '{replica}')
 PARTITION BY toDate(t0)

@@ -22,7 +22,7 @@ from gpuledger.series import capacity, clickhouse_capacity, clickhouse_pages, cl
 from gpuledger.series.base import DayRollup, Row
 from gpuledger.series.clickhouse_client import ClickHouseError, Client, connect
 from gpuledger.series.clickhouse_columns import gpu_columns
-from gpuledger.series.clickhouse_ddl import DIMS_COLUMNS, ROLLUP_SUMS, Layout
+from gpuledger.series.clickhouse_ddl import DIMS_COLUMNS, ROLLUP_SUMS, SEQ_INDEX, SEQ_INDEXED, Layout
 from gpuledger.series.clickhouse_hash import city_hash64
 from gpuledger.series.clickhouse_keyed import gpu_between, held, held_group, host_between
 from gpuledger.series.clickhouse_rows import (
@@ -95,6 +95,7 @@ class ClickHouseSeries:
             f"ALTER TABLE {self.layout.local('run_dims')}{self.layout.on()} ADD COLUMN IF NOT EXISTS "
             f"dims {dict(DIMS_COLUMNS)['dims']}"
         )
+        self._add_seq_index()
         # A changed raw window: the TTL follows it (ALTER ... MODIFY TTL; whole parts are dropped).
         for name in ("gpu_intervals", "host_intervals", clickhouse_capacity.TABLE):
             engine = self.client.query(
@@ -106,6 +107,22 @@ class ClickHouseSeries:
                     f"ALTER TABLE {self.layout.local(name)}{self.layout.on()} MODIFY TTL {self.layout.ttl()}",
                     {"mutations_sync": 2},
                 )
+
+    def _add_seq_index(self) -> None:
+        """A store made before the raw tables' seq skip index (clickhouse_ddl.SEQ_INDEX): the index
+        added, once (looked up first, so an open of an indexed store alters nothing). Metadata only:
+        the engine indexes new parts and merged ones; older parts have none and a page reads them
+        whole, as before, until a merge or the raw window's TTL replaces them (nothing is
+        materialised here: that would read every stored seq at each open of an old store)."""
+        names = [self.layout.local_name(n) for n in SEQ_INDEXED]
+        have = self.client.query(
+            "SELECT table FROM system.data_skipping_indices WHERE database = {db:String} "
+            "AND table IN {t:Array(String)} AND name = {i:String}",
+            {"db": self.layout.database, "t": names, "i": SEQ_INDEX[0]},
+        )
+        for name in SEQ_INDEXED:
+            if [self.layout.local_name(name)] not in have:
+                self.client.command(self.layout.seq_index(name))
 
     def _tables(self) -> set[str]:
         rows = self.client.query(

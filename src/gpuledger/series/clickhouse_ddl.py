@@ -3,7 +3,9 @@ cluster, from one description, so the cluster's DDL (deploy/clickhouse/schema.sq
 single-node DDL with only the engines changed.
 
 - ``gpu_intervals``: one row per GPU interval in the fixed-point units of series/quantum.py,
-  ``ORDER BY (gpu, t0)``, a partition per UTC day, the raw window as a TTL that drops whole parts;
+  ``ORDER BY (gpu, t0)``, a partition per UTC day, the raw window as a TTL that drops whole parts,
+  and a minmax skip index on ``seq`` per granule (``SEQ_INDEX``), so a page of a run's rows by seq
+  (series/clickhouse_pages.py) reads the granules of its seqs, not the GPU's whole run;
 - ``host_intervals``: likewise, ``ORDER BY (run, t0)``;
 - ``capacity_intervals``: the node agents' capacity intervals (series/capacity.py), likewise,
   ``ORDER BY (gpu, t0)``;
@@ -45,6 +47,13 @@ def _int(width: int = 64, nullable: bool = True) -> str:
 
 
 _METHOD = "LowCardinality(Nullable(String))"
+
+# The raw tables' skip index on seq: each granule's (8,192 rows') least and greatest seq, so a page
+# ``seq > a AND seq <= b`` skips every granule outside (a, b]. seq is not in the sort key, but an
+# agent numbers a run's intervals of a GPU from 0 in time order, so a granule of (gpu, t0) spans few
+# seqs. Only the speed depends on that: a read's rows are those of its condition whatever the order.
+SEQ_INDEX = ("seq_idx", "seq TYPE minmax GRANULARITY 1")
+SEQ_INDEXED = ("gpu_intervals", "host_intervals")
 
 # (column, type and codec). Units: series/quantum.py (ms, mJ, mW, 0.01 %, 0.1 °C, 0.1 MHz; bytes as bytes).
 GPU_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -228,8 +237,10 @@ class Layout:
     def ttl(self) -> str:
         return f"toDateTime(t0) + INTERVAL {self.raw_days} DAY DELETE"
 
-    def _create(self, name: str, columns: tuple[tuple[str, str], ...], tail: str) -> str:
-        cols = ",\n".join(f"    {c} {t}" for c, t in columns)
+    def _create(
+        self, name: str, columns: tuple[tuple[str, str], ...], tail: str, indexes: tuple[tuple[str, str], ...] = ()
+    ) -> str:
+        cols = ",\n".join([*(f"    {c} {t}" for c, t in columns), *(f"    INDEX {i} {d}" for i, d in indexes)])
         return f"CREATE TABLE IF NOT EXISTS {self.local(name)}{self.on()}\n(\n{cols}\n)\n{tail}"
 
     def _raw(self, name: str, columns: tuple[tuple[str, str], ...], order: str) -> str:
@@ -238,6 +249,7 @@ class Layout:
             columns,
             f"ENGINE = {self._engine('MergeTree', name)}\nPARTITION BY toDate(t0)\nORDER BY ({order})\n"
             f"TTL {self.ttl()}\nSETTINGS ttl_only_drop_parts = 1, {self._dedup()}",
+            (SEQ_INDEX,) if name in SEQ_INDEXED else (),
         )
 
     def _distributed(self, name: str, key: str) -> list[str]:
@@ -290,6 +302,13 @@ class Layout:
         )
         out += self.run_day_statements()
         return out
+
+    def seq_index(self, name: str) -> str:
+        """The skip index added to a raw table made before it (metadata only: parts written before
+        have no index and are read whole, as before, until a merge rewrites them or the raw window
+        drops them; ``ALTER TABLE ... MATERIALIZE INDEX seq_idx`` builds it for them at once)."""
+        index, definition = SEQ_INDEX
+        return f"ALTER TABLE {self.local(name)}{self.on()} ADD INDEX IF NOT EXISTS {index} {definition}"
 
     def run_day_statements(self) -> list[str]:
         """``run_day_rollups`` and its view, fed by what the first view writes into each shard's
