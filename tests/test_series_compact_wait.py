@@ -8,7 +8,6 @@ leaves an invalid ``…_ccnew`` copy that every insert would keep writing). On t
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +15,8 @@ import psycopg
 import pytest
 
 import test_series_tier as tiers
-from gpuledger.core.pricing.usage import DAY_S
 from gpuledger.series import postgres_ddl
-from gpuledger.store import series_tier
-from test_series_postgres import host_row, row
+from test_series_start_unblocked import _key_compacted, closed_day
 
 pytestmark = pytest.mark.postgres
 
@@ -27,19 +24,6 @@ pytestmark = pytest.mark.postgres
 @pytest.fixture
 def store_url(tmp_path: Path) -> Iterator[str]:
     yield from tiers.store_url("postgres", tmp_path, "wait_t")
-
-
-def _closed_day(store_url: str) -> tuple[str, int]:
-    """A store holding rows of a day that ended long ago (its key index is due a rebuild)."""
-    day = int(time.time() // DAY_S) - 3
-    store = series_tier.open_store(store_url, create=True)
-    try:
-        start = day * DAY_S + 3600.0
-        gpu = [row("GPU-old", i, start + 5.0 * i) for i in range(10)]
-        store.write("old-run", gpu, [host_row(i, start + 5.0 * i) for i in range(10)], token="old")
-    finally:
-        store.close()
-    return store_url.split("schema=")[1], day
 
 
 def _indexes(schema: str, day: int) -> dict[str, bool]:
@@ -51,13 +35,6 @@ def _indexes(schema: str, day: int) -> dict[str, bool]:
             "WHERE i.indrelid = to_regclass(%s)"
         )
         return dict(conn.execute(q, (f"{schema}.{part}",)).fetchall())
-
-
-def _compacted(schema: str, day: int) -> bool:
-    with psycopg.connect(tiers.PG, autocommit=True) as conn:
-        part = postgres_ddl.days(conn, schema, "gpu_iv")[day]
-        q = "SELECT coalesce(obj_description(to_regclass(%s), 'pg_class'), '') = 'compacted'"
-        return bool(conn.execute(q, (f"{schema}.{part}_key",)).fetchone()[0])  # type: ignore[index]
 
 
 def _compact(schema: str, cut: int, wait_s: float) -> list[str]:
@@ -93,21 +70,21 @@ def _left_open() -> psycopg.Connection:
 def test_a_rebuild_behind_an_open_transaction_is_left_for_the_next_pass_without_a_half_built_index(
     store_url: str,
 ) -> None:
-    schema, day = _closed_day(store_url)
+    schema, day = store_url.split("schema=")[1], closed_day(store_url)
     idle = _left_open()
     try:
         assert _compact(schema, day + 1, wait_s=1.0) == []  # given up, not waiting on
-        assert not _compacted(schema, day)
+        assert not _key_compacted(store_url, day)
         assert all(_indexes(schema, day).values()), _indexes(schema, day)  # no invalid _ccnew left
     finally:
         idle.close()
     done = _compact(schema, day + 1, wait_s=30.0)  # the next pass, nothing open: rebuilt
-    assert any(name.endswith("_key") for name in done) and _compacted(schema, day)
+    assert any(name.endswith("_key") for name in done) and _key_compacted(store_url, day)
     assert all(_indexes(schema, day).values())
 
 
 def test_a_half_built_index_an_earlier_cancelled_rebuild_left_is_dropped_by_the_next_pass(store_url: str) -> None:
-    schema, day = _closed_day(store_url)
+    schema, day = store_url.split("schema=")[1], closed_day(store_url)
     with psycopg.connect(tiers.PG, autocommit=True) as conn:
         part = postgres_ddl.days(conn, schema, "gpu_iv")[day]
         idle = _left_open()
@@ -119,4 +96,4 @@ def test_a_half_built_index_an_earlier_cancelled_rebuild_left_is_dropped_by_the_
             idle.close()
     assert not all(_indexes(schema, day).values())  # the invalid copy is there
     _compact(schema, day + 1, wait_s=30.0)
-    assert all(_indexes(schema, day).values()) and _compacted(schema, day), _indexes(schema, day)
+    assert all(_indexes(schema, day).values()) and _key_compacted(store_url, day), _indexes(schema, day)

@@ -36,10 +36,9 @@ def _key_compacted(url: str, day: int) -> bool:
         return bool(conn.execute(q, (f"{schema}.{name}_key",)).fetchone()[0])  # type: ignore[index]
 
 
-def test_a_server_starts_while_a_transaction_is_left_open_and_compacts_once_it_ends(
-    pg_url: str, store_url: str, tmp_path: Path
-) -> None:
-    day = int(time.time() // DAY_S) - 3  # a day that ended long ago: its key index is due a rebuild
+def closed_day(store_url: str) -> int:
+    """The store made, with rows of a day that ended long ago (its key index is due a rebuild)."""
+    day = int(time.time() // DAY_S) - 3
     store = series_tier.open_store(store_url, create=True)
     try:
         start = day * DAY_S + 3600.0
@@ -47,6 +46,13 @@ def test_a_server_starts_while_a_transaction_is_left_open_and_compacts_once_it_e
         store.write("old-run", gpu, [host_row(i, start + 5.0 * i) for i in range(10)], token="old")
     finally:
         store.close()
+    return day
+
+
+def test_a_server_starts_while_a_transaction_is_left_open_and_compacts_once_it_ends(
+    pg_url: str, store_url: str, tmp_path: Path
+) -> None:
+    day = closed_day(store_url)
     assert not _key_compacted(store_url, day)
     Ledger(pg_url).close()  # migrated: serve never migrates a shared ledger
     with psycopg.connect(tiers.PG) as idle:  # a client's transaction left open, holding its snapshot
