@@ -150,15 +150,22 @@ def _compact_batch(pg_url: str, run: str) -> tuple[list[dict[str, Any]], str]:
     return gpu, "compact:" + series_live.batch_token(run, gpu, [])
 
 
+def _compact_setup(
+    pg_url: str, series: str
+) -> tuple[str, str, list[dict[str, Any]], str, series_tier.Tier, ClickHouseSeries]:
+    """The two runs, the victim's compact batch and its token, and the tier on the ClickHouse store."""
+    victim, control = _two_runs(pg_url)
+    gpu, token = _compact_batch(pg_url, victim)
+    tier = series_tier.Tier.open(series)
+    assert isinstance(tier.store, ClickHouseSeries)
+    return victim, control, gpu, token, tier, tier.store
+
+
 @pytest.mark.parametrize("views", KILLS)
 def test_a_compact_migration_killed_before_the_views_is_made_whole_by_the_next_call(
     pg_url: str, series: str, tmp_path: Path, views: tuple[str, ...]
 ) -> None:
-    victim, control = _two_runs(pg_url)
-    gpu, token = _compact_batch(pg_url, victim)
-    tier = series_tier.Tier.open(series)
-    store = tier.store
-    assert isinstance(store, ClickHouseSeries)
+    victim, control, gpu, token, tier, store = _compact_setup(pg_url, series)
     try:
         with Ledger(pg_url) as led:
             killing = KilledBeforeViews(store, token, views)
@@ -193,11 +200,7 @@ def test_a_compact_run_whose_rollups_are_short_is_not_moved_until_a_call_repairs
     """A migration write killed between the two views, the process going on: every raw row reads
     back, but chargeback's run × day rollup is missing; the run is not moved (named), and the next
     call repairs the rollups and moves it."""
-    victim, control = _two_runs(pg_url)
-    _, token = _compact_batch(pg_url, victim)
-    tier = series_tier.Tier.open(series)
-    store = tier.store
-    assert isinstance(store, ClickHouseSeries)
+    victim, control, _, token, tier, store = _compact_setup(pg_url, series)
     try:
         with Ledger(pg_url) as led:
             killing = KilledBeforeViews(store, token, RUN_DAYS, die=False)
