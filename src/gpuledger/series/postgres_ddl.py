@@ -32,6 +32,7 @@ from gpuledger.series.postgres_codec import DAY_MS, GPU_COLUMNS, GPU_NOT_NULL, H
 from gpuledger.store.partitions import day_name
 
 COMPACT_WAIT_S = 60.0  # the longest an index rebuild waits for older transactions (compact_before)
+_DROP_WAIT_MS = 2000  # the longest a half-built index's drop waits for the day's table
 _log = logging.getLogger(__name__)
 _LOCK_KEY = 0x67707502  # first key of this store's advisory lock (store/partitions.py takes ...01)
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
@@ -202,7 +203,9 @@ def _drop_half_built(conn: psycopg.Connection, schema: str, partition: str) -> N
         "WHERE i.indrelid = to_regclass(%s) AND NOT i.indisvalid"
     )
     for (index,) in conn.execute(q, (f"{schema}.{partition}",)).fetchall():
-        conn.execute(f'DROP INDEX {schema}."{index}"')
+        with conn.transaction():  # DROP INDEX locks the day's table whole: queued, it would stall its readers
+            conn.execute(f"SET LOCAL lock_timeout = {_DROP_WAIT_MS}")
+            conn.execute(f'DROP INDEX {schema}."{index}"')
 
 
 def drop_before(conn: psycopg.Connection, schema: str, cut: int) -> list[int]:
