@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 import test_series_tier as tiers
-from gpuledger.store import Ledger, codec, schema, series_day_sums, series_tier, series_window
+from gpuledger.store import Ledger, audit, codec, schema, series_day_sums, series_tier, series_window
 from server_support import NOW
 from test_store_records import minimal_run, run_id
 
@@ -117,3 +117,34 @@ def test_store_days_bounds_give_the_days_of_the_full_read_inside_them(pg_url: st
         for since, before in [("", None), ("", "2000-01-01"), (every[2], every[7]), (every[3], None), ("", every[4])]:
             got = led.read(lambda c, a=since, b=before: series_day_sums.store_days(c, shown, a, b))
             assert got == [d for d in every if since <= d and (before is None or d < before)], (since, before)
+
+
+def test_the_window_pass_reads_only_the_tier_entries_written_since_its_last_window(
+    pg_url: str, series_url: str, reads: list[tuple[str, int]]
+) -> None:
+    """A fleet's trail holds a tier entry per run and day for all its history: the pass after the
+    first reads those written since the last window's first day (ix_audit_log_action_t), not all."""
+    tier = series_tier.Tier.open(series_url, series_days=SERIES_DAYS)
+    try:
+        cut = TODAY - SERIES_DAYS + 1
+        with Ledger(pg_url) as led:
+
+            def populate(conn: sa.Connection) -> None:
+                for n in range(OLD_RUNS):  # tiered weeks ago, each a day after the day it holds
+                    day = TODAY - 42 + n % 7
+                    payload = {"day": series_day_sums.iso_day(day), "series": tier.url}
+                    t = (day + 1) * 86400.0 + 60
+                    audit.append(conn, actor="t", action=series_tier.ACTION, obj=f"run:{n}", payload=payload, t=t)
+                recent = {"day": series_day_sums.iso_day(cut - 1), "series": tier.url}  # tiered yesterday
+                audit.append(conn, actor="t", action=series_tier.ACTION, obj="run:x", payload=recent, t=NOW - 86400)
+
+            led.write(populate)
+            first = series_window.keep_window(led, tier, actor="test", now=NOW - 86400)
+            assert len(first.dropped) == 7  # the old entries' days, read whole the first time
+            reads.clear()
+            report = series_window.keep_window(led, tier, actor="test", now=NOW)
+        assert report.dropped == [series_day_sums.iso_day(cut - 1)]
+        tier_reads = [rows for sql, rows in reads if "audit_log" in sql and "IN (" in sql.upper()]
+        assert tier_reads == [1]  # the one entry since yesterday's window, not the 300 before it
+    finally:
+        tier.store.close()

@@ -387,6 +387,15 @@ def _add_swept_at(conn: Connection) -> None:
     )
 
 
+def _add_audit_action_index(conn: Connection) -> None:
+    # Version 22: audit_log by (action, t) (schema.py adds it to the current shape). The tier
+    # store's window pass reads the tier entries written since its last window
+    # (store/series_window.py); without the index that read was every entry of the action since
+    # the ledger began, growing with the fleet's history. The build holds the table's write lock,
+    # as any ``gpuledger db migrate`` may.
+    conn.execute(sa.text("CREATE INDEX IF NOT EXISTS ix_audit_log_action_t ON audit_log (action, t)"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create runs, labels, devices, intervals, events, metrics, logs", _create_all),
     Migration(2, "add gpu_rollups: per run, GPU model and day sums for cost reports", _add_gpu_rollups),
@@ -449,6 +458,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "PostgreSQL: gpu_capacity partitioned by UTC day of t0_ms (rewrites it once)",
         partitions.partition_capacity,
     ),
+    Migration(22, "add ix_audit_log_action_t: the audit entries of one action since a time", _add_audit_action_index),
 )
 LATEST = MIGRATIONS[-1].version
 if LATEST != STATED_LATEST:  # gpuledger run reads that number without loading this module

@@ -314,6 +314,9 @@ rollup_marks = _team[schema_team.ROLLUP_MARKS]
 # that made it (core/audit/signing.py); NULL on a chain written without a key.
 audit_log.append_column(sa.Column("key_id", sa.String(16)))
 audit_log.append_column(sa.Column("sig", sa.Text))
+# The entries of one action since a time (migration 22): the tier store's window pass reads only
+# the tier entries written since its last window (store/series_window.py).
+sa.Index("ix_audit_log_action_t", audit_log.c.action, audit_log.c.t)
 
 # Ownership (migration 7): the principal each run belongs to, the host each GPU belongs to.
 _owners = schema_audit.define(metadata)

@@ -54,6 +54,13 @@ def maintain(store: SeriesStore, now: float | None = None, *, compact: bool = Tr
     return list(step(now, compact=compact)) if callable(step) else []
 
 
+def _written_since(day: str) -> float:
+    """The earliest time an entry tiering ``day`` (YYYY-MM-DD) or a later day can have been
+    written: a day is tiered once it is past the ledger's raw window, long after it began, by the
+    ledger's own clock; a day's slack for a clock set back since."""
+    return (date.fromisoformat(day).toordinal() - _EPOCH.toordinal() - 1) * _DAY_S
+
+
 def _recorded(conn: Connection, url: str, cut: str) -> list[str]:
     """The days tiered into the store at ``url`` (or holding rows of a series-only run written
     into it) that are before ``cut`` and after the window the last entry for that store recorded:
@@ -64,7 +71,10 @@ def _recorded(conn: Connection, url: str, cut: str) -> list[str]:
     since = last["before"] if last else ""
     days = set()
     tiers = (series_tier.ACTION, capacity_tier.ACTION)  # runs' days and capacity's
-    for payload in conn.scalars(sa.select(a.payload).where(a.action.in_(tiers))):
+    q = sa.select(a.payload).where(a.action.in_(tiers))
+    if since:  # only the entries written since the window's first day (ix_audit_log_action_t)
+        q = q.where(a.t >= _written_since(since))
+    for payload in conn.scalars(q):
         p = json.loads(payload)
         if p.get("series") == url and since <= p["day"] < cut:
             days.add(p["day"])

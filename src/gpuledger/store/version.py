@@ -5,4 +5,4 @@ ledger needs SQLAlchemy at all (store/run_writer.py); migrations.py refuses to l
 migration is not this number.
 """
 
-LATEST = 21
+LATEST = 22
