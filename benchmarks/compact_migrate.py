@@ -6,8 +6,9 @@ takes at its peak (store/series_compact.py).
 
 Each round: a fresh PostgreSQL ledger (a schema of its own on GPULEDGER_TEST_PG_URL, default the
 local ``test`` database) gets ``--runs`` finished runs of ``--gpus`` GPUs and ``--intervals`` 5 s
-intervals each (and one host interval per step), pushed through the server's ingest in 8 MiB
-bodies and sealed; then the migration into a fresh series store (the compact PostgreSQL store in a
+intervals each (and one host interval per step), starting a minute apart far enough back that all
+have ended by yesterday (runs x intervals over 53 days are refused: the server closes a month 62
+days on), pushed through the server's ingest in 8 MiB bodies and sealed; then the migration into a fresh series store (the compact PostgreSQL store in a
 schema of its own, or chDB in a temporary folder) runs in a process of its own, as the CLI runs it,
 timed alone, its peak RSS (VmHWM) read after it and before it (imports, the store opened).
 Printed per round: rows moved (GPU + host), seconds, seconds per million rows, peak RSS; then min /
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -54,6 +56,12 @@ def _host(seq: int, t0: float) -> dict[str, Any]:
             "read_b": 1000 * seq, "write_b": 10 * seq, "threads_max": 8, "procs_max": 3}  # fmt: skip
 
 
+def _days_back(runs: int, intervals: int) -> int:
+    """Days before today the first run starts: its runs, each a minute after the last, all end
+    by the day before yesterday (at least five days back, as before)."""
+    return max(5, math.ceil((runs * 60.0 + intervals * STEP) / 86400) + 2)
+
+
 def _populate(db: str, runs: int, gpus: int, intervals: int) -> int:
     from fastapi.testclient import TestClient
 
@@ -66,7 +74,9 @@ def _populate(db: str, runs: int, gpus: int, intervals: int) -> int:
         token = accounts.issue_token(led, "agent", role="agent", projects=["bench"], actor="bench",
                                      create_user=True)[1]  # fmt: skip
     headers = {"Authorization": f"Bearer {token}"}
-    start = (time.time() // 86400 - 5) * 86400  # five days ago: every run ended, no month closed
+    # whole days back: every run has ended by yesterday (a run ending in the future is refused), and
+    # no month closes under the server's 62 days (main() refuses longer spans)
+    start = (time.time() // 86400 - _days_back(runs, intervals)) * 86400
     rows = 0
     with TestClient(create_app(db, settings=Settings(close_after_days=62, lost_after_s=0))) as client:
         for r in range(runs):
@@ -173,6 +183,10 @@ def main() -> None:
     p.add_argument("--store", choices=["postgres", "chdb"], default="postgres")
     p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
+    if args.runs < 1 or args.gpus < 1 or args.intervals < 1:
+        p.error("--runs, --gpus and --intervals must be at least 1")
+    if _days_back(args.runs, args.intervals) > 55:  # the server closes months 62 days on: keep clear of it
+        p.error(f"--runs {args.runs} x --intervals {args.intervals} spans more than 53 days; take fewer")
     per_million, peaks = [], []
     for i in range(args.rounds):
         got = _round(args)
