@@ -459,6 +459,19 @@ def test_run_refuses_a_bad_label_before_the_command_starts(
     assert not marker.exists()  # COMMAND never started
 
 
+def test_run_refuses_a_trace_that_is_not_there_before_the_command_starts(
+    world: dict[str, str], unchanged: None
+) -> None:
+    """A mistyped --replay-gpus: not a run marked replayed with no GPU, but a usage error."""
+    marker = Path(world["root"]) / "command-ran"
+    argv = ["run", "--replay-gpus", "a100x2-exmaple", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    out = run_cli(argv, world)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "--replay-gpus" in errors[0] and "a100x2-example" in errors[0], out.stderr
+    assert not marker.exists()  # COMMAND never started
+
+
 def test_recover_of_a_file_that_is_not_a_spooled_run_names_it_once(world: dict[str, str], unchanged: None) -> None:
     card = world["card"]  # any file that is not a spooled run
     result = invoke(["recover", card], world)

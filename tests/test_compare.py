@@ -83,3 +83,20 @@ def test_compare_table_md_and_html(db: str, tmp_path: Path) -> None:
 def test_compare_needs_two_runs(db: str) -> None:
     out = CliRunner().invoke(cli, ["compare", A, "--db", db])
     assert out.exit_code == 2 and "at least two runs" in out.output
+
+
+def test_the_config_row_shows_the_dataset_the_note_is_about(tmp_path: Path) -> None:
+    """Two runs that differ only in their dataset: the row must show it, not "– · – · – · –"
+    beside "n/a" under a note saying they differ."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with Ledger(url) as ledger:
+        write_run(ledger, A, status="succeeded", meta={"model": "yolov8n", "dataset": "coco8.yaml"})
+        write_run(ledger, B, status="succeeded", meta={"model": "yolov8n", "dataset": "coco128.yaml"})
+    out = CliRunner().invoke(cli, ["compare", A, B, "--format", "json", "--db", url])
+    assert out.exit_code == 0, out.output
+    model = json.loads(out.stdout)
+    config = {r["key"]: r for r in model["rows"]}["config"]
+    assert "dataset" in config["label"]
+    texts = [c["text"] for c in config["cells"]]
+    assert texts == ["yolov8n · coco8.yaml · – · – · –", "yolov8n · coco128.yaml · – · – · –"]
+    assert any("differ in configuration" in n for n in model["notes"])

@@ -73,6 +73,13 @@ def test_cost_by_prefix_instance_override_and_default_run(env: dict[str, str]) -
     assert out.exit_code == 1 and "shared-b" in out.output
 
 
+def test_cost_of_a_project_with_no_run_names_the_project(env: dict[str, str]) -> None:
+    """The ledger has runs, none of this project: not "no runs yet"."""
+    out = _run(cost_cmd, ["--db", env["db"], "--project", "no-such-project"])
+    assert out.exit_code == 1
+    assert "no run of project no-such-project" in out.output and "no runs yet" not in out.output
+
+
 def test_chargeback_formats(env: dict[str, str]) -> None:
     base = ["chargeback", "--month", "2026-03", "--db", env["db"], "--rates", env["rates"]]
     table = _run(report_group, [*base, "--by", "team,user"])

@@ -251,7 +251,9 @@ effective_to = 2026-01-01
             '[card\ncurrency = "USD"\n',
             "test.toml: not valid TOML: Expected ']' at the end of a table declaration (at line 1",
         ),
-        ('[card]\nbasis = "busy"\n', "[card] currency: '' is not a 3-letter"),
+        ('[card]\nbasis = "busy"\n', "[card] currency: missing: write a 3-letter ISO 4217 code"),
+        ('[card]\ncurrency = ""\nbasis = "busy"\n', "[card] currency: '' is not a 3-letter"),
+        ('[card]\ncurrency = "USD"\n', '[card] basis: missing: write "allocated"'),
     ],
 )
 def test_malformed_cards_get_clear_errors(body: str, expected: str) -> None:

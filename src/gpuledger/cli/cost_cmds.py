@@ -100,7 +100,11 @@ def cost_cmd(
             if scope is None
             else [r for p in scope for r in ledger.list_runs(project=p, limit=1)]
         )
-        if not newest:
+        if not newest:  # a ledger with runs of other projects is not "no runs yet"
+            if scope is not None and ledger.list_runs(limit=1):
+                raise click.ClickException(
+                    f"no run of project {', '.join(sorted(scope))}: check --project (gpuledger runs lists the projects)"
+                )
             raise click.ClickException("no runs yet: record one with gpuledger run -- COMMAND")
         ids = [max(newest, key=lambda r: r.started_at).id]
     report = run_costs(ledger, ids, scope=scope, card=card, basis=basis, instance_type=instance_type)

@@ -11,6 +11,20 @@ from gpuledger.cli.token_file_check import token_file_given
 from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 
 
+def _trace_found(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A mistyped trace is refused before CMD starts: else the run would be marked replayed with no
+    GPU at all. A trace that is found but malformed is still reported at the start, as before."""
+    if value is None:
+        return None
+    from gpuledger.collect.replay import TraceError, resolve_trace
+
+    try:
+        resolve_trace(value)
+    except TraceError as exc:
+        raise click.BadParameter(f"{value!r}: {exc}") from exc
+    return value
+
+
 @click.command(
     "run",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
@@ -33,6 +47,7 @@ from gpuledger.recorder.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
     metavar="TRACE",
     help="Feed a recorded GPU trace (a file, or a packaged one such as a100x2-example) instead of real "
     "NVML; the run is marked replayed.",
+    callback=_trace_found,
 )
 @click.option("--no-gpu", is_flag=True, help="Do not meter GPUs (host metrics only).")
 @click.option(

@@ -57,7 +57,8 @@ def _text(v: Any) -> str:
 FIGURES: tuple[Figure, ...] = (
     Figure("status", "status", _text, diff=False),
     Figure("gpus", "GPUs", _text, diff=False),
-    Figure("config", "model · imgsz · batch · workers", _text, diff=False),
+    # every field config_key compares, dataset too: the "differ in configuration" note must show why
+    Figure("config", "model · dataset · imgsz · batch · workers", _text, diff=False),
     Figure("wall_seconds", "wall time", fmt_duration, "lower"),
     Figure("epochs", "epochs", _count),
     Figure("sec_per_epoch", "time per epoch (median)", fmt_duration, "lower"),

@@ -116,10 +116,13 @@ class _Parser:
         defaults = self.table(doc, "defaults")
         currency = str(card.get("currency", ""))
         if not re.fullmatch(r"[A-Z]{3}", currency):
-            self.fail(f'{currency!r} is not a 3-letter ISO 4217 code such as "USD" or "EUR"', "card", key="currency")
+            # a key left out is "missing", as elsewhere in the card, not the repr of a default ('' or None)
+            given = f"{currency!r} is not" if "currency" in card else "missing: write"
+            self.fail(f'{given} a 3-letter ISO 4217 code such as "USD" or "EUR"', "card", key="currency")
         basis = card.get("basis")
         if basis not in BASES:
-            self.fail(f'{basis!r}: write "allocated" (what a cloud charges) or "busy" (used time)', "card", key="basis")
+            given = f"{basis!r}:" if "basis" in card else "missing:"
+            self.fail(f'{given} write "allocated" (what a cloud charges) or "busy" (used time)', "card", key="basis")
         models = self.models(doc)
         gpu_lines = [
             ln for i, raw in enumerate(self.array(doc, "gpu")) if (ln := self.gpu_line(raw, i, defaults, models))

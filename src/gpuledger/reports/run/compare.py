@@ -126,7 +126,7 @@ def side(
     fig: dict[str, Any] = {
         "status": s["status"],
         "gpus": f"{len(s['gpus'])} × {', '.join(names)}" if s["gpus"] else "none",
-        "config": None if key is None else " · ".join("–" if v is None else str(v) for v in (key[0], *key[2:])),
+        "config": None if key is None else " · ".join("–" if v is None else str(v) for v in key),
         "wall_seconds": s["wall_seconds"],
         "epochs": n or None,
         "sec_per_epoch": per_epoch,
