@@ -439,6 +439,20 @@ def test_a_duplicate_or_empty_label_is_a_usage_error(
 
 
 @pytest.mark.parametrize(
+    ("command", "option"),
+    [(["runs"], "--project"), (["runs"], "--team"), (["runs"], "--user"), (["cost"], "--project"),
+     (["report", "chargeback"], "--project")],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else v,
+)  # fmt: skip
+@pytest.mark.parametrize("value", ["", "  "], ids=["empty", "blank"])
+def test_an_empty_filter_is_a_usage_error_not_no_match(
+    command: list[str], option: str, value: str, world: dict[str, str], unchanged: None
+) -> None:
+    """An empty --project matches no run: "no run matches" (exit 0) would hide the typo."""
+    assert_one_error(invoke([*command, option, value], world), 2, option, "is empty")
+
+
+@pytest.mark.parametrize(
     ("options", "option", "message"),
     [
         *LABEL_MISTAKES,

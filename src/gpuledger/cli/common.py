@@ -137,6 +137,15 @@ def parse_labels(items: Iterable[str], param_hint: str = "--label") -> dict[str,
     return labels
 
 
+def named(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A filter (``--project``, ``--team``, ``--user``; repeatable or not) given empty would match
+    no run and answer "nothing": refused as ``run`` refuses an empty ``--project``."""
+    for given in value if isinstance(value, tuple) else (value,):
+        if given is not None and not given.strip():
+            raise click.BadParameter("is empty: give a name, or leave the option out")
+    return value
+
+
 def labels_with(items: Iterable[str], project: str | None, team: str | None) -> dict[str, str]:
     """``--label``s with ``--project`` and ``--team`` added (run, import): an empty project or team,
     or one that contradicts a ``--label project=...``, is refused like a bad label."""

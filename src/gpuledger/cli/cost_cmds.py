@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from gpuledger.cli.capacity_cmds import SHARE_CHOICES, check_share_idle, pools_option, shared_idle
-from gpuledger.cli.common import FiniteFloat, cli_errors, db_option, format_option, open_ledger, rate_card
+from gpuledger.cli.common import FiniteFloat, cli_errors, db_option, format_option, named, open_ledger, rate_card
 from gpuledger.cli.focus_output import focus_version_option
 from gpuledger.cli.output import OutputPath, write_text
 from gpuledger.cli.report_fit import terminal_text
@@ -31,6 +31,7 @@ def _common(func: F) -> F:
         "projects",
         multiple=True,
         metavar="NAME",
+        callback=named,
         help="Only runs of this project (repeatable). Default: every project in the ledger.",
     )(func)
     func = click.option(

@@ -63,7 +63,18 @@ class LazyGroup(click.Group):
         from gpuledger.cli.common import friendly
 
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a reader gone is found here, not in the interpreter's exit
+            return result
+        except BrokenPipeError:
+            # stdout's reader stopped early (| head): quietly, and 0 as for export and logs; a
+            # broken pipe that is not stdout's (a socket, an -o FIFO) is still the error it is
+            from gpuledger.cli.output import silence_stdout, stdout_reader_gone
+
+            if not stdout_reader_gone():
+                raise
+            silence_stdout()
+            raise click.exceptions.Exit(0) from None
         except KeyboardInterrupt:
             # Ctrl-C: exit 130 as a shell, docker or kubectl do, not click's "Aborted!" with 1.
             raise click.exceptions.Exit(interrupted()) from None

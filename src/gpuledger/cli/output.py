@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import select
 import sys
 import tempfile
 from collections.abc import Callable
@@ -125,16 +126,27 @@ def _to_stdout(write: Callable[[], None]) -> None:
         write()
         sys.stdout.flush()
     except BrokenPipeError:  # the reader stopped (| head): nothing more to say
-        _silence_stdout()
+        silence_stdout()
     except OSError as exc:
-        _silence_stdout()
+        silence_stdout()
         raise click.ClickException(f"cannot write to stdout: {exc.strerror or exc}") from exc
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     """Point stdout at /dev/null: what is still buffered would fail again at exit, with a traceback."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or terminal with no reader left: the kernel reports POLLERR on a
+    pipe's write end once its read end is closed, POLLHUP on a terminal hung up."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _in_place(shown: str, opener: Callable[[], int], write: Callable[[BinaryIO], None]) -> None:

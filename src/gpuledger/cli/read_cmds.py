@@ -12,6 +12,7 @@ from gpuledger.cli.common import (
     db_option,
     echo_json,
     format_option,
+    named,
     open_ledger,
     parse_labels,
     resolve_run,
@@ -23,9 +24,9 @@ STATUSES = ["running", "succeeded", "failed", "killed", "lost", "imported", "dis
 
 
 @click.command("runs")
-@click.option("--project")
-@click.option("--team")
-@click.option("--user")
+@click.option("--project", callback=named)
+@click.option("--team", callback=named)
+@click.option("--user", callback=named)
 @click.option("--status", type=click.Choice(STATUSES))
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Only runs with this label; repeatable.")
 @click.option("--since", help="Only runs started since: 2026-11-01, an ISO timestamp, or 3d / 12h / 30m.")

@@ -21,9 +21,15 @@ def plain(text: object) -> str:
     return escape(clean(text))
 
 
+class _Stdout(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit 1 here; the CLI ends a stopped reader (| head) quietly with 0 (cli/main.py)
+        raise BrokenPipeError
+
+
 def console() -> Console:
     """stdout as rich sees it: the terminal's width, or a pipe that cuts nothing."""
-    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    return _Stdout(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
 def print_lines(out: Console, lines: Sequence[str], bold_first: bool = False) -> None:
