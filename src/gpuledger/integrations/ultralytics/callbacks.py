@@ -43,6 +43,7 @@ class _State:
         self.sent: set[int] = set()  # epochs (1-based) already reported
         self.final: dict[str, Any] = {}  # the final validation's metrics
         self.final_phase_sent = False
+        self.best_epoch: int | None = None  # the last epoch whose weights went to best.pt
 
 
 # The training in progress in this process: validator callbacks only get the validator.
@@ -200,6 +201,11 @@ def on_fit_epoch_end(trainer: Any) -> None:
     }
     state.sink.send("epoch_end", epoch=epoch, metrics=metrics, payload=payload)
     state.sent.add(epoch)
+    fitness = getattr(trainer, "fitness", None)
+    if fitness is not None and getattr(trainer, "best_fitness", None) == fitness:
+        # save_model's own test: best.pt now holds this epoch, also on a tie with an earlier one
+        # (the stopper keeps the first of equal epochs, so its best_epoch is not best.pt's)
+        state.best_epoch = epoch
 
 
 @_safe
@@ -216,7 +222,7 @@ def on_val_start(validator: Any) -> None:
 def _result(trainer: Any, state: _State) -> dict[str, Any]:
     rows = describe.read_results_csv(trainer.csv)
     stopper = getattr(trainer, "stopper", None)
-    best_epoch = getattr(stopper, "best_epoch", None)
+    best_epoch = state.best_epoch or getattr(stopper, "best_epoch", None)
     best = next((r for r in rows if r.get("epoch") == best_epoch), None) if best_epoch else None
     if best is None:
         best = describe.best_row(rows)
