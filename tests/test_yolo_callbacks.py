@@ -98,6 +98,22 @@ def test_best_epoch_is_the_one_best_pt_holds_on_a_tie(tmp_path: Path, sink: Sink
     assert describe.best_row(describe.read_results_csv(t.csv))["epoch"] == 2  # the importer's answer
 
 
+def test_a_resumed_training_is_named_by_its_architecture_not_last(tmp_path: Path, sink: Sink) -> None:
+    last = tmp_path / "weights" / "last.pt"
+    net = SimpleNamespace(yaml={"yaml_file": "yolov8n.yaml"}, parameters=lambda: [])
+    t = trainer(tmp_path)
+    t.save_dir, t.model, t.start_epoch = tmp_path, net, 2  # what check_resume and resume_training set
+    t.args = SimpleNamespace(model=str(last), resume=str(last), task="detect", data=None, imgsz=64, batch=4)
+    callbacks.on_pretrain_routine_start(t)
+    callbacks.on_pretrain_routine_end(t)
+    fields = next(f for m, f in sink.sent if m == "metadata")
+    assert fields["meta"]["model"]["source"] == str(last)
+    assert fields["meta"]["model"]["name"] == "yolov8n" and fields["labels"]["model"] == "yolov8n"
+    t.start_epoch, t.args.resume = 0, False  # a training that starts from a copy of last.pt keeps its name
+    callbacks.on_pretrain_routine_end(t)
+    assert [f for m, f in sink.sent if m == "metadata"][-1]["labels"]["model"] == "last"
+
+
 def test_only_rank_zero_reports(tmp_path: Path, sink: Sink, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "1")
     t = trainer(tmp_path)

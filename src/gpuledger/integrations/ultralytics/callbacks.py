@@ -80,6 +80,26 @@ def _parameters(trainer: Any) -> int | None:
         return None
 
 
+def _architecture(trainer: Any) -> str | None:
+    """The model YAML the network was built from (``yolov8n``), kept inside every checkpoint."""
+    try:
+        yaml_file = _unwrap(trainer.model).yaml.get("yaml_file")
+    except Exception:
+        return None
+    if not yaml_file:
+        return None
+    return os.path.splitext(os.path.basename(str(yaml_file)))[0] or None
+
+
+def _model(trainer: Any) -> dict[str, Any]:
+    info = describe.model_info(getattr(trainer.args, "model", None), _parameters(trainer))
+    if getattr(trainer.args, "resume", False) and getattr(trainer, "start_epoch", 0) > 0:
+        # A resumed training's source is its own last.pt: named by the file, every attempt after
+        # the first would be model "last"; the architecture names it as the first attempt was.
+        info["name"] = _architecture(trainer) or info["name"]
+    return info
+
+
 def _len(loader: Any) -> int | None:
     try:
         return len(loader.dataset)
@@ -125,7 +145,7 @@ def trainer_meta(trainer: Any) -> dict[str, Any]:
         "start_epoch": getattr(trainer, "start_epoch", 0) + 1,
         "hyperparameters": describe.jsonable(vars(args)),
         "args_yaml": args_yaml,
-        "model": describe.model_info(getattr(args, "model", None), _parameters(trainer)),
+        "model": _model(trainer),
         "dataset": describe.dataset_info(data, getattr(args, "data", None), images),
         "versions": _versions(),
     }
