@@ -227,6 +227,22 @@ def test_results_csv_time_is_not_a_metric_chart_and_short_epochs_have_a_wall_tim
     assert "<th>val_accuracy</th>" in page and "0.400 s" in page
 
 
+def test_a_run_without_gpus_is_not_said_to_have_used_its_gpus_well(tmp_path: Path) -> None:
+    from diag_support import T0, host_intervals
+    from gpuledger.core.model import RunRecord
+    from gpuledger.reports.render_html import render_run as html
+
+    run = RunRecord(id=RUN, command=["yolo", "train"], user="u", host="h", cwd="/", started_at=T0,
+                    status="succeeded", ended_at=T0 + 2, exit_code=0)  # fmt: skip
+    with Ledger(f"sqlite:///{tmp_path}/l.db") as ledger:
+        ledger.create_run(run)
+        ledger.append(RUN, host=host_intervals(4, 0.4, T0))  # a CPU training: host intervals only
+        model = runreport.build(ledger, ledger.get_run(RUN), with_history=False, with_cost=False)
+    assert model["gpus"] == [] and model["findings"] == []
+    page = html(model)
+    assert "GPUs were used well" not in page and "no GPU was metered for this run" in page
+
+
 def test_finding_evidence_times_say_utc_as_the_charts_use_the_browsers_zone(db: str, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     _cli(db, "report", "run", RUN, "-o", str(out))

@@ -10,7 +10,7 @@ import pytest
 
 from ci_support import need_module
 from gpuledger.core.model import RunRecord
-from gpuledger.integrations.ultralytics import attach, callbacks
+from gpuledger.integrations.ultralytics import attach, callbacks, describe
 from gpuledger.runs.attempts import find_earlier_attempt
 from gpuledger.store import Ledger
 
@@ -76,6 +76,42 @@ def test_row_rebuilt_like_save_metrics_when_the_csv_has_not_got_it(tmp_path: Pat
     callbacks.on_fit_epoch_end(t)
     metrics = sink.sent[-1][1]["metrics"]
     assert metrics["train/box_loss"] == 1.23457 and metrics["lr/pg0"] == 0.000841835  # "%.6g", as results.csv
+
+
+def test_best_epoch_is_the_one_best_pt_holds_on_a_tie(tmp_path: Path, sink: Sink) -> None:
+    # Epochs 1 and 2 validate the same: Ultralytics' stopper keeps epoch 1, but save_model rewrites
+    # best.pt at epoch 2 (best_fitness == fitness), and an import of the folder says 2 as well.
+    t = trainer(tmp_path)
+    t.save_dir, t.epochs = tmp_path, 3
+    t.stopper = SimpleNamespace(best_epoch=1)
+    callbacks.on_pretrain_routine_start(t)
+    rows = "epoch,time,metrics/mAP50-95(B)\n"
+    for epoch, fitness in enumerate((0.0577, 0.0577, 0.01)):
+        rows += f"{epoch + 1},{epoch + 1}.0,{fitness}\n"
+        t.csv.write_text(rows)  # save_metrics writes the row before on_fit_epoch_end
+        t.epoch, t.fitness, t.best_fitness = epoch, fitness, 0.0577
+        callbacks.on_train_epoch_start(t)
+        callbacks.on_fit_epoch_end(t)
+    callbacks.on_train_end(t)
+    result = next(f["meta"]["result"] for m, f in sink.sent if m == "metadata" and "result" in f["meta"])
+    assert result["best_epoch"] == 2 and result["best_map50_95"] == 0.0577
+    assert describe.best_row(describe.read_results_csv(t.csv))["epoch"] == 2  # the importer's answer
+
+
+def test_a_resumed_training_is_named_by_its_architecture_not_last(tmp_path: Path, sink: Sink) -> None:
+    last = tmp_path / "weights" / "last.pt"
+    net = SimpleNamespace(yaml={"yaml_file": "yolov8n.yaml"}, parameters=lambda: [])
+    t = trainer(tmp_path)
+    t.save_dir, t.model, t.start_epoch = tmp_path, net, 2  # what check_resume and resume_training set
+    t.args = SimpleNamespace(model=str(last), resume=str(last), task="detect", data=None, imgsz=64, batch=4)
+    callbacks.on_pretrain_routine_start(t)
+    callbacks.on_pretrain_routine_end(t)
+    fields = next(f for m, f in sink.sent if m == "metadata")
+    assert fields["meta"]["model"]["source"] == str(last)
+    assert fields["meta"]["model"]["name"] == "yolov8n" and fields["labels"]["model"] == "yolov8n"
+    t.start_epoch, t.args.resume = 0, False  # a training that starts from a copy of last.pt keeps its name
+    callbacks.on_pretrain_routine_end(t)
+    assert [f for m, f in sink.sent if m == "metadata"][-1]["labels"]["model"] == "last"
 
 
 def test_only_rank_zero_reports(tmp_path: Path, sink: Sink, monkeypatch: pytest.MonkeyPatch) -> None:

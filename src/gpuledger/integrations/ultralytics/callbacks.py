@@ -43,6 +43,7 @@ class _State:
         self.sent: set[int] = set()  # epochs (1-based) already reported
         self.final: dict[str, Any] = {}  # the final validation's metrics
         self.final_phase_sent = False
+        self.best_epoch: int | None = None  # the last epoch whose weights went to best.pt
 
 
 # The training in progress in this process: validator callbacks only get the validator.
@@ -77,6 +78,26 @@ def _parameters(trainer: Any) -> int | None:
         return int(sum(p.numel() for p in _unwrap(trainer.model).parameters()))
     except Exception:
         return None
+
+
+def _architecture(trainer: Any) -> str | None:
+    """The model YAML the network was built from (``yolov8n``), kept inside every checkpoint."""
+    try:
+        yaml_file = _unwrap(trainer.model).yaml.get("yaml_file")
+    except Exception:
+        return None
+    if not yaml_file:
+        return None
+    return os.path.splitext(os.path.basename(str(yaml_file)))[0] or None
+
+
+def _model(trainer: Any) -> dict[str, Any]:
+    info = describe.model_info(getattr(trainer.args, "model", None), _parameters(trainer))
+    if getattr(trainer.args, "resume", False) and getattr(trainer, "start_epoch", 0) > 0:
+        # A resumed training's source is its own last.pt: named by the file, every attempt after
+        # the first would be model "last"; the architecture names it as the first attempt was.
+        info["name"] = _architecture(trainer) or info["name"]
+    return info
 
 
 def _len(loader: Any) -> int | None:
@@ -124,7 +145,7 @@ def trainer_meta(trainer: Any) -> dict[str, Any]:
         "start_epoch": getattr(trainer, "start_epoch", 0) + 1,
         "hyperparameters": describe.jsonable(vars(args)),
         "args_yaml": args_yaml,
-        "model": describe.model_info(getattr(args, "model", None), _parameters(trainer)),
+        "model": _model(trainer),
         "dataset": describe.dataset_info(data, getattr(args, "data", None), images),
         "versions": _versions(),
     }
@@ -200,6 +221,11 @@ def on_fit_epoch_end(trainer: Any) -> None:
     }
     state.sink.send("epoch_end", epoch=epoch, metrics=metrics, payload=payload)
     state.sent.add(epoch)
+    fitness = getattr(trainer, "fitness", None)
+    if fitness is not None and getattr(trainer, "best_fitness", None) == fitness:
+        # save_model's own test: best.pt now holds this epoch, also on a tie with an earlier one
+        # (the stopper keeps the first of equal epochs, so its best_epoch is not best.pt's)
+        state.best_epoch = epoch
 
 
 @_safe
@@ -216,7 +242,7 @@ def on_val_start(validator: Any) -> None:
 def _result(trainer: Any, state: _State) -> dict[str, Any]:
     rows = describe.read_results_csv(trainer.csv)
     stopper = getattr(trainer, "stopper", None)
-    best_epoch = getattr(stopper, "best_epoch", None)
+    best_epoch = state.best_epoch or getattr(stopper, "best_epoch", None)
     best = next((r for r in rows if r.get("epoch") == best_epoch), None) if best_epoch else None
     if best is None:
         best = describe.best_row(rows)
