@@ -396,3 +396,50 @@ def test_a_missing_dataset_is_why_the_run_failed(trained: Trained) -> None:
     with trained.ledger() as ledger:
         [event] = ledger.events(run.id, kind="dataset_not_found")
     assert event.payload["epoch"] is None
+
+
+DIES_SAVING = """
+    import os
+    import sys
+    from ultralytics import YOLO
+
+    def die_saving_epoch_2(trainer):  # epoch 2's row is in results.csv; its on_fit_epoch_end never comes
+        if trainer.epoch == 1:
+            os._exit(5)
+
+    model = YOLO("yolov8n.yaml")
+    model.add_callback("on_model_save", die_saving_epoch_2)
+    model.train(data=sys.argv[1], project=sys.argv[2], name="dies_saving", epochs=3, **TRAIN_ARGS)
+"""
+
+
+def test_an_epoch_written_before_a_crash_saving_its_checkpoint_is_taken_from_results_csv(trained: Trained) -> None:
+    """Ultralytics writes the epoch's results.csv row, then saves last.pt, then reports the epoch:
+    a training dying in the save still finished the epoch, and the ledger holds it."""
+    script = trained.root / "train_dies_saving.py"
+    script.write_text(textwrap.dedent(DIES_SAVING).replace("TRAIN_ARGS", TRAIN_ARGS))
+    _timed(
+        trained,
+        "dies_saving",
+        [
+            *GPULEDGER,
+            "run",
+            "--interval",
+            "1",
+            "--",
+            sys.executable,
+            str(script),
+            str(trained.data),
+            str(trained.project),
+        ],
+        expect=5,
+    )
+    run = trained.run("dies_saving")
+    expected = _csv_by_epoch(trained.results("dies_saving"))
+    assert list(expected) == [1, 2]  # the file Ultralytics wrote: two whole epochs
+    with trained.ledger() as ledger:
+        live = _live_by_epoch(ledger, run)
+        ends = [(e.payload["epoch"], e.payload.get("source")) for e in ledger.events(run.id, kind="epoch_end")]
+    assert _same(live, expected), (live, expected)
+    assert ends == [(1, None), (2, "results.csv")]  # epoch 1 reported live, epoch 2 read from the file
+    assert run.status == "failed"

@@ -22,12 +22,17 @@ if TYPE_CHECKING:
     from gpuledger.recorder.recorder import Recorder
     from gpuledger.recorder.session import Session
 
-# Epoch ends received per session: tells the end-of-run log parser whether it is needed.
-_epoch_ends: weakref.WeakKeyDictionary[Session, int] = weakref.WeakKeyDictionary()
+# The epochs whose end a session received: tells the end of the run whether the log must be parsed
+# (none) and which rows of results.csv no callback reported (integrations/ultralytics/unreported.py).
+_epoch_ends: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
 
 
 def epoch_ends_seen(session: Session) -> int:
-    return _epoch_ends.get(session, 0)
+    return len(_epoch_ends.get(session, ()))
+
+
+def epochs_ended(session: Session) -> frozenset[int]:
+    return frozenset(_epoch_ends.get(session, ()))
 
 
 def _metrics(msg: dict, epoch: int | None, step: int | None) -> list[Metric]:
@@ -54,7 +59,7 @@ def handle(session: Session, recorder: Recorder, msg: dict, cut: bool = True) ->
         recorder.event("epoch_end", f"epoch {epoch} ended", **{**(msg.get("payload") or {}), "epoch": epoch})
         if bad:
             recorder.event("nan_loss", f"non-finite {', '.join(bad)} at epoch {epoch}", epoch=epoch, keys=bad)
-        _epoch_ends[session] = _epoch_ends.get(session, 0) + 1
+        _epoch_ends.setdefault(session, set()).add(epoch)
     elif kind in ("epoch_start", "phase"):
         if cut:
             recorder.cut()

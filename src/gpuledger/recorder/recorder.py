@@ -148,13 +148,13 @@ class Recorder:
         self.last_flush_ok: float | None = None
 
     # -- public, thread-safe --------------------------------------------------------------
-    def event(self, kind: str, message: str = "", **payload: object) -> None:
+    def event(self, kind: str, message: str = "", *, at: float | None = None, **payload: object) -> None:
+        """``at``: when it happened, where that was before now (a file's time); default now."""
         # Redacted before it is held: an integration's message or payload may carry a secret,
         # and neither the ledger nor a spool file may keep it (core/redaction/records.py).
         r = self._text.redactor
-        event = Event(
-            t=self._clock(), kind=self._text(kind), message=r.redact_text(message), payload=r.redact_tree(payload)
-        )
+        t = self._clock() if at is None else at
+        event = Event(t=t, kind=self._text(kind), message=r.redact_text(message), payload=r.redact_tree(payload))
         with self._lock:
             self._pending.events.append(event)
 

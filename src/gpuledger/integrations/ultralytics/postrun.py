@@ -10,7 +10,8 @@ the run's end state is written (Session.finish's ``explain`` hook). It:
 3. completes an evaluation run's ``meta.evaluation`` (energy over its window, the split's
    fingerprint; read from the output when no callback reported it): eval_postrun.py,
 4. when no ``epoch_end`` came from the callbacks (YOLOv5 scripts, a Python the hook could not load
-   into), parses the training output into per-epoch metrics (core/training/logparse.py),
+   into), parses the training output into per-epoch metrics (core/training/logparse.py); when some
+   did, takes the epochs results.csv holds after the last one reported (unreported.py),
 5. records a training's place in its model's line (``meta.lineage``: lineage.py).
 """
 
@@ -26,6 +27,7 @@ from gpuledger.core.training import failures
 from gpuledger.integrations.ultralytics.eval_postrun import complete_evaluation
 from gpuledger.integrations.ultralytics.guard import debug_traceback
 from gpuledger.integrations.ultralytics.lineage import record_lineage
+from gpuledger.integrations.ultralytics.unreported import take_unreported
 
 if TYPE_CHECKING:
     import mmap
@@ -62,7 +64,7 @@ def explain_run(
     session: Session, log: bytes | mmap.mmap, status: str, exit_code: int | None, signal: int | None
 ) -> str | None:
     """Record what ``log`` says about the run's end; return the reason for its status (or None)."""
-    from gpuledger.recorder.messages import epoch_ends_seen
+    from gpuledger.recorder.messages import epoch_ends_seen, epochs_ended
 
     peak = _rss_peak_b(session, exit_code, signal)
     diagnosis = failures.explain(log, status, exit_code, signal, peak, memory_limit_b())
@@ -84,6 +86,11 @@ def explain_run(
                 total_epochs=parsed.total_epochs,
                 final=parsed.final,
             )
+    else:  # the epochs a training wrote but died before reporting (a crash saving its checkpoints)
+        try:
+            take_unreported(session, epochs_ended(session))
+        except Exception:  # the run's end must be written whatever this finds
+            debug_traceback()
     try:
         complete_evaluation(session, log)
     except Exception:  # the run's end must be written whatever this finds
