@@ -90,3 +90,13 @@ def test_logs_raw_and_piped_give_the_bytes_as_stored(tmp_path: Path) -> None:
     assert NASTY.replace(b"\r\n", b"\n") in _logs_on_a_terminal([run_id, "--raw"], env)
     piped = run_cli(["logs", run_id], env)
     assert piped.returncode == 0 and piped.stdout == NASTY
+
+
+def test_logs_of_a_run_that_printed_nothing_says_so(tmp_path: Path) -> None:
+    """Nothing on stdout and nothing said would look like a log that could not be read."""
+    env = cli_env(tmp_path / "home", f"sqlite:///{tmp_path}/ledger.db")
+    assert run_cli(["run", "-q", "--", *py("pass")], env).returncode == 0
+    (row,) = runs_json(env)
+    out = run_cli(["logs", row["id"]], env)
+    assert (out.returncode, out.stdout) == (0, b"")
+    assert out.stderr.decode() == f"gpuledger: run {row['id']} printed nothing: its log is empty\n"

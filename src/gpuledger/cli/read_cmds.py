@@ -150,6 +150,9 @@ def logs_cmd(run: str | None, raw: bool, db: str | None) -> None:
     data = fresh_log(ledger, record)
     if data is None:
         raise click.ClickException(f"run {record.id} has no archived log")
+    if not data:  # nothing on stdout would look like a failure to read it
+        click.echo(f"gpuledger: run {record.id} printed nothing: its log is empty", err=True)
+        return
     if not raw and sys.stdout.isatty():
         from gpuledger.cli.log_escape import escape_for_terminal
 
