@@ -443,3 +443,16 @@ def test_an_epoch_written_before_a_crash_saving_its_checkpoint_is_taken_from_res
     assert _same(live, expected), (live, expected)
     assert ends == [(1, None), (2, "results.csv")]  # epoch 1 reported live, epoch 2 read from the file
     assert run.status == "failed"
+
+
+def test_an_evaluation_of_a_trainings_best_pt_is_labelled_with_the_trainings_model(trained: Trained) -> None:
+    """``yolo val model=.../weights/best.pt``: the model is the one the training was given
+    (yolov8n, from its args.yaml), as the training's own label says, not the file name "best"."""
+    best = trained.project / "cli" / "weights" / "best.pt"
+    argv = [*GPULEDGER, "run", "--name", "val-best", "--", _yolo(), "val", f"model={best}", f"data={trained.data}",
+            f"project={trained.project}", "name=val-best", *COMMON]  # fmt: skip
+    out = subprocess.run(argv, env=trained.env, cwd=trained.root, capture_output=True, timeout=TIMEOUT_S)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")[-3000:]
+    evaluation, training = _run_named(trained, "val-best"), trained.run("cli")
+    assert evaluation.meta.get("kind") == "evaluation"
+    assert evaluation.labels["model"] == training.labels["model"] == "yolov8n"

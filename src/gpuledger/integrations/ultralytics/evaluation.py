@@ -129,11 +129,35 @@ def _report(sink: Sink, record: dict[str, Any], labels: dict[str, str], event: b
         sink.send("metadata", labels=labels, meta={"kind": EVALUATION, "evaluation": record})
 
 
+TRAINER_NAMES = ("best", "last")  # the weights a training saves in SAVE_DIR/weights/
+ARGS_MAX_B = 1 << 20
+
+
+def model_name(weights_path: str) -> str:
+    """The model label of evaluated weights: the file's name, but for a training's own best.pt or
+    last.pt the model that training was given (its args.yaml, next to weights/), so an evaluation
+    is ``model=yolov8n`` as its training is, not ``model=best``."""
+    path = Path(weights_path)
+    if path.stem not in TRAINER_NAMES or path.parent.name != "weights":
+        return path.stem
+    try:
+        import yaml  # PyYAML: an Ultralytics dependency
+
+        with open(path.parent.parent / "args.yaml", "rb") as fh:
+            args = yaml.safe_load(fh.read(ARGS_MAX_B).decode("utf-8", "replace"))
+    except Exception:  # no args.yaml, or not one Ultralytics wrote: the file's name stands
+        return path.stem
+    given = args.get("model") if isinstance(args, dict) else None
+    named = Path(given).stem if isinstance(given, str) and given else ""
+    # a resumed training was given its own last.pt: that names no model
+    return named if named and named not in TRAINER_NAMES else path.stem
+
+
 def _labels(record: dict[str, Any]) -> dict[str, str]:
     labels = {}
     model = (record.get("weights") or {}).get("path")
     if model:
-        labels["model"] = Path(model).stem
+        labels["model"] = model_name(model)
     data = (record.get("split") or {}).get("data")
     if data:
         name = describe.dataset_info({"yaml_file": data}, data, {}).get("name")
