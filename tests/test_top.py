@@ -88,3 +88,28 @@ def test_top_once_with_nothing_recording(tmp_path: Path) -> None:
     Ledger(f"sqlite:///{tmp_path}/l.db").close()  # a ledger, empty: a missing one is an error
     out = CliRunner().invoke(cli, ["top", "--once", "--db", f"sqlite:///{tmp_path}/l.db"], env={"COLUMNS": "200"})
     assert out.exit_code == 0 and "no run is recording here" in out.stdout
+
+
+def test_a_run_before_its_first_sample_is_not_said_to_have_no_gpu(tmp_path: Path) -> None:
+    """The recorder writes its first intervals at its first flush: until then top cannot know the
+    run's GPUs, and says so instead of "no GPU"; once host intervals without GPUs are there, it has none."""
+    db = f"sqlite:///{tmp_path}/ledger.db"
+    recorder = subprocess.Popen(["sleep", "60"])
+    try:
+        started = time.time() - 2
+        rid = "0190aaaa-1111-7000-8000-000000000004"
+        with Ledger(db) as ledger:
+            ledger.create_run(RunRecord(id=rid, command=["train"], user="ana", host=host_name(), cwd="/",
+                                        started_at=started, name="fresh", recorder_pid=recorder.pid))  # fmt: skip
+        runner = CliRunner()
+        before = json.loads(runner.invoke(cli, ["top", "--once", "--json", "--db", db]).stdout)
+        text_before = runner.invoke(cli, ["top", "--once", "--db", db], env={"COLUMNS": "200"}).stdout
+        with Ledger(db) as ledger:
+            ledger.append(rid, host=host_intervals(1, step=1.0, start=started, cores=lambda i: 1.0))
+        text_after = runner.invoke(cli, ["top", "--once", "--db", db], env={"COLUMNS": "200"}).stdout
+    finally:
+        recorder.kill()
+        recorder.wait()
+    assert [(r["name"], r["gpus"], r["sampled"]) for r in before] == [("fresh", [], False)]
+    assert "no sample yet" in text_before and "no GPU" not in text_before
+    assert "no GPU" in text_after and "no sample yet" not in text_after

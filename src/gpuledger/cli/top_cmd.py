@@ -61,7 +61,8 @@ def cells(rows: list[dict[str, Any]]) -> list[list[str]]:
         cpu = NA if r["cpu_cores"] is None else fmt_number(r["cpu_cores"])
         name = ("[replayed] " if r["replayed"] else "") + (r["name"] or "")
         gpus = r["gpus"] or []
-        note = [] if gpus else ["no GPU", "", "", "", "", ""]
+        unknown = "no GPU" if r.get("sampled", True) else "no sample yet"  # before the first flush
+        note = [] if gpus else [unknown, "", "", "", "", ""]
         out.append([short_id(r["id"]), r["user"] or "", epoch, eta, cpu, *(note or [""] * 6), name])
         for g in gpus:
             index = "?" if g["index"] is None else g["index"]

@@ -74,6 +74,8 @@ def snapshot(ledger: Ledger, now: float, host: str | None = None) -> list[dict[s
                 else host_iv.cpu_s / (host_iv.t1 - host_iv.t0),
                 "rss_b": host_iv.rss_max_b if host_iv else None,
                 "gpus": gpus,
+                # nothing written yet (the first flush is due): not yet known whether it has GPUs
+                "sampled": bool(gpus) or host_iv is not None,
                 "replayed": run.replayed,
             }
         )
