@@ -99,6 +99,7 @@ def test_a_run_recorded_while_another_process_holds_the_ledger_ends_when_its_com
     release.join()
     assert done.returncode == 0, done.stderr
     assert time.time() - t0 >= 5.5  # it did wait for the lock to write
+    assert done.stderr == ""  # -q: not a word about the wait (longer than the 5 s notice)
     with Ledger(path) as led:
         (run,) = led.list_runs()
         host = led.host_intervals(run.id)
@@ -106,3 +107,38 @@ def test_a_run_recorded_while_another_process_holds_the_ledger_ends_when_its_com
     assert 1.0 <= run.ended_at - run.started_at < 2.5, (run.started_at, run.ended_at)
     assert host and host[-1].t1 == run.ended_at  # the final reading ends the run
     assert [h.seq for h in host] == list(range(len(host)))
+
+
+def test_a_run_waiting_on_a_held_ledger_after_its_command_ended_says_why(tmp_path: Path) -> None:
+    """The command has ended and the terminal would sit silent while the ledger is held: after 5 s
+    one line says gpuledger is still writing the run and what happens if it stays busy. The
+    holder lets go once that line is read (no guessed wait); the run is then written whole."""
+    path = tmp_path / "ledger.db"
+    Ledger(path).close()
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    cmd = [sys.executable, "-m", "gpuledger", "run", "--db", f"sqlite:///{path}", "--no-gpu", "--interval", "0.5",
+           "--", sys.executable, "-c", "pass"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:  # until the notice; EOF first (no notice, the run spooled) fails below
+            lines.append(line)
+            if line.startswith("gpuledger: still writing run"):
+                break
+        holder.execute("ROLLBACK")
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0, "".join(lines) + rest
+    finally:
+        holder.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with Ledger(path) as led:
+        (run,) = led.list_runs()
+    notice = lines[-1]
+    assert notice.startswith(f"gpuledger: still writing run {run.id} to the ledger after 5 s"), lines
+    assert "gpuledger recover" in notice
+    assert "still writing" not in rest  # said once, though both the last flush and the end waited
+    assert run.status == "succeeded" and f"run {run.id}" in rest  # then the summary, as always

@@ -30,6 +30,7 @@ from gpuledger.recorder.edge import Primed
 from gpuledger.recorder.hooks import Explain
 from gpuledger.recorder.messages import handle as handle_message
 from gpuledger.recorder.recorder import Pending, Recorder
+from gpuledger.recorder.slow_notice import WRITE_NOTICE_S, SlowNotice
 from gpuledger.runs.host import host_name
 
 if TYPE_CHECKING:
@@ -136,11 +137,20 @@ class Session:
         on_interval: Callable[[list[GpuInterval], HostInterval | None], None] | None = None,
         after_flush: Callable[[], None] | None = None,
         primed: Primed | None = None,
+        slow_notice: bool = True,
     ) -> None:
         """``primed``: the collectors were read already, on ``clock`` (recorder/edge.py: just before
-        ``gpuledger run`` launched CMD); the first interval starts at that reading."""
+        ``gpuledger run`` launched CMD); the first interval starts at that reading. ``slow_notice``:
+        say on stderr when writing the run's end keeps the user waiting (not under ``run -q``)."""
         self.run = run
         self._stopped = False
+        # CMD has ended but the run is not written yet: the terminal is told why it waits (slow_notice.py)
+        self._slow = SlowNotice(
+            f"gpuledger: still writing run {run.id} to the ledger after {WRITE_NOTICE_S:.0f} s (another process "
+            "may hold it); if it stays busy the run is kept in a local file for gpuledger recover",
+            warn,
+        )
+        self._slow.enabled = slow_notice
         self._after_flush = after_flush  # e.g. wakes the pusher of ``gpuledger run --server``
         self._url = ledger_url
         self._ledger = None
@@ -275,7 +285,8 @@ class Session:
         ``gpuledger run`` calls it as soon as CMD is reaped, before waiting for its last output."""
         if not self._stopped:
             self._stopped = True
-            self.recorder.stop()
+            with self._slow.timing():  # its last flush waits for the ledger
+                self.recorder.stop()
 
     def finish(
         self,
@@ -316,18 +327,19 @@ class Session:
         run.status, run.ended_at, run.exit_code, run.signal = status, ended, exit_code, signal
         run.status_reason = reason
         try:
-            ledger = self.ledger()
-            if self.recorder.pending:  # a last try for anything the final flush could not write
-                self.recorder.flush()
-            if self.recorder.pending:  # still not written: the run must not end in the ledger without it
-                raise LedgerIncomplete(self.recorder.pending)
-            if log is not None:
-                ledger.set_log(run.id, log, truncated=log_truncated)
-            ledger.update_run(
-                run.id, status=status, ended_at=ended, exit_code=exit_code, signal=signal, status_reason=reason
-            )
-            self._notify_flushed()
-            return run_summary(ledger, run.id, now=ended) if summarize else {}
+            with self._slow.timing():
+                ledger = self.ledger()
+                if self.recorder.pending:  # a last try for anything the final flush could not write
+                    self.recorder.flush()
+                if self.recorder.pending:  # still not written: the run must not end in the ledger without it
+                    raise LedgerIncomplete(self.recorder.pending)
+                if log is not None:
+                    ledger.set_log(run.id, log, truncated=log_truncated)
+                ledger.update_run(
+                    run.id, status=status, ended_at=ended, exit_code=exit_code, signal=signal, status_reason=reason
+                )
+                self._notify_flushed()
+                return run_summary(ledger, run.id, now=ended) if summarize else {}
         except Exception as exc:
             stderr_line(f"gpuledger: could not write the end of run {run.id} to the ledger: {exc}")
             self._spool(keep_log=log_still_written)

@@ -260,6 +260,7 @@ def _start_session(
         on_interval=metrics.live.observe if metrics is not None else None,
         after_flush=after_flush,
         primed=edge.primed,
+        slow_notice=opts.summary,  # run -q: quiet unless the write fails
     )
     if metrics is not None:
         metrics.live.bind(session.run, session.devices)
