@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from gpuledger import __version__
 from gpuledger.series.open import POSTGRES_SCHEMES
 from gpuledger.server.auth import Authenticator
-from gpuledger.server.limits import Guard
+from gpuledger.server.limits import UNAVAILABLE, Guard
 from gpuledger.server.settings import Settings
 from gpuledger.store import Ledger, LedgerLocked, LedgerUnavailable
 
@@ -126,7 +126,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     @app.exception_handler(LedgerLocked)
     async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
         # 503: agents keep their data and retry; a load balancer may try another replica.
-        return JSONResponse(status_code=503, content={"detail": "the ledger database is unavailable; retry later"})
+        return JSONResponse(status_code=503, content={"detail": UNAVAILABLE})
 
     @app.exception_handler(sa.exc.DataError)
     async def _unstorable(_request: Request, exc: Exception) -> JSONResponse:
