@@ -493,3 +493,22 @@ def test_a_write_for_a_day_being_made_waits_for_it_and_lands_in_that_day(pg_url:
         writer.join(60)
         assert done == [None]
         assert _where(led, "gpu_intervals", run.id) == {partitions.day_name("gpu_intervals", day): 1}
+
+
+def test_a_failed_maintenance_pass_is_one_line_in_the_log(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A lock held past the timeout fails the pass at start (the server serves on, rows land in the
+    default partition): the log says so in one line, not SQLAlchemy's statement and link under it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gpuledger.server import app as server_app
+
+    def locked(_db: object) -> None:
+        orig = RuntimeError("canceling statement due to lock timeout\nLINE 1: SELECT DISTINCT floor(t0 / 86400) ...")
+        raise sa.exc.OperationalError("SELECT DISTINCT floor(t0 / 86400) FROM gpu_intervals_default", {}, orig)
+
+    monkeypatch.setattr(partitions, "maintain", locked)
+    with caplog.at_level("WARNING", logger="gpuledger.server"):
+        asyncio.run(server_app._maintain_partitions(SimpleNamespace(database=None)))  # type: ignore[arg-type]
+    (record,) = caplog.records
+    assert record.getMessage() == "partition maintenance failed: canceling statement due to lock timeout"

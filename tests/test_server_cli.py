@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 
 from gpuledger.store import Ledger, migrations, schema, schema_team
 from gpuledger.store.engine import Database
@@ -43,6 +44,26 @@ def test_schema_changes_only_by_command_and_serve_refuses_an_old_schema() -> Non
         assert migrate.returncode == 0 and f"from version 0 to {migrations.LATEST}" in migrate.stdout
         assert gl("db", "migrate", "--db", url).stdout.endswith("nothing to do\n")
         assert gl("db", "status", "--db", url).returncode == 0
+
+
+def test_a_schema_or_privilege_the_user_lacks_is_one_error_line() -> None:
+    """A search_path naming a schema that does not exist (or that the user may not use) is said as
+    such, not "schema version 0: run db migrate" (which then failed with a traceback); a user without
+    CREATE on the schema gets one line from db migrate, not a traceback."""
+    with fresh_pg_url() as url:
+        parsed = make_url(url)
+        schema_name = parsed.query["options"].split("=", 1)[1]
+        missing = parsed.update_query_dict({"options": f"-csearch_path={schema_name}_missing"})
+        for args in (("db", "migrate"), ("db", "status"), ("serve", "--port", "0")):
+            got = gl(*args, "--db", missing.render_as_string(hide_password=False))
+            assert got.returncode == 1, (args, got.stderr)
+            assert got.stderr.startswith("Error: ") and got.stderr.count("\n") == 1, (args, got.stderr)
+            assert "refused this user: no schema of the search_path" in got.stderr, (args, got.stderr)
+        # pg_read_all_data: may use every schema, create in none (a session role the test's superuser may take)
+        reader = parsed.update_query_dict({"options": f"-csearch_path={schema_name} -crole=pg_read_all_data"})
+        got = gl("db", "migrate", "--db", reader.render_as_string(hide_password=False))
+        assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stderr
+        assert f"refused this user: permission denied for schema {schema_name}" in got.stderr, got.stderr
 
 
 def test_migration_3_upgrades_an_existing_version_2_ledger() -> None:

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from gpuledger.server.app import create_app
 from gpuledger.server.auth import Authenticator
 from gpuledger.server.settings import Settings
-from gpuledger.store import Ledger, accounts
+from gpuledger.store import Ledger, LedgerUnavailable, accounts
 from server_support import ServerProcess, Tokens, batch, bearer, fresh_pg_url, run_doc, setup_accounts
 
 
@@ -98,6 +98,31 @@ def test_no_token_no_body_read(pg) -> None:  # type: ignore[no-untyped-def]
                 assert pulled == [], (path, headers)  # refused before a single chunk was read
         member = client.request("POST", "/api/v1/ingest", content=body(), headers=bearer(t.member_a))
         assert member.status_code == 403 and pulled == []  # a member's token cannot write: nothing is read
+
+
+def test_database_down_is_503_even_while_checking_the_token(pg, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The token is looked up in the guard, before any route: a database that cannot be reached
+    there is the documented 503 (agents retry, a load balancer tries another replica), not a 500
+    with a traceback in the server's log."""
+    url, t = pg
+    with _client(url) as client:
+        assert client.get("/api/v1/me", headers=bearer(t.agent_a)).status_code == 200  # now cached
+        ledger = client.app.state.auth._ledger  # type: ignore[attr-defined]
+
+        def down(fn: object) -> object:
+            raise LedgerUnavailable("cannot reach the ledger database (test)")
+
+        monkeypatch.setattr(ledger, "read", down)
+        for method, path, token in (
+            ("GET", "/api/v1/runs", t.member_a),  # never looked up
+            ("GET", "/metrics", t.admin),
+            ("POST", "/api/v1/ingest", t.agent_a),  # cached: still checked against the database
+        ):
+            got = client.request(method, path, headers=bearer(token), content=b"{}" if method == "POST" else None)
+            assert got.status_code == 503, (path, got.status_code, got.text)
+            assert got.json() == {"detail": "the ledger database is unavailable; retry later"}
+        monkeypatch.undo()
+        assert client.get("/api/v1/runs", headers=bearer(t.member_a)).status_code == 200
 
 
 # -- against a real server ----------------------------------------------------------------------

@@ -58,3 +58,30 @@ def test_token_file_with_token_passes(tmp_path: Path) -> None:
     token_file.write_text("glt_abc_def\n")
     assert token_file_given(None, None, str(token_file)) == str(token_file)  # type: ignore[arg-type]
     assert token_file_given(None, None, None) is None  # type: ignore[arg-type]
+
+
+def test_a_refused_token_points_at_where_it_came_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 401 names the token's source: the --token-file file when it came from one, not GPULEDGER_TOKEN
+    (which was unset: the hint sent people to the wrong place)."""
+    import httpx
+
+    from gpuledger.agent.client import Client, Unauthorized, token_from
+
+    refused = httpx.MockTransport(lambda _r: httpx.Response(401, json={"detail": "invalid, expired or revoked token"}))
+    token_file = tmp_path / "node.token"
+    token_file.write_text("glt_000000000000_" + "x" * 43 + "\n")
+    monkeypatch.delenv("GPULEDGER_TOKEN", raising=False)
+    for env, expected, wrong in (
+        (None, "check the token in the --token-file file", "GPULEDGER_TOKEN"),
+        ("glt_111111111111_" + "y" * 43, "check the token in the --token-file file", "GPULEDGER_TOKEN"),
+    ):
+        if env:
+            monkeypatch.setenv("GPULEDGER_TOKEN", env)  # the file wins (token_from): the file is to check
+        client = Client("http://ledger.test", token_from(None, str(token_file)), transport=refused)
+        with client, pytest.raises(Unauthorized) as err:
+            client.me()
+        assert expected in str(err.value) and wrong not in str(err.value), str(err.value)
+    monkeypatch.setenv("GPULEDGER_TOKEN", "glt_222222222222_" + "z" * 43)
+    client = Client("http://ledger.test", token_from(None, None), transport=refused)
+    with client, pytest.raises(Unauthorized, match=r"\(check GPULEDGER_TOKEN\)"):
+        client.me()

@@ -92,6 +92,17 @@ def token_from(env: Mapping[str, str] | None = None, token_file: str | None = No
     return token or None
 
 
+def token_hint(token: str | None, env: Mapping[str, str] | None = None) -> str:
+    """Where to look after a 401: the place the token came from (``token_from`` reads --token-file
+    before the environment), so a bad file is not blamed on an unset variable."""
+    env = os.environ if env is None else env
+    if not token:
+        return f"no token was given: use --token-file FILE or set {ENV_TOKEN}"
+    if env.get(ENV_TOKEN, "").strip() == token:
+        return f"check {ENV_TOKEN}"
+    return "check the token in the --token-file file"
+
+
 class Client:
     def __init__(
         self,
@@ -102,6 +113,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.server = normalise_server(server)
+        self._token_hint = token_hint(token)
         # Lowered when this server (or a proxy before it) answers 413 to a smaller batch (agent/outbox.py).
         self.batch_limit_b = BATCH_LIMIT_B
         headers = {"User-Agent": f"gpuledger/{__version__}"}
@@ -140,7 +152,7 @@ class Client:
         if status >= 500 or status in (408, 429):
             raise Unreachable(f"{self.server}: HTTP {status}: {_short(detail)}", _retry_after(response))
         if status == 401:
-            raise Unauthorized(f"{self.server}: HTTP 401: {_short(detail)} (check GPULEDGER_TOKEN)")
+            raise Unauthorized(f"{self.server}: HTTP 401: {_short(detail)} ({self._token_hint})")
         if status == 403:
             raise Forbidden(f"{self.server}: HTTP 403: {_short(detail)}")
         raise Rejected(status, detail)

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from gpuledger import __version__
 from gpuledger.series.open import POSTGRES_SCHEMES
 from gpuledger.server.auth import Authenticator
-from gpuledger.server.limits import Guard
+from gpuledger.server.limits import UNAVAILABLE, Guard
 from gpuledger.server.settings import Settings
 from gpuledger.store import Ledger, LedgerLocked, LedgerUnavailable
 
@@ -126,7 +126,7 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     @app.exception_handler(LedgerLocked)
     async def _unavailable(_request: Request, exc: Exception) -> JSONResponse:
         # 503: agents keep their data and retry; a load balancer may try another replica.
-        return JSONResponse(status_code=503, content={"detail": "the ledger database is unavailable; retry later"})
+        return JSONResponse(status_code=503, content={"detail": UNAVAILABLE})
 
     @app.exception_handler(sa.exc.DataError)
     async def _unstorable(_request: Request, exc: Exception) -> JSONResponse:
@@ -137,6 +137,13 @@ def create_app(db_url: str, *, migrate: bool = False, settings: Settings | None 
     app.add_middleware(checkpoint_keeper.Halt, keeper=keeper)  # a shortened audit trail: 503, inside the guard
     app.add_middleware(Guard, settings=settings, auth=app.state.auth)
     return app
+
+
+def one_line(exc: BaseException) -> str:
+    """A background task's failure for the server's log: the driver's first line (SQLAlchemy adds
+    the statement and a link on lines of their own), with the error's class when it says nothing."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _live_series(settings: Settings) -> Any:
@@ -159,12 +166,12 @@ async def _maintain_partitions(ledger: Ledger, series: str | None = None, *, com
     try:
         await run_in_threadpool(partitions.maintain, ledger.database)
     except Exception as exc:  # a lock held too long or the database away: next time (rows land in DEFAULT)
-        logging.getLogger("gpuledger.server").warning("partition maintenance failed: %s", exc)
+        logging.getLogger("gpuledger.server").warning("partition maintenance failed: %s", one_line(exc))
     if series and urlsplit(series).scheme.lower() in POSTGRES_SCHEMES:
         try:
             await run_in_threadpool(_maintain_series, series, compact)
         except Exception as exc:  # the store away or not created yet (retention run --series creates it)
-            logging.getLogger("gpuledger.server").warning("series store maintenance failed: %s", exc)
+            logging.getLogger("gpuledger.server").warning("series store maintenance failed: %s", one_line(exc))
 
 
 def _maintain_series(url: str, compact: bool = True) -> None:
@@ -200,7 +207,7 @@ async def _compact_series(url: str) -> None:
     try:
         await run_in_threadpool(_maintain_series, url, True)
     except Exception as exc:  # e.g. chosen as a deadlock's victim: the next hourly pass tries again
-        logging.getLogger("gpuledger.server").warning("series store maintenance failed: %s", exc)
+        logging.getLogger("gpuledger.server").warning("series store maintenance failed: %s", one_line(exc))
 
 
 async def _sweep_forever(ledger: Ledger, settings: Settings) -> None:
@@ -212,7 +219,7 @@ async def _sweep_forever(ledger: Ledger, settings: Settings) -> None:
         try:
             await run_in_threadpool(liveness_sweep.sweep, ledger.database, lost_after_s=settings.lost_after_s)
         except Exception as exc:  # the database may be away for a while: try again next time
-            logging.getLogger("gpuledger.server").warning("liveness sweep failed: %s", exc)
+            logging.getLogger("gpuledger.server").warning("liveness sweep failed: %s", one_line(exc))
         await asyncio.sleep(settings.sweep_every_s)
 
 

@@ -34,6 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from gpuledger.server.auth import BAD_TOKEN, MISSING_TOKEN, PRINCIPAL_KEY, Authenticator, bearer_token
 from gpuledger.server.ratelimit import RateLimiter
 from gpuledger.server.settings import Settings
+from gpuledger.store.errors import LedgerLocked, LedgerUnavailable
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -42,6 +43,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 UNLIMITED_PATHS = frozenset({"/healthz"})
+# The answer while the database cannot be reached: agents keep their data and retry (app.py too).
+UNAVAILABLE = "the ledger database is unavailable; retry later"
 STREAMED_PUT_SUFFIX = "/log"
 
 
@@ -87,7 +90,11 @@ class Guard:
             has_body = method not in ("GET", "HEAD", "OPTIONS") or b"content-length" in headers
             if header:
                 token = bearer_token(header)
-                principal = None if token is None else await self._principal(token)
+                try:
+                    principal = None if token is None else await self._principal(token)
+                except (LedgerUnavailable, LedgerLocked):  # outside the routes: their 503 handler is not here
+                    await reply(send, 503, UNAVAILABLE)
+                    return
                 if principal is None:
                     await reply(send, 401, BAD_TOKEN if token else MISSING_TOKEN, authenticate=True)
                     return

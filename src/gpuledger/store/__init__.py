@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuledger.store.errors import (
     AmbiguousRun,
+    LedgerDenied,
     LedgerError,
     LedgerLocked,
     LedgerUnavailable,
@@ -38,6 +39,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AmbiguousRun",
     "Ledger",
+    "LedgerDenied",
     "LedgerError",
     "LedgerLocked",
     "LedgerUnavailable",

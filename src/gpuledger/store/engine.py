@@ -23,7 +23,7 @@ from sqlalchemy.pool import StaticPool
 
 from gpuledger.store import sqlite_conn
 from gpuledger.store.direct_insert import DirectInserts
-from gpuledger.store.errors import LedgerError, LedgerLocked, LedgerUnavailable, PrepareFirst
+from gpuledger.store.errors import LedgerDenied, LedgerError, LedgerLocked, LedgerUnavailable, PrepareFirst
 from gpuledger.store.json_text import dumps
 from gpuledger.store.url import display_url, parse, sqlite_path
 
@@ -38,6 +38,9 @@ _PG_RETRY = frozenset({"40001", "40P01", "23514"})
 _BEGIN_OPTION = "gpuledger_begin"
 # PostgreSQL: the server shut down or is starting (class 08, connection exceptions, is checked too).
 _PG_GONE = frozenset({"57P01", "57P02", "57P03"})
+# PostgreSQL: insufficient privilege, and no schema to create in (a search_path naming none that
+# exists or that the user may use): the user's grants or the URL to fix, not a bug (LedgerDenied).
+_PG_DENIED = frozenset({"42501", "3F000"})
 # PrepareFirst rounds one transaction may ask for (each settles what it asked for: one per table's
 # new days in practice); more is a bug, raised rather than looped on.
 _PREPARES = 8
@@ -246,6 +249,8 @@ class Database:
         sqlstate = getattr(exc.orig, "sqlstate", None) or ""
         if exc.connection_invalidated or sqlstate.startswith("08") or sqlstate in _PG_GONE:
             return LedgerUnavailable(self._unavailable_message(exc))
+        if sqlstate in _PG_DENIED:
+            return LedgerDenied(denied_message(self.display, str(exc.orig)))
         return exc
 
     def _unavailable_message(self, exc: sa.exc.DBAPIError) -> str:
@@ -264,3 +269,13 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def denied_message(display: str, error: str) -> str:
+    """One line for a PostgreSQL refusal of this user (``error``: the driver's text, first line kept)."""
+    first = error.strip().splitlines()[0] if error.strip() else "permission denied"
+    return (
+        f"the ledger database {display} refused this user: {first}. The schema the URL names "
+        "(options=-csearch_path=NAME, else public) must exist, and the user needs USAGE and CREATE on it "
+        "for gpuledger db migrate, and read and write on its tables for the other commands"
+    )

@@ -52,6 +52,11 @@ class LedgerUnavailable(LedgerError):
     """The database cannot be reached or opened (server down, bad URL, missing driver, bad path)."""
 
 
+class LedgerDenied(LedgerError):
+    """The database answers but refuses this user: a privilege it lacks, or a schema (PostgreSQL's
+    search_path) that does not exist or that it may not use."""
+
+
 class PrepareFirst(Exception):
     """Raised inside a ``Database.write`` transaction that needs something done first in a
     transaction of its own (a day partition its rows need, store/partition_days.py). ``Database``

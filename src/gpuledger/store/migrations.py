@@ -23,8 +23,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
 from gpuledger.store import partitions, schema
-from gpuledger.store.engine import Database
-from gpuledger.store.errors import LedgerError, SchemaOutdated, SchemaTooNew
+from gpuledger.store.engine import Database, denied_message
+from gpuledger.store.errors import LedgerDenied, LedgerError, SchemaOutdated, SchemaTooNew
+from gpuledger.store.url import display_url
 from gpuledger.store.version import LATEST as STATED_LATEST
 
 MIGRATE_COMMAND = "gpuledger db migrate"
@@ -468,6 +469,10 @@ if LATEST != STATED_LATEST:  # gpuledger run reads that number without loading t
 def current_version(conn: Connection) -> int:
     """The database's schema version, 0 for an empty database."""
     if not sa.inspect(conn).has_table(schema.schema_version.name):
+        if conn.dialect.name == "postgresql" and conn.scalar(sa.text("SELECT current_schema()")) is None:
+            # not an empty ledger: its schema is missing or hidden from this user ("run db migrate" would not help)
+            where = display_url(conn.engine.url)
+            raise LedgerDenied(denied_message(where, "no schema of the search_path exists or may be used"))
         return 0
     return conn.scalar(sa.select(sa.func.max(schema.schema_version.c.version))) or 0
 
