@@ -414,3 +414,22 @@ def test_a_413_splits_the_batch_and_only_a_row_too_large_alone_is_kept_aside(tmp
     assert messages(there) == [m for m in messages(here) if m != "huge"] and len(messages(there)) == 40
     with Ledger(remote) as led:
         assert audit.verify(led).ok
+
+
+def test_a_sync_refused_for_its_token_says_to_fix_the_token_and_loses_nothing(team) -> None:  # type: ignore[no-untyped-def]
+    """A 401 is not a server that is away: "run gpuledger sync again later" would send the same
+    token again. The outbox keeps the run, and a sync with the right token pushes it."""
+    from test_agent_outbox import _local_run
+
+    agent, remote = team
+    with Ledger(agent.local) as led:
+        run_id = _local_run(led, 3)
+    bad = agent.env | {"GPULEDGER_TOKEN": "glt_000000000000_" + "x" * 43}
+    refused = agent.sync("--all", env=bad)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "HTTP 401" in refused.stderr and "fix the token, then run gpuledger sync" in refused.stderr
+    assert "again later" not in refused.stderr
+    pushed = agent.sync()
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    assert f"{run_id}  done" in agent.sync("--status").stdout
+    assert len(view(remote, run_id)["gpu"]) == 3

@@ -321,7 +321,7 @@ def sync_cmd(
     db: str | None,
 ) -> None:  # fmt: skip
     """Push runs kept in the local ledger's outbox (recorded while the server was away)."""
-    from gpuledger.agent.client import Client, ServerError, normalise_server, token_from
+    from gpuledger.agent.client import Client, ServerError, Unauthorized, normalise_server, token_from
     from gpuledger.agent.sync import sync
     from gpuledger.cli.common import open_ledger
     from gpuledger.recorder.spool import waiting
@@ -358,6 +358,8 @@ def sync_cmd(
     with Client(server, token_from(None, token_file)) as client:
         try:
             report = sync(ledger, client, all_runs=all_runs, retry_rejected=retry, progress=click.echo, spooled=spooled)
+        except Unauthorized as exc:  # trying again later sends the same token: it is the token to fix
+            raise click.ClickException(f"{exc}; nothing is lost: fix the token, then run gpuledger sync") from exc
         except ServerError as exc:
             raise click.ClickException(f"{exc}; nothing is lost: run gpuledger sync again later") from exc
     from gpuledger.core.units import fmt_count
