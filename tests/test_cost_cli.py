@@ -103,6 +103,22 @@ def test_chargeback_formats(env: dict[str, str]) -> None:
     assert md.startswith("# Chargeback") and "| TOTAL |" in md
 
 
+def _top_runs_shown(table: str) -> int:
+    """Rows of the table's "Top runs by cost" section."""
+    section = table.split("Top runs by cost\n", 1)[1].split("\n\n", 1)[0]
+    return sum(1 for line in section.splitlines() if re.match(r"\s*\d+\s", line))
+
+
+def test_chargeback_table_shows_as_many_top_runs_as_top_asks(env: dict[str, str]) -> None:
+    base = ["chargeback", "--month", "2026-03", "--db", env["db"], "--rates", env["rates"]]
+    ranked = len(json.loads(_run(report_group, [*base, "--format", "json"]).output)["top_runs_by_cost"])
+    assert ranked > 5  # the scenario has more runs than the table's default shows
+    assert _top_runs_shown(_run(report_group, base).output) == 5  # one screen by default
+    # An explicit --top is honoured, above 5 too (it was silently capped at 5).
+    assert _top_runs_shown(_run(report_group, [*base, "--top", str(ranked)]).output) == ranked
+    assert _top_runs_shown(_run(report_group, [*base, "--top", "2"]).output) == 2
+
+
 def test_chargeback_html_is_one_offline_file_with_charts(env: dict[str, str]) -> None:
     out = Path(env["root"]) / "march.html"
     result = _run(

@@ -46,6 +46,12 @@ def _common(func: F) -> F:
     return db_option(func)
 
 
+def _given(param: str) -> bool:
+    """Whether the user gave this option (not its default)."""
+    source = click.get_current_context().get_parameter_source(param)
+    return source not in (None, click.core.ParameterSource.DEFAULT)
+
+
 def _scope(projects: tuple[str, ...]) -> frozenset[str] | None:
     return frozenset(projects) if projects else None
 
@@ -136,7 +142,12 @@ def cost_cmd(
     help="Which table --format csv writes.",
 )
 @click.option(
-    "--top", "top_n", type=click.IntRange(1), default=10, show_default=True, help="How many top runs and users."
+    "--top",
+    "top_n",
+    type=click.IntRange(1),
+    default=10,
+    show_default=True,
+    help="How many top runs and users (the table shows 5 unless --top is given).",
 )
 @click.option(
     "--trend-months", type=click.IntRange(0, 36), default=3, show_default=True, help="Earlier months in the trend."
@@ -243,11 +254,14 @@ def chargeback_cmd(
             top_n=top_n, include_replayed=include_replayed,
         )  # fmt: skip
         text = chargeback_html(cb, top_n, value=weekly)
-    elif output is None:
-        text = terminal_text(lambda table: cost_render.chargeback_text(cb, min(top_n, 5), table),
-                             lambda: cost_render.chargeback_text(cb, min(top_n, 5)))  # fmt: skip
     else:
-        text = cost_render.chargeback_text(cb, min(top_n, 5))
+        # The table keeps to one screen (5 top runs and users) unless --top asks for more.
+        shown = top_n if _given("top_n") else min(top_n, 5)
+        if output is None:
+            text = terminal_text(lambda table: cost_render.chargeback_text(cb, shown, table),
+                                 lambda: cost_render.chargeback_text(cb, shown))  # fmt: skip
+        else:
+            text = cost_render.chargeback_text(cb, shown)
     write_text(output, text, announce=True)
 
 
