@@ -278,3 +278,19 @@ def test_server_dashboard_data_and_metrics_mark_the_demo(world: World) -> None:
 def test_a_ledger_without_demo_runs_says_nothing_about_them(world: World) -> None:
     report = _json(["report", "chargeback", "--month", world.month, "--format", "json"], world.real)
     assert not any("replayed" in w for w in report["warnings"])
+
+
+def test_query_gpu_hours_counts_the_real_runs_alone_unless_asked(world: World) -> None:
+    """The audit of GPU-hours agrees with the bill: a demo used no real GPU. Left out, it is said so
+    on stderr; counted, each row says how many of its runs were replayed."""
+    args = ["query", "gpu-hours", "--by", "team", "--format", "json"]
+    with_demo, without = run_cli(args, world.both), run_cli(args, world.real)
+    assert with_demo.returncode == without.returncode == 0, with_demo.stderr.decode()
+    assert json.loads(with_demo.stdout) == json.loads(without.stdout)
+    assert [r["team"] for r in json.loads(with_demo.stdout)] == ["vision"]
+    assert "2 run(s) metered from a replayed GPU trace left out" in with_demo.stderr.decode()
+    assert without.stderr.decode() == ""
+    counted = _json([*args, "--include-replayed"], world.both)
+    demo = [r for r in counted if r["team"] == "demo"]
+    assert demo and all(r["replayed_runs"] == r["runs"] >= 1 and r["allocated_gpu_hours"] > 0 for r in demo)
+    assert [r["replayed_runs"] for r in counted if r["team"] == "vision"] == [0]

@@ -137,6 +137,16 @@ def parse_labels(items: Iterable[str], param_hint: str = "--label") -> dict[str,
     return labels
 
 
+def include_replayed_option(func: F) -> F:
+    """``--include-replayed``: shared by the chargeback, the capacity report and query gpu-hours."""
+    return click.option(
+        "--include-replayed",
+        is_flag=True,
+        help="Count runs metered from a replayed GPU trace (--replay-gpus demos), marked replayed. "
+        "Default: left out, as they used no real GPU.",
+    )(func)
+
+
 def named(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """A filter (``--project``, ``--team``, ``--user``; repeatable or not) given empty would match
     no run and answer "nothing": refused as ``run`` refuses an empty ``--project``."""

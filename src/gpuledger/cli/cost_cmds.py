@@ -14,7 +14,16 @@ from typing import Any, TypeVar
 import click
 
 from gpuledger.cli.capacity_cmds import SHARE_CHOICES, check_share_idle, pools_option, shared_idle
-from gpuledger.cli.common import FiniteFloat, cli_errors, db_option, format_option, named, open_ledger, rate_card
+from gpuledger.cli.common import (
+    FiniteFloat,
+    cli_errors,
+    db_option,
+    format_option,
+    include_replayed_option,
+    named,
+    open_ledger,
+    rate_card,
+)
 from gpuledger.cli.focus_output import focus_version_option
 from gpuledger.cli.output import OutputPath, write_text
 from gpuledger.cli.report_fit import terminal_text
@@ -54,16 +63,6 @@ def _given(param: str) -> bool:
 
 def _scope(projects: tuple[str, ...]) -> frozenset[str] | None:
     return frozenset(projects) if projects else None
-
-
-def include_replayed_option(func: F) -> F:
-    """``--include-replayed``: shared by the chargeback and the capacity report."""
-    return click.option(
-        "--include-replayed",
-        is_flag=True,
-        help="Count runs metered from a replayed GPU trace (--replay-gpus demos), marked replayed. "
-        "Default: left out, as they used no real GPU.",
-    )(func)
 
 
 @click.command("cost")

@@ -12,7 +12,15 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuledger.cli.common import FiniteFloat, cli_errors, db_option, echo_json, format_option, open_ledger
+from gpuledger.cli.common import (
+    FiniteFloat,
+    cli_errors,
+    db_option,
+    echo_json,
+    format_option,
+    include_replayed_option,
+    open_ledger,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,36 +75,43 @@ def query_group() -> None:
 @click.option("--by", type=click.Choice(["user", "team", "project"]), default="user", show_default=True)
 @click.option("--per", type=click.Choice(["week", "month"]), default="month", show_default=True)
 @_range_options
+@include_replayed_option
 @format_option("table", "json")
 @db_option
 @cli_errors
-def gpu_hours_cmd(by: str, per: str, since: str | None, until: str | None, fmt: str, db: str | None) -> None:
+def gpu_hours_cmd(
+    by: str, per: str, since: str | None, until: str | None, include_replayed: bool, fmt: str, db: str | None
+) -> None:
     """Allocated, busy and idle GPU-hours per user, team or project, per ISO week or month (UTC)."""
-    from gpuledger.store.audit_queries import gpu_hours
+    from gpuledger.store.audit_queries import gpu_hours, replayed_between
 
     ledger = open_ledger(db)
+    start, end = _time(since, "--from"), _time(until, "--to")
     with progress_bar("reading intervals") as progress:
         rows = gpu_hours(
-            ledger, by=by, per=per, start=_time(since, "--from"), end=_time(until, "--to"), progress=progress
+            ledger, by=by, per=per, start=start, end=end, progress=progress, include_replayed=include_replayed
         )
+    left_out = 0 if include_replayed else replayed_between(ledger, start, end)
+    if left_out:  # the hours differ from what the runs list shows: say why, on stderr (stdout stays data)
+        click.echo(f"gpuledger: {left_out} run(s) metered from a replayed GPU trace left out "
+                   "(--include-replayed counts them)", err=True)  # fmt: skip
     if fmt == "json":
         echo_json(rows)
         return
     from gpuledger.cli.report_render import rows_table
 
-    rows_table(
-        f"GPU-hours per {by} per {per}",
-        [
-            ("period", per),
-            (by, by),
-            ("runs", "runs"),
-            ("allocated_gpu_hours", "allocated GPU-h"),
-            ("busy_gpu_hours", "busy GPU-h"),
-            ("idle_gpu_hours", "idle GPU-h"),
-            ("energy_kwh", "energy kWh"),
-        ],
-        rows,
-    )
+    columns = [
+        ("period", per),
+        (by, by),
+        ("runs", "runs"),
+        ("allocated_gpu_hours", "allocated GPU-h"),
+        ("busy_gpu_hours", "busy GPU-h"),
+        ("idle_gpu_hours", "idle GPU-h"),
+        ("energy_kwh", "energy kWh"),
+    ]
+    if include_replayed:
+        columns.insert(3, ("replayed_runs", "replayed"))
+    rows_table(f"GPU-hours per {by} per {per}", columns, rows)
 
 
 @query_group.command("failures")

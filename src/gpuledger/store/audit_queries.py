@@ -181,14 +181,19 @@ def gpu_hours(
     start: float | None = None,
     end: float | None = None,
     progress: Progress = None,
+    include_replayed: bool = False,
 ) -> list[dict[str, Any]]:
     """Rows per (period, group): runs, allocated / busy / idle GPU-hours, energy kWh; newest period first,
-    then by busy hours. Only the part of each run inside [start, end) counts."""
+    then by busy hours. Only the part of each run inside [start, end) counts. Runs metered from a
+    replayed GPU trace used no real GPU and are left out, as the chargeback leaves them, unless
+    ``include_replayed`` (each row then counts its ``replayed_runs``)."""
     if by not in ("user", "team", "project") or per not in ("week", "month"):
         raise ValueError("by: user, team or project; per: week or month")
 
     def tx(conn: Connection) -> list[dict[str, Any]]:
-        found = runs_between(conn, start, end)
+        found = runs_between(conn, start, end, () if include_replayed else (runs.c.replayed.is_(False),))
+        demo = (runs.c.replayed.is_(True),)
+        replayed = {r.id for r in runs_between(conn, start, end, demo)} if include_replayed else set()
         per_day = busy_per_day(conn, ledger.dialect, [r.id for r in found], progress)
         acc: dict[tuple[str, str], dict[str, Any]] = {}
         lo, hi = (start if start is not None else -math.inf), (end if end is not None else math.inf)
@@ -220,6 +225,8 @@ def gpu_hours(
                 row["energy_kwh"] += energy / 3.6e6
         out = []
         for row in acc.values():
+            if include_replayed:
+                row["replayed_runs"] = len(row["runs"] & replayed)
             row["runs"] = len(row["runs"])
             row["idle_gpu_hours"] = max(0.0, row["allocated_gpu_hours"] - row["busy_gpu_hours"])
             out.append(row)
@@ -227,6 +234,11 @@ def gpu_hours(
         return out
 
     return ledger.read(tx)
+
+
+def replayed_between(ledger: Ledger, start: float | None, end: float | None) -> int:
+    """How many runs metered from a replayed GPU trace overlap [start, end)."""
+    return ledger.read(lambda conn: len(runs_between(conn, start, end, (runs.c.replayed.is_(True),))))
 
 
 # -- failures -------------------------------------------------------------------------------------
