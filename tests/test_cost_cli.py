@@ -181,3 +181,18 @@ def test_cost_table_says_n_a_for_what_was_not_measured(tmp_path: Path) -> None:
     end = header.index("UTIL") + len("UTIL")  # numbers are right-aligned under their header
     assert run_line[:end].split()[-1] == "n/a", out.output
     assert "—" not in out.output
+
+
+def test_cost_by_month_gives_a_group_0_for_a_month_it_used_nothing(env: dict[str, str]) -> None:
+    """The trend's months before a team's first run cost it nothing: 0.00, as TOTAL says, not n/a
+    (not known), in the table, the Markdown and the HTML alike."""
+    base = ["chargeback", "--month", "2026-03", "--db", env["db"], "--rates", env["rates"], "--by", "team"]
+    data = json.loads(_run(report_group, [*base, "--format", "json"]).output)
+    used = {(r["team"], r["month"]) for r in data["trend"] if r["team"] != "TOTAL"}
+    months = sorted({r["month"] for r in data["trend"]})
+    assert len(months) == 4 and any((t, m) not in used for t in ("vision", "nlp", "ops") for m in months)
+    for fmt in ("table", "md", "html"):
+        out = _run(report_group, [*base, "--format", fmt]).output
+        section = out[out.index("Cost by month") :]
+        section = section[: section.index("Anomalies")] if "Anomalies" in section else section
+        assert "n/a" not in section and "0.00" in section, (fmt, section)

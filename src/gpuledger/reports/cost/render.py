@@ -15,6 +15,7 @@ from typing import Any
 from gpuledger.core.chargeback.columns import COLUMNS, group_columns
 from gpuledger.core.chargeback.report import Chargeback
 from gpuledger.core.ids import short_id
+from gpuledger.core.money import money_str
 from gpuledger.core.units import NA, fmt_count, fmt_money, fmt_number, fmt_pct
 from gpuledger.reports.render_md import esc
 from gpuledger.reports.safe_csv import SafeCsvWriter, numeric_columns
@@ -215,6 +216,9 @@ def _trend_pivot(cb: Chargeback) -> tuple[list[str], list[dict[str, Any]]]:
         key = tuple(row.get(k) for k in by)
         entry = pivot.setdefault(key, {k: row.get(k) for k in by})
         entry[row["month"]] = row["cost"]
+    for entry in pivot.values():  # a month a group used nothing in cost it nothing (n/a: not known)
+        for month in months:
+            entry.setdefault(month, money_str(0))
     return by + months, list(pivot.values())
 
 
