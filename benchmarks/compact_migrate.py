@@ -8,8 +8,9 @@ Each round: a fresh PostgreSQL ledger (a schema of its own on GPULEDGER_TEST_PG_
 local ``test`` database) gets ``--runs`` finished runs of ``--gpus`` GPUs and ``--intervals`` 5 s
 intervals each (and one host interval per step), starting a minute apart far enough back that all
 have ended by yesterday (runs x intervals over 53 days are refused: the server closes a month 62
-days on), pushed through the server's ingest in 8 MiB bodies and sealed; then the migration into a fresh series store (the compact PostgreSQL store in a
-schema of its own, or chDB in a temporary folder) runs in a process of its own, as the CLI runs it,
+days on), pushed through the server's ingest in 8 MiB bodies and sealed; then the migration into a
+fresh series store (the compact PostgreSQL store in a schema of its own, or chDB in a temporary
+folder) runs in a process of its own, as the CLI runs it,
 timed alone, its peak RSS (VmHWM) read after it and before it (imports, the store opened).
 Printed per round: rows moved (GPU + host), seconds, seconds per million rows, peak RSS; then min /
 median / max over the rounds and the load average. The gpuledger it measures is the one on
