@@ -375,3 +375,16 @@ def test_a_ledger_that_does_not_answer_never_delays_a_reading_and_loses_nothing(
     assert [h.seq for h in host_intervals] == list(range(len(host_intervals)))  # none lost, in order
     assert host_intervals[-1].t1 == final_t
     assert sum(h.samples for h in host_intervals) == len(host.reads) - 1  # every reading but the priming one
+
+
+def test_an_events_payload_may_hold_any_key_and_event_at_dates_it() -> None:
+    """An integration's event payload is its own (``t``, ``kind``, ``message`` included): kept as
+    sent, dated now; ``event_at`` dates an event that happened earlier (a file's time)."""
+    clock = Clock()
+    rec, _ = scripted_recorder(clock, FlakySink(0, RuntimeError()))
+    rec.event("note", "hello", t="user's t", kind="user's kind", message="user's message")
+    rec.event_at(clock.t - 30, "epoch_end", "epoch 2 ended", epoch=2, t=0)
+    first, second = rec.pending.events
+    assert (first.t, first.kind, first.message) == (clock.t, "note", "hello")
+    assert first.payload == {"t": "user's t", "kind": "user's kind", "message": "user's message"}
+    assert (second.t, second.kind, second.payload) == (clock.t - 30, "epoch_end", {"epoch": 2, "t": 0})

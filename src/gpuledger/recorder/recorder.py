@@ -148,12 +148,15 @@ class Recorder:
         self.last_flush_ok: float | None = None
 
     # -- public, thread-safe --------------------------------------------------------------
-    def event(self, kind: str, message: str = "", *, at: float | None = None, **payload: object) -> None:
-        """``at``: when it happened, where that was before now (a file's time); default now."""
+    def event(self, kind: str, message: str = "", /, **payload: object) -> None:
+        self.event_at(self._clock(), kind, message, **payload)
+
+    def event_at(self, t: float, kind: str, message: str = "", /, **payload: object) -> None:
+        """An event that happened at ``t``, before now (a file's time). Positional: a payload an
+        integration sends may hold any key (``t``, ``kind``, ``message`` too)."""
         # Redacted before it is held: an integration's message or payload may carry a secret,
         # and neither the ledger nor a spool file may keep it (core/redaction/records.py).
         r = self._text.redactor
-        t = self._clock() if at is None else at
         event = Event(t=t, kind=self._text(kind), message=r.redact_text(message), payload=r.redact_tree(payload))
         with self._lock:
             self._pending.events.append(event)

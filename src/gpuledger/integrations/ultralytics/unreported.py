@@ -63,6 +63,6 @@ def take_unreported(session: Session, reported: frozenset[int]) -> list[int]:
         n = int(epoch)
         metrics = describe.epoch_metrics(row)
         recorder.add_metrics([Metric(t=mtime, key=k, value=v, epoch=n) for k, v in metrics.items()])
-        recorder.event("epoch_end", f"epoch {n} ended", at=mtime, epoch=n, source=SOURCE)
+        recorder.event_at(mtime, "epoch_end", f"epoch {n} ended", epoch=n, source=SOURCE)
         taken.append(n)
     return taken
