@@ -233,7 +233,9 @@ def test_the_adapter_survives_the_daemon_restarting(engine: Engine, source: Dock
     assert source.status() is None
     engine.stop()  # the daemon kills its containers on the way down
     status = wait_for(lambda: (s := source.status()) and "unreachable" in s and s, what="status to say so")
-    assert "connection refused" in status or "no Docker socket" in status
+    # refused, gone, or cut mid-answer (a request in flight as the daemon went down): the cause named
+    causes = ("connection refused", "no Docker socket", "peer closed connection")
+    assert any(cause in status for cause in causes), status
     assert before in now_claims(source)  # what it last knew, without raising
     engine.start()
     wait_for(lambda: source.status() is None and source.reconnects >= 1, what="the adapter to reconnect")
