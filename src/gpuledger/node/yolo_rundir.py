@@ -5,7 +5,7 @@ none of the validation losses or learning rates; results.csv has every column at
 its ``time`` column counts seconds from the trainer's start, not the container's. When the
 directory lies on a mount (node/container_mounts.py) the agent reads it as the wrapped path does
 (integrations/ultralytics/describe.py parses both): only complete lines of results.csv, at most
-``RESULTS_MAX_B`` of it, and args.yaml once.
+``describe.RESULTS_MAX_B`` of it, and args.yaml once.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 from gpuledger.integrations.ultralytics import describe
 from gpuledger.node.container_mounts import HostPath, read_file
 
-RESULTS_MAX_B = 32 * 1024 * 1024  # ~150,000 epochs of a detection training
 ARGS_MAX_B = 1024 * 1024
 ARGS_FILES = ("args.yaml", "opt.yaml")  # Ultralytics, YOLOv5
 
@@ -23,12 +22,8 @@ ARGS_FILES = ("args.yaml", "opt.yaml")  # Ultralytics, YOLOv5
 def results_rows(where: HostPath) -> list[dict[str, float]] | None:
     """results.csv's complete rows (a row being written is left for the next look); None when
     the file cannot be read (missing yet, too large, behind a symbolic link)."""
-    data = read_file(where, "results.csv", max_b=RESULTS_MAX_B)
-    if data is None:
-        return None
-    end = data.rfind(b"\n")
-    rows = describe.parse_results_csv(data[: end + 1].decode("utf-8", "replace")) if end >= 0 else []
-    return [r for r in rows if "epoch" in r and float(r["epoch"]).is_integer() and r["epoch"] >= 1]
+    data = read_file(where, "results.csv", max_b=describe.RESULTS_MAX_B)
+    return None if data is None else describe.complete_epoch_rows(data)
 
 
 def run_args(where: HostPath) -> dict[str, Any] | None:

@@ -187,6 +187,17 @@ def _float(text: str) -> float | None:
         return None
 
 
+RESULTS_MAX_B = 32 * 1024 * 1024  # the most of a results.csv read: ~150,000 epochs of a detection training
+
+
+def complete_epoch_rows(data: bytes) -> list[dict[str, float]]:
+    """The epochs of results.csv's bytes ``data``: its complete lines only (a row being written is
+    left for a later look), rows with a whole epoch number from 1."""
+    end = data.rfind(b"\n")
+    rows = parse_results_csv(data[: end + 1].decode("utf-8", "replace")) if end >= 0 else []
+    return [r for r in rows if "epoch" in r and float(r["epoch"]).is_integer() and r["epoch"] >= 1]
+
+
 def parse_results_csv(text: str) -> list[dict[str, float]]:
     """Rows of an Ultralytics results.csv as {column: value} (column names stripped, as YOLOv5 pads them)."""
     reader = csv.reader(io.StringIO(text))

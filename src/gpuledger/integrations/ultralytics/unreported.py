@@ -24,24 +24,21 @@ from gpuledger.integrations.ultralytics import describe
 if TYPE_CHECKING:
     from gpuledger.recorder.session import Session
 
-RESULTS_MAX_B = 32 * 1024 * 1024  # ~150,000 epochs of a detection training
 SOURCE = "results.csv"
 
 
 def _complete_rows(path: str) -> tuple[list[dict[str, float]], float] | None:
-    """results.csv's complete rows and its modification time; None when it cannot be read."""
+    """results.csv's epochs (describe.complete_epoch_rows) and its modification time; None when
+    it cannot be read or is larger than the agent reads (describe.RESULTS_MAX_B)."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read(RESULTS_MAX_B + 1)
+            data = fh.read(describe.RESULTS_MAX_B + 1)
             mtime = os.fstat(fh.fileno()).st_mtime
     except OSError:
         return None
-    if len(data) > RESULTS_MAX_B:
+    if len(data) > describe.RESULTS_MAX_B:
         return None
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], mtime
-    return describe.parse_results_csv(data[: end + 1].decode("utf-8", "replace")), mtime
+    return describe.complete_epoch_rows(data), mtime
 
 
 def take_unreported(session: Session, reported: frozenset[int]) -> list[int]:
@@ -57,10 +54,9 @@ def take_unreported(session: Session, reported: frozenset[int]) -> list[int]:
     taken: list[int] = []
     recorder = session.recorder
     for row in rows:
-        epoch = row.get("epoch")
-        if epoch is None or not float(epoch).is_integer() or int(epoch) <= last or int(epoch) in taken:
+        n = int(row["epoch"])
+        if n <= last or n in taken:
             continue
-        n = int(epoch)
         metrics = describe.epoch_metrics(row)
         recorder.add_metrics([Metric(t=mtime, key=k, value=v, epoch=n) for k, v in metrics.items()])
         recorder.event_at(mtime, "epoch_end", f"epoch {n} ended", epoch=n, source=SOURCE)
