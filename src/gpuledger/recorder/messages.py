@@ -27,10 +27,6 @@ if TYPE_CHECKING:
 _epoch_ends: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
 
 
-def epoch_ends_seen(session: Session) -> int:
-    return len(_epoch_ends.get(session, ()))
-
-
 def epochs_ended(session: Session) -> frozenset[int]:
     return frozenset(_epoch_ends.get(session, ()))
 

@@ -64,14 +64,15 @@ def explain_run(
     session: Session, log: bytes | mmap.mmap, status: str, exit_code: int | None, signal: int | None
 ) -> str | None:
     """Record what ``log`` says about the run's end; return the reason for its status (or None)."""
-    from gpuledger.recorder.messages import epoch_ends_seen, epochs_ended
+    from gpuledger.recorder.messages import epochs_ended
 
     peak = _rss_peak_b(session, exit_code, signal)
     diagnosis = failures.explain(log, status, exit_code, signal, peak, memory_limit_b())
     recorder = session.recorder
     for failure in diagnosis.failures:
         recorder.event(failure.kind, failure.message, **failure.event_payload(), source="log")
-    if epoch_ends_seen(session) == 0:
+    reported = epochs_ended(session)
+    if not reported:
         parsed = diagnosis.parsed  # explain read the whole output already
         if parsed.epochs:
             now = time.time()
@@ -88,7 +89,7 @@ def explain_run(
             )
     else:  # the epochs a training wrote but died before reporting (a crash saving its checkpoints)
         try:
-            take_unreported(session, epochs_ended(session))
+            take_unreported(session, reported)
         except Exception:  # the run's end must be written whatever this finds
             debug_traceback()
     try:
